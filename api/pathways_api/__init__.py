@@ -1,0 +1,1 @@
+"""Pathways REST API: multi-tenant submission over HTTP."""

@@ -1,0 +1,1 @@
+"""Pathways client: the Python SDK and the ``pathways`` command-line interface."""

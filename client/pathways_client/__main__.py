@@ -1,0 +1,3 @@
+from pathways_client.cli import main
+
+main()

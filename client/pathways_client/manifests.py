@@ -1,0 +1,68 @@
+"""Reading manifest files: YAML (multi-document) from files and folders, checked by the core."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from pathways_core.manifests import Checked, Problem, check_document
+
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One checked document of a manifest file (``index`` counts from 1)."""
+
+    path: Path
+    index: int
+    checked: Checked
+
+    @property
+    def label(self) -> str:
+        what = " ".join(part for part in (self.checked.kind, self.checked.name) if part)
+        return f"{self.path}: document {self.index}" + (f" ({what})" if what else "")
+
+
+def manifest_files(paths: Iterable[Path]) -> list[Path]:
+    """The files named, with folders expanded to the manifests below them (sorted)."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(
+                sorted(p for p in path.rglob("*") if p.suffix in MANIFEST_SUFFIXES and p.is_file())
+            )
+        else:
+            files.append(path)
+    return files
+
+
+def read_documents(path: Path) -> Iterator[Document]:
+    """Parse and check every document of one file; unreadable files and YAML syntax errors
+    become documents carrying a problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        yield Document(path, 0, _failed(f"cannot read the file: {error}"))
+        return
+    index = 0
+    try:
+        for document in yaml.safe_load_all(text):
+            if document is None:  # an empty document between separators
+                continue
+            index += 1
+            yield Document(path, index, check_document(document))
+    except yaml.YAMLError as error:
+        where = ""
+        mark = getattr(error, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(error, "problem", None) or str(error)
+        yield Document(path, index + 1, _failed(f"invalid YAML{where}: {problem}"))
+
+
+def _failed(message: str) -> Checked:
+    return Checked(None, None, None, (Problem("", message),))

@@ -1,0 +1,527 @@
+"""The global allocator: binds virtual slices to physical devices of islands.
+
+Synchronous and pure: every method is a decision over in-memory state, so the operator, the
+embedded mode and the tests drive the same code. Guarantees, checked by property tests:
+
+- no device is ever bound twice, and unhealthy devices are never newly bound;
+- a request is bound whole or not at all (``Pending`` with a reason);
+- per-tenant quotas (devices per accelerator kind) are never exceeded by a new binding;
+- preemption evicts only strictly lower-priority slices, and the fewest of them;
+- release returns exactly the devices that were bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from functools import cache
+
+from pathways_core.accelerators import AcceleratorKind
+from pathways_core.allocator.placement import (
+    Orientation,
+    bits,
+    compact_shapes,
+    orientations,
+    placement_table,
+    virtual_order,
+)
+from pathways_core.allocator.types import (
+    Binding,
+    Bound,
+    Decision,
+    IslandInventory,
+    Pending,
+    Rejected,
+    Request,
+)
+from pathways_core.topology import Shape, format_shape
+
+
+@dataclass
+class _IslandState:
+    inventory: IslandInventory
+    occupied: int = 0
+    unhealthy: int = 0
+    owners: dict[int, str] = field(default_factory=dict)  # device -> binding key
+    masks: dict[str, int] = field(default_factory=dict)  # binding key -> its devices
+    bindings: dict[str, Binding] = field(default_factory=dict)
+    # Bumped whenever devices become available; a block shape that did not fit at an epoch
+    # cannot fit until the epoch changes (binding only removes free space).
+    epoch: int = 0
+    no_fit: dict[tuple[int, ...], int] = field(default_factory=dict)
+
+    @property
+    def blocked(self) -> int:
+        return self.occupied | self.unhealthy
+
+    @property
+    def free(self) -> int:
+        return self.inventory.size - (self.occupied | self.unhealthy).bit_count()
+
+
+@dataclass(frozen=True)
+class _Choice:
+    orientation: Orientation | None  # None: scattered devices
+    mask: int
+    origin: int
+
+
+class Allocator:
+    """Binds requests to devices of islands; see the module docstring for its guarantees."""
+
+    def __init__(self) -> None:
+        self._islands: dict[str, _IslandState] = {}
+        self._bindings: dict[str, Binding] = {}
+        self._quotas: dict[tuple[str, AcceleratorKind], int] = {}
+        self._usage: dict[tuple[str, AcceleratorKind], int] = {}
+
+    # -- inventory ---------------------------------------------------------------------------
+
+    def add_island(self, inventory: IslandInventory) -> None:
+        """Add an island, or update its labels and health if it exists with the same mesh."""
+        current = self._islands.get(inventory.name)
+        if current is not None:
+            old = current.inventory
+            if (old.kind, old.shape, old.devices_per_host) != (
+                inventory.kind,
+                inventory.shape,
+                inventory.devices_per_host,
+            ):
+                raise ValueError(
+                    f"island {inventory.name!r} changed its accelerators or topology; remove "
+                    "it (releasing its slices) before adding it again"
+                )
+            current.inventory = inventory
+            self._set_unhealthy(current, inventory.unhealthy)
+            return
+        state = _IslandState(inventory)
+        self._islands[inventory.name] = state
+        self._set_unhealthy(state, inventory.unhealthy)
+
+    def remove_island(self, name: str) -> list[Binding]:
+        """Remove an island; returns the bindings it held, which are dropped."""
+        state = self._islands.pop(name, None)
+        if state is None:
+            return []
+        displaced = list(state.bindings.values())
+        for binding in displaced:
+            del self._bindings[binding.key]
+            self._charge(binding, state.inventory.kind, -1)
+        return displaced
+
+    def set_health(self, island: str, unhealthy: Iterable[int]) -> list[Binding]:
+        """Set which devices of an island are unhealthy; returns the bindings that use any."""
+        state = self._island(island)
+        unhealthy = frozenset(unhealthy)
+        for device in unhealthy:
+            if not 0 <= device < state.inventory.size:
+                raise ValueError(f"island {island!r} has no device {device}")
+        state.inventory = replace(state.inventory, unhealthy=unhealthy)
+        self._set_unhealthy(state, unhealthy)
+        return [b for b in state.bindings.values() if any(d in unhealthy for d in b.devices)]
+
+    def set_quota(self, tenant: str, kind: AcceleratorKind, limit: int | None) -> None:
+        """Limit the devices of a kind a tenant may hold; ``None`` removes the limit.
+
+        Lowering a quota below current usage evicts nothing; new requests wait until usage
+        drops below the limit.
+        """
+        if limit is None:
+            self._quotas.pop((tenant, kind), None)
+        elif limit < 0:
+            raise ValueError(f"quota must be >= 0 (got {limit})")
+        else:
+            self._quotas[(tenant, kind)] = limit
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def islands(self) -> list[IslandInventory]:
+        return [state.inventory for state in self._islands.values()]
+
+    def bindings(self) -> list[Binding]:
+        """Every current binding."""
+        return list(self._bindings.values())
+
+    def binding(self, key: str) -> Binding | None:
+        """The binding of a slice, if bound."""
+        return self._bindings.get(key)
+
+    def free_devices(self, island: str) -> int:
+        """Healthy devices of an island bound to no slice."""
+        return self._island(island).free
+
+    def usage(self, tenant: str, kind: AcceleratorKind) -> int:
+        """Devices of a kind a tenant holds."""
+        return self._usage.get((tenant, kind), 0)
+
+    def quota(self, tenant: str, kind: AcceleratorKind) -> int | None:
+        """A tenant's limit for a kind, or ``None`` when unlimited."""
+        return self._quotas.get((tenant, kind))
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def allocate(self, request: Request, *, preempt: bool = True) -> Decision:
+        """Bind a request whole, or leave it pending with a reason.
+
+        When it cannot fit and ``preempt`` is set, the fewest strictly lower-priority bindings
+        whose eviction lets it fit are evicted (listed in ``Bound.preempted``), or none.
+        """
+        if request.key in self._bindings:
+            return Bound(self._bindings[request.key])
+        candidates = [s for s in self._islands.values() if request.admits(s.inventory)]
+        if not candidates:
+            return Pending(request.key, "NoMatchingIsland", self._no_island_message(request))
+        room = {
+            kind: self._quota_room(request, kind) for kind in {s.inventory.kind for s in candidates}
+        }
+        within_quota = [s for s in candidates if room[s.inventory.kind]]
+        if not within_quota:
+            return Pending(request.key, "QuotaExceeded", self._quota_message(request, candidates))
+        shaped = [s for s in within_quota if self._ever_fits(request, s.inventory)]
+        if not shaped:
+            return Pending(request.key, "ShapeDoesNotFit", self._shape_message(request, candidates))
+        # Best fit: the fullest island that can take the request keeps the emptier ones whole.
+        shaped.sort(key=lambda s: (s.free, s.inventory.name))
+        for state in shaped:
+            choice = self._place(request, state, contiguous_only=True)
+            if choice is not None:
+                return Bound(self._bind(request, state, choice))
+        for state in shaped:
+            choice = self._place(request, state, contiguous_only=False)
+            if choice is not None:
+                return Bound(self._bind(request, state, choice))
+        if preempt:
+            decision = self._preempt(request, shaped)
+            if decision is not None:
+                return decision
+        return Pending(request.key, "InsufficientDevices", self._busy_message(request, shaped))
+
+    def release(self, key: str) -> Binding | None:
+        """Release a slice; returns the binding whose devices are now free (``None`` if the slice
+        was not bound)."""
+        binding = self._bindings.pop(key, None)
+        if binding is None:
+            return None
+        state = self._islands[binding.island]
+        self._unbind(state, binding)
+        return binding
+
+    def remap(self, key: str, avoid: Iterable[int] = ()) -> Decision:
+        """Move a bound slice to other devices (migration, recovery), never onto ``avoid`` or
+        unhealthy devices; it may keep healthy devices it already has. Preempts nothing. On
+        failure the slice stays where it was and the decision is ``Pending``."""
+        binding = self._bindings.get(key)
+        if binding is None:
+            return Pending(key, "NotBound", f"slice {key!r} is not bound")
+        self.release(key)
+        state = self._islands[binding.island]
+        avoid_mask = 0
+        for device in avoid:
+            if 0 <= device < state.inventory.size:
+                avoid_mask |= 1 << device
+        state.unhealthy |= avoid_mask  # temporarily, so the search skips them
+        state.epoch += 1
+        try:
+            candidates = [
+                s
+                for s in self._islands.values()
+                if binding.request.admits(s.inventory)
+                and self._ever_fits(binding.request, s.inventory)
+            ]
+            candidates.sort(key=lambda s: (s.free, s.inventory.name))
+            for contiguous_only in (True, False):
+                for candidate in candidates:
+                    choice = self._place(binding.request, candidate, contiguous_only)
+                    if choice is not None:
+                        return Bound(self._bind(binding.request, candidate, choice))
+        finally:
+            state.unhealthy = self._unhealthy_mask(state)
+            state.epoch += 1
+        self._restore_one(binding)
+        return Pending(key, "InsufficientDevices", f"no other devices can take slice {key!r}")
+
+    def restore(self, bindings: Iterable[Binding]) -> list[Rejected]:
+        """Rebuild state from existing bindings (after a restart), before anything new is bound.
+
+        Each binding is checked and applied in order; a binding naming an unknown island or
+        device, of the wrong size or kind, or using a device already bound, is rejected (and
+        reported) so that no device is ever bound twice. Quotas are not enforced here: what was
+        bound stays bound.
+        """
+        rejected = []
+        for binding in bindings:
+            problem = self._restore_problem(binding)
+            if problem is not None:
+                rejected.append(Rejected(binding, problem))
+            else:
+                self._restore_one(binding)
+        return rejected
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _island(self, name: str) -> _IslandState:
+        try:
+            return self._islands[name]
+        except KeyError:
+            raise KeyError(f"unknown island {name!r}") from None
+
+    def _unhealthy_mask(self, state: _IslandState) -> int:
+        mask = 0
+        for device in state.inventory.unhealthy:
+            mask |= 1 << device
+        return mask
+
+    def _set_unhealthy(self, state: _IslandState, unhealthy: frozenset[int]) -> None:
+        old = state.unhealthy
+        state.unhealthy = self._unhealthy_mask(state)
+        if old & ~state.unhealthy:  # some devices recovered
+            state.epoch += 1
+
+    def _quota_room(self, request: Request, kind: AcceleratorKind) -> bool:
+        limit = self._quotas.get((request.tenant, kind))
+        return limit is None or self._usage.get((request.tenant, kind), 0) + request.size <= limit
+
+    def _charge(self, binding: Binding, kind: AcceleratorKind, sign: int) -> None:
+        key = (binding.request.tenant, kind)
+        self._usage[key] = self._usage.get(key, 0) + sign * len(binding.devices)
+
+    def _layouts(
+        self, request: Request, inventory: IslandInventory
+    ) -> tuple[tuple[Orientation, ...], ...]:
+        """Orientations to try, grouped by preference (most compact block shapes first)."""
+        if request.shape is not None:
+            return (orientations(request.shape, inventory.shape),)
+        return _count_layouts(request.size, inventory.shape)
+
+    def _ever_fits(self, request: Request, inventory: IslandInventory) -> bool:
+        if request.shape is not None:
+            return bool(orientations(request.shape, inventory.shape))
+        return request.size <= inventory.size
+
+    def _place(
+        self, request: Request, state: _IslandState, contiguous_only: bool
+    ) -> _Choice | None:
+        if state.free < request.size:
+            return None
+        blocked = state.blocked
+        if not contiguous_only:
+            if request.shape is not None:
+                return None
+            free = bits(((1 << state.inventory.size) - 1) & ~blocked)[: request.size]
+            mask = 0
+            for device in free:
+                mask |= 1 << device
+            return _Choice(None, mask, free[0])
+        for group in self._layouts(request, state.inventory):
+            best: tuple[tuple[int, bool, int], _Choice] | None = None
+            for orientation in group:
+                if state.no_fit.get(orientation.block) == state.epoch:
+                    continue
+                table = placement_table(state.inventory.shape, orientation.block)
+                found = False
+                for index, mask in enumerate(table.masks):
+                    if mask & blocked:
+                        continue
+                    found = True
+                    # Snug placements touch used devices or the mesh boundary on most faces,
+                    # leaving the free devices in large blocks.
+                    score = (
+                        (table.rings[index] & blocked).bit_count() + table.boundary[index],
+                        table.aligned[index],
+                        -table.origins[index],
+                    )
+                    if best is None or score > best[0]:
+                        best = (score, _Choice(orientation, mask, table.origins[index]))
+                if not found:
+                    state.no_fit[orientation.block] = state.epoch
+            if best is not None:
+                return best[1]
+        return None
+
+    def _bind(self, request: Request, state: _IslandState, choice: _Choice) -> Binding:
+        mesh = state.inventory.shape
+        if choice.orientation is None:
+            devices, block = tuple(bits(choice.mask)), None
+        else:
+            devices = virtual_order(choice.orientation, choice.origin, mesh)
+            block = choice.orientation.block
+        binding = Binding(request, state.inventory.name, devices, block)
+        self._restore_one(binding)
+        return binding
+
+    def _restore_one(self, binding: Binding) -> None:
+        state = self._islands[binding.island]
+        mask = 0
+        for device in binding.devices:
+            mask |= 1 << device
+            state.owners[device] = binding.key
+        state.occupied |= mask
+        state.masks[binding.key] = mask
+        state.bindings[binding.key] = binding
+        self._bindings[binding.key] = binding
+        self._charge(binding, state.inventory.kind, +1)
+
+    def _unbind(self, state: _IslandState, binding: Binding) -> None:
+        for device in binding.devices:
+            del state.owners[device]
+        state.occupied &= ~state.masks.pop(binding.key)
+        del state.bindings[binding.key]
+        state.epoch += 1
+        self._charge(binding, state.inventory.kind, -1)
+
+    def _restore_problem(self, binding: Binding) -> str | None:
+        state = self._islands.get(binding.island)
+        if state is None:
+            return f"island {binding.island!r} does not exist"
+        if binding.key in self._bindings:
+            return f"slice {binding.key!r} is already bound"
+        if binding.request.kind is not None and binding.request.kind != state.inventory.kind:
+            return (
+                f"island {binding.island!r} has {state.inventory.kind}, not {binding.request.kind}"
+            )
+        if len(binding.devices) != binding.request.size:
+            return f"{len(binding.devices)} devices bound for a request of {binding.request.size}"
+        if len(set(binding.devices)) != len(binding.devices):
+            return "the binding lists a device twice"
+        for device in binding.devices:
+            if not 0 <= device < state.inventory.size:
+                return f"island {binding.island!r} has no device {device}"
+            owner = state.owners.get(device)
+            if owner is not None:
+                return f"device {device} of island {binding.island!r} is already bound to {owner!r}"
+        return None
+
+    def _preempt(self, request: Request, candidates: list[_IslandState]) -> Bound | None:
+        """Evict the fewest strictly lower-priority bindings that let the request fit; among
+        equally few, those of the lowest priority, then the fewest devices."""
+        best: tuple[tuple[int, int, int, str], _IslandState, set[str]] | None = None
+        for state in candidates:
+            evictable = {
+                key: b for key, b in state.bindings.items() if b.request.priority < request.priority
+            }
+            reclaimable = sum(len(b.devices) for b in evictable.values())
+            if state.free + reclaimable < request.size:
+                continue
+            victims = self._fewest_victims(request, state, evictable)
+            if victims is None:
+                continue
+            cost = (*_victims_cost(victims, evictable), state.inventory.name)
+            if best is None or cost < best[0]:
+                best = (cost, state, victims)
+        if best is None:
+            return None
+        _, state, victims = best
+        evicted = tuple(self._evict(state, key) for key in sorted(victims))
+        choice = self._place(request, state, contiguous_only=True) or self._place(
+            request, state, contiguous_only=False
+        )
+        assert choice is not None, "eviction was computed to make room"
+        return Bound(self._bind(request, state, choice), evicted)
+
+    def _fewest_victims(
+        self, request: Request, state: _IslandState, evictable: dict[str, Binding]
+    ) -> set[str] | None:
+        if request.shape is None:
+            # Any devices will do: evicting the largest lower-priority slices first frees the
+            # needed count with the fewest evictions.
+            needed = request.size - state.free
+
+            def freed(binding: Binding) -> int:
+                return sum(1 for d in binding.devices if not state.unhealthy >> d & 1)
+
+            single = [b for b in evictable.values() if freed(b) >= needed]
+            if single:
+                chosen = min(single, key=lambda b: (b.request.priority, freed(b), b.key))
+                return {chosen.key}
+            victims: set[str] = set()
+            ordered = sorted(
+                evictable.values(), key=lambda b: (-freed(b), b.request.priority, b.key)
+            )
+            for binding in ordered:
+                if needed <= 0:
+                    break
+                victims.add(binding.key)
+                needed -= freed(binding)
+            return victims if needed <= 0 else None
+        # A contiguous block is freed exactly by evicting every slice overlapping it, so the
+        # fewest victims is the minimum over all placements.
+        kept = state.unhealthy
+        for key, binding in state.bindings.items():
+            if key not in evictable:
+                kept |= state.masks[key]
+        victim_masks = [(key, state.masks[key]) for key in evictable]
+        best: tuple[tuple[int, int, int], set[str]] | None = None
+        for orientation in orientations(request.shape, state.inventory.shape):
+            table = placement_table(state.inventory.shape, orientation.block)
+            for mask in table.masks:
+                if mask & kept:
+                    continue
+                owners = {key for key, held in victim_masks if held & mask}
+                cost = _victims_cost(owners, evictable)
+                if best is None or cost < best[0]:
+                    best = (cost, owners)
+        return None if best is None else best[1]
+
+    def _evict(self, state: _IslandState, key: str) -> Binding:
+        binding = self._bindings.pop(key)
+        self._unbind(state, binding)
+        return binding
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def _no_island_message(self, request: Request) -> str:
+        wanted = []
+        if request.kind is not None:
+            wanted.append(f"kind {request.kind}")
+        if request.island is not None:
+            wanted.append(f"name {request.island!r}")
+        if request.selector is not None:
+            wanted.append("the island selector")
+        return f"no island matches {' and '.join(wanted) or 'the request'}"
+
+    def _quota_message(self, request: Request, candidates: list[_IslandState]) -> str:
+        kinds = sorted({s.inventory.kind for s in candidates})
+        parts = [
+            f"{kind}: uses {self.usage(request.tenant, kind)} of {self.quota(request.tenant, kind)}"
+            for kind in kinds
+        ]
+        return (
+            f"tenant {request.tenant!r} has no quota left for {request.size} more devices "
+            f"({'; '.join(parts)})"
+        )
+
+    def _shape_message(self, request: Request, candidates: list[_IslandState]) -> str:
+        meshes = sorted({format_shape(s.inventory.shape) for s in candidates})
+        wanted = format_shape(request.shape) if request.shape else str(request.size)
+        return f"a {wanted} slice does not fit in any matching island (meshes: {', '.join(meshes)})"
+
+    def _busy_message(self, request: Request, candidates: list[_IslandState]) -> str:
+        most = max(candidates, key=lambda s: s.free)
+        what = (
+            f"a free {format_shape(request.shape)} block"
+            if request.shape
+            else f"{request.size} free devices"
+        )
+        return (
+            f"needs {what}; the most free devices on a matching island is {most.free} "
+            f"(island {most.inventory.name!r})"
+        )
+
+
+def _victims_cost(victims: set[str], evictable: dict[str, Binding]) -> tuple[int, int, int]:
+    """Fewest victims first, then the lowest highest priority among them, then fewest devices."""
+    return (
+        len(victims),
+        max((evictable[key].request.priority for key in victims), default=-(2**62)),
+        sum(len(evictable[key].devices) for key in victims),
+    )
+
+
+@cache
+def _count_layouts(count: int, mesh: Shape) -> tuple[tuple[Orientation, ...], ...]:
+    # A count request's devices are listed in the row-major order of the block it gets.
+    return tuple(
+        tuple(Orientation(block, block, tuple(range(len(block)))) for block in group)
+        for group in compact_shapes(count, mesh)
+    )

@@ -1,0 +1,144 @@
+"""Geometry of placements: every way a block of devices can sit in an island's mesh.
+
+Occupancy is a bitmask (bit ``d`` is device ``d``, row-major), so checking whether a placement is
+free is one ``&`` of two Python integers. The tables of placements are computed once per
+(island shape, block shape) and cached.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import cache
+
+from pathways_core.topology import Shape, coordinates, device_id
+
+
+@dataclass(frozen=True)
+class Orientation:
+    """A request's virtual shape laid onto the island's axes.
+
+    ``block`` is the physical extent along each island axis; ``axes[k]`` is the virtual axis that
+    physical axis ``k`` carries.
+    """
+
+    virtual: Shape
+    block: Shape
+    axes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PlacementTable:
+    """All placements of one block shape in one mesh shape.
+
+    For placement ``i``: ``masks[i]`` is the block's devices, ``rings[i]`` the devices adjacent to
+    the block outside it, ``boundary[i]`` how many block faces' cells lie on the mesh boundary,
+    ``aligned[i]`` whether the origin is a multiple of the block extents (buddy alignment keeps
+    large blocks free), and ``origins[i]`` the device at the block's lowest corner.
+    """
+
+    masks: tuple[int, ...]
+    rings: tuple[int, ...]
+    boundary: tuple[int, ...]
+    aligned: tuple[bool, ...]
+    origins: tuple[int, ...]
+
+
+@cache
+def orientations(virtual: Shape, mesh: Shape) -> tuple[Orientation, ...]:
+    """Ways to lay ``virtual`` onto ``mesh``: padded with unit axes, axes permuted, fitting the
+    mesh's extents. The identity layout comes first; duplicates of one block shape are dropped."""
+    rank = len(mesh)
+    if len(virtual) > rank:
+        return ()
+    padded = (1,) * (rank - len(virtual)) + tuple(virtual)
+    offset = rank - len(virtual)
+    seen: set[Shape] = set()
+    result = []
+    for axes in itertools.permutations(range(rank)):
+        block = tuple(padded[axis] for axis in axes)
+        if block in seen or any(b > m for b, m in zip(block, mesh, strict=True)):
+            continue
+        seen.add(block)
+        # Virtual axes of the request (unit padding axes map to no virtual axis: -1).
+        result.append(Orientation(tuple(virtual), block, tuple(a - offset for a in axes)))
+    return tuple(result)
+
+
+@cache
+def compact_shapes(count: int, mesh: Shape) -> tuple[tuple[Shape, ...], ...]:
+    """Block shapes of ``count`` devices that fit ``mesh``, grouped from most to least compact
+    (smallest sum of extents first)."""
+    rank = len(mesh)
+    shapes: set[Shape] = set()
+
+    def split(remaining: int, axis: int, prefix: Shape) -> None:
+        if axis == rank - 1:
+            if remaining <= mesh[axis]:
+                shapes.add((*prefix, remaining))
+            return
+        for extent in range(1, min(remaining, mesh[axis]) + 1):
+            if remaining % extent == 0:
+                split(remaining // extent, axis + 1, (*prefix, extent))
+
+    split(count, 0, ())
+    groups: dict[int, list[Shape]] = {}
+    for shape in sorted(shapes):
+        groups.setdefault(sum(shape), []).append(shape)
+    return tuple(tuple(groups[key]) for key in sorted(groups))
+
+
+@cache
+def placement_table(mesh: Shape, block: Shape) -> PlacementTable:
+    """Every placement of ``block`` inside ``mesh`` (no wrap-around)."""
+    masks, rings, boundary, aligned, origins = [], [], [], [], []
+    offsets = list(itertools.product(*(range(extent) for extent in block)))
+    for origin in itertools.product(*(range(m - b + 1) for m, b in zip(mesh, block, strict=True))):
+        cells = [tuple(o + d for o, d in zip(origin, delta, strict=True)) for delta in offsets]
+        mask = 0
+        for cell in cells:
+            mask |= 1 << device_id(cell, mesh)
+        ring = 0
+        for cell in cells:
+            for axis in range(len(mesh)):
+                for step in (-1, 1):
+                    neighbour = list(cell)
+                    neighbour[axis] += step
+                    if 0 <= neighbour[axis] < mesh[axis]:
+                        ring |= 1 << device_id(tuple(neighbour), mesh)
+        touching = 0
+        for axis, (o, b, m) in enumerate(zip(origin, block, mesh, strict=True)):
+            face = math.prod(block) // block[axis]
+            touching += face * ((o == 0) + (o + b == m))
+        masks.append(mask)
+        rings.append(ring & ~mask)
+        boundary.append(touching)
+        aligned.append(all(o % b == 0 for o, b in zip(origin, block, strict=True)))
+        origins.append(device_id(origin, mesh))
+    return PlacementTable(
+        tuple(masks), tuple(rings), tuple(boundary), tuple(aligned), tuple(origins)
+    )
+
+
+def virtual_order(orientation: Orientation, origin: int, mesh: Shape) -> tuple[int, ...]:
+    """Physical device ids of a placed block, listed in the slice's virtual (row-major) order."""
+    base = coordinates(origin, mesh)
+    devices = []
+    for virtual_coords in itertools.product(*(range(extent) for extent in orientation.virtual)):
+        physical = tuple(
+            base[k] + (virtual_coords[axis] if axis >= 0 else 0)
+            for k, axis in enumerate(orientation.axes)
+        )
+        devices.append(device_id(physical, mesh))
+    return tuple(devices)
+
+
+def bits(mask: int) -> list[int]:
+    """Indexes of the set bits of ``mask``, ascending."""
+    result = []
+    while mask:
+        low = mask & -mask
+        result.append(low.bit_length() - 1)
+        mask ^= low
+    return result

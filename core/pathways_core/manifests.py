@@ -1,0 +1,184 @@
+"""Validation of manifests (parsed YAML or JSON documents) against the resource models.
+
+Every problem names the field path at fault and what was expected, so ``pathways validate``,
+the operator and the REST API all report bad input the same way.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from pathways_core.resources import API_GROUP, GROUP_VERSION, KINDS, FieldError, Model
+from pathways_core.resources.base import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN
+
+_PATTERN_NAMES = {
+    DNS_LABEL_PATTERN: "a lowercase RFC 1123 label (a-z, 0-9 and '-', at most 63 characters)",
+    DNS_SUBDOMAIN_PATTERN: "a lowercase RFC 1123 name (a-z, 0-9, '-' and '.')",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a document: the field path (empty for the whole document) and what
+    was expected."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The outcome of validating one document."""
+
+    kind: str | None
+    name: str | None
+    resource: Model | None
+    problems: tuple[Problem, ...]
+    skipped: bool = False  # a document of another API group, left alone
+
+
+def format_path(location: tuple[str | int, ...]) -> str:
+    """``("spec", "slices", 0, "shape")`` as ``spec.slices[0].shape``."""
+    path = ""
+    for part in location:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def _got(value: Any) -> str:
+    text = repr(value)
+    return f" (got {text if len(text) <= 60 else text[:57] + '...'})"
+
+
+def _message(error: dict[str, Any], allowed_fields: list[str]) -> str:
+    kind = error["type"]
+    context = error.get("ctx") or {}
+    value = error.get("input")
+    match kind:
+        case "missing":
+            return "required field is missing"
+        case "extra_forbidden":
+            field = str(error["loc"][-1])
+            close = difflib.get_close_matches(field, allowed_fields, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            return f"unknown field{hint}"
+        case "enum" | "literal_error":
+            return f"expected one of {context.get('expected')}{_got(value)}"
+        case "greater_than_equal":
+            return f"expected a number >= {context['ge']}{_got(value)}"
+        case "less_than_equal":
+            return f"expected a number <= {context['le']}{_got(value)}"
+        case "int_type" | "int_parsing" | "int_from_float":
+            return f"expected an integer{_got(value)}"
+        case "string_type":
+            return f"expected a string{_got(value)}"
+        case "bool_type" | "bool_parsing":
+            return f"expected true or false{_got(value)}"
+        case "list_type":
+            return f"expected a list{_got(value)}"
+        case "dict_type" | "model_type" | "model_attributes_type":
+            return f"expected a mapping of fields{_got(value)}"
+        case "too_short":
+            return f"expected at least {context.get('min_length')} item(s){_got(value)}"
+        case "too_long":
+            return f"expected at most {context.get('max_length')} item(s)"
+        case "string_too_short":
+            return f"expected at least {context.get('min_length')} character(s){_got(value)}"
+        case "string_too_long":
+            return f"expected at most {context.get('max_length')} characters"
+        case "string_pattern_mismatch":
+            pattern = context.get("pattern", "")
+            return (
+                f"expected {_PATTERN_NAMES.get(pattern, f'text matching {pattern}')}{_got(value)}"
+            )
+        case "value_error":
+            return str(context.get("error", error["msg"]))
+    return f"{error['msg']}{_got(value)}"
+
+
+def _fields_at(model: type[Model], location: tuple[str | int, ...]) -> list[str]:
+    """Wire names of the fields of the model found at ``location``, for "did you mean" hints."""
+    current: Any = model
+    for part in location:
+        if isinstance(part, int):
+            continue
+        fields = getattr(current, "model_fields", None)
+        if not fields:
+            return []
+        by_alias = {(info.alias or name): info for name, info in fields.items()}
+        info = by_alias.get(part)
+        if info is None:
+            break
+        current = _model_in(info.annotation)
+    fields = getattr(current, "model_fields", {})
+    return [info.alias or name for name, info in fields.items()]
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, Model):
+        return annotation
+    for argument in getattr(annotation, "__args__", ()):
+        found = _model_in(argument)
+        if found is not None:
+            return found
+    return None
+
+
+def problems_of(error: ValidationError, model: type[Model]) -> list[Problem]:
+    """Problems of a pydantic validation error, one per field at fault."""
+    problems = []
+    for detail in error.errors(include_url=False):
+        location = tuple(detail["loc"])
+        cause = (detail.get("ctx") or {}).get("error")
+        path = format_path(location)
+        if isinstance(cause, FieldError):
+            path = f"{path}.{cause.field}" if path else cause.field
+        allowed = _fields_at(model, location[:-1]) if detail["type"] == "extra_forbidden" else []
+        problems.append(Problem(path.replace(".[", "["), _message(detail, allowed)))
+    return problems
+
+
+def check_document(document: Any) -> Checked:
+    """Validate one parsed document against the model of its kind."""
+    if not isinstance(document, dict):
+        return Checked(None, None, None, (Problem("", f"expected a mapping{_got(document)}"),))
+    api_version = document.get("apiVersion")
+    kind = document.get("kind")
+    metadata = document.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if not isinstance(api_version, str) or not api_version:
+        return Checked(kind, name, None, (Problem("apiVersion", "required field is missing"),))
+    if api_version.split("/")[0] != API_GROUP:
+        return Checked(kind, name, None, (), skipped=True)
+    if api_version != GROUP_VERSION:
+        return Checked(
+            kind,
+            name,
+            None,
+            (Problem("apiVersion", f"expected {GROUP_VERSION}{_got(api_version)}"),),
+        )
+    info = KINDS.get(kind) if isinstance(kind, str) else None
+    if info is None:
+        expected = ", ".join(KINDS)
+        return Checked(
+            kind, name, None, (Problem("kind", f"expected one of {expected}{_got(kind)}"),)
+        )
+    problems: list[Problem] = []
+    if not name and not (isinstance(metadata, dict) and metadata.get("generateName")):
+        problems.append(Problem("metadata.name", "required field is missing"))
+    try:
+        resource = info.model.model_validate(document)
+    except ValidationError as error:
+        problems.extend(problems_of(error, info.model))
+        resource = None
+    return Checked(kind, name, resource if not problems else None, tuple(problems))

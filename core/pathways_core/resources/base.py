@@ -1,0 +1,201 @@
+"""Building blocks shared by every resource: the base model, metadata, conditions, selectors."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "pathways.dev"
+API_VERSION = "v1alpha1"
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class Model(BaseModel):
+    """Base of every wire model: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON-ready dict Kubernetes stores: camelCase keys, unset optional fields omitted."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+DnsLabel = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)]
+"""A lowercase RFC 1123 label: names of slices, graph nodes and functions."""
+
+
+def _quantity_to_str(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    return str(value) if isinstance(value, int | float) else value
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_quantity_to_str),
+    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+]
+"""A Kubernetes resource quantity such as ``2``, ``500m`` or ``16Gi``."""
+
+
+class ObjectMeta(BaseModel):
+    """The Kubernetes object metadata we read; other metadata fields are kept untouched."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+    name: Annotated[str, Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)] | None = None
+    generate_name: str | None = None
+    namespace: Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)] | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    uid: str | None = None
+    resource_version: str | None = None
+    generation: int | None = None
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(Model):
+    """An observation of one aspect of an object's state, as in every Kubernetes API."""
+
+    type: str = Field(description="Type of condition, such as Ready or Degraded.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str | None = Field(
+        default=None, description="One CamelCase word saying why the condition last changed."
+    )
+    message: str | None = Field(default=None, description="Human-readable details.")
+    last_transition_time: datetime | None = Field(
+        default=None, description="When the status last changed."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation this condition was computed from."
+    )
+
+
+Conditions = Annotated[
+    list[Condition],
+    Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="Current conditions of the object, one per type.",
+    ),
+]
+
+
+class SelectorOperator(StrEnum):
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+
+
+class LabelSelectorRequirement(Model):
+    """One requirement of a label selector."""
+
+    key: str = Field(description="The label key the requirement applies to.")
+    operator: SelectorOperator = Field(description="In, NotIn, Exists or DoesNotExist.")
+    values: list[str] = Field(
+        default_factory=list, description="Values for In and NotIn; empty otherwise."
+    )
+
+
+class LabelSelector(Model):
+    """A Kubernetes label selector: all of its terms must match."""
+
+    match_labels: dict[str, str] = Field(
+        default_factory=dict, description="Labels that must be present with these values."
+    )
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list, description="Set-based requirements on labels."
+    )
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        """Whether an object carrying ``labels`` is selected."""
+        if any(labels.get(key) != value for key, value in self.match_labels.items()):
+            return False
+        for requirement in self.match_expressions:
+            present = requirement.key in labels
+            value = labels.get(requirement.key)
+            match requirement.operator:
+                case SelectorOperator.IN:
+                    ok = present and value in requirement.values
+                case SelectorOperator.NOT_IN:
+                    ok = not present or value not in requirement.values
+                case SelectorOperator.EXISTS:
+                    ok = present
+                case SelectorOperator.DOES_NOT_EXIST:
+                    ok = not present
+            if not ok:
+                return False
+        return True
+
+
+class TolerationOperator(StrEnum):
+    EXISTS = "Exists"
+    EQUAL = "Equal"
+
+
+class TaintEffect(StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class Toleration(Model):
+    """A pod toleration, as in the core Kubernetes API."""
+
+    key: str | None = Field(default=None, description="Taint key; empty matches all keys.")
+    operator: TolerationOperator = Field(
+        default=TolerationOperator.EQUAL, description="Exists or Equal."
+    )
+    value: str | None = Field(default=None, description="Taint value for Equal.")
+    effect: TaintEffect | None = Field(
+        default=None, description="NoSchedule, PreferNoSchedule or NoExecute; empty matches all."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class ResourceRequirements(Model):
+    """Compute resources of a container (cpu, memory, extended resources)."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="Minimum resources, such as cpu: 4 or memory: 16Gi."
+    )
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="Maximum resources.")
+
+
+class EnvVar(Model):
+    """An environment variable given to a container."""
+
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name.")
+    value: str = Field(default="", description="Variable value.")
+
+
+class FieldError(ValueError):
+    """A validation error of one field, raised by model validators that check several fields.
+
+    ``field`` is the wire path below the model that raised it (``topology``, ``slices[1]``), so
+    error reports can name the exact field at fault.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field

@@ -1,0 +1,391 @@
+"""PathwaysProgram: a dataflow program of compiled functions on virtual slices, or its driver."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+
+from pathways_core.graph import CycleError, topological_order
+from pathways_core.resources.base import (
+    DNS_SUBDOMAIN_PATTERN,
+    GROUP_VERSION,
+    Conditions,
+    DnsLabel,
+    EnvVar,
+    FieldError,
+    Model,
+    ObjectMeta,
+    ResourceRequirements,
+)
+from pathways_core.resources.virtual_slice import MAX_PRIORITY, SliceRequest
+
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+def _named_list(key: str = "name") -> dict[str, object]:
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": [key]}
+
+
+def _unique_names(field: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for index, name in enumerate(names):
+        if name in seen:
+            raise FieldError(f"{field}[{index}].name", f"name {name!r} is used twice")
+        seen.add(name)
+
+
+class ProgramSlice(SliceRequest):
+    """A virtual slice the program runs on: an existing VirtualSlice, or one described inline
+    (the operator creates it, owned by the program)."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.virtualSliceName) != (has(self.devices) || has(self.shape))",
+                    "message": "set virtualSliceName, or devices or shape, but not both",
+                }
+            ]
+        }
+    }
+
+    name: DnsLabel = Field(description="Name the graph's nodes use to refer to this slice.")
+    virtual_slice_name: str | None = Field(
+        default=None,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        max_length=253,
+        description="An existing VirtualSlice in the program's namespace to run on.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        inline = self.devices is not None or self.shape is not None
+        if self.virtual_slice_name is not None:
+            if inline or self.accelerator_kind or self.island or self.island_selector:
+                raise FieldError(
+                    "virtualSliceName",
+                    "set virtualSliceName alone, or describe the slice inline (devices or "
+                    "shape), not both",
+                )
+        else:
+            self._check_size()
+        return self
+
+
+class ConfigMapKeyRef(Model):
+    """A key of a ConfigMap (binaryData or data) in the program's namespace."""
+
+    name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, description="ConfigMap name.")
+    key: str = Field(min_length=1, description="Key holding the serialized artifact.")
+
+
+class FunctionArtifact(Model):
+    """A compiled function: a serialized ``jax.export`` artifact, by reference or inline."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "[has(self.configMapKeyRef), has(self.uri), has(self.inline)]"
+                    ".filter(x, x).size() == 1",
+                    "message": "set exactly one of configMapKeyRef, uri or inline",
+                }
+            ]
+        }
+    }
+
+    name: DnsLabel = Field(description="Name the graph's nodes use to call this function.")
+    config_map_key_ref: ConfigMapKeyRef | None = Field(
+        default=None, description="The artifact stored in a ConfigMap."
+    )
+    uri: str | None = Field(
+        default=None,
+        pattern=r"^(gs|s3|https|file)://.+",
+        description="Where to fetch the artifact: gs://, s3://, https:// or file://.",
+    )
+    inline: str | None = Field(
+        default=None,
+        max_length=1_000_000,
+        pattern=r"^[A-Za-z0-9+/]*={0,2}$",
+        description="The artifact itself, base64-encoded (small functions only).",
+    )
+    sha256: str | None = Field(
+        default=None,
+        pattern=SHA256_PATTERN,
+        description="Digest of the serialized artifact; checked before it is loaded.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        sources = [self.config_map_key_ref, self.uri, self.inline]
+        if sum(source is not None for source in sources) != 1:
+            raise FieldError("uri", "set exactly one of configMapKeyRef, uri or inline")
+        return self
+
+
+class NodeInput(Model):
+    """An edge of the graph: output ``output`` of node ``node`` feeds this input."""
+
+    node: DnsLabel = Field(description="Name of the producing node.")
+    output: int = Field(default=0, ge=0, description="Index of the producing node's output.")
+
+
+class GraphNode(Model):
+    """A call of a compiled function, run SPMD on every device of one slice."""
+
+    name: DnsLabel = Field(description="Name of the node, unique in the graph.")
+    function: DnsLabel = Field(description="Name of the function (in graph.functions) it calls.")
+    slice: DnsLabel = Field(description="Name of the slice (in spec.slices) it runs on.")
+    inputs: list[NodeInput] = Field(
+        default_factory=list, description="Arguments, in order, as outputs of other nodes."
+    )
+
+
+class ProgramGraph(Model):
+    """A dataflow graph of compiled functions: the program, with no Python needed to run it."""
+
+    functions: list[FunctionArtifact] = Field(
+        min_length=1,
+        description="Compiled functions the nodes call.",
+        json_schema_extra=_named_list(),
+    )
+    nodes: list[GraphNode] = Field(
+        min_length=1,
+        description="Calls of the functions; each runs once per step.",
+        json_schema_extra=_named_list(),
+    )
+    outputs: list[NodeInput] = Field(
+        default_factory=list, description="Node outputs kept as the program's results."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        _unique_names("functions", [function.name for function in self.functions])
+        _unique_names("nodes", [node.name for node in self.nodes])
+        functions = {function.name for function in self.functions}
+        nodes = {node.name: node for node in self.nodes}
+        for index, node in enumerate(self.nodes):
+            if node.function not in functions:
+                raise FieldError(
+                    f"nodes[{index}].function",
+                    f"node {node.name!r} calls function {node.function!r}, which is not in "
+                    f"graph.functions ({', '.join(sorted(functions))})",
+                )
+        edges = [
+            (f"nodes[{index}].inputs[{position}].node", edge)
+            for index, node in enumerate(self.nodes)
+            for position, edge in enumerate(node.inputs)
+        ] + [(f"outputs[{position}].node", edge) for position, edge in enumerate(self.outputs)]
+        for field, edge in edges:
+            if edge.node not in nodes:
+                raise FieldError(field, f"refers to unknown node {edge.node!r}")
+        try:
+            topological_order(
+                {node.name: [edge.node for edge in node.inputs] for node in self.nodes}
+            )
+        except CycleError as error:
+            raise FieldError("nodes", str(error)) from None
+        return self
+
+
+class Driver(Model):
+    """A Python driver that builds and runs the program with the SDK, run as a Kubernetes Job."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.command) != has(self.source)",
+                    "message": "set exactly one of command or source",
+                }
+            ]
+        }
+    }
+
+    image: str | None = Field(
+        default=None, min_length=1, description="Container image; defaults to the Pathways image."
+    )
+    command: list[str] | None = Field(
+        default=None, min_length=1, description="Entrypoint of the driver container."
+    )
+    args: list[str] = Field(default_factory=list, description="Arguments of the command.")
+    source: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256_000,
+        description="Inline Python source of the driver, run with the SDK installed.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, description="Extra environment variables of the driver."
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="cpu and memory of the driver container."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if (self.command is None) == (self.source is None):
+            raise FieldError("command", "set exactly one of command or source")
+        return self
+
+
+class RestartPolicy(StrEnum):
+    NEVER = "Never"
+    ON_FAILURE = "OnFailure"
+
+
+class PathwaysProgramSpec(Model):
+    """The desired program."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.graph) != has(self.driver)",
+                    "message": "set exactly one of graph or driver",
+                }
+            ]
+        }
+    }
+
+    slices: list[ProgramSlice] = Field(
+        min_length=1,
+        max_length=256,
+        description="Virtual slices the program runs on.",
+        json_schema_extra=_named_list(),
+    )
+    graph: ProgramGraph | None = Field(
+        default=None, description="The program as a graph of compiled functions."
+    )
+    driver: Driver | None = Field(
+        default=None, description="A driver that builds the graph with the SDK."
+    )
+    tenant: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="Tenant charged for the program's devices; defaults to the namespace.",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-MAX_PRIORITY,
+        le=MAX_PRIORITY,
+        description="Priority of the program's slices; higher may preempt strictly lower.",
+    )
+    weight: int = Field(
+        default=1,
+        ge=1,
+        le=10_000,
+        description="Share of device time relative to other programs on the same island "
+        "(proportional-share scheduling).",
+    )
+    steps: int = Field(default=1, ge=1, description="Times the graph runs (training steps).")
+    restart_policy: RestartPolicy = Field(
+        default=RestartPolicy.NEVER,
+        description="Never, or OnFailure: restart from the last completed step.",
+    )
+    max_restarts: int = Field(
+        default=3, ge=0, le=1000, description="Restarts allowed before the program fails."
+    )
+    suspend: bool = Field(
+        default=False,
+        description="Suspend the program: its slices are released and it resumes from its "
+        "last completed step when unset.",
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail the program if it runs longer than this."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if (self.graph is None) == (self.driver is None):
+            raise FieldError("graph", "set exactly one of graph or driver")
+        _unique_names("slices", [item.name for item in self.slices])
+        if self.graph is not None:
+            slices = {item.name for item in self.slices}
+            for index, node in enumerate(self.graph.nodes):
+                if node.slice not in slices:
+                    raise FieldError(
+                        f"graph.nodes[{index}].slice",
+                        f"node {node.name!r} runs on slice {node.slice!r}, which is not in "
+                        f"spec.slices ({', '.join(sorted(slices))})",
+                    )
+        return self
+
+
+class ProgramPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class NodePhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class NodeStatus(Model):
+    """Progress of one graph node."""
+
+    name: str = Field(description="Node name.")
+    phase: NodePhase = Field(description="Pending, Running, Succeeded or Failed.")
+    island: str | None = Field(default=None, description="Island the node runs on.")
+    completed_steps: int = Field(default=0, ge=0, description="Steps this node has finished.")
+    message: str | None = Field(default=None, description="Failure details from the executor.")
+
+
+class ProgramSliceStatus(Model):
+    """The VirtualSlice backing one of the program's slices."""
+
+    name: str = Field(description="Slice name in spec.slices.")
+    virtual_slice_name: str = Field(description="The VirtualSlice resource.")
+    phase: str | None = Field(default=None, description="That VirtualSlice's phase.")
+    island: str | None = Field(default=None, description="Island it is bound to.")
+
+
+class PathwaysProgramStatus(Model):
+    """The observed program."""
+
+    phase: ProgramPhase | None = Field(
+        default=None, description="Pending, Running, Suspended, Succeeded or Failed."
+    )
+    completed_steps: int | None = Field(default=None, ge=0, description="Steps fully completed.")
+    restarts: int | None = Field(default=None, ge=0, description="Restarts so far.")
+    start_time: datetime | None = Field(default=None, description="When the program started.")
+    completion_time: datetime | None = Field(default=None, description="When it finished.")
+    reason: str | None = Field(
+        default=None, description="Why it is pending or failed (one CamelCase word)."
+    )
+    message: str | None = Field(default=None, description="Details for humans.")
+    slices: list[ProgramSliceStatus] = Field(
+        default_factory=list,
+        description="The program's slices.",
+        json_schema_extra=_named_list(),
+    )
+    nodes: list[NodeStatus] = Field(
+        default_factory=list,
+        description="Per-node progress.",
+        json_schema_extra=_named_list(),
+    )
+    conditions: Conditions
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation this status reflects."
+    )
+
+
+class PathwaysProgram(Model):
+    """A Pathways program: a DAG of compiled JAX functions on virtual slices, or a driver that
+    builds one, run by the island schedulers and tracked to Succeeded or Failed."""
+
+    api_version: Literal["pathways.dev/v1alpha1"] = GROUP_VERSION
+    kind: Literal["PathwaysProgram"] = "PathwaysProgram"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: PathwaysProgramSpec
+    status: PathwaysProgramStatus = Field(default_factory=PathwaysProgramStatus)

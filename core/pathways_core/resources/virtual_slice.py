@@ -1,0 +1,147 @@
+"""VirtualSlice: a tenant's request for devices, bound by the allocator to one island."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+
+from pathways_core.accelerators import AcceleratorKind
+from pathways_core.resources.base import (
+    DNS_SUBDOMAIN_PATTERN,
+    GROUP_VERSION,
+    Conditions,
+    FieldError,
+    LabelSelector,
+    Model,
+    ObjectMeta,
+)
+from pathways_core.topology import MeshShape, device_count, parse_shape
+
+MAX_PRIORITY = 1_000_000_000
+
+
+class SliceRequest(Model):
+    """What devices a slice needs: a count or a mesh shape, of a kind, on selected islands."""
+
+    devices: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="Number of devices. Placed as a compact block when possible.",
+    )
+    shape: MeshShape | None = Field(
+        default=None,
+        description="Virtual mesh shape, such as 2x4: the slice gets a contiguous sub-mesh of "
+        "one island with this shape (axes may be permuted).",
+    )
+    accelerator_kind: AcceleratorKind | None = Field(
+        default=None, description="Accelerator kind required; any kind when empty."
+    )
+    island: str | None = Field(
+        default=None,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Name of the one Island to bind on; any island when empty.",
+    )
+    island_selector: LabelSelector | None = Field(
+        default=None, description="Labels the Island must carry."
+    )
+
+    def _check_size(self) -> None:
+        if self.devices is None and self.shape is None:
+            raise FieldError("devices", "set devices (a count) or shape (a mesh such as 2x4)")
+        if self.devices is not None and self.shape is not None:
+            shaped = device_count(parse_shape(self.shape))
+            if shaped != self.devices:
+                raise FieldError(
+                    "shape",
+                    f"devices is {self.devices} but shape {self.shape!r} has {shaped} devices; "
+                    "set one of them",
+                )
+
+    @property
+    def device_total(self) -> int:
+        """Number of devices requested."""
+        if self.shape is not None:
+            return device_count(parse_shape(self.shape))
+        assert self.devices is not None
+        return self.devices
+
+
+class VirtualSliceSpec(SliceRequest):
+    """The desired slice."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {"rule": "has(self.devices) || has(self.shape)", "message": "set devices or shape"}
+            ]
+        }
+    }
+
+    tenant: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="Tenant whose quota is charged; defaults to the namespace.",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-MAX_PRIORITY,
+        le=MAX_PRIORITY,
+        description="Higher priority slices may preempt strictly lower priority ones.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        self._check_size()
+        return self
+
+
+class SlicePhase(StrEnum):
+    PENDING = "Pending"
+    BOUND = "Bound"
+    RELEASED = "Released"
+    PREEMPTED = "Preempted"
+
+
+class VirtualSliceStatus(Model):
+    """Where the slice is bound, or why it is not."""
+
+    phase: SlicePhase | None = Field(
+        default=None, description="Pending, Bound, Released or Preempted."
+    )
+    island: str | None = Field(default=None, description="Island the slice is bound to.")
+    shape: str | None = Field(
+        default=None, description="Physical shape of the bound block, such as 4x2."
+    )
+    devices: list[int] = Field(
+        default_factory=list,
+        description="Physical device ids of the island (row-major in its topology), in the "
+        "slice's virtual order.",
+    )
+    hosts: list[int] = Field(
+        default_factory=list, description="Indexes of the island's hosts the devices live on."
+    )
+    reason: str | None = Field(
+        default=None, description="Why the slice is pending or was preempted (one CamelCase word)."
+    )
+    message: str | None = Field(default=None, description="Details for humans.")
+    bound_time: datetime | None = Field(default=None, description="When the slice was bound.")
+    conditions: Conditions
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation this status reflects."
+    )
+
+
+class VirtualSlice(Model):
+    """A tenant's virtual slice: N devices or a mesh of devices, bound one-to-one to physical
+    devices of one island by the global resource manager."""
+
+    api_version: Literal["pathways.dev/v1alpha1"] = GROUP_VERSION
+    kind: Literal["VirtualSlice"] = "VirtualSlice"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: VirtualSliceSpec
+    status: VirtualSliceStatus = Field(default_factory=VirtualSliceStatus)

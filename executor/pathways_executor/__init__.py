@@ -1,0 +1,1 @@
+"""Pathways executor: the per-host server that owns devices and runs compiled functions."""

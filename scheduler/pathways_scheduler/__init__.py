@@ -1,0 +1,1 @@
+"""Pathways island scheduler: the per-island gang scheduler server."""

@@ -1,0 +1,187 @@
+"""`pathways validate`: good manifests pass; bad ones get one line per problem with its path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ISLAND = """\
+apiVersion: pathways.dev/v1alpha1
+kind: Island
+metadata: {name: isl}
+spec:
+"""
+SLICE = """\
+apiVersion: pathways.dev/v1alpha1
+kind: VirtualSlice
+metadata: {name: vs, namespace: team}
+spec:
+"""
+PROGRAM = """\
+apiVersion: pathways.dev/v1alpha1
+kind: PathwaysProgram
+metadata: {name: prog, namespace: team}
+spec:
+"""
+GRAPH = """\
+  slices: [{name: s, devices: 2}]
+  graph:
+    functions: [{name: f, uri: "gs://bucket/f.jaxexport"}]
+"""
+
+BAD = [
+    pytest.param(
+        ISLAND + "  acceleratorKind: cpu-fake\n  topology: 2x4\n  hostz: 2\n",
+        "spec.hostz: unknown field; did you mean 'hosts'?",
+        id="unknown-field",
+    ),
+    pytest.param(
+        ISLAND + "  acceleratorKind: cpu-fake\n  topology: 2x4\n  hosts: two\n",
+        "spec.hosts: expected an integer (got 'two')",
+        id="wrong-type",
+    ),
+    pytest.param(
+        ISLAND + "  acceleratorKind: cpu-fake\n  topology: 2x4\n  hosts: 0\n",
+        "spec.hosts: expected a number >= 1 (got 0)",
+        id="zero-hosts",
+    ),
+    pytest.param(
+        SLICE + "  devices: -2\n",
+        "spec.devices: expected a number >= 1 (got -2)",
+        id="negative-count",
+    ),
+    pytest.param(
+        ISLAND + "  acceleratorKind: cpu-fake\n  topology: 4x4\n  hosts: 2\n  devicesPerHost: 4\n",
+        "spec.devicesPerHost: topology '4x4' has 16 devices but hosts x devicesPerHost is "
+        "2 x 4 = 8",
+        id="topology-mismatch",
+    ),
+    pytest.param(
+        ISLAND + "  acceleratorKind: cpu-fake\n  topology: 3x3\n  hosts: 2\n",
+        "spec.hosts: topology '3x3' has 9 devices, which 2 hosts cannot share evenly",
+        id="topology-uneven",
+    ),
+    pytest.param(
+        ISLAND + "  acceleratorKind: tpu-v5p\n  topology: 4x4\n  hosts: 4\n",
+        "spec.topology: topology '4x4' has 2 axes, but tpu-v5p meshes are 3-D",
+        id="topology-rank",
+    ),
+    pytest.param(
+        ISLAND + "  acceleratorKind: tpu-v9\n  topology: 2x2\n",
+        "spec.acceleratorKind: expected one of 'tpu-v4', 'tpu-v5e'",
+        id="unknown-accelerator",
+    ),
+    pytest.param(
+        ISLAND + "  acceleratorKind: cpu-fake\n  topology: 4by4\n",
+        "spec.topology: expected a mesh shape of 1 to 3 positive integers joined by 'x'",
+        id="bad-topology",
+    ),
+    pytest.param(
+        ISLAND + "  topology: 2x2\n",
+        "spec.acceleratorKind: required field is missing",
+        id="missing-field",
+    ),
+    pytest.param(
+        SLICE + "  priority: 5\n",
+        "spec.devices: set devices (a count) or shape (a mesh such as 2x4)",
+        id="slice-without-size",
+    ),
+    pytest.param(
+        SLICE + "  devices: 4\n  shape: 2x4\n",
+        "spec.shape: devices is 4 but shape '2x4' has 8 devices",
+        id="slice-size-conflict",
+    ),
+    pytest.param(
+        PROGRAM + GRAPH + "    nodes: [{name: a, function: g, slice: s}]\n",
+        "spec.graph.nodes[0].function: node 'a' calls function 'g', which is not in "
+        "graph.functions (f)",
+        id="unknown-function",
+    ),
+    pytest.param(
+        PROGRAM
+        + GRAPH
+        + "    nodes:\n"
+        + "      - {name: a, function: f, slice: s, inputs: [{node: b}]}\n"
+        + "      - {name: b, function: f, slice: s, inputs: [{node: a}]}\n",
+        "spec.graph.nodes: the graph has a cycle: a -> b -> a",
+        id="cycle",
+    ),
+    pytest.param(
+        PROGRAM + GRAPH + "    nodes: [{name: a, function: f, slice: t}]\n",
+        "spec.graph.nodes[0].slice: node 'a' runs on slice 't', which is not in spec.slices (s)",
+        id="unknown-slice",
+    ),
+    pytest.param(
+        PROGRAM + "  slices: [{name: s, devices: 2}]\n",
+        "spec.graph: set exactly one of graph or driver",
+        id="no-graph-no-driver",
+    ),
+    pytest.param(
+        PROGRAM + "  slices: [{name: s, devices: 2}, {name: s, shape: 2x2}]\n"
+        "  driver: {command: [python, train.py]}\n",
+        "spec.slices[1].name: name 's' is used twice",
+        id="duplicate-slice",
+    ),
+    pytest.param(
+        "apiVersion: pathways.dev/v1alpha1\nkind: Isle\nmetadata: {name: x}\nspec: {}\n",
+        "kind: expected one of Island, VirtualSlice, PathwaysProgram (got 'Isle')",
+        id="unknown-kind",
+    ),
+    pytest.param(
+        "apiVersion: pathways.dev/v1\nkind: Island\nmetadata: {name: x}\nspec: {}\n",
+        "apiVersion: expected pathways.dev/v1alpha1 (got 'pathways.dev/v1')",
+        id="wrong-version",
+    ),
+    pytest.param(
+        SLICE.replace("name: vs", "name: Not_A_Name") + "  devices: 1\n",
+        "metadata.name: expected a lowercase RFC 1123 name",
+        id="bad-name",
+    ),
+    pytest.param(
+        "kind: [unclosed\n",
+        "invalid YAML at line 2, column 1",
+        id="yaml-syntax",
+    ),
+]
+
+
+@pytest.mark.parametrize(("manifest", "expected"), BAD)
+def test_bad_manifest_is_rejected_with_its_field_path(
+    pathways, tmp_path: Path, manifest: str, expected: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(manifest)
+    result = pathways("validate", str(path))
+    assert result.exit_code == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith(str(path))]
+    assert any(expected in line for line in lines), result.stderr
+    assert "document 1" in lines[0]
+
+
+def test_examples_are_valid(pathways, root: Path) -> None:
+    result = pathways("validate", str(root / "examples"))
+    assert result.exit_code == 0, result.stderr
+    assert "0 problem(s)" in result.stdout
+
+
+def test_every_problem_of_every_document_is_reported(pathways, tmp_path: Path) -> None:
+    path = tmp_path / "many.yaml"
+    path.write_text(
+        SLICE
+        + "  devices: 0\n  priority: high\n---\n"
+        + "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other}\n---\n"
+        + SLICE
+        + "  devices: 1\n"
+    )
+    result = pathways("validate", str(path))
+    assert result.exit_code == 1
+    assert f"{path}: document 1 (VirtualSlice vs): spec.devices" in result.stderr
+    assert f"{path}: document 1 (VirtualSlice vs): spec.priority" in result.stderr
+    assert "1 valid, 2 problem(s), 1 skipped" in result.stderr
+
+
+def test_folder_without_manifests_is_an_error(pathways, tmp_path: Path) -> None:
+    result = pathways("validate", str(tmp_path))
+    assert result.exit_code == 1
+    assert "no manifest files" in result.stderr
