@@ -74,6 +74,9 @@ class Allocator:
         self._bindings: dict[str, Binding] = {}
         self._quotas: dict[tuple[str, AcceleratorKind], int] = {}
         self._usage: dict[tuple[str, AcceleratorKind], int] = {}
+        # Islands matching a (kind, island, selector), in placement order; reset when islands
+        # are added, changed or removed.
+        self._candidate_cache: dict[tuple[object, ...], list[_IslandState]] = {}
 
     # -- inventory ---------------------------------------------------------------------------
 
@@ -93,9 +96,11 @@ class Allocator:
                 )
             current.inventory = inventory
             self._set_unhealthy(current, inventory.unhealthy)
+            self._candidate_cache.clear()
             return
         state = _IslandState(inventory)
         self._islands[inventory.name] = state
+        self._candidate_cache.clear()
         self._set_unhealthy(state, inventory.unhealthy)
 
     def remove_island(self, name: str) -> list[Binding]:
@@ -103,6 +108,7 @@ class Allocator:
         state = self._islands.pop(name, None)
         if state is None:
             return []
+        self._candidate_cache.clear()
         displaced = list(state.bindings.values())
         for binding in displaced:
             del self._bindings[binding.key]
@@ -169,7 +175,7 @@ class Allocator:
         """
         if request.key in self._bindings:
             return Bound(self._bindings[request.key])
-        candidates = [s for s in self._islands.values() if request.admits(s.inventory)]
+        candidates = self._candidates(request)
         if not candidates:
             return Pending(request.key, "NoMatchingIsland", self._no_island_message(request))
         room = {
@@ -181,8 +187,6 @@ class Allocator:
         shaped = [s for s in within_quota if self._ever_fits(request, s.inventory)]
         if not shaped:
             return Pending(request.key, "ShapeDoesNotFit", self._shape_message(request, candidates))
-        # Best fit: the fullest island that can take the request keeps the emptier ones whole.
-        shaped.sort(key=lambda s: (s.free, s.inventory.name))
         for state in shaped:
             choice = self._place(request, state, contiguous_only=True)
             if choice is not None:
@@ -223,13 +227,13 @@ class Allocator:
         state.unhealthy |= avoid_mask  # temporarily, so the search skips them
         state.epoch += 1
         try:
+            # The slice's own devices were released above, so the quota check counts them once.
             candidates = [
                 s
-                for s in self._islands.values()
-                if binding.request.admits(s.inventory)
-                and self._ever_fits(binding.request, s.inventory)
+                for s in self._candidates(binding.request)
+                if self._ever_fits(binding.request, s.inventory)
+                and self._quota_room(binding.request, s.inventory.kind)
             ]
-            candidates.sort(key=lambda s: (s.free, s.inventory.name))
             for contiguous_only in (True, False):
                 for candidate in candidates:
                     choice = self._place(binding.request, candidate, contiguous_only)
@@ -259,6 +263,22 @@ class Allocator:
         return rejected
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _candidates(self, request: Request) -> list[_IslandState]:
+        """Islands the request may use. Islands are filled in one fixed order (by name): churn
+        stays in the first islands and the later ones stay whole for large slices, which binds
+        more requests under load than trying the fullest island first (benchmarks/RESULTS.md)."""
+        selector = request.selector.model_dump_json() if request.selector else None
+        key = (request.kind, request.island, selector)
+        cached = self._candidate_cache.get(key)
+        if cached is None:
+            cached = [
+                self._islands[name]
+                for name in sorted(self._islands)
+                if request.admits(self._islands[name].inventory)
+            ]
+            self._candidate_cache[key] = cached
+        return cached
 
     def _island(self, name: str) -> _IslandState:
         try:
@@ -447,17 +467,26 @@ class Allocator:
         # A contiguous block is freed exactly by evicting every slice overlapping it, so the
         # fewest victims is the minimum over all placements.
         kept = state.unhealthy
-        for key, binding in state.bindings.items():
+        for key in state.bindings:
             if key not in evictable:
                 kept |= state.masks[key]
-        victim_masks = [(key, state.masks[key]) for key in evictable]
         best: tuple[tuple[int, int, int], set[str]] | None = None
         for orientation in orientations(request.shape, state.inventory.shape):
             table = placement_table(state.inventory.shape, orientation.block)
             for mask in table.masks:
                 if mask & kept:
                     continue
-                owners = {key for key, held in victim_masks if held & mask}
+                # Walk the slices overlapping the block: each step takes the owner of the
+                # lowest used device and clears all of that owner's devices.
+                owners: set[str] = set()
+                overlap = mask & state.occupied
+                limit = best[0][0] if best is not None else len(evictable)
+                while overlap and len(owners) <= limit:
+                    key = state.owners[(overlap & -overlap).bit_length() - 1]
+                    owners.add(key)
+                    overlap &= ~state.masks[key]
+                if overlap:
+                    continue
                 cost = _victims_cost(owners, evictable)
                 if best is None or cost < best[0]:
                     best = (cost, owners)

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
-from pathways_core.topology import Shape, coordinates, device_id
+from pathways_core.topology import Shape, device_id
 
 
 @dataclass(frozen=True)
@@ -123,15 +123,17 @@ def placement_table(mesh: Shape, block: Shape) -> PlacementTable:
 
 def virtual_order(orientation: Orientation, origin: int, mesh: Shape) -> tuple[int, ...]:
     """Physical device ids of a placed block, listed in the slice's virtual (row-major) order."""
-    base = coordinates(origin, mesh)
-    devices = []
-    for virtual_coords in itertools.product(*(range(extent) for extent in orientation.virtual)):
-        physical = tuple(
-            base[k] + (virtual_coords[axis] if axis >= 0 else 0)
-            for k, axis in enumerate(orientation.axes)
-        )
-        devices.append(device_id(physical, mesh))
-    return tuple(devices)
+    # Stepping one unit along virtual axis v moves the device id by the stride of the physical
+    # axis carrying v.
+    strides = [math.prod(mesh[k + 1 :]) for k in range(len(mesh))]
+    virtual_strides = [0] * len(orientation.virtual)
+    for k, axis in enumerate(orientation.axes):
+        if axis >= 0:
+            virtual_strides[axis] = strides[k]
+    ids = [origin]
+    for extent, stride in zip(orientation.virtual, virtual_strides, strict=True):
+        ids = [base + step * stride for base in ids for step in range(extent)]
+    return tuple(ids)
 
 
 def bits(mask: int) -> list[int]:

@@ -92,6 +92,7 @@ Conditions = Annotated[
     list[Condition],
     Field(
         default_factory=list,
+        max_length=32,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         description="Current conditions of the object, one per type.",
     ),
@@ -111,7 +112,7 @@ class LabelSelectorRequirement(Model):
     key: str = Field(description="The label key the requirement applies to.")
     operator: SelectorOperator = Field(description="In, NotIn, Exists or DoesNotExist.")
     values: list[str] = Field(
-        default_factory=list, description="Values for In and NotIn; empty otherwise."
+        default_factory=list, max_length=64, description="Values for In and NotIn; empty otherwise."
     )
 
 
@@ -122,7 +123,7 @@ class LabelSelector(Model):
         default_factory=dict, description="Labels that must be present with these values."
     )
     match_expressions: list[LabelSelectorRequirement] = Field(
-        default_factory=list, description="Set-based requirements on labels."
+        default_factory=list, max_length=32, description="Set-based requirements on labels."
     )
 
     def matches(self, labels: dict[str, str]) -> bool:

@@ -39,6 +39,7 @@ class IslandPlacement(Model):
     )
     tolerations: list[Toleration] = Field(
         default_factory=list,
+        max_length=64,
         description="Tolerations of the executor pods, added to those the accelerator kind "
         "implies (for example google.com/tpu).",
     )

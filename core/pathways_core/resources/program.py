@@ -140,7 +140,9 @@ class GraphNode(Model):
     function: DnsLabel = Field(description="Name of the function (in graph.functions) it calls.")
     slice: DnsLabel = Field(description="Name of the slice (in spec.slices) it runs on.")
     inputs: list[NodeInput] = Field(
-        default_factory=list, description="Arguments, in order, as outputs of other nodes."
+        default_factory=list,
+        max_length=256,
+        description="Arguments, in order, as outputs of other nodes.",
     )
 
 
@@ -149,16 +151,20 @@ class ProgramGraph(Model):
 
     functions: list[FunctionArtifact] = Field(
         min_length=1,
+        max_length=1024,
         description="Compiled functions the nodes call.",
         json_schema_extra=_named_list(),
     )
     nodes: list[GraphNode] = Field(
         min_length=1,
+        max_length=4096,
         description="Calls of the functions; each runs once per step.",
         json_schema_extra=_named_list(),
     )
     outputs: list[NodeInput] = Field(
-        default_factory=list, description="Node outputs kept as the program's results."
+        default_factory=list,
+        max_length=1024,
+        description="Node outputs kept as the program's results.",
     )
 
     @model_validator(mode="after")
@@ -209,9 +215,14 @@ class Driver(Model):
         default=None, min_length=1, description="Container image; defaults to the Pathways image."
     )
     command: list[str] | None = Field(
-        default=None, min_length=1, description="Entrypoint of the driver container."
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Entrypoint of the driver container.",
     )
-    args: list[str] = Field(default_factory=list, description="Arguments of the command.")
+    args: list[str] = Field(
+        default_factory=list, max_length=1024, description="Arguments of the command."
+    )
     source: str | None = Field(
         default=None,
         min_length=1,
@@ -219,7 +230,9 @@ class Driver(Model):
         description="Inline Python source of the driver, run with the SDK installed.",
     )
     env: list[EnvVar] = Field(
-        default_factory=list, description="Extra environment variables of the driver."
+        default_factory=list,
+        max_length=256,
+        description="Extra environment variables of the driver.",
     )
     resources: ResourceRequirements | None = Field(
         default=None, description="cpu and memory of the driver container."
@@ -366,11 +379,13 @@ class PathwaysProgramStatus(Model):
     message: str | None = Field(default=None, description="Details for humans.")
     slices: list[ProgramSliceStatus] = Field(
         default_factory=list,
+        max_length=256,
         description="The program's slices.",
         json_schema_extra=_named_list(),
     )
     nodes: list[NodeStatus] = Field(
         default_factory=list,
+        max_length=4096,
         description="Per-node progress.",
         json_schema_extra=_named_list(),
     )

@@ -119,11 +119,14 @@ class VirtualSliceStatus(Model):
     )
     devices: list[int] = Field(
         default_factory=list,
+        max_length=65536,
         description="Physical device ids of the island (row-major in its topology), in the "
         "slice's virtual order.",
     )
     hosts: list[int] = Field(
-        default_factory=list, description="Indexes of the island's hosts the devices live on."
+        default_factory=list,
+        max_length=65536,
+        description="Indexes of the island's hosts the devices live on.",
     )
     reason: str | None = Field(
         default=None, description="Why the slice is pending or was preempted (one CamelCase word)."
