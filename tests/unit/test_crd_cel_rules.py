@@ -21,8 +21,7 @@ ENVIRONMENT = celpy.Environment()
 
 
 def rules(schema: dict[str, Any]):
-    for rule in schema.get("x-kubernetes-validations", []):
-        yield rule
+    yield from schema.get("x-kubernetes-validations", [])
     for child in schema.get("properties", {}).values():
         yield from rules(child)
     if isinstance(schema.get("items"), dict):

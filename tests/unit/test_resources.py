@@ -31,9 +31,10 @@ def test_island_defaults_and_derived_devices_per_host() -> None:
 
 
 def test_wire_format_is_camel_case_and_round_trips() -> None:
-    document = island(acceleratorKind="cpu-fake", topology="2x4", hosts=2, devicesPerHost=4,
-                      placement={"nodeSelector": {"a": "b"},
-                                 "resources": {"requests": {"cpu": 1, "memory": "1Gi"}}})  # fmt: skip
+    placement = {"nodeSelector": {"a": "b"}, "resources": {"requests": {"cpu": 1, "memory": "1Gi"}}}
+    document = island(
+        acceleratorKind="cpu-fake", topology="2x4", hosts=2, devicesPerHost=4, placement=placement
+    )
     model = Island.model_validate(document)
     wire = model.to_wire()
     assert wire["spec"]["devicesPerHost"] == 4

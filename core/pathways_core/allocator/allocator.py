@@ -227,12 +227,16 @@ class Allocator:
         state.unhealthy |= avoid_mask  # temporarily, so the search skips them
         state.epoch += 1
         try:
-            # The slice's own devices were released above, so the quota check counts them once.
+            # Staying on the same kind keeps the tenant's usage as it was (a lowered quota evicts
+            # nothing); moving to another kind must fit that kind's quota.
             candidates = [
                 s
                 for s in self._candidates(binding.request)
                 if self._ever_fits(binding.request, s.inventory)
-                and self._quota_room(binding.request, s.inventory.kind)
+                and (
+                    s.inventory.kind == state.inventory.kind
+                    or self._quota_room(binding.request, s.inventory.kind)
+                )
             ]
             for contiguous_only in (True, False):
                 for candidate in candidates:
