@@ -35,6 +35,14 @@ class Model(BaseModel):
 DnsLabel = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)]
 """A lowercase RFC 1123 label: names of slices, graph nodes and functions."""
 
+MAX_PRIORITY = 1_000_000_000
+
+TenantName = Annotated[str, Field(min_length=1, max_length=63)]
+"""A tenant: whose quota is charged (the namespace unless set)."""
+
+Priority = Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)]
+"""Higher priority slices may preempt strictly lower priority ones."""
+
 
 def _quantity_to_str(value: Any) -> Any:
     if isinstance(value, bool):

@@ -18,9 +18,11 @@ from pathways_core.resources.base import (
     FieldError,
     Model,
     ObjectMeta,
+    Priority,
     ResourceRequirements,
+    TenantName,
 )
-from pathways_core.resources.virtual_slice import MAX_PRIORITY, SliceRequest
+from pathways_core.resources.virtual_slice import SliceRequest
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
@@ -276,16 +278,12 @@ class PathwaysProgramSpec(Model):
     driver: Driver | None = Field(
         default=None, description="A driver that builds the graph with the SDK."
     )
-    tenant: str | None = Field(
+    tenant: TenantName | None = Field(
         default=None,
-        min_length=1,
-        max_length=63,
         description="Tenant charged for the program's devices; defaults to the namespace.",
     )
-    priority: int = Field(
+    priority: Priority = Field(
         default=0,
-        ge=-MAX_PRIORITY,
-        le=MAX_PRIORITY,
         description="Priority of the program's slices; higher may preempt strictly lower.",
     )
     weight: int = Field(

@@ -17,10 +17,10 @@ from pathways_core.resources.base import (
     LabelSelector,
     Model,
     ObjectMeta,
+    Priority,
+    TenantName,
 )
 from pathways_core.topology import MeshShape, device_count, parse_shape
-
-MAX_PRIORITY = 1_000_000_000
 
 
 class SliceRequest(Model):
@@ -81,17 +81,11 @@ class VirtualSliceSpec(SliceRequest):
         }
     }
 
-    tenant: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=63,
-        description="Tenant whose quota is charged; defaults to the namespace.",
+    tenant: TenantName | None = Field(
+        default=None, description="Tenant whose quota is charged; defaults to the namespace."
     )
-    priority: int = Field(
-        default=0,
-        ge=-MAX_PRIORITY,
-        le=MAX_PRIORITY,
-        description="Higher priority slices may preempt strictly lower priority ones.",
+    priority: Priority = Field(
+        default=0, description="Higher priority slices may preempt strictly lower priority ones."
     )
 
     @model_validator(mode="after")
