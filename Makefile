@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test lint crds bench clean
+.PHONY: demo test lint crds proto bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ lint: $(INSTALLED)
 
 crds: $(INSTALLED)
 	$(BIN)/pathways crds --out crds --out charts/pathways/crds
+
+proto: $(INSTALLED)
+	$(BIN)/python -m grpc_tools.protoc -Icore --python_out=core --pyi_out=core core/pathways_core/wire/pathways.proto
 
 bench: $(INSTALLED)
 	$(BIN)/python benchmarks/allocator.py

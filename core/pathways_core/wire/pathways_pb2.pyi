@@ -1,0 +1,228 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FunctionRegistration(_message.Message):
+    __slots__ = ("function_id", "artifact", "name")
+    FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    function_id: str
+    artifact: bytes
+    name: str
+    def __init__(self, function_id: _Optional[str] = ..., artifact: _Optional[bytes] = ..., name: _Optional[str] = ...) -> None: ...
+
+class Computation(_message.Message):
+    __slots__ = ("id", "client", "function_id", "devices", "inputs", "outputs", "name")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    client: str
+    function_id: str
+    devices: _containers.RepeatedScalarFieldContainer[int]
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    name: str
+    def __init__(self, id: _Optional[str] = ..., client: _Optional[str] = ..., function_id: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DeleteBuffers(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ClientMessage(_message.Message):
+    __slots__ = ("hello", "function", "computation", "delete", "placed")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    function: FunctionRegistration
+    computation: Computation
+    delete: DeleteBuffers
+    placed: PlacedBuffer
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., function: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., computation: _Optional[_Union[Computation, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., placed: _Optional[_Union[PlacedBuffer, _Mapping]] = ...) -> None: ...
+
+class PlacedBuffer(_message.Message):
+    __slots__ = ("buffer_id", "executor")
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    buffer_id: str
+    executor: int
+    def __init__(self, buffer_id: _Optional[str] = ..., executor: _Optional[int] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("client", "weight", "priority")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    weight: int
+    priority: int
+    def __init__(self, client: _Optional[str] = ..., weight: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+
+class ClientEvent(_message.Message):
+    __slots__ = ("kind", "computation_id", "seq", "message", "function_id")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[ClientEvent.Kind]
+        QUEUED: _ClassVar[ClientEvent.Kind]
+        COMPLETED: _ClassVar[ClientEvent.Kind]
+        FAILED: _ClassVar[ClientEvent.Kind]
+        REJECTED: _ClassVar[ClientEvent.Kind]
+        REGISTERED: _ClassVar[ClientEvent.Kind]
+    KIND_UNSPECIFIED: ClientEvent.Kind
+    QUEUED: ClientEvent.Kind
+    COMPLETED: ClientEvent.Kind
+    FAILED: ClientEvent.Kind
+    REJECTED: ClientEvent.Kind
+    REGISTERED: ClientEvent.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    COMPUTATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
+    kind: ClientEvent.Kind
+    computation_id: str
+    seq: int
+    message: str
+    function_id: str
+    def __init__(self, kind: _Optional[_Union[ClientEvent.Kind, str]] = ..., computation_id: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[str] = ..., function_id: _Optional[str] = ...) -> None: ...
+
+class InputSource(_message.Message):
+    __slots__ = ("buffer_id", "executors")
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    EXECUTORS_FIELD_NUMBER: _ClassVar[int]
+    buffer_id: str
+    executors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ExecutorCommand(_message.Message):
+    __slots__ = ("seq", "run", "register", "delete", "sources")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    run: Computation
+    register: FunctionRegistration
+    delete: DeleteBuffers
+    sources: _containers.RepeatedCompositeFieldContainer[InputSource]
+    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+
+class ExecutorEvent(_message.Message):
+    __slots__ = ("seq", "computation_id", "ok", "message", "start_ns", "end_ns", "executor")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    COMPUTATION_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    computation_id: str
+    ok: bool
+    message: str
+    start_ns: int
+    end_ns: int
+    executor: int
+    def __init__(self, seq: _Optional[int] = ..., computation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., executor: _Optional[int] = ...) -> None: ...
+
+class ArrayChunk(_message.Message):
+    __slots__ = ("buffer_id", "dtype", "shape", "total_bytes", "data", "devices")
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    buffer_id: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    total_bytes: int
+    data: bytes
+    devices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, buffer_id: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ..., devices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ArrayRequest(_message.Message):
+    __slots__ = ("buffer_id", "timeout_seconds")
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    buffer_id: str
+    timeout_seconds: float
+    def __init__(self, buffer_id: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    def __init__(self, message: _Optional[str] = ...) -> None: ...
+
+class ExecutorInfo(_message.Message):
+    __slots__ = ("index", "endpoint", "devices", "platform")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    endpoint: str
+    devices: _containers.RepeatedScalarFieldContainer[int]
+    platform: str
+    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ...) -> None: ...
+
+class IslandInfo(_message.Message):
+    __slots__ = ("island", "shape", "executors", "policy")
+    ISLAND_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTORS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    island: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    executors: _containers.RepeatedCompositeFieldContainer[ExecutorInfo]
+    policy: str
+    def __init__(self, island: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., executors: _Optional[_Iterable[_Union[ExecutorInfo, _Mapping]]] = ..., policy: _Optional[str] = ...) -> None: ...
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TraceRecord(_message.Message):
+    __slots__ = ("seq", "computation_id", "client", "name", "devices", "executor", "start_ns", "end_ns", "ok")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    COMPUTATION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    computation_id: str
+    client: str
+    name: str
+    devices: _containers.RepeatedScalarFieldContainer[int]
+    executor: int
+    start_ns: int
+    end_ns: int
+    ok: bool
+    def __init__(self, seq: _Optional[int] = ..., computation_id: _Optional[str] = ..., client: _Optional[str] = ..., name: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., executor: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., ok: _Optional[bool] = ...) -> None: ...
+
+class Trace(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[TraceRecord]
+    def __init__(self, records: _Optional[_Iterable[_Union[TraceRecord, _Mapping]]] = ...) -> None: ...

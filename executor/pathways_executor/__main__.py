@@ -1,0 +1,51 @@
+"""``python -m pathways_executor``: one executor process owning this host's devices."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="pathways_executor", description=__doc__)
+    parser.add_argument("--index", type=int, default=0, help="executor (host) index in the island")
+    parser.add_argument(
+        "--first-device", type=int, default=0, help="island device id of this host's first device"
+    )
+    parser.add_argument(
+        "--fake-devices",
+        type=int,
+        default=0,
+        help="run on N fake CPU devices instead of the host's accelerators",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument(
+        "--compilation-cache",
+        default=os.path.expanduser("~/.cache/pathways/xla"),
+        help="persistent XLA compilation cache folder ('' to disable)",
+    )
+    return parser.parse_args()
+
+
+def configure(args: argparse.Namespace) -> None:
+    """Settings that must be made before JAX is first imported."""
+    if args.fake_devices:
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_force_host_platform_device_count={args.fake_devices}".strip()
+        )
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+if __name__ == "__main__":
+    arguments = parse()
+    configure(arguments)
+    import jax
+
+    if arguments.compilation_cache:
+        jax.config.update("jax_compilation_cache_dir", arguments.compilation_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    from pathways_executor.server import main
+
+    main(arguments)

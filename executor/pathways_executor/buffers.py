@@ -1,0 +1,103 @@
+"""The executor's buffer store: every buffer is a future, reference-counted.
+
+A buffer is created pending when a computation that produces it is accepted (or when a consumer
+asks for it first), set when the value exists (a ``jax.Array``, itself asynchronous, or a host
+array), or failed with the producer's error so that every consumer fails fast with the cause.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class BufferError(Exception):
+    """A buffer is unknown, failed, or did not arrive in time."""
+
+
+@dataclass
+class _Entry:
+    future: Future[Any] = field(default_factory=Future)
+    # One reference for the owner (released by a client's delete) plus one per pending use.
+    references: int = 1
+    deleted: bool = False
+
+
+class BufferStore:
+    """Buffers by id; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def __contains__(self, buffer_id: str) -> bool:
+        with self._lock:
+            return buffer_id in self._entries
+
+    def expect(self, buffer_id: str) -> Future[Any]:
+        """The future of a buffer, created pending if it does not exist yet."""
+        with self._lock:
+            entry = self._entries.get(buffer_id)
+            if entry is None:
+                entry = self._entries[buffer_id] = _Entry()
+            return entry.future
+
+    def set(self, buffer_id: str, value: Any) -> None:
+        future = self.expect(buffer_id)
+        if not future.done():
+            future.set_result(value)
+
+    def fail(self, buffer_id: str, error: BaseException) -> None:
+        future = self.expect(buffer_id)
+        if not future.done():
+            future.set_exception(error)
+
+    def acquire(self, buffer_id: str) -> bool:
+        """Hold a buffer for a pending use; False if it is unknown."""
+        with self._lock:
+            entry = self._entries.get(buffer_id)
+            if entry is None or entry.deleted:
+                return False
+            entry.references += 1
+            return True
+
+    def release(self, buffer_id: str) -> None:
+        """End a pending use (or, for the owner, delete): frees the buffer at zero."""
+        with self._lock:
+            entry = self._entries.get(buffer_id)
+            if entry is None:
+                return
+            entry.references -= 1
+            if entry.references <= 0:
+                del self._entries[buffer_id]
+
+    def delete(self, buffer_id: str) -> None:
+        """The owner's delete: the buffer goes once no pending use holds it."""
+        with self._lock:
+            entry = self._entries.get(buffer_id)
+            if entry is None or entry.deleted:
+                return
+            entry.deleted = True
+        self.release(buffer_id)
+
+    def get(self, buffer_id: str, timeout: float | None) -> Any:
+        """The value of a buffer, waiting for it; raises ``BufferError`` naming the cause."""
+        with self._lock:
+            entry = self._entries.get(buffer_id)
+        if entry is None:
+            raise BufferError(f"unknown buffer {buffer_id!r}")
+        try:
+            return entry.future.result(timeout)
+        except FutureTimeout:
+            raise BufferError(f"buffer {buffer_id!r} was not ready within {timeout} s") from None
+        except BufferError:
+            raise
+        except Exception as error:  # the producer's failure
+            raise BufferError(f"buffer {buffer_id!r} failed: {error}") from error

@@ -1,0 +1,130 @@
+"""Compiled functions: ``jax.export`` artifacts loaded once, compiled once per device set."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+
+class FunctionError(Exception):
+    """A function cannot be loaded or called as asked."""
+
+
+@dataclass(frozen=True)
+class Callable:
+    """A function ready to run on one device set: the jitted call and where its inputs go."""
+
+    name: str
+    run: Any
+    in_shardings: tuple[Any, ...]
+    in_avals: tuple[Any, ...]
+    out_count: int
+
+
+class FunctionCache:
+    """Loaded artifacts by function id, and their compiled forms by device set."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._exported: dict[str, tuple[str, Any]] = {}
+        self._failed: dict[str, str] = {}
+        self._callables: dict[tuple[str, tuple[int, ...]], Callable] = {}
+
+    def register(self, function_id: str, artifact: bytes, name: str = "") -> None:
+        """Load an artifact; raises ``FunctionError`` (and remembers why) if it is corrupt."""
+        label = name or function_id[:12]
+        try:
+            digest = hashlib.sha256(artifact).hexdigest()
+            if digest != function_id:
+                raise FunctionError(
+                    f"function {label!r}: artifact digest {digest[:12]} does not match its id "
+                    f"{function_id[:12]} (corrupted in transit or storage)"
+                )
+            try:
+                exported = jax.export.deserialize(bytearray(artifact))
+            except Exception as error:
+                raise FunctionError(
+                    f"function {label!r} is not a jax.export artifact this executor can load "
+                    f"(jax {jax.__version__}): {type(error).__name__}: {error}"
+                ) from None
+        except FunctionError as error:
+            with self._lock:
+                self._failed[function_id] = str(error)
+            raise
+        with self._lock:
+            self._exported[function_id] = (label, exported)
+            self._failed.pop(function_id, None)
+
+    def callable(self, function_id: str, devices: list[jax.Device]) -> Callable:
+        """The function compiled for these devices (in the slice's virtual order)."""
+        key = (function_id, tuple(device.id for device in devices))
+        with self._lock:
+            cached = self._callables.get(key)
+            if cached is not None:
+                return cached
+            if function_id in self._failed:
+                raise FunctionError(self._failed[function_id])
+            if function_id not in self._exported:
+                raise FunctionError(f"function {function_id[:12]} was never registered")
+            name, exported = self._exported[function_id]
+        if exported.nr_devices != len(devices):
+            raise FunctionError(
+                f"function {name!r} was exported for {exported.nr_devices} device(s) but the "
+                f"slice has {len(devices)}"
+            )
+        if len(devices) == 1:
+            shardings = tuple(SingleDeviceSharding(devices[0]) for _ in exported.in_avals)
+        else:
+            mesh = _mesh(exported, devices)
+            replicated = NamedSharding(mesh, PartitionSpec())
+            shardings = tuple(s or replicated for s in exported.in_shardings_jax(mesh))
+        built = Callable(
+            name=name,
+            run=jax.jit(exported.call),
+            in_shardings=shardings,
+            in_avals=tuple(exported.in_avals),
+            out_count=len(exported.out_avals),
+        )
+        with self._lock:
+            self._callables[key] = built
+        return built
+
+
+def _mesh(exported: Any, devices: list[jax.Device]) -> Mesh:
+    """The mesh to run an exported function on: the slice's devices (in virtual order) laid out
+    like the mesh it was exported with, so its named shardings apply unchanged."""
+    named = [
+        sharding.mesh
+        for sharding in (
+            *getattr(exported, "_in_named_shardings", ()),
+            *getattr(exported, "_out_named_shardings", ()),
+        )
+        if sharding is not None
+    ]
+    if getattr(exported, "_has_named_shardings", False) and named:
+        abstract = named[0]
+        grid = np.array(devices, dtype=object).reshape(abstract.axis_sizes)
+        return Mesh(grid, abstract.axis_names, axis_types=abstract.axis_types)
+    # Artifacts with HLO shardings only are mesh-independent: any mesh of the right size works.
+    return Mesh(np.array(devices), ("devices",))
+
+
+def check_inputs(function: Callable, values: list[Any]) -> None:
+    """Raise ``FunctionError`` naming the first input whose shape or dtype is not expected."""
+    if len(values) != len(function.in_avals):
+        raise FunctionError(
+            f"function {function.name!r} takes {len(function.in_avals)} input(s), got {len(values)}"
+        )
+    for index, (value, aval) in enumerate(zip(values, function.in_avals, strict=True)):
+        shape, dtype = tuple(np.shape(value)), np.dtype(getattr(value, "dtype", None))
+        if shape != tuple(aval.shape) or dtype != aval.dtype:
+            raise FunctionError(
+                f"input {index} of function {function.name!r} is {dtype}{list(shape)}, expected "
+                f"{aval.dtype}{list(aval.shape)}"
+            )

@@ -1,0 +1,214 @@
+"""The executor's engine: runs the island scheduler's commands strictly in order.
+
+Commands arrive in island order. Registrations load artifacts; runs resolve their inputs (local
+buffers, or buffers pulled from other executors, started as soon as the command arrives so
+transfers overlap earlier work), dispatch the compiled function asynchronously (JAX returns
+future arrays at once), and hand the outputs to a completion thread that reports when the
+devices finished. A failure fails the computation's outputs, so consumers fail fast with the
+cause, and the executor keeps going.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable as Fn
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import jax
+import numpy as np
+
+from pathways_core.wire import pb
+from pathways_executor.buffers import BufferError, BufferStore
+from pathways_executor.functions import FunctionCache, FunctionError, check_inputs
+
+INPUT_TIMEOUT_SECONDS = 120.0
+
+
+class ComputationError(Exception):
+    """A computation could not run; the message is what the client sees."""
+
+
+class Runner:
+    """Executes commands in order on this host's devices; ``emit`` receives events."""
+
+    def __init__(
+        self,
+        index: int,
+        island_devices: dict[int, jax.Device],
+        fetch: Fn[[str, list[str]], np.ndarray],
+        emit: Fn[[pb.ExecutorEvent], None],
+    ) -> None:
+        self.index = index
+        self.devices = island_devices
+        self.buffers = BufferStore()
+        self.functions = FunctionCache()
+        self._fetch = fetch
+        self._emit = emit
+        self._commands: queue.Queue[pb.ExecutorCommand | None] = queue.Queue()
+        self._completions: queue.Queue[tuple[pb.ExecutorCommand, list[Any], int] | None] = (
+            queue.Queue()
+        )
+        self._transfers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="transfer")
+        self._last_end_ns = 0
+        self.executed: list[str] = []  # computation ids in execution order, for tests and traces
+        self._threads = [
+            threading.Thread(target=self._run_loop, name="runner", daemon=True),
+            threading.Thread(target=self._completion_loop, name="completions", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, command: pb.ExecutorCommand) -> None:
+        """Accept the next command of the island order."""
+        if command.HasField("run"):
+            # Announce the outputs now so consumers on other executors can wait for them, and
+            # start pulling remote inputs while earlier work runs.
+            for buffer_id in command.run.outputs:
+                self.buffers.expect(buffer_id)
+            for source in command.sources:
+                if source.buffer_id not in self.buffers:
+                    self._start_transfer(source)
+        self._commands.put(command)
+
+    def stop(self) -> None:
+        self._commands.put(None)
+        self._completions.put(None)
+        self._transfers.shutdown(wait=False, cancel_futures=True)
+
+    def put_array(self, buffer_id: str, value: np.ndarray) -> None:
+        """A client's upload: a host array, placed on devices when a computation uses it."""
+        self.buffers.set(buffer_id, value)
+
+    # -- the ordered loop ---------------------------------------------------------------------
+
+    def _start_transfer(self, source: pb.InputSource) -> None:
+        future = self.buffers.expect(source.buffer_id)
+
+        def pull() -> None:
+            try:
+                future.set_result(self._fetch(source.buffer_id, list(source.executors)))
+            except Exception as error:
+                if not future.done():
+                    future.set_exception(error)
+
+        self._transfers.submit(pull)
+
+    def _run_loop(self) -> None:
+        while (command := self._commands.get()) is not None:
+            kind = command.WhichOneof("kind")
+            if kind == "register":
+                self._register(command)
+            elif kind == "delete":
+                for buffer_id in command.delete.ids:
+                    self.buffers.delete(buffer_id)
+            elif kind == "run":
+                self._run(command)
+
+    def _register(self, command: pb.ExecutorCommand) -> None:
+        registration = command.register
+        try:
+            self.functions.register(
+                registration.function_id, registration.artifact, registration.name
+            )
+        except FunctionError as error:
+            self._emit(
+                pb.ExecutorEvent(seq=command.seq, ok=False, message=str(error), executor=self.index)
+            )
+
+    def _run(self, command: pb.ExecutorCommand) -> None:
+        computation = command.run
+        dispatched = time.time_ns()
+        held: list[str] = []
+        try:
+            devices = self._slice_devices(computation)
+            function = self.functions.callable(computation.function_id, devices)
+            values = []
+            for buffer_id in computation.inputs:
+                if not self.buffers.acquire(buffer_id):
+                    raise ComputationError(f"unknown buffer {buffer_id!r}")
+                held.append(buffer_id)
+                values.append(self.buffers.get(buffer_id, INPUT_TIMEOUT_SECONDS))
+            check_inputs(function, values)
+            arguments = [
+                jax.device_put(value, sharding)
+                for value, sharding in zip(values, function.in_shardings, strict=True)
+            ]
+            outputs = jax.tree.leaves(function.run(*arguments))
+            if len(outputs) != len(computation.outputs):
+                raise ComputationError(
+                    f"function {function.name!r} returns {len(outputs)} output(s) but the "
+                    f"computation names {len(computation.outputs)}"
+                )
+        except (BufferError, FunctionError, ComputationError) as error:
+            self._fail(command, str(error))
+            return
+        except Exception as error:  # XLA or JAX refused the call
+            self._fail(command, f"{type(error).__name__}: {error}")
+            return
+        finally:
+            for buffer_id in held:
+                self.buffers.release(buffer_id)
+        for buffer_id, value in zip(computation.outputs, outputs, strict=True):
+            self.buffers.set(buffer_id, value)
+        self.executed.append(computation.id)
+        self._completions.put((command, outputs, dispatched))
+
+    def _slice_devices(self, computation: pb.Computation) -> list[jax.Device]:
+        missing = [d for d in computation.devices if d not in self.devices]
+        if missing:
+            raise ComputationError(
+                f"devices {missing} of computation {computation.name or computation.id!r} are "
+                f"not on executor {self.index} (it owns {sorted(self.devices)})"
+            )
+        return [self.devices[d] for d in computation.devices]
+
+    def _fail(self, command: pb.ExecutorCommand, message: str) -> None:
+        computation = command.run
+        label = computation.name or computation.id
+        error = ComputationError(
+            f"computation {label!r} failed on executor {self.index}: {message}"
+        )
+        for buffer_id in computation.outputs:
+            self.buffers.fail(buffer_id, error)
+        self.executed.append(computation.id)
+        now = time.time_ns()
+        self._emit(
+            pb.ExecutorEvent(
+                seq=command.seq,
+                computation_id=computation.id,
+                ok=False,
+                message=str(error),
+                start_ns=now,
+                end_ns=now,
+                executor=self.index,
+            )
+        )
+
+    def _completion_loop(self) -> None:
+        while (item := self._completions.get()) is not None:
+            command, outputs, dispatched = item
+            ok, message = True, ""
+            try:
+                for output in outputs:
+                    output.block_until_ready()
+            except Exception as error:
+                ok, message = False, f"{type(error).__name__}: {error}"
+            end = time.time_ns()
+            # The devices start a computation when it is dispatched or when the previous one
+            # ends, whichever is later.
+            start = max(dispatched, self._last_end_ns)
+            self._last_end_ns = end
+            self._emit(
+                pb.ExecutorEvent(
+                    seq=command.seq,
+                    computation_id=command.run.id,
+                    ok=ok,
+                    message=message,
+                    start_ns=start,
+                    end_ns=end,
+                    executor=self.index,
+                )
+            )

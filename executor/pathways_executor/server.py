@@ -1,0 +1,137 @@
+"""The executor's gRPC server: a thin shell around the runner."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+import jax
+import numpy as np
+
+from pathways_core.wire import EXECUTOR, pb
+from pathways_executor.arrays import from_chunks, to_chunks
+from pathways_executor.buffers import BufferError
+from pathways_executor.rpc import MESSAGE_OPTIONS, generic_handler, stub
+from pathways_executor.runner import Runner
+
+
+class ExecutorService:
+    """Implements ``pathways.v1.Executor``."""
+
+    def __init__(self, index: int, first_device: int, endpoint: str = "") -> None:
+        local = jax.local_devices()
+        self.index = index
+        self.endpoint = endpoint
+        self.island_devices = {first_device + i: device for i, device in enumerate(local)}
+        self._events: queue.Queue[pb.ExecutorEvent | None] | None = None
+        self._channels: dict[str, grpc.Channel] = {}
+        self._channels_lock = threading.Lock()
+        self.runner = Runner(index, self.island_devices, self._fetch, self._emit)
+
+    # -- scheduler stream --------------------------------------------------------------------
+
+    def Execute(self, commands, context):
+        events: queue.Queue[pb.ExecutorEvent | None] = queue.Queue()
+        previous, self._events = self._events, events
+        if previous is not None:
+            previous.put(None)  # a new scheduler stream replaces the old one
+
+        def read() -> None:
+            try:
+                for command in commands:
+                    self.runner.submit(command)
+            except grpc.RpcError:
+                pass
+            events.put(None)
+
+        threading.Thread(target=read, name="commands", daemon=True).start()
+        while (event := events.get()) is not None:
+            yield event
+
+    def _emit(self, event: pb.ExecutorEvent) -> None:
+        events = self._events
+        if events is not None:
+            events.put(event)
+
+    # -- arrays ------------------------------------------------------------------------------
+
+    def PutArray(self, chunks, context):
+        try:
+            first, array = from_chunks(chunks)
+        except ValueError as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad array upload: {error}")
+        self.runner.put_array(first.buffer_id, array)
+        return pb.Ack(message=f"stored {first.buffer_id}")
+
+    def GetArray(self, request, context):
+        timeout = request.timeout_seconds or None
+        try:
+            value = self.runner.buffers.get(request.buffer_id, timeout)
+            array = np.asarray(value)
+        except BufferError as error:
+            code = (
+                grpc.StatusCode.NOT_FOUND
+                if "unknown" in str(error)
+                else grpc.StatusCode.FAILED_PRECONDITION
+            )
+            context.abort(code, str(error))
+        except Exception as error:  # the computation failed on the devices
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{type(error).__name__}: {error}")
+        yield from to_chunks(request.buffer_id, array)
+
+    def Info(self, request, context):
+        return pb.ExecutorInfo(
+            index=self.index,
+            endpoint=self.endpoint,
+            devices=sorted(self.island_devices),
+            platform=jax.default_backend(),
+        )
+
+    # -- data plane --------------------------------------------------------------------------
+
+    def _fetch(self, buffer_id: str, executors: list[str]) -> np.ndarray:
+        """Pull a buffer from the executor holding it (the first that answers)."""
+        errors = []
+        for endpoint in executors:
+            with self._channels_lock:
+                channel = self._channels.get(endpoint)
+                if channel is None:
+                    channel = self._channels[endpoint] = grpc.insecure_channel(
+                        endpoint, options=MESSAGE_OPTIONS
+                    )
+            get_array = stub(channel, EXECUTOR, "GetArray")
+            try:
+                request = pb.ArrayRequest(buffer_id=buffer_id, timeout_seconds=120)
+                return from_chunks(get_array(request))[1]
+            except grpc.RpcError as error:
+                errors.append(f"{endpoint}: {error.details()}")
+        raise BufferError(f"cannot fetch buffer {buffer_id!r}: {'; '.join(errors)}")
+
+
+def serve(index: int, first_device: int, host: str, port: int) -> tuple[grpc.Server, int]:
+    """Start the executor's server; returns it and the port it listens on."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=MESSAGE_OPTIONS)
+    service = ExecutorService(index, first_device)
+    server.add_generic_rpc_handlers([generic_handler(EXECUTOR, service)])
+    bound = server.add_insecure_port(f"{host}:{port}")
+    service.endpoint = f"{host}:{bound}"
+    server.start()
+    return server, bound
+
+
+def main(args: argparse.Namespace) -> None:
+    server, port = serve(args.index, args.first_device, args.host, args.port)
+    # The launcher reads this line to learn the port.
+    print(
+        json.dumps({"ready": True, "port": port, "devices": len(jax.local_devices())}), flush=True
+    )
+    try:
+        server.wait_for_termination()
+    except KeyboardInterrupt:
+        server.stop(grace=1)
+    sys.exit(0)
