@@ -31,6 +31,7 @@ class BufferStore:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._appeared = threading.Condition(self._lock)
         self._entries: dict[str, _Entry] = {}
 
     def __len__(self) -> int:
@@ -47,6 +48,7 @@ class BufferStore:
             entry = self._entries.get(buffer_id)
             if entry is None:
                 entry = self._entries[buffer_id] = _Entry()
+                self._appeared.notify_all()
             return entry.future
 
     def set(self, buffer_id: str, value: Any) -> None:
@@ -87,9 +89,15 @@ class BufferStore:
             entry.deleted = True
         self.release(buffer_id)
 
-    def get(self, buffer_id: str, timeout: float | None) -> Any:
-        """The value of a buffer, waiting for it; raises ``BufferError`` naming the cause."""
+    def get(self, buffer_id: str, timeout: float | None, appear_within: float = 0.0) -> Any:
+        """The value of a buffer, waiting for it; raises ``BufferError`` naming the cause.
+
+        ``appear_within`` is how long a buffer this executor has not heard of yet may take to
+        be announced: another executor or a client may ask before this executor has received
+        the command that produces it.
+        """
         with self._lock:
+            self._appeared.wait_for(lambda: buffer_id in self._entries, appear_within)
             entry = self._entries.get(buffer_id)
         if entry is None:
             raise BufferError(f"unknown buffer {buffer_id!r}")

@@ -19,6 +19,9 @@ from pathways_executor.buffers import BufferError
 from pathways_executor.rpc import MESSAGE_OPTIONS, generic_handler, stub
 from pathways_executor.runner import Runner
 
+# How long a requested buffer may take to be announced by the island's command stream.
+APPEAR_WITHIN_SECONDS = 30.0
+
 
 class ExecutorService:
     """Implements ``pathways.v1.Executor``."""
@@ -71,7 +74,7 @@ class ExecutorService:
     def GetArray(self, request, context):
         timeout = request.timeout_seconds or None
         try:
-            value = self.runner.buffers.get(request.buffer_id, timeout)
+            value = self.runner.buffers.get(request.buffer_id, timeout, APPEAR_WITHIN_SECONDS)
             array = np.asarray(value)
         except BufferError as error:
             code = (

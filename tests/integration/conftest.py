@@ -1,0 +1,50 @@
+"""Real islands: scheduler and executor processes with fake CPU devices on loopback.
+
+The test process exports functions with JAX on 8 fake CPU devices of its own (exporting a
+sharded function needs a mesh), so JAX is configured here before anything uses it.
+"""
+
+from __future__ import annotations
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_platforms", "cpu")
+
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+
+from pathways_client.launcher import LocalIsland  # noqa: E402
+
+
+def export(function, *avals, devices: int = 1, sharded: bool = False) -> bytes:
+    """A serialized jax.export artifact of ``function`` for ``devices`` devices, its inputs and
+    outputs split along the first axis when ``sharded``."""
+    if devices == 1:
+        jitted = jax.jit(function)
+    else:
+        mesh = Mesh(np.array(jax.devices()[:devices]), ("x",))
+        spec = NamedSharding(mesh, PartitionSpec("x") if sharded else PartitionSpec())
+        jitted = jax.jit(function, in_shardings=spec, out_shardings=spec)
+    return bytes(jax.export.export(jitted)(*avals).serialize())
+
+
+def f32(*shape: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+@pytest.fixture(scope="session")
+def compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("xla-cache")
+
+
+@pytest.fixture(scope="module")
+def island(compilation_cache: Path) -> Iterator[LocalIsland]:
+    """One island of 2 executors x 4 fake devices, shared by a module's tests."""
+    with LocalIsland(hosts=2, devices_per_host=4, compilation_cache=compilation_cache) as running:
+        yield running

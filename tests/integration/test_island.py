@@ -1,0 +1,183 @@
+"""An island of real processes: computations, chains across executors, concurrent clients."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from concurrent.futures import Future
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import export, f32
+
+from pathways_client.island_client import IslandClient, IslandError
+from pathways_client.launcher import LocalIsland
+from pathways_core.wire import pb
+
+INCREMENT = export(lambda x: x + 1, f32(4))
+DOUBLE = export(lambda x: x * 2, f32(4))
+
+
+def test_island_reports_its_executors_and_devices(island: LocalIsland) -> None:
+    with IslandClient(island.scheduler_endpoint, "info") as client:
+        assert [list(e.devices) for e in client.info.executors] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_three_node_chain_across_executors(island: LocalIsland) -> None:
+    with IslandClient(island.scheduler_endpoint, "chain") as client:
+        increment = client.register(INCREMENT, "increment")
+        double = client.register(DOUBLE, "double")
+        x = client.put(np.arange(4, dtype=np.float32), device=0)
+        a = client.submit(increment, [1], [x], 1, name="a")  # executor 0
+        b = client.submit(double, [6], [a.outputs[0]], 1, name="b")  # executor 1
+        c = client.submit(increment, [2], [b.outputs[0]], 1, name="c")  # back to executor 0
+        # All three were dispatched before the first finished; only the last is awaited.
+        c.wait()
+        np.testing.assert_array_equal(client.get(c.outputs[0]), (np.arange(4) + 1) * 2 + 1)
+
+
+def test_sharded_all_reduce_on_a_four_device_slice(island: LocalIsland) -> None:
+    all_reduce = export(
+        lambda x: jnp.sum(x, axis=0, keepdims=True) * jnp.ones_like(x),
+        f32(4, 3),
+        devices=4,
+        sharded=True,
+    )
+    with IslandClient(island.scheduler_endpoint, "allreduce") as client:
+        function = client.register(all_reduce, "all-reduce")
+        value = np.arange(12, dtype=np.float32).reshape(4, 3)
+        x = client.put(value, device=4)
+        result = client.submit(function, [4, 5, 6, 7], [x], 1, name="sum")
+        result.wait()
+        np.testing.assert_array_equal(client.get(result.outputs[0]), np.tile(value.sum(0), (4, 1)))
+
+
+def test_concurrent_clients_on_overlapping_devices_share_one_order(island: LocalIsland) -> None:
+    rounds = 30
+    errors: list[BaseException] = []
+
+    def work(name: str, devices: list[int]) -> None:
+        try:
+            with IslandClient(island.scheduler_endpoint, name) as client:
+                function = client.register(INCREMENT, "increment")
+                current = client.put(np.zeros(4, np.float32), device=devices[0])
+                last = None
+                for _ in range(rounds):
+                    for device in devices:
+                        last = client.submit(function, [device], [current], 1)
+                        current = last.outputs[0]
+                last.wait(60)
+                np.testing.assert_array_equal(client.get(current), rounds * len(devices))
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=work, args=("left", [0, 4, 1])),
+        threading.Thread(target=work, args=("right", [4, 0, 5])),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    with IslandClient(island.scheduler_endpoint, "observer") as client:
+        records = [r for r in client.trace() if r.client in ("left", "right")]
+    assert len(records) == 2 * rounds * 3
+    # Each executor ran its computations in island order (increasing sequence numbers), with
+    # no overlap in time between consecutive computations on the same device.
+    for executor in (0, 1):
+        ran = sorted((r for r in records if r.executor == executor), key=lambda r: r.start_ns)
+        assert [r.seq for r in ran] == sorted(r.seq for r in ran)
+
+
+@pytest.mark.parametrize("weights", [(1, 2, 4, 8)])
+def test_proportional_share_within_five_percent(compilation_cache, weights) -> None:
+    per_client = 700
+    with LocalIsland(
+        hosts=1,
+        devices_per_host=1,
+        policy="proportional-share",
+        max_in_flight=2,
+        compilation_cache=compilation_cache,
+    ) as island:
+        clients = [IslandClient(island.scheduler_endpoint, f"w{w}", weight=w) for w in weights]
+        try:
+            functions = [client.register(INCREMENT, "increment") for client in clients]
+            inputs = [client.put(np.zeros(4, np.float32), device=0) for client in clients]
+            last = []
+            for client, function, x in zip(clients, functions, inputs, strict=True):
+                for _ in range(per_client):
+                    submitted = client.submit(function, [0], [x], 1)
+                last.append(submitted)
+            for submitted in last:
+                submitted.wait(300)
+            records = sorted(clients[0].trace(), key=lambda r: r.seq)
+        finally:
+            for client in clients:
+                client.close()
+    # While every client still has work queued, device time is split by weight. Skip the start
+    # (clients join one after the other) and stop before the heaviest client runs out.
+    window = records[60 : 60 + 600]
+    for weight in weights:
+        share = sum(1 for r in window if r.client == f"w{weight}") / len(window)
+        assert share == pytest.approx(weight / sum(weights), rel=0.05), (weight, share)
+
+
+def test_failures_name_the_node_and_keep_the_island_serving(island: LocalIsland) -> None:
+    with IslandClient(island.scheduler_endpoint, "faults") as client:
+        increment = client.register(INCREMENT, "increment")
+        wrong_shape = client.put(np.zeros((2, 2), np.float32), device=0)
+        bad = client.submit(increment, [0], [wrong_shape], 1, name="bad-node")
+        with pytest.raises(
+            IslandError,
+            match=r"'bad-node' failed on executor 0: input 0 of "
+            r"function 'increment' is float32\[2, 2\], expected float32\[4\]",
+        ):
+            bad.wait(30)
+        # A consumer of a failed output fails with the cause, and the error reaches get().
+        after = client.submit(increment, [5], [bad.outputs[0]], 1, name="downstream")
+        with pytest.raises(IslandError, match="bad-node"):
+            after.wait(30)
+        with pytest.raises(IslandError, match="bad-node"):
+            client.get(bad.outputs[0], timeout=10)
+        unknown = client.submit(increment, [0], ["faults/never-made"], 1)
+        with pytest.raises(IslandError, match="unknown buffer 'faults/never-made'"):
+            unknown.wait(10)
+        # An artifact corrupted in transit: its bytes no longer hash to its id.
+        corrupted = Future()
+        good_id = hashlib.sha256(DOUBLE).hexdigest()
+        client._functions[good_id] = corrupted
+        client._send(
+            pb.ClientMessage(
+                function=pb.FunctionRegistration(
+                    function_id=good_id, artifact=DOUBLE[:-7], name="double"
+                )
+            )
+        )
+        with pytest.raises(IslandError, match=r"'double': the artifact's sha256 .* does not match"):
+            corrupted.result(10)
+        # Still serving.
+        x = client.put(np.ones(4, np.float32), device=3)
+        ok = client.submit(increment, [3], [x], 1)
+        ok.wait(30)
+        np.testing.assert_array_equal(client.get(ok.outputs[0]), 2 * np.ones(4))
+
+
+def test_an_artifact_that_is_not_jax_export_fails_its_computations(island: LocalIsland) -> None:
+    with IslandClient(island.scheduler_endpoint, "incompatible") as client:
+        junk = client.register(b"\x00 not a flatbuffer at all", "junk")
+        x = client.put(np.ones(4, np.float32), device=1)
+        run = client.submit(junk, [1], [x], 1, name="junk-node")
+        with pytest.raises(IslandError, match=r"'junk' is not a jax\.export artifact"):
+            run.wait(30)
+
+
+def test_function_exported_for_other_device_counts_is_refused(island: LocalIsland) -> None:
+    four = export(lambda x: x * 3, f32(4, 2), devices=4, sharded=True)
+    with IslandClient(island.scheduler_endpoint, "mismatch") as client:
+        function = client.register(four, "four-device")
+        x = client.put(np.ones((4, 2), np.float32), device=0)
+        run = client.submit(function, [0, 1], [x], 1, name="too-small")
+        with pytest.raises(IslandError, match=r"exported for 4 device.* the slice has 2"):
+            run.wait(30)

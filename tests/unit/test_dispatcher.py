@@ -1,0 +1,184 @@
+"""The island dispatcher, driven with no network: validation, one island order, registrations
+before use, cross-executor sources, deletions in order, the in-flight window, lost executors."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from pathways_core.scheduling import ExecutorSpec, IslandDispatcher, ToClient, ToExecutor
+from pathways_core.wire import pb
+
+Event = pb.ClientEvent
+ARTIFACT = b"not a real artifact, the dispatcher only hashes it"
+FUNCTION = hashlib.sha256(ARTIFACT).hexdigest()
+
+
+def island(max_in_flight: int = 16, policy: str = "fifo") -> IslandDispatcher:
+    dispatcher = IslandDispatcher(
+        [ExecutorSpec(0, "h:1", (0, 1, 2, 3)), ExecutorSpec(1, "h:2", (4, 5, 6, 7))],
+        policy=policy,
+        max_in_flight=max_in_flight,
+    )
+    for client in ("a", "b"):
+        dispatcher.connect(client)
+        dispatcher.register(
+            client, pb.FunctionRegistration(function_id=FUNCTION, artifact=ARTIFACT, name="f")
+        )
+        dispatcher.placed(client, pb.PlacedBuffer(buffer_id=f"{client}/x", executor=0))
+    return dispatcher
+
+
+def computation(client: str, n: int, devices=(0,), inputs=(), outputs=None) -> pb.Computation:
+    outputs = [f"{client}/out{n}"] if outputs is None else outputs
+    return pb.Computation(
+        id=f"{client}/c{n}",
+        client=client,
+        function_id=FUNCTION,
+        devices=list(devices),
+        inputs=list(inputs),
+        outputs=outputs,
+        name=f"n{n}",
+    )
+
+
+def to_executors(instructions) -> list[tuple[int, pb.ExecutorCommand]]:
+    return [(i.executor, i.command) for i in instructions if isinstance(i, ToExecutor)]
+
+
+def client_events(instructions) -> list[pb.ClientEvent]:
+    return [i.event for i in instructions if isinstance(i, ToClient)]
+
+
+def finish(dispatcher: IslandDispatcher, seq: int, executor: int, ok: bool = True, message=""):
+    return dispatcher.executor_event(
+        pb.ExecutorEvent(seq=seq, executor=executor, ok=ok, message=message, start_ns=1, end_ns=2)
+    )
+
+
+def test_registration_precedes_first_use_and_runs_go_to_every_owner() -> None:
+    dispatcher = island()
+    sent = to_executors(dispatcher.submit("a", computation("a", 1, devices=(2, 3, 4, 5))))
+    kinds = [(executor, command.WhichOneof("kind")) for executor, command in sent]
+    assert kinds == [(0, "register"), (1, "register"), (0, "run"), (1, "run")]
+    assert sent[2][1].seq == sent[3][1].seq  # one place in the island order
+    again = to_executors(dispatcher.submit("a", computation("a", 2, devices=(4,))))
+    assert [command.WhichOneof("kind") for _, command in again] == ["run"]
+
+
+def test_inputs_on_other_executors_come_with_their_sources() -> None:
+    dispatcher = island()
+    dispatcher.submit("a", computation("a", 1, devices=(0,), inputs=["a/x"]))
+    sent = to_executors(
+        dispatcher.submit("a", computation("a", 2, devices=(5,), inputs=["a/out1"]))
+    )
+    run = sent[-1][1]
+    assert sent[-1][0] == 1
+    assert [(s.buffer_id, list(s.executors)) for s in run.sources] == [("a/out1", ["h:1"])]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (computation("a", 1, devices=()), "names no devices"),
+        (computation("a", 1, devices=(9,)), "devices [9] the island does not have"),
+        (computation("a", 1, devices=(1, 1)), "names a device twice"),
+        (computation("a", 1, inputs=["a/nothing"]), "reads unknown buffer 'a/nothing'"),
+        (computation("a", 1, outputs=["b/y"]), "must start with the client name 'a/'"),
+        (computation("a", 1, outputs=["a/x"]), "writes buffer 'a/x', which exists already"),
+        (computation("a", 1, outputs=["a/y", "a/y"]), "names an output twice"),
+        (pb.Computation(id="a/c", function_id="0" * 64, devices=[0]), "never registered"),
+    ],
+)
+def test_bad_computations_are_rejected_with_a_reason(bad: pb.Computation, message: str) -> None:
+    dispatcher = island()
+    events = client_events(dispatcher.submit("a", bad))
+    assert [e.kind for e in events] == [Event.REJECTED]
+    assert message in events[0].message
+    # Nothing was queued, and the island keeps serving.
+    assert dispatcher.queue.queued == 0
+    assert to_executors(dispatcher.submit("a", computation("a", 7)))
+
+
+def test_corrupt_artifact_is_rejected_at_registration() -> None:
+    dispatcher = island()
+    events = client_events(
+        dispatcher.register(
+            "a", pb.FunctionRegistration(function_id=FUNCTION, artifact=ARTIFACT + b"!", name="f")
+        )
+    )
+    assert events[0].kind == Event.REJECTED
+    assert "does not match its id" in events[0].message
+
+
+def test_window_bounds_work_in_flight_and_completion_releases_the_next() -> None:
+    dispatcher = island(max_in_flight=2)
+    runs = []
+    for n in range(4):
+        runs += [
+            c
+            for _, c in to_executors(dispatcher.submit("a", computation("a", n)))
+            if c.HasField("run")
+        ]
+    assert [c.run.id for c in runs] == ["a/c0", "a/c1"]
+    instructions = finish(dispatcher, runs[0].seq, 0)
+    assert [e.kind for e in client_events(instructions)] == [Event.COMPLETED]
+    assert [c.run.id for _, c in to_executors(instructions)] == ["a/c2"]
+
+
+def test_a_computation_completes_only_when_every_executor_reports() -> None:
+    dispatcher = island()
+    sent = to_executors(dispatcher.submit("a", computation("a", 1, devices=(3, 4))))
+    seq = sent[-1][1].seq
+    assert client_events(finish(dispatcher, seq, 0)) == []
+    events = client_events(finish(dispatcher, seq, 1, ok=False, message="boom on 1"))
+    assert [(e.kind, e.message) for e in events] == [(Event.FAILED, "boom on 1")]
+    assert {r.executor for r in dispatcher.trace} == {0, 1}
+
+
+def test_deletes_wait_for_the_computations_queued_before_them() -> None:
+    dispatcher = island(max_in_flight=1)
+    first = to_executors(dispatcher.submit("a", computation("a", 1, inputs=["a/x"])))
+    dispatcher.submit("a", computation("a", 2, inputs=["a/x"]))
+    assert to_executors(dispatcher.delete("a", ["a/x", "b/x"])) == []  # a/c2 still queued
+    instructions = finish(dispatcher, first[-1][1].seq, 0)
+    kinds = [c.WhichOneof("kind") for _, c in to_executors(instructions)]
+    assert kinds == ["run"]
+    second = next(c for _, c in to_executors(instructions))
+    deleted = to_executors(finish(dispatcher, second.seq, 0))
+    assert [(e, list(c.delete.ids)) for e, c in deleted] == [(0, ["a/x"])]
+
+
+def test_a_lost_executor_fails_its_work_and_the_rest_keeps_serving() -> None:
+    dispatcher = island()
+    on_1 = to_executors(dispatcher.submit("a", computation("a", 1, devices=(4,))))
+    events = client_events(dispatcher.executor_lost(1, "UNAVAILABLE: connection reset"))
+    assert [e.kind for e in events] == [Event.FAILED]
+    assert "executor 1 (h:2) is unreachable: UNAVAILABLE" in events[0].message
+    assert on_1
+    rejected = client_events(dispatcher.submit("a", computation("a", 2, devices=(5,))))
+    assert rejected[0].kind == Event.REJECTED and "unreachable" in rejected[0].message
+    assert to_executors(dispatcher.submit("a", computation("a", 3, devices=(0,))))
+
+
+def test_every_executor_sees_one_order_for_two_clients() -> None:
+    dispatcher = island(max_in_flight=64)
+    sent = []
+    for n in range(10):
+        sent += to_executors(dispatcher.submit("a", computation("a", n, devices=(0, 4))))
+        sent += to_executors(dispatcher.submit("b", computation("b", n, devices=(3, 7))))
+    orders = {
+        executor: [c.run.id for e, c in sent if e == executor and c.HasField("run")]
+        for executor in (0, 1)
+    }
+    assert orders[0] == orders[1]
+    seqs = [c.seq for _, c in sent]
+    assert seqs == sorted(seqs)
+
+
+def test_disconnect_deletes_the_clients_buffers() -> None:
+    dispatcher = island()
+    dispatcher.submit("a", computation("a", 1, devices=(4,)))
+    deleted = to_executors(dispatcher.disconnect("a"))
+    assert sorted((e, sorted(c.delete.ids)) for e, c in deleted) == [(0, ["a/x"]), (1, ["a/out1"])]
