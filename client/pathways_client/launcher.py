@@ -58,7 +58,9 @@ class LocalIsland:
         return self.scheduler.endpoint
 
     def start(self) -> LocalIsland:
-        """Start the executors, then the scheduler; return once all answer."""
+        """Start the executors, then the scheduler; return once all answer (idempotent)."""
+        if self.scheduler is not None:
+            return self
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix=f"pathways-{self.name}-"))
         cache = self.compilation_cache or self.workdir / "xla-cache"

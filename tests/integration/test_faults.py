@@ -23,7 +23,7 @@ def test_sigkill_of_an_executor_fails_its_work_fast_and_the_rest_keeps_serving(
     compilation_cache,
 ) -> None:
     island = LocalIsland(hosts=2, devices_per_host=2, compilation_cache=compilation_cache)
-    with island.start(), IslandClient(island.scheduler_endpoint, "victim") as client:
+    with island, IslandClient(island.scheduler_endpoint, "victim") as client:
         heavy = client.register(export(slow, f32(512, 512)), "slow")
         increment = client.register(export(lambda x: x + 1, f32(4)), "increment")
         x = client.put(np.full((512, 512), 0.001, np.float32), device=2)
