@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from pathways_client.arrays import from_chunks, to_chunks
+from pathways_client.arrays import Assembly, to_chunks
 from pathways_client.rpc import MESSAGE_OPTIONS, stub
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
 
@@ -56,7 +56,7 @@ class IslandClient:
         self._lock = threading.Lock()
         self._pending: dict[str, Future[None]] = {}
         self._functions: dict[str, Future[None]] = {}
-        self._locations: dict[str, int] = {}  # buffer id -> an executor holding it
+        self._locations: dict[str, tuple[int, ...]] = {}  # buffer id -> executors holding it
         self._outgoing: queue.Queue[pb.ClientMessage | None] = queue.Queue()
         self._outgoing.put(
             pb.ClientMessage(hello=pb.Hello(client=client, weight=weight, priority=priority))
@@ -92,7 +92,7 @@ class IslandClient:
         stub(self._executors[executor], EXECUTOR, "PutArray")(
             to_chunks(buffer_id, np.asarray(array)), timeout=120
         )
-        self._locations[buffer_id] = executor
+        self._locations[buffer_id] = (executor,)
         self._send(pb.ClientMessage(placed=pb.PlacedBuffer(buffer_id=buffer_id, executor=executor)))
         return buffer_id
 
@@ -110,10 +110,9 @@ class IslandClient:
         done: Future[None] = Future()
         with self._lock:
             self._pending[computation_id] = done
-        owner = self.device_owner.get(devices[0]) if devices else None
+        holders = tuple(sorted({self.device_owner[d] for d in devices if d in self.device_owner}))
         for buffer_id in output_ids:
-            if owner is not None:
-                self._locations[buffer_id] = owner
+            self._locations[buffer_id] = holders
         self._send(
             pb.ClientMessage(
                 computation=pb.Computation(
@@ -131,16 +130,22 @@ class IslandClient:
 
     def get(self, buffer_id: str, timeout: float = 120.0) -> np.ndarray:
         """Fetch a buffer's value to the host, waiting for it to be computed."""
-        executor = self._locations.get(buffer_id)
-        if executor is None:
+        holders = self._locations.get(buffer_id)
+        if not holders:
             raise IslandError(f"unknown buffer {buffer_id!r}")
         request = pb.ArrayRequest(buffer_id=buffer_id, timeout_seconds=timeout)
-        try:
-            return from_chunks(
-                stub(self._executors[executor], EXECUTOR, "GetArray")(request, timeout=timeout + 5)
-            )[1]
-        except grpc.RpcError as error:
-            raise IslandError(error.details()) from None
+        # Each executor of the buffer's slice sends the shards it holds.
+        assembly = Assembly()
+        for executor in holders:
+            get_array = stub(self._executors[executor], EXECUTOR, "GetArray")
+            try:
+                assembly.add(get_array(request, timeout=timeout + 5))
+            except grpc.RpcError as error:
+                raise IslandError(error.details()) from None
+            if assembly.complete:
+                assert assembly.array is not None
+                return assembly.array
+        raise IslandError(f"the executors of buffer {buffer_id!r} sent only part of it")
 
     def delete(self, buffer_ids: Sequence[str]) -> None:
         """Free buffers once the computations queued before this call have used them."""

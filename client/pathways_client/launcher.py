@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 READY_TIMEOUT_SECONDS = 120.0
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 class LaunchError(RuntimeError):
@@ -47,6 +55,9 @@ class LocalIsland:
     policy: str = "fifo"
     max_in_flight: int = 16
     name: str = "local"
+    # Multi-host islands form one JAX distributed group so slices may span executors; the
+    # island is then one failure domain (the group aborts when an executor stays silent).
+    distributed: bool = True
     workdir: Path | None = None
     compilation_cache: Path | None = None
     executors: list[Process] = field(default_factory=list)
@@ -64,6 +75,9 @@ class LocalIsland:
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix=f"pathways-{self.name}-"))
         cache = self.compilation_cache or self.workdir / "xla-cache"
+        group = []
+        if self.distributed and self.hosts > 1:
+            group = ["--hosts", str(self.hosts), "--coordinator", f"127.0.0.1:{free_port()}"]
         try:
             for index in range(self.hosts):
                 self.executors.append(
@@ -72,6 +86,7 @@ class LocalIsland:
                         [
                             "-m",
                             "pathways_executor",
+                            *group,
                             "--index",
                             str(index),
                             "--first-device",

@@ -18,6 +18,18 @@ def parse() -> argparse.Namespace:
         default=0,
         help="run on N fake CPU devices instead of the host's accelerators",
     )
+    parser.add_argument(
+        "--hosts", type=int, default=1, help="executors in the island (one JAX distributed group)"
+    )
+    parser.add_argument(
+        "--coordinator", default="", help="host:port of the island's JAX coordinator (executor 0)"
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        default=100,
+        help="seconds after which the group gives up on a silent executor",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument(
@@ -43,6 +55,16 @@ if __name__ == "__main__":
     configure(arguments)
     import jax
 
+    if arguments.hosts > 1:
+        # The executors of a multi-host island form one JAX distributed group, so one SPMD
+        # function can span hosts with collectives (gloo on CPU).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            arguments.coordinator,
+            num_processes=arguments.hosts,
+            process_id=arguments.index,
+            heartbeat_timeout_seconds=arguments.heartbeat_timeout,
+        )
     if arguments.compilation_cache:
         jax.config.update("jax_compilation_cache_dir", arguments.compilation_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

@@ -27,6 +27,21 @@ from pathways_executor.functions import FunctionCache, FunctionError, check_inpu
 INPUT_TIMEOUT_SECONDS = 120.0
 
 
+def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+    """An input laid out as the function expects. On a slice spanning hosts the result is a
+    global array of which this process supplies its own shards; every executor of the slice
+    runs the same command, so collective resharding happens in the same order everywhere."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(value, sharding)
+    if isinstance(value, jax.Array):
+        if value.sharding == sharding:
+            return value
+        if not value.is_fully_addressable:
+            return jax.jit(lambda x: x, out_shardings=sharding)(value)
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
 class ComputationError(Exception):
     """A computation could not run; the message is what the client sees."""
 
@@ -133,7 +148,7 @@ class Runner:
                 values.append(self.buffers.get(buffer_id, INPUT_TIMEOUT_SECONDS))
             check_inputs(function, values)
             arguments = [
-                jax.device_put(value, sharding)
+                place(value, sharding)
                 for value, sharding in zip(values, function.in_shardings, strict=True)
             ]
             outputs = jax.tree.leaves(function.run(*arguments))
@@ -161,7 +176,8 @@ class Runner:
         if missing:
             raise ComputationError(
                 f"devices {missing} of computation {computation.name or computation.id!r} are "
-                f"not on executor {self.index} (it owns {sorted(self.devices)})"
+                f"not reachable from executor {self.index} (it reaches {sorted(self.devices)}; "
+                "slices spanning hosts need the island's executors in one distributed group)"
             )
         return [self.devices[d] for d in computation.devices]
 

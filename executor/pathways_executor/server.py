@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
+import signal
 import sys
 import threading
 from concurrent import futures
@@ -14,7 +16,7 @@ import jax
 import numpy as np
 
 from pathways_core.wire import EXECUTOR, pb
-from pathways_executor.arrays import from_chunks, to_chunks
+from pathways_executor.arrays import Assembly, from_chunks, local_regions, region_chunks
 from pathways_executor.buffers import BufferError
 from pathways_executor.rpc import MESSAGE_OPTIONS, generic_handler, stub
 from pathways_executor.runner import Runner
@@ -27,10 +29,19 @@ class ExecutorService:
     """Implements ``pathways.v1.Executor``."""
 
     def __init__(self, index: int, first_device: int, endpoint: str = "") -> None:
-        local = jax.local_devices()
         self.index = index
         self.endpoint = endpoint
-        self.island_devices = {first_device + i: device for i, device in enumerate(local)}
+        if jax.process_count() > 1:
+            # One JAX distributed group per island: every device of the island, in island order.
+            self.island_devices = dict(enumerate(jax.devices()))
+        else:
+            local = jax.local_devices()
+            self.island_devices = {first_device + i: device for i, device in enumerate(local)}
+        self.local_devices = {
+            i
+            for i, device in self.island_devices.items()
+            if device.process_index == jax.process_index()
+        }
         self._events: queue.Queue[pb.ExecutorEvent | None] | None = None
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
@@ -65,17 +76,17 @@ class ExecutorService:
 
     def PutArray(self, chunks, context):
         try:
-            first, array = from_chunks(chunks)
+            buffer_id, array = from_chunks(chunks)
         except ValueError as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad array upload: {error}")
-        self.runner.put_array(first.buffer_id, array)
-        return pb.Ack(message=f"stored {first.buffer_id}")
+        self.runner.put_array(buffer_id, array)
+        return pb.Ack(message=f"stored {buffer_id}")
 
     def GetArray(self, request, context):
         timeout = request.timeout_seconds or None
         try:
             value = self.runner.buffers.get(request.buffer_id, timeout, APPEAR_WITHIN_SECONDS)
-            array = np.asarray(value)
+            regions = local_regions(value)
         except BufferError as error:
             code = (
                 grpc.StatusCode.NOT_FOUND
@@ -85,21 +96,23 @@ class ExecutorService:
             context.abort(code, str(error))
         except Exception as error:  # the computation failed on the devices
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{type(error).__name__}: {error}")
-        yield from to_chunks(request.buffer_id, array)
+        yield from region_chunks(request.buffer_id, value.dtype, value.shape, regions)
 
     def Info(self, request, context):
         return pb.ExecutorInfo(
             index=self.index,
             endpoint=self.endpoint,
-            devices=sorted(self.island_devices),
+            devices=sorted(self.local_devices),
             platform=jax.default_backend(),
         )
 
     # -- data plane --------------------------------------------------------------------------
 
     def _fetch(self, buffer_id: str, executors: list[str]) -> np.ndarray:
-        """Pull a buffer from the executor holding it (the first that answers)."""
+        """Pull a buffer from the executors holding it: each sends the regions it holds, until
+        the whole array is assembled."""
         errors = []
+        assembly = Assembly()
         for endpoint in executors:
             with self._channels_lock:
                 channel = self._channels.get(endpoint)
@@ -109,11 +122,14 @@ class ExecutorService:
                     )
             get_array = stub(channel, EXECUTOR, "GetArray")
             try:
-                request = pb.ArrayRequest(buffer_id=buffer_id, timeout_seconds=120)
-                return from_chunks(get_array(request))[1]
+                assembly.add(get_array(pb.ArrayRequest(buffer_id=buffer_id, timeout_seconds=120)))
             except grpc.RpcError as error:
                 errors.append(f"{endpoint}: {error.details()}")
-        raise BufferError(f"cannot fetch buffer {buffer_id!r}: {'; '.join(errors)}")
+            if assembly.complete:
+                assert assembly.array is not None
+                return assembly.array
+        problem = "; ".join(errors) or "the holders sent only part of it"
+        raise BufferError(f"cannot fetch buffer {buffer_id!r}: {problem}")
 
 
 def serve(index: int, first_device: int, host: str, port: int) -> tuple[grpc.Server, int]:
@@ -133,8 +149,14 @@ def main(args: argparse.Namespace) -> None:
     print(
         json.dumps({"ready": True, "port": port, "devices": len(jax.local_devices())}), flush=True
     )
-    try:
-        server.wait_for_termination()
-    except KeyboardInterrupt:
-        server.stop(grace=1)
+
+    def stop(signum: int, frame: object) -> None:
+        # Exit at once: a distributed group's orderly shutdown would wait for the other hosts.
+        server.stop(grace=0)
+        os._exit(0)
+
+    # Installed after JAX's own handlers (its preemption notifier also listens for SIGTERM).
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.wait_for_termination()
     sys.exit(0)

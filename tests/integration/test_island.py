@@ -181,3 +181,24 @@ def test_function_exported_for_other_device_counts_is_refused(island: LocalIslan
         run = client.submit(function, [0, 1], [x], 1, name="too-small")
         with pytest.raises(IslandError, match=r"exported for 4 device.* the slice has 2"):
             run.wait(30)
+
+
+def test_all_reduce_over_all_eight_devices_of_two_executors(island: LocalIsland) -> None:
+    # One SPMD function spanning both hosts: the executors run it together (gloo collectives).
+    all_reduce = export(
+        lambda x: jnp.sum(x, axis=0, keepdims=True) * jnp.ones_like(x),
+        f32(8, 3),
+        devices=8,
+        sharded=True,
+    )
+    with IslandClient(island.scheduler_endpoint, "wide") as client:
+        function = client.register(all_reduce, "all-reduce-8")
+        value = np.arange(24, dtype=np.float32).reshape(8, 3)
+        x = client.put(value, device=0)
+        first = client.submit(function, list(range(8)), [x], 1, name="sum-8")
+        # Its output feeds the next step on the same slice without leaving the devices.
+        second = client.submit(function, list(range(8)), [first.outputs[0]], 1, name="again")
+        second.wait(60)
+        expected = np.tile(value.sum(0), (8, 1))
+        np.testing.assert_array_equal(client.get(first.outputs[0]), expected)
+        np.testing.assert_array_equal(client.get(second.outputs[0]), expected * 8)

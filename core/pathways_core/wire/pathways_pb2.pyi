@@ -142,20 +142,24 @@ class ExecutorEvent(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., computation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., executor: _Optional[int] = ...) -> None: ...
 
 class ArrayChunk(_message.Message):
-    __slots__ = ("buffer_id", "dtype", "shape", "total_bytes", "data", "devices")
+    __slots__ = ("buffer_id", "dtype", "shape", "total_bytes", "data", "begin", "region_start", "region_stop")
     BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
-    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    REGION_START_FIELD_NUMBER: _ClassVar[int]
+    REGION_STOP_FIELD_NUMBER: _ClassVar[int]
     buffer_id: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     total_bytes: int
     data: bytes
-    devices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, buffer_id: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ..., devices: _Optional[_Iterable[int]] = ...) -> None: ...
+    begin: bool
+    region_start: _containers.RepeatedScalarFieldContainer[int]
+    region_stop: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, buffer_id: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ..., begin: _Optional[bool] = ..., region_start: _Optional[_Iterable[int]] = ..., region_stop: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ArrayRequest(_message.Message):
     __slots__ = ("buffer_id", "timeout_seconds")
