@@ -14,7 +14,7 @@ import numpy as np
 
 from pathways_core.wire import pb
 
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 16 << 20
 
 Region = tuple[slice, ...]
 
@@ -65,21 +65,26 @@ class Assembly:
         """Write every region of a stream into the array."""
         region: bytearray | None = None
         header: pb.ArrayChunk | None = None
+        filled = 0
         for chunk in chunks:
             if chunk.begin:
-                self._flush(header, region)
-                header, region = chunk, bytearray(chunk.data)
+                self._flush(header, region, filled)
+                header, region = chunk, bytearray(chunk.total_bytes)
+                filled = 0
             elif region is None:
                 raise ValueError("array data arrived before its header")
-            else:
-                region += chunk.data
-        self._flush(header, region)
+            size = len(chunk.data)
+            if filled + size > len(region):
+                raise ValueError("a region's chunks exceed its announced size")
+            region[filled : filled + size] = chunk.data
+            filled += size
+        self._flush(header, region, filled)
 
-    def _flush(self, header: pb.ArrayChunk | None, data: bytearray | None) -> None:
+    def _flush(self, header: pb.ArrayChunk | None, data: bytearray | None, filled: int) -> None:
         if header is None or data is None:
             return
-        if len(data) != header.total_bytes:
-            raise ValueError(f"a region ended after {len(data)} of {header.total_bytes} bytes")
+        if filled != header.total_bytes:
+            raise ValueError(f"a region ended after {filled} of {header.total_bytes} bytes")
         try:
             dtype = np.dtype(header.dtype)
         except TypeError:

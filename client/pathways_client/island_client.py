@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 
 from pathways_client.arrays import Assembly, to_chunks
-from pathways_client.rpc import MESSAGE_OPTIONS, stub
+from pathways_client.rpc import MESSAGE_OPTIONS, batches, stub
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
 
 Event = pb.ClientEvent
@@ -61,7 +61,8 @@ class IslandClient:
         self._outgoing.put(
             pb.ClientMessage(hello=pb.Hello(client=client, weight=weight, priority=priority))
         )
-        responses = stub(self._channel, SCHEDULER, "Session")(self._messages())
+        outgoing = batches(self._outgoing, lambda items: pb.ClientBatch(messages=items))
+        responses = stub(self._channel, SCHEDULER, "Session")(outgoing)
         self._reader = threading.Thread(target=self._read, args=(responses,), daemon=True)
         self._reader.start()
 
@@ -177,14 +178,11 @@ class IslandClient:
     def _send(self, message: pb.ClientMessage) -> None:
         self._outgoing.put(message)
 
-    def _messages(self):
-        while (message := self._outgoing.get()) is not None:
-            yield message
-
     def _read(self, responses) -> None:
         try:
-            for event in responses:
-                self._on_event(event)
+            for batch in responses:
+                for event in batch.events:
+                    self._on_event(event)
             reason = "the scheduler closed the session"
         except grpc.RpcError as error:
             reason = f"the scheduler is unreachable: {error.details()}"

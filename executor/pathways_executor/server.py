@@ -18,7 +18,7 @@ import numpy as np
 from pathways_core.wire import EXECUTOR, pb
 from pathways_executor.arrays import Assembly, from_chunks, local_regions, region_chunks
 from pathways_executor.buffers import BufferError
-from pathways_executor.rpc import MESSAGE_OPTIONS, generic_handler, stub
+from pathways_executor.rpc import MESSAGE_OPTIONS, batches, generic_handler, stub
 from pathways_executor.runner import Runner
 
 # How long a requested buffer may take to be announced by the island's command stream.
@@ -49,7 +49,7 @@ class ExecutorService:
 
     # -- scheduler stream --------------------------------------------------------------------
 
-    def Execute(self, commands, context):
+    def Execute(self, batches_in, context):
         events: queue.Queue[pb.ExecutorEvent | None] = queue.Queue()
         previous, self._events = self._events, events
         if previous is not None:
@@ -57,15 +57,15 @@ class ExecutorService:
 
         def read() -> None:
             try:
-                for command in commands:
-                    self.runner.submit(command)
+                for batch in batches_in:
+                    for command in batch.commands:
+                        self.runner.submit(command)
             except grpc.RpcError:
                 pass
             events.put(None)
 
         threading.Thread(target=read, name="commands", daemon=True).start()
-        while (event := events.get()) is not None:
-            yield event
+        yield from batches(events, lambda items: pb.EventBatch(events=items))
 
     def _emit(self, event: pb.ExecutorEvent) -> None:
         events = self._events

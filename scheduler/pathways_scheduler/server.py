@@ -24,7 +24,7 @@ from pathways_core.scheduling import (
     ToExecutor,
 )
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
-from pathways_scheduler.rpc import MESSAGE_OPTIONS, generic_handler, stub
+from pathways_scheduler.rpc import MESSAGE_OPTIONS, batches, generic_handler, stub
 
 
 class SchedulerService:
@@ -59,15 +59,14 @@ class SchedulerService:
         commands: queue.Queue[pb.ExecutorCommand | None] = queue.Queue()
         self._executor_queues[spec.index] = commands
 
-        def outgoing():
-            while (command := commands.get()) is not None:
-                yield command
-
         def incoming() -> None:
             reason = "its command stream ended"
+            outgoing = batches(commands, lambda items: pb.CommandBatch(commands=items))
             try:
-                for event in stub(channel, EXECUTOR, "Execute")(outgoing()):
-                    self._handle(lambda d, e=event: d.executor_event(e))
+                for batch in stub(channel, EXECUTOR, "Execute")(outgoing):
+                    self._handle(
+                        lambda d, b=batch: [i for e in b.events for i in d.executor_event(e)]
+                    )
             except grpc.RpcError as error:
                 reason = f"{error.code().name}: {error.details()}"
             self._handle(lambda d: d.executor_lost(spec.index, reason))
@@ -87,13 +86,19 @@ class SchedulerService:
 
     # -- clients -----------------------------------------------------------------------------
 
-    def Session(self, messages, context):
-        first = next(messages, None)
-        if first is None or first.WhichOneof("kind") != "hello" or not first.hello.client:
+    def Session(self, batches_in, context):
+        first_batch = next(batches_in, None)
+        messages = list(first_batch.messages) if first_batch is not None else []
+        if (
+            not messages
+            or messages[0].WhichOneof("kind") != "hello"
+            or not messages[0].hello.client
+        ):
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "a session starts with hello naming the client"
             )
-        client = first.hello.client
+        hello = messages.pop(0).hello
+        client = hello.client
         events: queue.Queue[pb.ClientEvent | None] = queue.Queue()
         with self._lock:
             if client in self._clients:
@@ -102,20 +107,27 @@ class SchedulerService:
                     f"client {client!r} already has a session on this island",
                 )
             self._clients[client] = events
-        self._handle(lambda d: d.connect(client, first.hello.weight, first.hello.priority))
+        self._handle(lambda d: d.connect(client, hello.weight, hello.priority))
+
+        def apply(dispatcher: IslandDispatcher, batch: list[pb.ClientMessage]) -> list:
+            instructions: list[Instruction] = []
+            for message in batch:
+                kind = message.WhichOneof("kind")
+                if kind == "computation":
+                    instructions += dispatcher.submit(client, message.computation)
+                elif kind == "function":
+                    instructions += dispatcher.register(client, message.function)
+                elif kind == "placed":
+                    instructions += dispatcher.placed(client, message.placed)
+                elif kind == "delete":
+                    instructions += dispatcher.delete(client, message.delete.ids)
+            return instructions
 
         def read() -> None:
+            self._handle(lambda d: apply(d, messages))
             try:
-                for message in messages:
-                    kind = message.WhichOneof("kind")
-                    if kind == "computation":
-                        self._handle(lambda d, m=message: d.submit(client, m.computation))
-                    elif kind == "function":
-                        self._handle(lambda d, m=message: d.register(client, m.function))
-                    elif kind == "placed":
-                        self._handle(lambda d, m=message: d.placed(client, m.placed))
-                    elif kind == "delete":
-                        self._handle(lambda d, m=message: d.delete(client, m.delete.ids))
+                for batch in batches_in:
+                    self._handle(lambda d, b=batch: apply(d, list(b.messages)))
             except grpc.RpcError:
                 pass
             with self._lock:
@@ -124,8 +136,7 @@ class SchedulerService:
             events.put(None)
 
         threading.Thread(target=read, name=f"client-{client}", daemon=True).start()
-        while (event := events.get()) is not None:
-            yield event
+        yield from batches(events, lambda items: pb.ClientEventBatch(events=items))
 
     def Info(self, request, context):
         dispatcher = self.dispatcher

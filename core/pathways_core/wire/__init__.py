@@ -41,7 +41,7 @@ SCHEDULER = Service(
     (
         # One long-lived stream per client: registrations, computations and deletions in,
         # queued/completed/failed events out.
-        Method("Session", Cardinality.STREAM_STREAM, pb.ClientMessage, pb.ClientEvent),
+        Method("Session", Cardinality.STREAM_STREAM, pb.ClientBatch, pb.ClientEventBatch),
         Method("Info", Cardinality.UNARY_UNARY, pb.Empty, pb.IslandInfo),
         Method("GetTrace", Cardinality.UNARY_UNARY, pb.Empty, pb.Trace),
     ),
@@ -51,7 +51,7 @@ EXECUTOR = Service(
     "pathways.v1.Executor",
     (
         # The island scheduler's ordered command stream, and the executor's events back.
-        Method("Execute", Cardinality.STREAM_STREAM, pb.ExecutorCommand, pb.ExecutorEvent),
+        Method("Execute", Cardinality.STREAM_STREAM, pb.CommandBatch, pb.EventBatch),
         Method("PutArray", Cardinality.STREAM_UNARY, pb.ArrayChunk, pb.Ack),
         Method("GetArray", Cardinality.UNARY_STREAM, pb.ArrayRequest, pb.ArrayChunk),
         Method("Info", Cardinality.UNARY_UNARY, pb.Empty, pb.ExecutorInfo),

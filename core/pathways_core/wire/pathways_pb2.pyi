@@ -230,3 +230,27 @@ class Trace(_message.Message):
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[TraceRecord]
     def __init__(self, records: _Optional[_Iterable[_Union[TraceRecord, _Mapping]]] = ...) -> None: ...
+
+class ClientBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ClientMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ClientMessage, _Mapping]]] = ...) -> None: ...
+
+class ClientEventBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[ClientEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[ClientEvent, _Mapping]]] = ...) -> None: ...
+
+class CommandBatch(_message.Message):
+    __slots__ = ("commands",)
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[ExecutorCommand]
+    def __init__(self, commands: _Optional[_Iterable[_Union[ExecutorCommand, _Mapping]]] = ...) -> None: ...
+
+class EventBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[ExecutorEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[ExecutorEvent, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,308 @@
+"""Dispatch and data-plane benchmarks of one island, each against a baseline from the same run.
+
+1. The paper's dispatch benchmark: a trivial gang-scheduled all-reduce over 8 fake devices on 2
+   executors, in modes -O (one call per step, waiting for it), -C (chains of 128 steps per call)
+   and -F (128 steps fused into one function), against plain single-process JAX on 8 fake
+   devices; swept over the computation size, with the smallest size at which -C reaches 95% of
+   JAX. The same modes on one executor holding all 8 devices separate the control plane's cost
+   from the cross-host collectives'.
+2. Parallel versus sequential asynchronous dispatch of a 16-stage chain over 8 slices.
+3. Moving 64 MiB out of an executor (the stream executors pull inputs with) against raw
+   loopback TCP between two processes.
+
+    python benchmarks/dispatch.py [--quick] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import platform
+import socket
+import time
+from collections.abc import Callable
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_platforms", "cpu")
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from pathways_client.island_client import IslandClient  # noqa: E402
+from pathways_client.launcher import LocalIsland  # noqa: E402
+from pathways_client.rpc import MESSAGE_OPTIONS, stub  # noqa: E402
+from pathways_core.wire import EXECUTOR, pb  # noqa: E402
+
+CHAIN = 128
+console = Console()
+
+
+def best_rate(run: Callable[[], int], repeats: int) -> float:
+    """Steps per second of the fastest of ``repeats`` runs (the least disturbed by noise)."""
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        steps = run()
+        rates.append(steps / (time.perf_counter() - start))
+    return max(rates)
+
+
+def all_reduce_step(x):
+    return jnp.sum(x, axis=0, keepdims=True) * jnp.ones_like(x) * (1.0 / x.shape[0])
+
+
+def fused_steps(x):
+    return jax.lax.fori_loop(0, CHAIN, lambda _, y: all_reduce_step(y), x)
+
+
+def exported(function, shape, sharding) -> bytes:
+    spec = jax.ShapeDtypeStruct(shape, jnp.float32)
+    jitted = jax.jit(function, in_shardings=sharding, out_shardings=sharding)
+    return bytes(jax.export.export(jitted)(spec).serialize())
+
+
+def jax_baseline(shape, sharding, repeats: int) -> float:
+    step = jax.jit(all_reduce_step, in_shardings=sharding, out_shardings=sharding)
+    x = jax.device_put(np.ones(shape, np.float32), sharding)
+    step(x).block_until_ready()
+
+    def run() -> int:
+        y = x
+        for _ in range(CHAIN):
+            y = step(y)
+        y.block_until_ready()
+        return CHAIN
+
+    return best_rate(run, repeats)
+
+
+def island_modes(client: IslandClient, shape, sharding, repeats: int) -> dict[str, float]:
+    devices = list(range(8))
+    step = client.register(exported(all_reduce_step, shape, sharding), "all-reduce")
+    fused = client.register(exported(fused_steps, shape, sharding), "all-reduce-x128")
+    x = client.put(np.ones(shape, np.float32), device=0)
+    client.submit(step, devices, [x], 1).wait()  # compile once
+    client.submit(fused, devices, [x], 1).wait()
+
+    def op_by_op() -> int:
+        current, made = x, []
+        for _ in range(CHAIN // 8):
+            call = client.submit(step, devices, [current], 1)
+            call.wait()
+            current = call.outputs[0]
+            made.append(current)
+        client.delete(made)
+        return CHAIN // 8
+
+    def chained() -> int:
+        current, made = x, []
+        for _ in range(CHAIN):
+            call = client.submit(step, devices, [current], 1)
+            current = call.outputs[0]
+            made.append(current)
+        call.wait()
+        client.delete(made)
+        return CHAIN
+
+    def fused_call() -> int:
+        call = client.submit(fused, devices, [x], 1)
+        call.wait()
+        client.delete(list(call.outputs))
+        return CHAIN
+
+    return {
+        "-O": best_rate(op_by_op, repeats),
+        "-C": best_rate(chained, repeats),
+        "-F": best_rate(fused_call, repeats),
+    }
+
+
+def dispatch_suite(sizes: list[int], repeats: int, records: list[dict]) -> None:
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    sharding = NamedSharding(mesh, PartitionSpec("x"))
+    for hosts in (2, 1):
+        layout = f"{hosts} executor{'s' if hosts > 1 else ''} x {8 // hosts} devices"
+        table = Table(title=f"dispatch: all-reduce over 8 devices, {layout} (steps/s)")
+        for column in ("floats/device", "JAX", "-O", "-C", "-F", "-C/JAX", "-F/JAX"):
+            table.add_column(column, justify="right")
+        first_match = None
+        with LocalIsland(hosts=hosts, devices_per_host=8 // hosts, max_in_flight=64) as island:
+            client = IslandClient(island.scheduler_endpoint, f"bench-{hosts}")
+            for size in sizes:
+                shape = (8, size)
+                baseline = jax_baseline(shape, sharding, repeats)
+                modes = island_modes(client, shape, sharding, repeats)
+                table.add_row(
+                    f"{size:,}",
+                    f"{baseline:,.0f}",
+                    *(f"{modes[m]:,.0f}" for m in modes),
+                    f"{modes['-C'] / baseline:.2f}",
+                    f"{modes['-F'] / baseline:.2f}",
+                )
+                if first_match is None and modes["-C"] >= 0.95 * baseline:
+                    first_match = size
+                for mode, rate in modes.items():
+                    records.append(
+                        {
+                            "name": f"dispatch{mode}",
+                            "value": rate,
+                            "baseline": baseline,
+                            "ratio": rate / baseline,
+                            "unit": "steps/s",
+                            "target": 0.95 * baseline,
+                            "parameters": {"floats_per_device": size, "hosts": hosts},
+                        }
+                    )
+            client.close()
+        console.print(table)
+        reached = (
+            f"{first_match:,} floats per device"
+            if first_match
+            else (f"not reached up to {sizes[-1]:,} floats per device")
+        )
+        console.print(f"smallest computation at which -C reaches 95% of JAX ({layout}): {reached}")
+
+
+def chain_suite(repeats: int, records: list[dict]) -> None:
+    stages = 16
+    with LocalIsland(hosts=2, devices_per_host=4, max_in_flight=64) as island:
+        client = IslandClient(island.scheduler_endpoint, "chain")
+        step = client.register(exported(lambda x: x * 1.0001 + 1, (1024,), None), "stage")
+        x = client.put(np.ones(1024, np.float32), device=0)
+        # Stage s runs on device s % 8: the chain crosses every device and both executors.
+        client.submit(step, [0], [x], 1).wait()
+
+        def run(parallel: bool) -> int:
+            current, made = x, []
+            for stage in range(stages):
+                call = client.submit(step, [stage % 8], [current], 1, name=f"stage-{stage}")
+                if not parallel:
+                    call.wait()
+                current = call.outputs[0]
+                made.append(current)
+            call.wait()
+            client.delete(made)
+            return 1
+
+        sequential = best_rate(lambda: run(False), repeats)
+        parallel = best_rate(lambda: run(True), repeats)
+        client.close()
+    ratio = parallel / sequential
+    console.print(
+        f"16-stage chain: parallel {1e3 / parallel:.2f} ms, sequential {1e3 / sequential:.2f} ms "
+        f"per chain: parallel is {ratio:.1f}x faster (target >= 8x)"
+    )
+    records.append(
+        {
+            "name": "parallel-dispatch-16",
+            "value": parallel,
+            "baseline": sequential,
+            "ratio": ratio,
+            "unit": "chains/s",
+            "target": 8.0,
+            "parameters": {"stages": stages},
+        }
+    )
+
+
+def _tcp_sink(port: int, size: int, ready) -> None:
+    with socket.create_server(("127.0.0.1", port)) as server:
+        ready.set()
+        connection, _ = server.accept()
+        with connection:
+            buffer = bytearray(size)
+            view, got = memoryview(buffer), 0
+            while got < size:
+                got += connection.recv_into(view[got:], size - got)
+            connection.sendall(b"k")
+
+
+def raw_tcp_rate(size: int, repeats: int) -> float:
+    payload = np.random.default_rng(0).bytes(size)
+    rates = []
+    for _ in range(repeats):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        spawn = multiprocessing.get_context("spawn")  # never fork once JAX is imported
+        ready = spawn.Event()
+        sink = spawn.Process(target=_tcp_sink, args=(port, size, ready))
+        sink.start()
+        ready.wait(30)
+        with socket.create_connection(("127.0.0.1", port)) as connection:
+            start = time.perf_counter()
+            connection.sendall(payload)
+            connection.recv(1)
+            rates.append(size / (time.perf_counter() - start))
+        sink.join()
+    return max(rates)
+
+
+def transfer_suite(repeats: int, records: list[dict]) -> None:
+    from pathways_client.arrays import Assembly
+
+    size = 64 << 20
+    with LocalIsland(hosts=2, devices_per_host=4) as island:
+        client = IslandClient(island.scheduler_endpoint, "transfer")
+        buffer = client.put(np.ones(size // 4, np.float32), device=0)
+        import grpc
+
+        channel = grpc.insecure_channel(island.executors[0].endpoint, options=MESSAGE_OPTIONS)
+        get_array = stub(channel, EXECUTOR, "GetArray")
+        rates = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            assembly = Assembly()
+            assembly.add(get_array(pb.ArrayRequest(buffer_id=buffer, timeout_seconds=60)))
+            assert assembly.complete
+            rates.append(size / (time.perf_counter() - start))
+        channel.close()
+        client.close()
+    ours, raw = max(rates), raw_tcp_rate(size, repeats)
+    console.print(
+        f"64 MiB out of an executor: {ours / 2**30:.2f} GiB/s; raw loopback TCP "
+        f"{raw / 2**30:.2f} GiB/s: {ours / raw:.0%} of raw TCP (target >= 70%)"
+    )
+    records.append(
+        {
+            "name": "transfer-64MiB",
+            "value": ours,
+            "baseline": raw,
+            "ratio": ours / raw,
+            "unit": "bytes/s",
+            "target": 0.7,
+            "parameters": {"bytes": size},
+        }
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
+    parser.add_argument("--only", nargs="*", choices=["dispatch", "chain", "transfer"])
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args()
+    repeats = 2 if args.quick else 3
+    sizes = [16, 4096, 262_144] if args.quick else [16, 1024, 16_384, 131_072, 524_288, 2_097_152]
+    records: list[dict] = []
+    suites = args.only or ["dispatch", "chain", "transfer"]
+    if "dispatch" in suites:
+        dispatch_suite(sizes, repeats, records)
+    if "chain" in suites:
+        chain_suite(repeats + 2, records)
+    if "transfer" in suites:
+        transfer_suite(repeats, records)
+    if args.json:
+        machine = {"python": platform.python_version(), "processor": platform.machine()}
+        with open(args.json, "w") as handle:
+            json.dump([{**r, "machine": machine} for r in records], handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()
