@@ -53,7 +53,7 @@ class Runner:
         self,
         index: int,
         island_devices: dict[int, jax.Device],
-        fetch: Fn[[str, list[str]], np.ndarray],
+        fetch: Fn[[pb.InputSource], np.ndarray],
         emit: Fn[[pb.ExecutorEvent], None],
     ) -> None:
         self.index = index
@@ -104,7 +104,7 @@ class Runner:
 
         def pull() -> None:
             try:
-                future.set_result(self._fetch(source.buffer_id, list(source.executors)))
+                future.set_result(self._fetch(source))
             except Exception as error:
                 if not future.done():
                     future.set_exception(error)

@@ -16,10 +16,11 @@ import jax
 import numpy as np
 
 from pathways_core.wire import EXECUTOR, pb
-from pathways_executor.arrays import Assembly, from_chunks, local_regions, region_chunks
+from pathways_executor.arrays import from_chunks, local_regions, region_chunks
 from pathways_executor.buffers import BufferError
-from pathways_executor.rpc import MESSAGE_OPTIONS, batches, generic_handler, stub
-from pathways_executor.runner import Runner
+from pathways_executor.data_plane import DataPlaneServer, complete, pull
+from pathways_executor.rpc import MESSAGE_OPTIONS, batches, generic_handler
+from pathways_executor.runner import INPUT_TIMEOUT_SECONDS, Runner
 
 # How long a requested buffer may take to be announced by the island's command stream.
 APPEAR_WITHIN_SECONDS = 30.0
@@ -43,9 +44,12 @@ class ExecutorService:
             if device.process_index == jax.process_index()
         }
         self._events: queue.Queue[pb.ExecutorEvent | None] | None = None
-        self._channels: dict[str, grpc.Channel] = {}
-        self._channels_lock = threading.Lock()
         self.runner = Runner(index, self.island_devices, self._fetch, self._emit)
+        self.data_plane = DataPlaneServer(
+            lambda buffer_id, timeout: self.runner.buffers.get(
+                buffer_id, timeout, APPEAR_WITHIN_SECONDS
+            )
+        )
 
     # -- scheduler stream --------------------------------------------------------------------
 
@@ -103,33 +107,26 @@ class ExecutorService:
             index=self.index,
             endpoint=self.endpoint,
             devices=sorted(self.local_devices),
+            data_endpoint=self.data_plane.endpoint,
             platform=jax.default_backend(),
         )
 
     # -- data plane --------------------------------------------------------------------------
 
-    def _fetch(self, buffer_id: str, executors: list[str]) -> np.ndarray:
-        """Pull a buffer from the executors holding it: each sends the regions it holds, until
-        the whole array is assembled."""
+    def _fetch(self, source: pb.InputSource) -> np.ndarray:
+        """Pull a buffer from the executors holding it over the bulk data plane: each sends the
+        regions it holds, until the whole array is assembled."""
         errors = []
-        assembly = Assembly()
-        for endpoint in executors:
-            with self._channels_lock:
-                channel = self._channels.get(endpoint)
-                if channel is None:
-                    channel = self._channels[endpoint] = grpc.insecure_channel(
-                        endpoint, options=MESSAGE_OPTIONS
-                    )
-            get_array = stub(channel, EXECUTOR, "GetArray")
+        into: dict = {}
+        for endpoint in source.data_endpoints:
             try:
-                assembly.add(get_array(pb.ArrayRequest(buffer_id=buffer_id, timeout_seconds=120)))
-            except grpc.RpcError as error:
-                errors.append(f"{endpoint}: {error.details()}")
-            if assembly.complete:
-                assert assembly.array is not None
-                return assembly.array
+                pull(endpoint, source.buffer_id, INPUT_TIMEOUT_SECONDS, into)
+            except (OSError, ValueError, LookupError) as error:
+                errors.append(f"{endpoint}: {error}")
+            if complete(into):
+                return into["array"]
         problem = "; ".join(errors) or "the holders sent only part of it"
-        raise BufferError(f"cannot fetch buffer {buffer_id!r}: {problem}")
+        raise BufferError(f"cannot fetch buffer {source.buffer_id!r}: {problem}")
 
 
 def serve(index: int, first_device: int, host: str, port: int) -> tuple[grpc.Server, int]:

@@ -48,7 +48,7 @@ class SchedulerService:
             channel = grpc.insecure_channel(endpoint, options=MESSAGE_OPTIONS)
             self._channels.append(channel)
             info = stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=60, wait_for_ready=True)
-            specs.append(ExecutorSpec(index, endpoint, tuple(info.devices)))
+            specs.append(ExecutorSpec(index, endpoint, tuple(info.devices), info.data_endpoint))
         self.dispatcher = IslandDispatcher(specs, Policy(policy), max_queued, max_in_flight)
         for spec, channel in zip(specs, self._channels, strict=True):
             self._open_executor_stream(spec, channel)
@@ -144,7 +144,12 @@ class SchedulerService:
             island=self.island,
             policy=dispatcher.queue.policy.value,
             executors=[
-                pb.ExecutorInfo(index=s.index, endpoint=s.endpoint, devices=s.devices)
+                pb.ExecutorInfo(
+                    index=s.index,
+                    endpoint=s.endpoint,
+                    devices=s.devices,
+                    data_endpoint=s.data_endpoint,
+                )
                 for s in dispatcher.executors.values()
             ],
         )

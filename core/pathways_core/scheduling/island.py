@@ -33,6 +33,7 @@ class ExecutorSpec:
     index: int
     endpoint: str
     devices: tuple[int, ...]
+    data_endpoint: str = ""
 
 
 @dataclass(frozen=True)
@@ -299,8 +300,12 @@ class IslandDispatcher:
             for buffer_id in computation.inputs:
                 holders = self._buffers.get(buffer_id, frozenset())
                 if executor not in holders:
-                    endpoints = [self.executors[h].endpoint for h in sorted(holders)]
-                    command.sources.add(buffer_id=buffer_id, executors=endpoints)
+                    specs = [self.executors[h] for h in sorted(holders)]
+                    command.sources.add(
+                        buffer_id=buffer_id,
+                        executors=[spec.endpoint for spec in specs],
+                        data_endpoints=[spec.data_endpoint for spec in specs if spec.data_endpoint],
+                    )
             instructions.append(ToExecutor(executor, command))
         self._in_flight[command_seq] = _InFlight(client, computation, set(owners))
         return instructions

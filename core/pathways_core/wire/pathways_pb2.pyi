@@ -102,12 +102,14 @@ class ClientEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[ClientEvent.Kind, str]] = ..., computation_id: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[str] = ..., function_id: _Optional[str] = ...) -> None: ...
 
 class InputSource(_message.Message):
-    __slots__ = ("buffer_id", "executors")
+    __slots__ = ("buffer_id", "executors", "data_endpoints")
     BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
     EXECUTORS_FIELD_NUMBER: _ClassVar[int]
+    DATA_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     buffer_id: str
     executors: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ...) -> None: ...
+    data_endpoints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ..., data_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExecutorCommand(_message.Message):
     __slots__ = ("seq", "run", "register", "delete", "sources")
@@ -176,16 +178,18 @@ class Ack(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("index", "endpoint", "devices", "platform")
+    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     index: int
     endpoint: str
     devices: _containers.RepeatedScalarFieldContainer[int]
     platform: str
-    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ...) -> None: ...
+    data_endpoint: str
+    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ...) -> None: ...
 
 class IslandInfo(_message.Message):
     __slots__ = ("island", "shape", "executors", "policy")

@@ -1,0 +1,87 @@
+"""The bulk data plane's framing: how array bytes move between processes over raw TCP.
+
+gRPC is the control plane; large arrays skip its per-message copies. A connection carries one
+request and its reply:
+
+    request:  u32 length, JSON {"buffer": id, "timeout": seconds}
+    reply:    u32 length, JSON {"dtype": ..., "shape": [...], "regions": [[start, stop, nbytes]]}
+              (or {"error": message}), then each region's bytes, back to back.
+
+A region is a box of the array (``start`` and ``stop`` per axis): an executor of a slice that
+spans hosts sends only the shards it holds. This module only encodes and decodes frames.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+LENGTH = struct.Struct("!I")
+MAX_HEADER_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class RegionHeader:
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Reply:
+    dtype: str
+    shape: tuple[int, ...]
+    regions: tuple[RegionHeader, ...]
+
+
+def frame(payload: dict) -> bytes:
+    """A length-prefixed JSON frame."""
+    data = json.dumps(payload, separators=(",", ":")).encode()
+    return LENGTH.pack(len(data)) + data
+
+
+def request(buffer_id: str, timeout: float) -> bytes:
+    return frame({"buffer": buffer_id, "timeout": timeout})
+
+
+def reply(dtype: str, shape: tuple[int, ...], regions: list[RegionHeader]) -> bytes:
+    return frame(
+        {
+            "dtype": dtype,
+            "shape": list(shape),
+            "regions": [[list(r.start), list(r.stop), r.nbytes] for r in regions],
+        }
+    )
+
+
+def error(message: str) -> bytes:
+    return frame({"error": message})
+
+
+def header_length(prefix: bytes) -> int:
+    """The JSON length announced by a 4-byte prefix; refuses absurd sizes."""
+    (length,) = LENGTH.unpack(prefix)
+    if length > MAX_HEADER_BYTES:
+        raise ValueError(f"a data-plane header of {length} bytes is too large")
+    return length
+
+
+def parse_request(data: bytes) -> tuple[str, float]:
+    payload = json.loads(data)
+    return str(payload["buffer"]), float(payload.get("timeout", 60.0))
+
+
+def parse_reply(data: bytes) -> Reply:
+    """The reply's header; raises ``LookupError`` with the sender's message on an error."""
+    payload = json.loads(data)
+    if "error" in payload:
+        raise LookupError(payload["error"])
+    return Reply(
+        dtype=payload["dtype"],
+        shape=tuple(payload["shape"]),
+        regions=tuple(
+            RegionHeader(tuple(start), tuple(stop), int(nbytes))
+            for start, stop, nbytes in payload["regions"]
+        ),
+    )
