@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from pathways_client.arrays import Assembly, to_chunks
 from pathways_client.rpc import MESSAGE_OPTIONS, batches, stub
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
+from pathways_core.wire.arrays import Assembly, to_chunks
 
 Event = pb.ClientEvent
 

@@ -3,6 +3,8 @@ real processes talking gRPC on loopback. Used by the tests and the embedded mode
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -15,6 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 READY_TIMEOUT_SECONDS = 120.0
+
+
+def _die_with_parent() -> None:
+    """Linux: the island's processes get SIGKILL when the process that launched them dies, so a
+    crashed test run or benchmark leaves no executors behind."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -159,6 +168,7 @@ class LocalIsland:
                 text=True,
                 env=environment,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         return Process(name, popen, log)
 

@@ -8,35 +8,13 @@ from typing import Any
 
 import grpc
 
-from pathways_core.wire import Cardinality, Service
+from pathways_core.wire import Service
 
 MAX_MESSAGE_BYTES = 64 << 20
 MESSAGE_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
-
-_HANDLERS = {
-    Cardinality.UNARY_UNARY: grpc.unary_unary_rpc_method_handler,
-    Cardinality.UNARY_STREAM: grpc.unary_stream_rpc_method_handler,
-    Cardinality.STREAM_UNARY: grpc.stream_unary_rpc_method_handler,
-    Cardinality.STREAM_STREAM: grpc.stream_stream_rpc_method_handler,
-}
-
-
-def generic_handler(service: Service, implementation: Any) -> grpc.GenericRpcHandler:
-    """Route a service's methods to the same-named methods of ``implementation``."""
-    return grpc.method_handlers_generic_handler(
-        service.name,
-        {
-            method.name: _HANDLERS[method.cardinality](
-                getattr(implementation, method.name),
-                request_deserializer=method.request.FromString,
-                response_serializer=method.response.SerializeToString,
-            )
-            for method in service.methods
-        },
-    )
 
 
 def stub(channel: grpc.Channel, service: Service, name: str) -> Any:

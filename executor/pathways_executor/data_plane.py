@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from pathways_core.wire import bulk
-from pathways_executor.arrays import Region, local_regions
+from pathways_core.wire.arrays import Region
+from pathways_executor.arrays import local_regions
 
 
 class DataPlaneServer:

@@ -39,17 +39,6 @@ def generic_handler(service: Service, implementation: Any) -> grpc.GenericRpcHan
     )
 
 
-def stub(channel: grpc.Channel, service: Service, name: str) -> Any:
-    """A callable for one method of a service on a channel."""
-    method = next(m for m in service.methods if m.name == name)
-    factory = getattr(channel, method.cardinality.value)
-    return factory(
-        service.path(name),
-        request_serializer=method.request.SerializeToString,
-        response_deserializer=method.response.FromString,
-    )
-
-
 MAX_BATCH = 512
 
 

@@ -16,7 +16,8 @@ import jax
 import numpy as np
 
 from pathways_core.wire import EXECUTOR, pb
-from pathways_executor.arrays import from_chunks, local_regions, region_chunks
+from pathways_core.wire.arrays import from_chunks, region_chunks
+from pathways_executor.arrays import local_regions
 from pathways_executor.buffers import BufferError
 from pathways_executor.data_plane import DataPlaneServer, complete, pull
 from pathways_executor.rpc import MESSAGE_OPTIONS, batches, generic_handler

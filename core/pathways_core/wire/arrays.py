@@ -1,4 +1,4 @@
-"""Arrays over the wire: regions of numpy arrays as chunked ``ArrayChunk`` streams, and back.
+"""Arrays over gRPC: regions of numpy arrays as chunked ``ArrayChunk`` streams, and back.
 
 A whole array is one region. An executor of a multi-host slice holds only some shards of an
 array, so it sends those regions; the receiver assembles the regions of every holder.
