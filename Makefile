@@ -34,6 +34,7 @@ proto: $(INSTALLED)
 
 bench: $(INSTALLED)
 	$(BIN)/python benchmarks/allocator.py
+	$(BIN)/python benchmarks/dispatch.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

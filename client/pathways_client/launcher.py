@@ -3,8 +3,7 @@ real processes talking gRPC on loopback. Used by the tests and the embedded mode
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import atexit
 import json
 import os
 import signal
@@ -17,13 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 READY_TIMEOUT_SECONDS = 120.0
-
-
-def _die_with_parent() -> None:
-    """Linux: the island's processes get SIGKILL when the process that launched them dies, so a
-    crashed test run or benchmark leaves no executors behind."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -83,6 +75,8 @@ class LocalIsland:
             return self
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix=f"pathways-{self.name}-"))
+        # A launcher that exits without stopping its island leaves no processes behind.
+        atexit.register(self.stop)
         cache = self.compilation_cache or self.workdir / "xla-cache"
         group = []
         if self.distributed and self.hosts > 1:
@@ -168,7 +162,6 @@ class LocalIsland:
                 text=True,
                 env=environment,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
         return Process(name, popen, log)
 

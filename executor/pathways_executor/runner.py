@@ -10,9 +10,11 @@ cause, and the executor keeps going.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable as Fn
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,6 +27,10 @@ from pathways_executor.buffers import BufferError, BufferStore
 from pathways_executor.functions import FunctionCache, FunctionError, check_inputs
 
 INPUT_TIMEOUT_SECONDS = 120.0
+# Computations dispatched to the devices and not finished. JAX would queue without bound; more
+# than a few cross-process collectives in flight deadlock gloo on small CPU hosts, and a bound
+# keeps the executor from running arbitrarily far ahead of its devices.
+MAX_OUTSTANDING = 8
 
 
 def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
@@ -68,6 +74,7 @@ class Runner:
         )
         self._transfers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="transfer")
         self._last_end_ns = 0
+        self._outstanding: deque[list[Any]] = deque()
         self.executed: list[str] = []  # computation ids in execution order, for tests and traces
         self._threads = [
             threading.Thread(target=self._run_loop, name="runner", daemon=True),
@@ -147,6 +154,7 @@ class Runner:
                 held.append(buffer_id)
                 values.append(self.buffers.get(buffer_id, INPUT_TIMEOUT_SECONDS))
             check_inputs(function, values)
+            self._bound_outstanding()
             arguments = [
                 place(value, sharding)
                 for value, sharding in zip(values, function.in_shardings, strict=True)
@@ -168,8 +176,15 @@ class Runner:
                 self.buffers.release(buffer_id)
         for buffer_id, value in zip(computation.outputs, outputs, strict=True):
             self.buffers.set(buffer_id, value)
+        self._outstanding.append(outputs)
         self.executed.append(computation.id)
         self._completions.put((command, outputs, dispatched))
+
+    def _bound_outstanding(self) -> None:
+        while len(self._outstanding) >= MAX_OUTSTANDING:
+            for output in self._outstanding.popleft():
+                with contextlib.suppress(Exception):  # its failure is reported on completion
+                    output.block_until_ready()
 
     def _slice_devices(self, computation: pb.Computation) -> list[jax.Device]:
         missing = [d for d in computation.devices if d not in self.devices]
