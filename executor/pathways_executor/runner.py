@@ -27,9 +27,8 @@ from pathways_executor.buffers import BufferError, BufferStore
 from pathways_executor.functions import FunctionCache, FunctionError, check_inputs
 
 INPUT_TIMEOUT_SECONDS = 120.0
-# Computations dispatched to the devices and not finished. JAX would queue without bound; more
-# than a few cross-process collectives in flight deadlock gloo on small CPU hosts, and a bound
-# keeps the executor from running arbitrarily far ahead of its devices.
+# Computations spanning hosts dispatched to the devices and not finished: more than a few
+# cross-process collectives in flight deadlock gloo on small CPU hosts.
 MAX_OUTSTANDING = 8
 
 
@@ -154,7 +153,9 @@ class Runner:
                 held.append(buffer_id)
                 values.append(self.buffers.get(buffer_id, INPUT_TIMEOUT_SECONDS))
             check_inputs(function, values)
-            self._bound_outstanding()
+            spans_hosts = not all(d.process_index == jax.process_index() for d in devices)
+            if spans_hosts:
+                self._bound_outstanding()
             arguments = [
                 place(value, sharding)
                 for value, sharding in zip(values, function.in_shardings, strict=True)
@@ -176,7 +177,8 @@ class Runner:
                 self.buffers.release(buffer_id)
         for buffer_id, value in zip(computation.outputs, outputs, strict=True):
             self.buffers.set(buffer_id, value)
-        self._outstanding.append(outputs)
+        if spans_hosts:
+            self._outstanding.append(outputs)
         self.executed.append(computation.id)
         self._completions.put((command, outputs, dispatched))
 
