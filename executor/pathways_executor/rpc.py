@@ -1,20 +1,16 @@
-"""gRPC plumbing from the method tables of ``pathways_core.wire``."""
+"""gRPC plumbing from the method tables of ``pathways_core.wire``.
+
+Re-exports the stream plumbing so servers import one module for their RPC needs.
+"""
 
 from __future__ import annotations
 
-import queue
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
 
 from pathways_core.wire import Cardinality, Service
-
-MAX_MESSAGE_BYTES = 64 << 20
-MESSAGE_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-]
+from pathways_core.wire.streams import MESSAGE_OPTIONS, batches
 
 _HANDLERS = {
     Cardinality.UNARY_UNARY: grpc.unary_unary_rpc_method_handler,
@@ -39,22 +35,4 @@ def generic_handler(service: Service, implementation: Any) -> grpc.GenericRpcHan
     )
 
 
-MAX_BATCH = 512
-
-
-def batches(pending: queue.Queue, wrap: Callable[[list[Any]], Any]) -> Iterator[Any]:
-    """Messages for a stream: each waits for one item, then takes whatever else is queued
-    (up to ``MAX_BATCH``) so a burst of work crosses the wire in one message. ``None`` ends
-    the stream."""
-    while (first := pending.get()) is not None:
-        batch = [first]
-        while len(batch) < MAX_BATCH:
-            try:
-                item = pending.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                pending.put(None)
-                break
-            batch.append(item)
-        yield wrap(batch)
+__all__ = ["MESSAGE_OPTIONS", "batches", "generic_handler"]
