@@ -48,6 +48,11 @@ class SchedulerService:
             channel = grpc.insecure_channel(endpoint, options=MESSAGE_OPTIONS)
             self._channels.append(channel)
             info = stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=60, wait_for_ready=True)
+            if info.index != index:
+                raise SystemExit(
+                    f"executor {endpoint} says it is host {info.index}, but it is listed as "
+                    f"host {index}: pass --executor once per host, in host order"
+                )
             specs.append(ExecutorSpec(index, endpoint, tuple(info.devices), info.data_endpoint))
         self.dispatcher = IslandDispatcher(specs, Policy(policy), max_queued, max_in_flight)
         for spec, channel in zip(specs, self._channels, strict=True):
