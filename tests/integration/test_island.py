@@ -93,7 +93,7 @@ def test_concurrent_clients_on_overlapping_devices_share_one_order(island: Local
 
 @pytest.mark.parametrize("weights", [(1, 2, 4, 8)])
 def test_proportional_share_within_five_percent(compilation_cache, weights) -> None:
-    per_client = 700
+    per_client = 1000
     with LocalIsland(
         hosts=1,
         devices_per_host=1,
@@ -116,9 +116,12 @@ def test_proportional_share_within_five_percent(compilation_cache, weights) -> N
         finally:
             for client in clients:
                 client.close()
-    # While every client still has work queued, device time is split by weight. Skip the start
-    # (clients join one after the other) and stop before the heaviest client runs out.
-    window = records[60 : 60 + 600]
+    # While every client still has work queued, device time is split by weight: start once
+    # the last client's first computation ran (they join one after the other) and stop before
+    # the heaviest client could run out.
+    start = max(next(i for i, r in enumerate(records) if r.client == f"w{w}") for w in weights)
+    window = records[start : start + 600]
+    assert len(window) == 600
     for weight in weights:
         share = sum(1 for r in window if r.client == f"w{weight}") / len(window)
         assert share == pytest.approx(weight / sum(weights), rel=0.05), (weight, share)
