@@ -27,8 +27,9 @@ from pathways_executor.buffers import BufferError, BufferStore
 from pathways_executor.functions import FunctionCache, FunctionError, check_inputs
 
 INPUT_TIMEOUT_SECONDS = 120.0
-# Computations spanning hosts dispatched to the devices and not finished: more than a few
-# cross-process collectives in flight deadlock gloo on small CPU hosts.
+# Multi-device computations dispatched to the devices and not finished. On small CPU hosts,
+# more than a few collectives queued at once deadlock XLA's in-process rendezvous and gloo alike
+# (seen with plain JAX too), so an executor never runs further ahead of its devices than this.
 MAX_OUTSTANDING = 8
 
 
@@ -153,8 +154,8 @@ class Runner:
                 held.append(buffer_id)
                 values.append(self.buffers.get(buffer_id, INPUT_TIMEOUT_SECONDS))
             check_inputs(function, values)
-            spans_hosts = not all(d.process_index == jax.process_index() for d in devices)
-            if spans_hosts:
+            collective = len(devices) > 1
+            if collective:
                 self._bound_outstanding()
             arguments = [
                 place(value, sharding)
@@ -177,7 +178,7 @@ class Runner:
                 self.buffers.release(buffer_id)
         for buffer_id, value in zip(computation.outputs, outputs, strict=True):
             self.buffers.set(buffer_id, value)
-        if spans_hosts:
+        if collective:
             self._outstanding.append(outputs)
         self.executed.append(computation.id)
         self._completions.put((command, outputs, dispatched))
