@@ -205,3 +205,10 @@ def test_all_reduce_over_all_eight_devices_of_two_executors(island: LocalIsland)
         expected = np.tile(value.sum(0), (8, 1))
         np.testing.assert_array_equal(client.get(first.outputs[0]), expected)
         np.testing.assert_array_equal(client.get(second.outputs[0]), expected * 8)
+
+
+def test_compiled_functions_land_in_the_persistent_cache(
+    island: LocalIsland, compilation_cache
+) -> None:
+    # Executors compile once per device set and keep the result on disk for their next start.
+    assert any(compilation_cache.iterdir()), "the executors wrote nothing to their XLA cache"

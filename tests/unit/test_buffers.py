@@ -1,0 +1,48 @@
+"""The executor's buffer store: futures, reference counts, and waiting for announcements."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pathways_executor.buffers import BufferError, BufferStore
+
+
+def test_a_consumer_waits_for_a_buffer_produced_later() -> None:
+    store = BufferStore()
+    store.expect("c/b")
+    threading.Timer(0.05, store.set, args=("c/b", 42)).start()
+    assert store.get("c/b", timeout=5) == 42
+
+
+def test_a_buffer_announced_later_is_waited_for_within_the_limit() -> None:
+    store = BufferStore()
+    threading.Timer(0.05, store.set, args=("c/late", "value")).start()
+    assert store.get("c/late", timeout=5, appear_within=5) == "value"
+    with pytest.raises(BufferError, match="unknown buffer 'c/never'"):
+        store.get("c/never", timeout=1, appear_within=0.05)
+
+
+def test_failures_and_timeouts_name_the_buffer_and_cause() -> None:
+    store = BufferStore()
+    store.fail("c/bad", RuntimeError("computation 'a' failed"))
+    with pytest.raises(BufferError, match="buffer 'c/bad' failed: computation 'a' failed"):
+        store.get("c/bad", timeout=1)
+    store.expect("c/slow")
+    with pytest.raises(BufferError, match=r"'c/slow' was not ready within 0\.05 s"):
+        store.get("c/slow", timeout=0.05)
+
+
+def test_delete_waits_for_pending_uses_and_frees_exactly_once() -> None:
+    store = BufferStore()
+    store.set("c/b", 1)
+    assert store.acquire("c/b")  # a computation will read it
+    store.delete("c/b")  # the client is done with it
+    assert "c/b" in store  # still held by the pending use
+    assert not store.acquire("c/b")  # but no new use may start
+    store.delete("c/b")  # a second delete changes nothing
+    assert "c/b" in store
+    store.release("c/b")
+    assert "c/b" not in store and len(store) == 0
+    assert not store.acquire("c/unknown")
