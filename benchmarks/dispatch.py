@@ -296,7 +296,8 @@ def raw_tcp_rate(size: int, repeats: int) -> float:
 
 
 def transfer_suite(repeats: int, records: list[dict]) -> None:
-    from pathways_executor.data_plane import complete, pull
+    from pathways_core.wire.arrays import Assembly
+    from pathways_executor.data_plane import pull
 
     size = 64 << 20
     with LocalIsland(hosts=2, devices_per_host=4) as island:
@@ -307,9 +308,9 @@ def transfer_suite(repeats: int, records: list[dict]) -> None:
         for _ in range(repeats + 1):
             # The very code an executor runs to pull an input from a peer.
             start = time.perf_counter()
-            into: dict = {}
-            pull(source, buffer, 60, into)
-            assert complete(into)
+            assembly = Assembly()
+            pull(source, buffer, 60, assembly)
+            assert assembly.complete
             rates.append(size / (time.perf_counter() - start))
         client.close()
     ours, raw = max(rates), raw_tcp_rate(size, repeats)

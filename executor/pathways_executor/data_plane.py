@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from pathways_core.wire import bulk
-from pathways_core.wire.arrays import Region
+from pathways_core.wire.arrays import Assembly
 from pathways_executor.arrays import local_regions
 
 
@@ -62,43 +62,23 @@ class DataPlaneServer:
         self._listener.close()
 
 
-def pull(endpoint: str, buffer_id: str, timeout: float, into: dict[str, Any]) -> None:
-    """Receive the regions of a buffer held at ``endpoint`` into ``into`` (``array`` and
-    ``written``, created on first use), straight into the destination's memory."""
+def pull(endpoint: str, buffer_id: str, timeout: float, assembly: Assembly) -> None:
+    """Receive the regions of a buffer held at ``endpoint`` into ``assembly``, straight from
+    the socket into the destination's memory."""
     host, port = endpoint.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout + 30) as connection:
         connection.sendall(bulk.request(buffer_id, timeout))
         length = bulk.header_length(_receive_exactly(connection, bulk.LENGTH.size))
         reply = bulk.parse_reply(_receive_exactly(connection, length))
-        dtype = np.dtype(reply.dtype)
-        if into.get("array") is None:
-            into["array"] = np.empty(reply.shape, dtype)
-        array: np.ndarray = into["array"]
-        for header in reply.regions:
-            region: Region = tuple(
-                slice(a, b) for a, b in zip(header.start, header.stop, strict=True)
+        for region in reply.regions:
+            assembly.receive(
+                buffer_id,
+                reply.dtype,
+                reply.shape,
+                (region.start, region.stop),
+                region.nbytes,
+                lambda view: _receive_into(connection, view),
             )
-            extent = [b - a for a, b in zip(header.start, header.stop, strict=True)]
-            whole = list(array.shape) == extent
-            # A whole array is received straight into its memory; a shard goes through a
-            # buffer of its own shape.
-            target = array if whole else np.empty(extent, dtype)
-            if target.nbytes != header.nbytes:
-                raise ValueError("a region's size does not match its bounds")
-            if target.nbytes:
-                _receive_into(connection, memoryview(target.reshape(-1).view(np.uint8)))
-            if whole:
-                into["whole"] = True
-            else:
-                array[region] = target
-                into.setdefault("written", np.zeros(array.shape, bool))[region] = True
-
-
-def complete(into: dict[str, Any]) -> bool:
-    """Whether the pulls into ``into`` covered the whole array."""
-    if into.get("array") is None:
-        return False
-    return bool(into.get("whole")) or bool(into.get("written", np.zeros(1, bool)).all())
 
 
 def _receive_exactly(connection: socket.socket, size: int) -> bytes:

@@ -16,10 +16,10 @@ import jax
 import numpy as np
 
 from pathways_core.wire import EXECUTOR, pb
-from pathways_core.wire.arrays import from_chunks, region_chunks
+from pathways_core.wire.arrays import Assembly, from_chunks, region_chunks
 from pathways_executor.arrays import local_regions
 from pathways_executor.buffers import BufferError
-from pathways_executor.data_plane import DataPlaneServer, complete, pull
+from pathways_executor.data_plane import DataPlaneServer, pull
 from pathways_executor.rpc import MESSAGE_OPTIONS, batches, generic_handler
 from pathways_executor.runner import INPUT_TIMEOUT_SECONDS, Runner
 
@@ -118,14 +118,15 @@ class ExecutorService:
         """Pull a buffer from the executors holding it over the bulk data plane: each sends the
         regions it holds, until the whole array is assembled."""
         errors = []
-        into: dict = {}
+        assembly = Assembly()
         for endpoint in source.data_endpoints:
             try:
-                pull(endpoint, source.buffer_id, INPUT_TIMEOUT_SECONDS, into)
+                pull(endpoint, source.buffer_id, INPUT_TIMEOUT_SECONDS, assembly)
             except (OSError, ValueError, LookupError) as error:
                 errors.append(f"{endpoint}: {error}")
-            if complete(into):
-                return into["array"]
+            if assembly.complete:
+                assert assembly.array is not None
+                return assembly.array
         problem = "; ".join(errors) or "the holders sent only part of it"
         raise BufferError(f"cannot fetch buffer {source.buffer_id!r}: {problem}")
 

@@ -6,7 +6,7 @@ array, so it sends those regions; the receiver assembles the regions of every ho
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,52 +62,71 @@ class Assembly:
         return self.whole or (self.written is not None and bool(self.written.all()))
 
     def add(self, chunks: Iterable[pb.ArrayChunk]) -> None:
-        """Write every region of a stream into the array."""
-        region: bytearray | None = None
+        """Write every region of a gRPC stream into the array."""
         header: pb.ArrayChunk | None = None
-        filled = 0
+        parts: list[bytes] = []
         for chunk in chunks:
             if chunk.begin:
-                self._flush(header, region, filled)
-                header, region = chunk, bytearray(chunk.total_bytes)
-                filled = 0
-            elif region is None:
+                self._add_region(header, parts)
+                header, parts = chunk, [chunk.data]
+            elif header is None:
                 raise ValueError("array data arrived before its header")
-            size = len(chunk.data)
-            if filled + size > len(region):
-                raise ValueError("a region's chunks exceed its announced size")
-            region[filled : filled + size] = chunk.data
-            filled += size
-        self._flush(header, region, filled)
+            else:
+                parts.append(chunk.data)
+        self._add_region(header, parts)
 
-    def _flush(self, header: pb.ArrayChunk | None, data: bytearray | None, filled: int) -> None:
-        if header is None or data is None:
-            return
-        if filled != header.total_bytes:
-            raise ValueError(f"a region ended after {filled} of {header.total_bytes} bytes")
+    def receive(
+        self,
+        buffer_id: str,
+        dtype_name: str,
+        shape: tuple[int, ...],
+        bounds: tuple[tuple[int, ...], tuple[int, ...]],
+        nbytes: int,
+        fill: Callable[[memoryview], None],
+    ) -> None:
+        """Receive one region (``bounds`` is its start and stop per axis): ``fill`` writes its
+        ``nbytes`` into the memory it is given. A whole array is received straight into its
+        own memory; a shard through a buffer of its shape."""
         try:
-            dtype = np.dtype(header.dtype)
+            dtype = np.dtype(dtype_name)
         except TypeError:
-            raise ValueError(f"unknown dtype {header.dtype!r}") from None
+            raise ValueError(f"unknown dtype {dtype_name!r}") from None
         if self.array is None:
-            self.buffer_id = header.buffer_id
-            self.array = np.empty(tuple(header.shape), dtype)
-        elif self.array.dtype != dtype or self.array.shape != tuple(header.shape):
+            self.buffer_id = buffer_id
+            self.array = np.empty(shape, dtype)
+        elif self.array.dtype != dtype or self.array.shape != shape:
             raise ValueError("regions of one array disagree on its dtype or shape")
-        region = tuple(
-            slice(start, stop)
-            for start, stop in zip(header.region_start, header.region_stop, strict=True)
-        )
-        target = self.array[region] if region else self.array
-        if target.size * dtype.itemsize != len(data):
+        region = tuple(slice(a, b) for a, b in zip(*bounds, strict=True))
+        extent = self.array[region].shape
+        whole = extent == self.array.shape
+        target = self.array if whole else np.empty(extent, dtype)
+        if target.nbytes != nbytes:
             raise ValueError("a region's size does not match its bounds")
-        target[...] = np.frombuffer(data, dtype).reshape(target.shape)
-        if target.size == self.array.size:
+        if target.nbytes:
+            fill(memoryview(target.reshape(-1).view(np.uint8)))
+        if whole:
             self.whole = True
         else:
+            self.array[region] = target
             if self.written is None:
                 self.written = np.zeros(self.array.shape, bool)
             self.written[region] = True
+
+    def _add_region(self, header: pb.ArrayChunk | None, parts: list[bytes]) -> None:
+        if header is None:
+            return
+        size = sum(len(part) for part in parts)
+        if size != header.total_bytes:
+            raise ValueError(f"a region ended after {size} of {header.total_bytes} bytes")
+
+        def fill(view: memoryview) -> None:
+            offset = 0
+            for part in parts:
+                view[offset : offset + len(part)] = part
+                offset += len(part)
+
+        bounds = (tuple(header.region_start), tuple(header.region_stop))
+        self.receive(header.buffer_id, header.dtype, tuple(header.shape), bounds, size, fill)
 
 
 def from_chunks(chunks: Iterable[pb.ArrayChunk]) -> tuple[str, np.ndarray]:
