@@ -233,7 +233,7 @@ class IslandDispatcher:
         devices = list(computation.devices)
         if not devices:
             return f"computation {label!r} names no devices"
-        unknown = sorted(set(devices) - set(self.device_owner))
+        unknown = sorted({d for d in devices if d not in self.device_owner})
         if unknown:
             return (
                 f"computation {label!r} names devices {unknown} the island does not have "
