@@ -36,6 +36,7 @@ jax.config.update("jax_platforms", "cpu")
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+from jax_chain import all_reduce_step, chain_rate  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -43,7 +44,6 @@ from pathways_client.island_client import IslandClient  # noqa: E402
 from pathways_client.launcher import LocalIsland  # noqa: E402
 
 CHAIN = 128
-OUTSTANDING = 8
 console = Console()
 
 
@@ -55,10 +55,6 @@ def best_rate(run: Callable[[], int], repeats: int) -> float:
         steps = run()
         rates.append(steps / (time.perf_counter() - start))
     return max(rates)
-
-
-def all_reduce_step(x):
-    return jnp.sum(x, axis=0, keepdims=True) * jnp.ones_like(x) * (1.0 / x.shape[0])
 
 
 def fused_steps(x):
@@ -77,18 +73,7 @@ def jax_baseline(shape, sharding, repeats: int) -> float:
     x = jax.device_put(np.ones(shape, np.float32), sharding)
     step(x).block_until_ready()
 
-    def run() -> int:
-        y = x
-        for count in range(1, CHAIN + 1):
-            y = step(y)
-            # More collectives queued than this deadlock XLA's CPU rendezvous on 2 cores;
-            # executors bound their outstanding work the same way.
-            if count % OUTSTANDING == 0:
-                y.block_until_ready()
-        y.block_until_ready()
-        return CHAIN
-
-    return best_rate(run, repeats)
+    return chain_rate(step, x, CHAIN, repeats)
 
 
 def multi_controller_baseline(size: int, repeats: int) -> float:

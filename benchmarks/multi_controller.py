@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import jax
 
 jax.config.update("jax_num_cpu_devices", 4)
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
-
-OUTSTANDING = 8
+from jax_chain import all_reduce_step, chain_rate  # noqa: E402
 
 
 def main() -> None:
@@ -28,26 +25,11 @@ def main() -> None:
     size, repeats, chain = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     jax.distributed.initialize(coordinator, num_processes=2, process_id=index)
     sharding = NamedSharding(Mesh(np.array(jax.devices()), ("x",)), PartitionSpec("x"))
-    step = jax.jit(
-        lambda x: jnp.sum(x, axis=0, keepdims=True) * jnp.ones_like(x) * (1.0 / x.shape[0]),
-        in_shardings=sharding,
-        out_shardings=sharding,
-    )
+    step = jax.jit(all_reduce_step, in_shardings=sharding, out_shardings=sharding)
     host = np.ones((8, size), np.float32)
     x = jax.make_array_from_callback(host.shape, sharding, lambda where: host[where])
     step(x).block_until_ready()
-    best = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
-        y = x
-        for count in range(1, chain + 1):
-            y = step(y)
-            # More than a few cross-process collectives queued at once deadlock gloo on these
-            # 2-core machines; executors bound their outstanding work the same way.
-            if count % OUTSTANDING == 0:
-                y.block_until_ready()
-        y.block_until_ready()
-        best = max(best, chain / (time.perf_counter() - start))
+    best = chain_rate(step, x, chain, repeats)
     print(json.dumps({"rate": best}), flush=True)
 
 
