@@ -19,6 +19,16 @@ INCREMENT = export(lambda x: x + 1, f32(4))
 DOUBLE = export(lambda x: x * 2, f32(4))
 
 
+def all_reduce_artifact(devices: int) -> bytes:
+    """Every row becomes the sum of all rows: one row of 3 floats per device."""
+    return export(
+        lambda x: jnp.sum(x, axis=0, keepdims=True) * jnp.ones_like(x),
+        f32(devices, 3),
+        devices=devices,
+        sharded=True,
+    )
+
+
 def test_island_reports_its_executors_and_devices(island: LocalIsland) -> None:
     with IslandClient(island.scheduler_endpoint, "info") as client:
         assert [list(e.devices) for e in client.info.executors] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -38,12 +48,7 @@ def test_three_node_chain_across_executors(island: LocalIsland) -> None:
 
 
 def test_sharded_all_reduce_on_a_four_device_slice(island: LocalIsland) -> None:
-    all_reduce = export(
-        lambda x: jnp.sum(x, axis=0, keepdims=True) * jnp.ones_like(x),
-        f32(4, 3),
-        devices=4,
-        sharded=True,
-    )
+    all_reduce = all_reduce_artifact(devices=4)
     with IslandClient(island.scheduler_endpoint, "allreduce") as client:
         function = client.register(all_reduce, "all-reduce")
         value = np.arange(12, dtype=np.float32).reshape(4, 3)
@@ -188,12 +193,7 @@ def test_function_exported_for_other_device_counts_is_refused(island: LocalIslan
 
 def test_all_reduce_over_all_eight_devices_of_two_executors(island: LocalIsland) -> None:
     # One SPMD function spanning both hosts: the executors run it together (gloo collectives).
-    all_reduce = export(
-        lambda x: jnp.sum(x, axis=0, keepdims=True) * jnp.ones_like(x),
-        f32(8, 3),
-        devices=8,
-        sharded=True,
-    )
+    all_reduce = all_reduce_artifact(devices=8)
     with IslandClient(island.scheduler_endpoint, "wide") as client:
         function = client.register(all_reduce, "all-reduce-8")
         value = np.arange(24, dtype=np.float32).reshape(8, 3)

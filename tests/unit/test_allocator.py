@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 import pytest
+from mesh_geometry import coords
 
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.allocator import (
@@ -130,15 +131,6 @@ def selector(match: Mapping[str, str] | None = None, **expressions: Sequence[str
 
 
 # -- geometry helpers (independent of the allocator's own placement code) ------------------------
-
-
-def coords(device: int, mesh: Shape) -> Shape:
-    """Row-major coordinates of a device id in a mesh."""
-    out = []
-    for extent in reversed(mesh):
-        device, c = divmod(device, extent)
-        out.append(c)
-    return tuple(reversed(out))
 
 
 def box_of(devices: Sequence[int], mesh: Shape) -> tuple[Shape, Shape]:

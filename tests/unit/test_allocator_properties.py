@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from mesh_geometry import coords
 
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.allocator import (
@@ -59,14 +60,6 @@ SETTINGS = settings(
 
 
 # -- independent geometry -----------------------------------------------------------------------
-
-
-def coords(device: int, mesh: Shape) -> Shape:
-    out = []
-    for extent in reversed(mesh):
-        device, c = divmod(device, extent)
-        out.append(c)
-    return tuple(reversed(out))
 
 
 def device_id(point: Sequence[int], mesh: Shape) -> int:
