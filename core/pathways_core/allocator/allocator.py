@@ -95,13 +95,13 @@ class Allocator:
                     "it (releasing its slices) before adding it again"
                 )
             current.inventory = inventory
-            self._set_unhealthy(current, inventory.unhealthy)
+            self._set_unhealthy(current)
             self._candidate_cache.clear()
             return
         state = _IslandState(inventory)
         self._islands[inventory.name] = state
         self._candidate_cache.clear()
-        self._set_unhealthy(state, inventory.unhealthy)
+        self._set_unhealthy(state)
 
     def remove_island(self, name: str) -> list[Binding]:
         """Remove an island; returns the bindings it held, which are dropped."""
@@ -123,7 +123,7 @@ class Allocator:
             if not 0 <= device < state.inventory.size:
                 raise ValueError(f"island {island!r} has no device {device}")
         state.inventory = replace(state.inventory, unhealthy=unhealthy)
-        self._set_unhealthy(state, unhealthy)
+        self._set_unhealthy(state)
         return [b for b in state.bindings.values() if any(d in unhealthy for d in b.devices)]
 
     def set_quota(self, tenant: str, kind: AcceleratorKind, limit: int | None) -> None:
@@ -296,7 +296,7 @@ class Allocator:
             mask |= 1 << device
         return mask
 
-    def _set_unhealthy(self, state: _IslandState, unhealthy: frozenset[int]) -> None:
+    def _set_unhealthy(self, state: _IslandState) -> None:
         old = state.unhealthy
         state.unhealthy = self._unhealthy_mask(state)
         if old & ~state.unhealthy:  # some devices recovered

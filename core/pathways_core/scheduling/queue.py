@@ -44,8 +44,6 @@ class ClientState(Generic[Item]):
     priority: int
     pending: deque[tuple[int, Item, float]] = field(default_factory=deque)  # arrival, item, cost
     pass_value: float = 0.0
-    taken: int = 0
-    cost_taken: float = 0.0
 
 
 class IslandQueue(Generic[Item]):
@@ -63,10 +61,6 @@ class IslandQueue(Generic[Item]):
     def queued(self) -> int:
         """Items waiting."""
         return self._queued
-
-    @property
-    def clients(self) -> dict[str, ClientState[Item]]:
-        return self._clients
 
     def add_client(self, name: str, weight: int = 1, priority: int = 0) -> None:
         """Register a client (or update its weight and priority)."""
@@ -115,7 +109,5 @@ class IslandQueue(Generic[Item]):
         _, item, cost = chosen.pending.popleft()
         self._virtual_time = max(self._virtual_time, chosen.pass_value)
         chosen.pass_value += cost / chosen.weight
-        chosen.taken += 1
-        chosen.cost_taken += cost
         self._queued -= 1
         return chosen.name, item
