@@ -1,0 +1,235 @@
+"""``connect()``: a session with a cluster's islands, and the virtual slices it holds.
+
+Three ways in:
+
+- directly to island schedulers (``islands={"name": "host:port"}``, or a running ``LocalIsland``):
+  slices are bound by this client with the allocator of ``pathways_core`` over the islands'
+  devices; other clients bind their own, so clients share devices and the island schedulers
+  divide device time between them;
+- inside Kubernetes, from the settings the operator injects into a program's pod
+  (``PATHWAYS_SLICES``, ``PATHWAYS_PROGRAM``, ``PATHWAYS_TENANT``, ``PATHWAYS_WEIGHT``,
+  ``PATHWAYS_PRIORITY``): the slices are already bound, by name;
+- ``PATHWAYS_ISLANDS`` (``name=host:port,...``) for the direct mode from the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pathways_client.errors import ConnectError, SliceError
+from pathways_client.island_client import IslandClient
+from pathways_client.slices import Slice
+from pathways_core.accelerators import AcceleratorKind
+from pathways_core.allocator import Allocator, Bound, IslandInventory, Request
+
+ENV_SLICES = "PATHWAYS_SLICES"
+ENV_ISLANDS = "PATHWAYS_ISLANDS"
+
+
+class Cluster:
+    """A client's session with one or more islands. Close it (or use ``with``) when done."""
+
+    def __init__(
+        self,
+        islands: Mapping[str, str],
+        *,
+        client: str | None = None,
+        tenant: str = "default",
+        weight: int = 1,
+        priority: int = 0,
+        bound: Mapping[str, Slice] | None = None,
+    ) -> None:
+        if not islands:
+            raise ConnectError("no islands to connect to")
+        self.islands = dict(islands)
+        self.client = client or f"{tenant}-{uuid.uuid4().hex[:8]}"
+        self.tenant = tenant
+        self.weight = weight
+        self.priority = priority
+        self._sessions: dict[str, IslandClient] = {}
+        self._lock = threading.Lock()
+        self._allocator: Allocator | None = None
+        self._bound: dict[str, Slice] = {}
+        self._names = 0
+        for name, item in (bound or {}).items():
+            item.cluster = self
+            self._bound[name] = item
+
+    # -- islands -----------------------------------------------------------------------------
+
+    def session(self, island: str) -> IslandClient:
+        """The session with ``island``'s scheduler, opened on first use."""
+        with self._lock:
+            session = self._sessions.get(island)
+            if session is None:
+                endpoint = self.islands.get(island)
+                if endpoint is None:
+                    raise ConnectError(
+                        f"unknown island {island!r}; this session knows "
+                        f"{', '.join(sorted(self.islands))}"
+                    )
+                try:
+                    session = IslandClient(
+                        endpoint, self.client, weight=self.weight, priority=self.priority
+                    )
+                except Exception as error:
+                    raise ConnectError(
+                        f"island {island!r} at {endpoint} did not answer: {error}"
+                    ) from None
+                self._sessions[island] = session
+            return session
+
+    # -- slices ------------------------------------------------------------------------------
+
+    def slice(
+        self,
+        name: str | None = None,
+        *,
+        devices: int | None = None,
+        shape: Sequence[int] | None = None,
+        island: str | None = None,
+    ) -> Slice:
+        """A virtual slice: ``name`` alone returns a slice bound for this program (inside
+        Kubernetes); otherwise ``devices`` (a count) or ``shape`` (a mesh) requests one, on
+        ``island`` or wherever it fits. Raises ``SliceError`` with the reason when it cannot be
+        bound."""
+        if devices is None and shape is None:
+            if name is not None and name in self._bound:
+                return self._bound[name]
+            known = ", ".join(sorted(self._bound)) or "none"
+            raise SliceError(
+                f"no bound slice named {name!r} (bound slices: {known}); request one with "
+                "devices=N or shape=(...)"
+            )
+        if (devices is None) == (shape is None):
+            raise SliceError("request a slice with devices=N or shape=(...), not both")
+        shape = tuple(shape) if shape is not None else (int(devices),)  # type: ignore[arg-type]
+        if any(side < 1 for side in shape):
+            raise SliceError(f"shape {list(shape)} must have positive sides")
+        with self._lock:
+            self._names += 1
+            name = name or f"slice-{self._names}"
+            if name in self._bound:
+                raise SliceError(f"this session already holds a slice named {name!r}")
+        # Fake CPU devices have no physical topology: any devices make a mesh of any shape.
+        request = Request(
+            key=name, tenant=self.tenant, count=math.prod(shape), island=island, priority=0
+        )
+        decision = self._direct_allocator().allocate(request, preempt=False)
+        if not isinstance(decision, Bound):
+            raise SliceError(f"slice {name!r} ({list(shape)}) cannot be bound: {decision.message}")
+        binding = decision.binding
+        bound = Slice(name, binding.island, binding.devices, shape, cluster=self)
+        self._bound[name] = bound
+        return bound
+
+    def release(self, item: Slice) -> None:
+        """Give a slice's devices back to this session's allocator (idempotent)."""
+        if self._bound.get(item.name) is item:
+            del self._bound[item.name]
+            if self._allocator is not None:
+                self._allocator.release(item.name)
+
+    def _direct_allocator(self) -> Allocator:
+        if self._allocator is None:
+            allocator = Allocator()
+            for island in sorted(self.islands):
+                info = self.session(island).info
+                owned = [len(executor.devices) for executor in info.executors]
+                allocator.add_island(
+                    IslandInventory(
+                        name=island,
+                        kind=AcceleratorKind.CPU_FAKE,
+                        shape=(sum(owned),),
+                        devices_per_host=max(owned, default=1),
+                    )
+                )
+            self._allocator = allocator
+        return self._allocator
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every island session (queued work still runs; results are no longer fetched)."""
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            session.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(
+    target: Any = None,
+    *,
+    islands: Mapping[str, str] | None = None,
+    client: str | None = None,
+    tenant: str | None = None,
+    weight: int | None = None,
+    priority: int | None = None,
+) -> Cluster:
+    """Connect to a cluster's islands.
+
+    ``target`` may be a running ``LocalIsland`` (or a list of them); ``islands`` maps island
+    names to scheduler endpoints. With neither, the settings come from the environment: the
+    ones the operator injects into a program's pod, or ``PATHWAYS_ISLANDS``.
+    """
+    env = os.environ
+    tenant = tenant or env.get("PATHWAYS_TENANT") or "default"
+    weight = weight if weight is not None else int(env.get("PATHWAYS_WEIGHT", "1"))
+    priority = priority if priority is not None else int(env.get("PATHWAYS_PRIORITY", "0"))
+    bound: dict[str, Slice] = {}
+    if target is not None:
+        running = target if isinstance(target, list | tuple) else [target]
+        islands = {item.name: item.scheduler_endpoint for item in running}
+    elif islands is None and env.get(ENV_SLICES):
+        islands, bound = _slices_from_env(env[ENV_SLICES])
+        client = client or env.get("PATHWAYS_PROGRAM", "").replace("/", "-") or None
+    elif islands is None and env.get(ENV_ISLANDS):
+        islands = _islands_from_env(env[ENV_ISLANDS])
+    if not islands:
+        raise ConnectError(
+            "no cluster to connect to: pass a LocalIsland or islands={'name': 'host:port'}, or "
+            f"set {ENV_ISLANDS}=name=host:port (inside Kubernetes the operator sets {ENV_SLICES})"
+        )
+    return Cluster(
+        islands, client=client, tenant=tenant, weight=weight, priority=priority, bound=bound
+    )
+
+
+def _islands_from_env(value: str) -> dict[str, str]:
+    islands = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, endpoint = item.partition("=")
+        if not sep or not name or not endpoint:
+            raise ConnectError(f"{ENV_ISLANDS}: expected name=host:port, got {item!r}")
+        islands[name] = endpoint
+    return islands
+
+
+def _slices_from_env(value: str) -> tuple[dict[str, str], dict[str, Slice]]:
+    try:
+        described = json.loads(value)
+        islands: dict[str, str] = {}
+        bound: dict[str, Slice] = {}
+        for name, entry in described.items():
+            devices = tuple(int(d) for d in entry["devices"])
+            shape = tuple(entry.get("shape") or (len(devices),))
+            islands[entry["island"]] = entry["scheduler"]
+            bound[name] = Slice(name, entry["island"], devices, shape)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ConnectError(
+            f"{ENV_SLICES} must be JSON mapping slice names to {{island, scheduler, devices, "
+            f"shape}}: {error}"
+        ) from None
+    return islands, bound

@@ -1,0 +1,220 @@
+"""``@function``: a JAX function placed on a virtual slice becomes a compiled function.
+
+It is exported with ``jax.export`` for the slice's mesh (abstract: no local devices needed),
+registered with the slice's island once per content hash, and called like the function itself:
+calls return futures at once. Inside a ``@program`` the calls are recorded instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from pathways_client.futures import ArrayFuture, Specialized, call, describe, host_array
+from pathways_client.slices import Slice
+
+
+class CompiledFunction:
+    """A JAX function on a slice. Call it with arrays, futures, or pytrees of them."""
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        slice: Slice,
+        *,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
+        axes: Sequence[str] | None = None,
+        input_specs: Sequence[Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.fun = fun
+        self.slice = slice
+        self.name = name or getattr(fun, "__name__", "function").replace("_", "-").strip("-<>")
+        self.mesh = slice.mesh(tuple(axes) if axes else None)
+        self._in_shardings = in_shardings
+        self._out_shardings = out_shardings
+        self._parameters = _parameter_names(fun)
+        self._fixed = None
+        if input_specs is not None:
+            self._fixed = [
+                jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), spec)
+                for spec in input_specs
+            ]
+        self._specialized: dict[tuple[Any, ...], Specialized] = {}
+
+    # -- compiling ---------------------------------------------------------------------------
+
+    def specialize(self, *avals: Any) -> Specialized:
+        """The function exported for arguments of these shapes and dtypes (pytrees of
+        ``jax.ShapeDtypeStruct``); cached."""
+        leaves, tree = jax.tree.flatten(avals)
+        key = (tree, tuple((tuple(a.shape), np.dtype(a.dtype)) for a in leaves))
+        cached = self._specialized.get(key)
+        if cached is not None:
+            return cached
+        if self.slice.size == 1:
+            jitted = jax.jit(self.fun)
+        else:
+            jitted = jax.jit(
+                self.fun,
+                in_shardings=self._shardings(self._in_shardings, len(avals)),
+                out_shardings=self._shardings(self._out_shardings, None),
+            )
+        try:
+            exported = jax.export.export(jitted)(*avals)
+        except Exception as error:
+            raise TypeError(
+                f"function {self.name!r} cannot be compiled for arguments "
+                f"{self._describe_arguments(avals)}: {error}"
+            ) from error
+        specialized = Specialized(
+            name=self.name,
+            artifact=bytes(exported.serialize()),
+            in_avals=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals),
+            out_avals=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.out_avals),
+            in_tree=exported.in_tree,
+            out_tree=exported.out_tree,
+            nr_devices=exported.nr_devices,
+        )
+        self._specialized[key] = specialized
+        return specialized
+
+    def _shardings(self, given: Any, arguments: int | None) -> Any:
+        """Shardings on the slice's mesh: PartitionSpecs become NamedShardings; unspecified
+        means replicated."""
+
+        def named(spec: Any) -> Any:
+            if spec is None:
+                spec = PartitionSpec()
+            return spec if isinstance(spec, NamedSharding) else NamedSharding(self.mesh, spec)
+
+        is_leaf = lambda x: x is None or isinstance(x, PartitionSpec | NamedSharding)  # noqa: E731
+        if given is None or isinstance(given, PartitionSpec | NamedSharding):
+            given = named(given)
+            return given if arguments is None else (given,) * arguments
+        return jax.tree.map(named, given, is_leaf=is_leaf)
+
+    # -- calling -----------------------------------------------------------------------------
+
+    def __call__(self, *args: Any) -> Any:
+        from pathways_client.programs import active_trace
+
+        avals = tuple(jax.tree.map(self._aval, arg) for arg in args)
+        self._check_fixed(avals)
+        specialized = self.specialize(*avals)
+        leaves = jax.tree.leaves(args)
+        trace = active_trace()
+        if trace is not None:
+            outputs = trace.record(self, specialized, leaves)
+        else:
+            outputs = call(
+                self.slice.cluster_or_fail(),
+                self.slice,
+                specialized,
+                leaves,
+                node=self.name,
+                names=self._leaf_names(args),
+            )
+        return jax.tree.unflatten(specialized.out_tree, outputs)
+
+    def _aval(self, value: Any) -> jax.ShapeDtypeStruct:
+        if isinstance(value, ArrayFuture):
+            return value.aval
+        aval = getattr(value, "aval", None)  # values traced inside a @program
+        if isinstance(aval, jax.ShapeDtypeStruct):
+            return aval
+        array = host_array(value)
+        return jax.ShapeDtypeStruct(array.shape, array.dtype)
+
+    def _check_fixed(self, avals: tuple[Any, ...]) -> None:
+        if self._fixed is None:
+            return
+        if len(avals) != len(self._fixed):
+            raise TypeError(
+                f"function {self.name!r} takes {len(self._fixed)} argument(s), got {len(avals)}"
+            )
+        for position, (given, expected) in enumerate(zip(avals, self._fixed, strict=True)):
+            given_leaves, given_tree = jax.tree.flatten(given)
+            expected_leaves, expected_tree = jax.tree.flatten(expected)
+            label = self._label(position)
+            if given_tree != expected_tree:
+                raise TypeError(
+                    f"{label} of function {self.name!r} has structure {given_tree}, expected "
+                    f"{expected_tree}"
+                )
+            for g, e in zip(given_leaves, expected_leaves, strict=True):
+                if tuple(g.shape) != tuple(e.shape) or np.dtype(g.dtype) != np.dtype(e.dtype):
+                    raise TypeError(
+                        f"{label} of function {self.name!r} is {describe(g)}, expected "
+                        f"{describe(e)}"
+                    )
+
+    def _label(self, position: int) -> str:
+        if position < len(self._parameters):
+            return f"argument {self._parameters[position]!r} (position {position})"
+        return f"argument {position}"
+
+    def _leaf_names(self, args: tuple[Any, ...]) -> list[str]:
+        names = []
+        for position, arg in enumerate(args):
+            names.extend([self._label(position)] * len(jax.tree.leaves(arg)))
+        return names
+
+    def _describe_arguments(self, avals: tuple[Any, ...]) -> str:
+        return ", ".join(
+            f"{self._label(i).split(' (')[0].removeprefix('argument ')}="
+            + ", ".join(describe(leaf) for leaf in jax.tree.leaves(aval))
+            for i, aval in enumerate(avals)
+        )
+
+    def __repr__(self) -> str:
+        return f"CompiledFunction({self.name!r}, slice={self.slice.name!r})"
+
+
+def function(
+    fun: Callable[..., Any] | None = None,
+    *,
+    slice: Slice,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
+    axes: Sequence[str] | None = None,
+    input_specs: Sequence[Any] | None = None,
+    name: str | None = None,
+) -> Any:
+    """Place a JAX function on ``slice``.
+
+    ``in_shardings`` / ``out_shardings`` are PartitionSpecs over the slice's mesh (axes ``x``,
+    ``y``, ... or ``axes``), one per argument or one for all, as with ``jax.jit``; unspecified
+    is replicated. ``input_specs`` (``jax.ShapeDtypeStruct`` pytrees, one per argument) fixes
+    the signature: calls with other shapes or dtypes raise before anything is dispatched.
+    """
+
+    def wrap(target: Callable[..., Any]) -> CompiledFunction:
+        return CompiledFunction(
+            target,
+            slice,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
+            axes=axes,
+            input_specs=input_specs,
+            name=name,
+        )
+
+    return wrap if fun is None else wrap(fun)
+
+
+def _parameter_names(fun: Callable[..., Any]) -> list[str]:
+    try:
+        return [
+            p.name
+            for p in inspect.signature(fun).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        return []

@@ -1,0 +1,227 @@
+"""Futures of arrays computed on islands, and the call that produces them.
+
+A future names a buffer on an island's executors. It can feed the next call without a round
+trip through the client, be fetched (``result()``), or be deleted; dropping the last reference
+deletes the buffer too (after every computation queued before that uses it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from pathways_client.errors import DeletedError, NodeFailed
+from pathways_client.island_client import IslandClient, IslandError
+
+if TYPE_CHECKING:
+    from pathways_client.cluster import Cluster
+    from pathways_client.slices import Slice
+
+RESULT_TIMEOUT_SECONDS = 600.0
+
+
+@dataclass
+class Specialized:
+    """A compiled function for one set of input shapes: its artifact and signature."""
+
+    name: str
+    artifact: bytes
+    in_avals: tuple[jax.ShapeDtypeStruct, ...]
+    out_avals: tuple[jax.ShapeDtypeStruct, ...]
+    in_tree: Any = None
+    out_tree: Any = None
+    nr_devices: int = 1
+    ids: dict[str, str] = field(default_factory=dict)  # island -> registered function id
+
+    @classmethod
+    def from_artifact(cls, name: str, artifact: bytes) -> Specialized:
+        """Read a serialized ``jax.export`` artifact's signature."""
+        exported = jax.export.deserialize(bytearray(artifact))
+        return cls(
+            name=name,
+            artifact=bytes(artifact),
+            in_avals=tuple(_struct(a) for a in exported.in_avals),
+            out_avals=tuple(_struct(a) for a in exported.out_avals),
+            in_tree=exported.in_tree,
+            out_tree=exported.out_tree,
+            nr_devices=exported.nr_devices,
+        )
+
+
+def _struct(aval: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(aval.shape), aval.dtype)
+
+
+def describe(aval: Any) -> str:
+    """``float32[4, 8]``."""
+    return f"{np.dtype(aval.dtype).name}{list(aval.shape)}"
+
+
+def host_array(value: Any) -> np.ndarray:
+    """A host value as the array JAX would make of it (64-bit types narrowed unless x64)."""
+    array = np.asarray(value)
+    dtype = jax.dtypes.canonicalize_dtype(array.dtype)
+    return array if array.dtype == dtype else array.astype(dtype)
+
+
+class ArrayFuture:
+    """An array that is, or will be, computed on ``slice``: output ``output`` of ``node``."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        slice: Slice,
+        buffer_id: str,
+        aval: jax.ShapeDtypeStruct,
+        node: str,
+        done: Future[None] | None,
+    ) -> None:
+        self.cluster = cluster
+        self.slice = slice
+        self.buffer_id = buffer_id
+        self.aval = aval
+        self.node = node
+        self._done = done
+        self._lock = threading.Lock()
+        # island -> buffer id: this array and its copies on other islands, freed together.
+        self._copies: dict[str, str] = {slice.island: buffer_id}
+        self._deleted = False
+        self._finalizer = weakref.finalize(self, _delete_copies, cluster, self._copies)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.aval.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.aval.dtype)
+
+    @property
+    def deleted(self) -> bool:
+        return self._deleted
+
+    def ready(self) -> bool:
+        """Whether the computation producing it has finished (successfully or not)."""
+        return self._done is None or self._done.done()
+
+    def wait(self, timeout: float | None = RESULT_TIMEOUT_SECONDS) -> None:
+        """Block until computed; raise ``NodeFailed`` if its computation failed."""
+        self._check_alive()
+        if self._done is None:
+            return
+        try:
+            self._done.result(timeout)
+        except IslandError as error:
+            raise NodeFailed(self.node, self.slice.island, str(error)) from None
+
+    def result(self, timeout: float | None = RESULT_TIMEOUT_SECONDS) -> np.ndarray:
+        """The array's value on the host."""
+        self.wait(timeout)
+        session = self.cluster.session(self.slice.island)
+        try:
+            return session.get(self.buffer_id, timeout=timeout or RESULT_TIMEOUT_SECONDS)
+        except IslandError as error:
+            raise NodeFailed(self.node, self.slice.island, str(error)) from None
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        value = self.result()
+        return value if dtype is None else value.astype(dtype)
+
+    def delete(self) -> None:
+        """Free the buffer on the island (after the computations already queued use it)."""
+        with self._lock:
+            if self._deleted:
+                return
+            self._deleted = True
+        self._finalizer()
+
+    def buffer_on(self, island: str, device: int) -> str:
+        """The buffer id of this array on ``island``: itself, or a copy moved there from its own
+        island (over the data-centre network) the first time it is needed."""
+        self._check_alive()
+        with self._lock:
+            copy = self._copies.get(island)
+        if copy is not None:
+            return copy
+        value = self.result()
+        copy = self.cluster.session(island).put(value, device)
+        with self._lock:
+            self._copies.setdefault(island, copy)
+        return self._copies[island]
+
+    def _check_alive(self) -> None:
+        if self._deleted:
+            raise DeletedError(
+                f"the future of output of node {self.node!r} ({describe(self.aval)}) was "
+                "deleted; keep it alive while it is still used"
+            )
+
+    def __repr__(self) -> str:
+        state = "deleted" if self._deleted else ("ready" if self.ready() else "pending")
+        return (
+            f"ArrayFuture({describe(self.aval)}, node={self.node!r}, "
+            f"island={self.slice.island!r}, {state})"
+        )
+
+
+def _delete_copies(cluster: Cluster, copies: dict[str, str]) -> None:
+    for island, buffer_id in list(copies.items()):
+        # A closed session cannot send: the island frees a departed client's buffers itself.
+        with contextlib.suppress(Exception):
+            cluster.session(island).delete([buffer_id])
+
+
+def call(
+    cluster: Cluster,
+    slice: Slice,
+    function: Specialized,
+    inputs: Sequence[Any],
+    node: str,
+    names: Sequence[str] = (),
+) -> list[ArrayFuture]:
+    """Dispatch one call of ``function`` on ``slice``; returns its outputs' futures at once.
+
+    ``inputs`` are futures (used where they are, or moved from another island) or host values
+    (uploaded to the slice). ``names`` name the inputs in errors.
+    """
+    session = cluster.session(slice.island)
+    function_id = function.ids.get(slice.island)
+    if function_id is None:
+        function_id = function.ids[slice.island] = _register(session, function, slice.island)
+    uploads: list[str] = []
+    buffer_ids: list[str] = []
+    for position, value in enumerate(inputs):
+        if isinstance(value, ArrayFuture):
+            try:
+                buffer_ids.append(value.buffer_on(slice.island, slice.devices[0]))
+            except DeletedError as error:
+                label = names[position] if position < len(names) else f"input {position}"
+                raise DeletedError(f"{label} of {node!r}: {error}") from None
+        else:
+            buffer_id = session.put(host_array(value), slice.devices[0])
+            uploads.append(buffer_id)
+            buffer_ids.append(buffer_id)
+    submitted = session.submit(
+        function_id, slice.devices, buffer_ids, len(function.out_avals), name=node
+    )
+    if uploads:  # freed once the computation has used them
+        session.delete(uploads)
+    return [
+        ArrayFuture(cluster, slice, buffer_id, aval, node, submitted.done)
+        for buffer_id, aval in zip(submitted.outputs, function.out_avals, strict=True)
+    ]
+
+
+def _register(session: IslandClient, function: Specialized, island: str) -> str:
+    try:
+        return session.register(function.artifact, function.name)
+    except IslandError as error:
+        raise NodeFailed(function.name, island, f"registration refused: {error}") from None

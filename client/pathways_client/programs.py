@@ -1,0 +1,313 @@
+"""``@program``: a Python function calling compiled functions, traced into a dataflow graph
+(``pathways_core.dataflow``) and dispatched all at once.
+
+Running a program submits every node before any finishes (parallel asynchronous dispatch): a
+node's inputs are futures of nodes queued before it, so the islands run ahead of the client.
+``sequential=True`` waits for each node before submitting the next, for comparison. A program
+can also be written out as a PathwaysProgram resource and run later without its Python.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import hashlib
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from pathways_client.functions import CompiledFunction
+from pathways_client.futures import ArrayFuture, Specialized, call, describe
+from pathways_client.slices import Slice
+from pathways_core.dataflow import Dataflow, Node, Ref, Source
+from pathways_core.resources import ObjectMeta, PathwaysProgram
+from pathways_core.resources.program import (
+    FunctionArtifact,
+    PathwaysProgramSpec,
+    ProgramSlice,
+)
+from pathways_core.topology import format_shape
+
+_ACTIVE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("trace", default=None)
+
+
+def active_trace() -> Trace | None:
+    """The program being traced in this context, if any."""
+    return _ACTIVE.get()
+
+
+class Traced:
+    """A value inside a program being traced: an argument, or a node's output."""
+
+    __slots__ = ("aval", "ref", "slice")
+
+    def __init__(self, ref: Ref, aval: jax.ShapeDtypeStruct, slice: Slice | None) -> None:
+        self.ref = ref
+        self.aval = aval
+        self.slice = slice
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.aval.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.aval.dtype)
+
+    def __repr__(self) -> str:
+        return f"Traced({describe(self.aval)}, {self.ref})"
+
+
+@dataclass
+class Trace:
+    """What tracing records: the graph, its functions and the values captured as constants."""
+
+    flow: Dataflow = field(default_factory=Dataflow)
+    functions: dict[str, tuple[Slice, Specialized]] = field(default_factory=dict)
+    constants: list[Any] = field(default_factory=list)
+    argument_avals: list[jax.ShapeDtypeStruct] = field(default_factory=list)
+    out_tree: Any = None
+
+    def record(
+        self, function: CompiledFunction, specialized: Specialized, leaves: Sequence[Any]
+    ) -> list[Traced]:
+        """Add a call of ``function`` as a node; return its outputs as traced values."""
+        inputs = []
+        for leaf in leaves:
+            if isinstance(leaf, Traced):
+                inputs.append(leaf.ref)
+            else:
+                self.constants.append(leaf)
+                inputs.append(Ref(Source.CONSTANT, len(self.constants) - 1))
+        key = self._function_key(function, specialized)
+        name = _unique(_label(function.name), {node.name for node in self.flow.nodes})
+        self.flow.nodes.append(
+            Node(name, key, function.slice.name, tuple(inputs), len(specialized.out_avals))
+        )
+        return [
+            Traced(Ref(Source.NODE, index, name), aval, function.slice)
+            for index, aval in enumerate(specialized.out_avals)
+        ]
+
+    def _function_key(self, function: CompiledFunction, specialized: Specialized) -> str:
+        for key, (slice, known) in self.functions.items():
+            if known is specialized and slice is function.slice:
+                return key
+        key = _unique(_label(function.name), set(self.functions))
+        self.functions[key] = (function.slice, specialized)
+        return key
+
+
+class Program:
+    """A traced Python function over compiled functions. Call it like the function: it
+    returns futures (a pytree like the function's result)."""
+
+    def __init__(self, fun: Callable[..., Any], name: str | None = None) -> None:
+        self.fun = fun
+        self.name = _label(name or getattr(fun, "__name__", "program"))
+        self._traces: dict[Any, Trace] = {}
+
+    def trace(self, *args: Any) -> Trace:
+        """Trace the function for arguments shaped like ``args`` (cached by shapes)."""
+        leaves, tree = jax.tree.flatten(args)
+        avals = [_aval(leaf) for leaf in leaves]
+        key = (tree, tuple((tuple(a.shape), np.dtype(a.dtype)) for a in avals))
+        cached = self._traces.get(key)
+        if cached is not None:
+            return cached
+        trace = Trace(argument_avals=avals)
+        trace.flow.arguments = len(avals)
+        traced_args = jax.tree.unflatten(
+            tree,
+            [
+                Traced(Ref(Source.ARGUMENT, i), aval, getattr(leaf, "slice", None))
+                for i, (leaf, aval) in enumerate(zip(leaves, avals, strict=True))
+            ],
+        )
+        token = _ACTIVE.set(trace)
+        try:
+            result = self.fun(*traced_args)
+        finally:
+            _ACTIVE.reset(token)
+        out_leaves, trace.out_tree = jax.tree.flatten(result)
+        for position, leaf in enumerate(out_leaves):
+            if not isinstance(leaf, Traced) or leaf.ref.source is not Source.NODE:
+                raise TypeError(
+                    f"program {self.name!r}: result {position} is not computed by a compiled "
+                    f"function ({type(leaf).__name__}); programs return node outputs"
+                )
+        trace.flow.constants = len(trace.constants)
+        trace.flow.outputs = tuple(leaf.ref for leaf in out_leaves)
+        trace.flow.validate()
+        self._traces[key] = trace
+        return trace
+
+    def __call__(self, *args: Any, sequential: bool = False) -> Any:
+        trace = self.trace(*args)
+        outputs = dispatch(
+            trace.flow,
+            trace.functions,
+            arguments=jax.tree.leaves(args),
+            constants=trace.constants,
+            sequential=sequential,
+        )
+        return jax.tree.unflatten(trace.out_tree, outputs)
+
+    def to_resource(
+        self,
+        *args: Any,
+        name: str | None = None,
+        namespace: str | None = None,
+        steps: int = 1,
+        weight: int = 1,
+        priority: int = 0,
+    ) -> PathwaysProgram:
+        """This program, with ``args`` baked in, as a PathwaysProgram resource: the cluster can
+        run it with no Python. Arguments and captured values become source nodes (functions
+        with no inputs that return them) on the slice of their first consumer."""
+        trace = self.trace(*args)
+        values = [*jax.tree.leaves(args), *trace.constants]
+        functions = dict(trace.functions)
+        flow = _with_source_nodes(trace, values, functions)
+        artifacts = {
+            key: FunctionArtifact(
+                name=key,
+                inline=base64.b64encode(specialized.artifact).decode(),
+                sha256=hashlib.sha256(specialized.artifact).hexdigest(),
+            )
+            for key, (_, specialized) in functions.items()
+        }
+        slices = {item.name: item for item, _ in functions.values()}
+        spec = PathwaysProgramSpec(
+            slices=[_program_slice(item) for item in slices.values()],
+            graph=flow.to_graph(artifacts),
+            steps=steps,
+            weight=weight,
+            priority=priority,
+        )
+        return PathwaysProgram(
+            metadata=ObjectMeta(name=name or self.name, namespace=namespace), spec=spec
+        )
+
+
+def program(fun: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
+    """Turn a Python function that calls compiled functions into a ``Program``."""
+
+    def wrap(target: Callable[..., Any]) -> Program:
+        return Program(target, name)
+
+    return wrap if fun is None else wrap(fun)
+
+
+def dispatch(
+    flow: Dataflow,
+    functions: Mapping[str, tuple[Slice, Specialized]],
+    arguments: Sequence[Any] = (),
+    constants: Sequence[Any] = (),
+    sequential: bool = False,
+) -> list[ArrayFuture]:
+    """Submit every node of ``flow`` in dependency order; return the outputs' futures.
+
+    In parallel mode nothing waits: each node's inputs are futures of nodes already queued.
+    In sequential mode each node is awaited before the next is submitted.
+    """
+    produced: dict[tuple[str, int], ArrayFuture] = {}
+
+    def value(ref: Ref) -> Any:
+        if ref.source is Source.ARGUMENT:
+            return arguments[ref.index]
+        if ref.source is Source.CONSTANT:
+            return constants[ref.index]
+        return produced[(ref.node, ref.index)]
+
+    for node in flow.order():
+        slice, specialized = functions[node.function]
+        outputs = call(
+            slice.cluster_or_fail(),
+            slice,
+            specialized,
+            [value(ref) for ref in node.inputs],
+            node=node.name,
+            names=[f"input {ref}" for ref in node.inputs],
+        )
+        for index, output in enumerate(outputs):
+            produced[(node.name, index)] = output
+        if sequential and outputs:
+            outputs[0].wait()
+    return [value(ref) for ref in flow.outputs]
+
+
+def _with_source_nodes(
+    trace: Trace, values: list[Any], functions: dict[str, tuple[Slice, Specialized]]
+) -> Dataflow:
+    """The trace's graph with every argument and constant produced by a source node."""
+    first_consumer: dict[int, Slice] = {}
+    offset = trace.flow.arguments
+    slices = {item.name: item for item, _ in functions.values()}
+    for node in trace.flow.nodes:
+        for ref in node.inputs:
+            if ref.source is not Source.NODE:
+                index = ref.index + (offset if ref.source is Source.CONSTANT else 0)
+                first_consumer.setdefault(index, slices[node.slice])
+    names = {node.name for node in trace.flow.nodes}
+    sources: dict[int, str] = {}
+    source_nodes = []
+    for index, slice in sorted(first_consumer.items()):
+        value = np.asarray(values[index])
+        label = f"argument-{index}" if index < offset else f"constant-{index - offset}"
+        node_name = _unique(label, names)
+        names.add(node_name)
+        constant = CompiledFunction(lambda v=value: v, slice, name=node_name)
+        key = _unique(node_name, set(functions))
+        functions[key] = (slice, constant.specialize())
+        source_nodes.append(Node(node_name, key, slice.name, (), 1))
+        sources[index] = node_name
+
+    def rewire(ref: Ref) -> Ref:
+        if ref.source is Source.NODE:
+            return ref
+        index = ref.index + (offset if ref.source is Source.CONSTANT else 0)
+        return Ref(Source.NODE, 0, sources[index])
+
+    flow = Dataflow(
+        nodes=source_nodes
+        + [
+            Node(n.name, n.function, n.slice, tuple(rewire(r) for r in n.inputs), n.outputs)
+            for n in trace.flow.nodes
+        ],
+        outputs=trace.flow.outputs,
+    )
+    flow.validate()
+    return flow
+
+
+def _program_slice(item: Slice) -> ProgramSlice:
+    if len(item.shape) == 1:
+        return ProgramSlice(name=item.name, devices=item.size)
+    return ProgramSlice(name=item.name, shape=format_shape(item.shape))
+
+
+def _aval(value: Any) -> jax.ShapeDtypeStruct:
+    if isinstance(value, ArrayFuture | Traced):
+        return value.aval
+    array = np.asarray(value)
+    return jax.ShapeDtypeStruct(array.shape, jax.dtypes.canonicalize_dtype(array.dtype))
+
+
+def _label(name: str) -> str:
+    """A DNS label (what resource names of nodes and functions must be)."""
+    label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:55]
+    return label or "node"
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    if name not in taken:
+        return name
+    counter = 2
+    while f"{name}-{counter}" in taken:
+        counter += 1
+    return f"{name}-{counter}"

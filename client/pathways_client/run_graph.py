@@ -1,0 +1,175 @@
+"""``python -m pathways_client.run_graph --spec FILE``: run a graph PathwaysProgram.
+
+This is what a graph program's pod runs: it reads the program (the whole resource or its
+spec, JSON or YAML), connects with the settings the operator injects (or ``PATHWAYS_ISLANDS``),
+loads and checks every function artifact, and runs the graph ``spec.steps`` times, each step
+dispatched all at once. It prints one JSON line per completed step and a final summary, and
+exits 1 with the reason on stderr when anything fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from pydantic import ValidationError
+
+from pathways_client.cluster import Cluster, connect
+from pathways_client.errors import PathwaysError
+from pathways_client.futures import Specialized
+from pathways_client.programs import dispatch
+from pathways_client.slices import Slice
+from pathways_core.dataflow import Dataflow
+from pathways_core.resources import PathwaysProgram
+from pathways_core.resources.program import (
+    FunctionArtifact,
+    PathwaysProgramSpec,
+    ProgramSlice,
+)
+from pathways_core.topology import parse_shape
+
+ARTIFACTS_DIR = "/etc/pathways/artifacts"
+
+
+def load_spec(path: Path) -> PathwaysProgramSpec:
+    """A program's spec from a file holding the resource or the spec alone."""
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise PathwaysError(f"cannot read the program {path}: {error}") from None
+    if not isinstance(document, dict):
+        raise PathwaysError(f"{path}: expected a PathwaysProgram or its spec, as a mapping")
+    try:
+        if document.get("kind") == "PathwaysProgram":
+            spec = PathwaysProgram.model_validate(document).spec
+        else:
+            spec = PathwaysProgramSpec.model_validate(document)
+    except ValidationError as error:
+        raise PathwaysError(f"{path}: not a valid program: {error}") from None
+    if spec.graph is None:
+        raise PathwaysError(f"{path}: the program has a driver, not a graph")
+    return spec
+
+
+def load_artifact(function: FunctionArtifact, artifacts_dir: Path) -> bytes:
+    """The serialized artifact of ``function``, checked against its sha256."""
+    if function.inline is not None:
+        artifact = base64.b64decode(function.inline)
+    elif function.uri is not None and function.uri.startswith("file://"):
+        artifact = _read(function.name, Path(function.uri.removeprefix("file://")))
+    elif function.config_map_key_ref is not None:
+        ref = function.config_map_key_ref
+        artifact = _read(function.name, artifacts_dir / ref.name / ref.key)
+    else:
+        raise PathwaysError(
+            f"function {function.name!r}: fetching {function.uri} is not supported here; "
+            "use inline, file:// or configMapKeyRef artifacts"
+        )
+    if function.sha256 is not None and hashlib.sha256(artifact).hexdigest() != function.sha256:
+        raise PathwaysError(f"function {function.name!r}: the artifact does not match its sha256")
+    return artifact
+
+
+def _read(name: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise PathwaysError(f"function {name!r}: cannot read its artifact: {error}") from None
+
+
+def bind(cluster: Cluster, item: ProgramSlice) -> Slice:
+    """The slice for one of the program's slices: bound for the pod, or requested here."""
+    if item.devices is None and item.shape is None:
+        return cluster.slice(item.name)
+    try:
+        return cluster.slice(item.name)
+    except PathwaysError:
+        shape = parse_shape(item.shape) if item.shape is not None else None
+        return cluster.slice(item.name, devices=item.devices, shape=shape, island=item.island)
+
+
+def run(
+    spec: PathwaysProgramSpec,
+    cluster: Cluster,
+    artifacts_dir: Path = Path(ARTIFACTS_DIR),
+    on_step: Callable[[int], None] = lambda step: None,
+) -> list[np.ndarray]:
+    """Run the graph ``spec.steps`` times; return the last step's outputs on the host."""
+    assert spec.graph is not None
+    functions: dict[str, Specialized] = {}
+    for artifact in spec.graph.functions:
+        try:
+            functions[artifact.name] = Specialized.from_artifact(
+                artifact.name, load_artifact(artifact, artifacts_dir)
+            )
+        except PathwaysError:
+            raise
+        except Exception as error:
+            raise PathwaysError(
+                f"function {artifact.name!r}: not a jax.export artifact: {error}"
+            ) from None
+    flow = Dataflow.from_graph(
+        spec.graph, {name: len(f.out_avals) for name, f in functions.items()}
+    )
+    slices = {item.name: bind(cluster, item) for item in spec.slices}
+    placed = {node.function: (slices[node.slice], functions[node.function]) for node in flow.nodes}
+    results: list[np.ndarray] = []
+    for step in range(spec.steps):
+        outputs = dispatch(flow, placed)
+        for output in outputs:
+            output.wait()
+        if step == spec.steps - 1:
+            results = [output.result() for output in outputs]
+        on_step(step + 1)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pathways_client.run_graph", description=__doc__)
+    parser.add_argument("--spec", type=Path, required=True, help="the program, JSON or YAML")
+    parser.add_argument("--results", type=Path, help="write the outputs to this .npz file")
+    parser.add_argument(
+        "--artifacts-dir",
+        type=Path,
+        default=Path(os.environ.get("PATHWAYS_ARTIFACTS_DIR", ARTIFACTS_DIR)),
+        help="where configMapKeyRef artifacts are mounted (<configmap>/<key>)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        spec = load_spec(args.spec)
+        with connect() as cluster:
+            results = run(
+                spec,
+                cluster,
+                args.artifacts_dir,
+                on_step=lambda step: _say(event="step", completedSteps=step, steps=spec.steps),
+            )
+    except PathwaysError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if args.results:
+        np.savez(args.results, *results)
+    _say(
+        event="succeeded",
+        outputs=[
+            {"shape": list(r.shape), "dtype": r.dtype.name, "sum": float(r.sum())} for r in results
+        ],
+    )
+    return 0
+
+
+def _say(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
