@@ -1,0 +1,241 @@
+"""Generate the Helm chart's ``values.schema.json``.
+
+The chart's own settings are written out below; the schema of an island's ``spec`` is derived
+from the Island CRD (itself generated from the pathways_core model), made strict (unknown fields
+rejected) so that a typo in values fails ``helm install`` with the path of the value at fault
+instead of being pruned silently by the API server.
+
+Usage: ``python scripts/values_schema.py`` writes the file; ``--check`` exits 1 when the committed
+file differs from what would be written (a test runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pathways_core.crds import all_crds
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_PATH = ROOT / "charts" / "pathways" / "values.schema.json"
+
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+QUANTITY = {
+    "type": ["string", "integer", "number"],
+    "description": "A Kubernetes quantity such as 2, 500m or 16Gi.",
+}
+
+
+def strict(node: Any) -> Any:
+    """A JSON Schema equivalent of a structural CRD schema that rejects unknown fields.
+
+    Kubernetes extensions are dropped (JSON Schema validators ignore them anyway, and
+    int-or-string has no JSON Schema meaning), objects with fixed properties forbid others.
+    """
+    if isinstance(node, list):
+        return [strict(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("x-kubernetes-int-or-string"):
+        return dict(QUANTITY)
+    result = {key: strict(value) for key, value in node.items() if not key.startswith("x-")}
+    if "properties" in result and "additionalProperties" not in result:
+        result["additionalProperties"] = False
+    return result
+
+
+def island_spec_schema() -> dict[str, Any]:
+    """The strict schema of Island.spec, from the generated CRD."""
+    crd = all_crds()["islands.pathways.dev.yaml"]
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return strict(copy.deepcopy(spec))
+
+
+def obj(properties: dict[str, Any], description: str = "", **extra: Any) -> dict[str, Any]:
+    """A closed object schema: only the listed properties are allowed."""
+    schema: dict[str, Any] = {"type": "object", "additionalProperties": False}
+    if description:
+        schema["description"] = description
+    schema["properties"] = properties
+    schema.update(extra)
+    return schema
+
+
+def string(description: str = "", **extra: Any) -> dict[str, Any]:
+    return {"type": "string", **({"description": description} if description else {}), **extra}
+
+
+def integer(description: str = "", **extra: Any) -> dict[str, Any]:
+    return {"type": "integer", **({"description": description} if description else {}), **extra}
+
+
+OPEN_OBJECT = {"type": "object"}
+STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+LIST = {"type": "array"}
+PORT = integer("A TCP port.", minimum=1, maximum=65535)
+
+
+def service_account() -> dict[str, Any]:
+    return obj(
+        {
+            "create": {"type": "boolean", "description": "Create the ServiceAccount."},
+            "name": string("Its name; defaults to <fullname>-<component>."),
+            "annotations": STRING_MAP,
+        }
+    )
+
+
+def disruption_budget() -> dict[str, Any]:
+    return obj(
+        {
+            "enabled": {"type": "boolean"},
+            "maxUnavailable": {
+                "type": ["integer", "string"],
+                "description": "Pods that may be down at once during voluntary disruptions.",
+            },
+        }
+    )
+
+
+def pod_settings() -> dict[str, Any]:
+    """Settings shared by the operator and API Deployments."""
+    return {
+        "replicas": integer("Number of pods.", minimum=0, maximum=100),
+        "extraArgs": {"type": "array", "items": {"type": "string"}},
+        "env": LIST,
+        "resources": OPEN_OBJECT,
+        "nodeSelector": STRING_MAP,
+        "tolerations": LIST,
+        "affinity": OPEN_OBJECT,
+        "podAnnotations": STRING_MAP,
+        "podLabels": STRING_MAP,
+        "priorityClassName": string(),
+        "serviceAccount": service_account(),
+        "podDisruptionBudget": disruption_budget(),
+    }
+
+
+def values_schema() -> dict[str, Any]:
+    """The whole values schema."""
+    spec = island_spec_schema()
+    defaults = {key: value for key, value in spec.items() if key != "required"}
+    defaults["description"] = "Deep-merged under the spec of every island."
+    island = obj(
+        {
+            "name": string(
+                "Name of the Island resource.", pattern=DNS_SUBDOMAIN, minLength=1, maxLength=253
+            ),
+            "labels": STRING_MAP,
+            "annotations": STRING_MAP,
+            "spec": {"$ref": "#/definitions/islandSpec"},
+        },
+        "An island of accelerators, created as an Island resource.",
+        required=["name", "spec"],
+    )
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "Values of the pathways chart",
+        "description": "Generated by scripts/values_schema.py from the Island model. Do not edit.",
+        **obj(
+            {
+                # Helm passes a `global` map to every chart (shared with subcharts).
+                "global": OPEN_OBJECT,
+                "nameOverride": string(),
+                "fullnameOverride": string(),
+                "image": obj(
+                    {
+                        "repository": string("Image repository.", minLength=1),
+                        "tag": string("Image tag; defaults to the chart's appVersion."),
+                        "pullPolicy": string(enum=["Always", "IfNotPresent", "Never"]),
+                    },
+                    "The one image of every component.",
+                    required=["repository"],
+                ),
+                "imagePullSecrets": LIST,
+                "podSecurityContext": OPEN_OBJECT,
+                "containerSecurityContext": OPEN_OBJECT,
+                "operator": obj(
+                    {
+                        **pod_settings(),
+                        "peering": obj(
+                            {"name": string("ClusterKopfPeering name.", pattern=DNS_SUBDOMAIN)},
+                            required=["name"],
+                        ),
+                        "healthPort": PORT,
+                        "childImage": string("Image of the pods the operator creates."),
+                    },
+                    "The operator (global resource manager).",
+                ),
+                "api": obj(
+                    {
+                        **pod_settings(),
+                        "enabled": {"type": "boolean"},
+                        "mode": string(enum=["kubernetes", "embedded"]),
+                        "port": PORT,
+                        "service": obj(
+                            {
+                                "type": string(enum=["ClusterIP", "NodePort", "LoadBalancer"]),
+                                "port": PORT,
+                                "annotations": STRING_MAP,
+                            }
+                        ),
+                        "ingress": obj(
+                            {
+                                "enabled": {"type": "boolean"},
+                                "className": string(),
+                                "annotations": STRING_MAP,
+                                "hosts": LIST,
+                                "tls": LIST,
+                            }
+                        ),
+                    },
+                    "The multi-tenant REST API.",
+                ),
+                "serviceMonitor": obj(
+                    {
+                        "enabled": {"type": "boolean"},
+                        "interval": string(),
+                        "scrapeTimeout": string(),
+                        "labels": STRING_MAP,
+                    }
+                ),
+                "islandDefaults": {"$ref": "#/definitions/islandDefaults"},
+                "islands": {
+                    "type": "array",
+                    "description": "Islands created as Island resources.",
+                    "items": island,
+                },
+            }
+        ),
+        "definitions": {"islandSpec": spec, "islandDefaults": defaults},
+    }
+
+
+def render() -> str:
+    """The file's text."""
+    return json.dumps(values_schema(), indent=2) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the schema, or with ``--check`` report whether the committed one is current."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    parser.add_argument("--out", type=Path, default=SCHEMA_PATH)
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = args.out.read_text() if args.out.exists() else ""
+        if current != text:
+            print(f"{args.out}: stale; run python scripts/values_schema.py", file=sys.stderr)
+            return 1
+        return 0
+    args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

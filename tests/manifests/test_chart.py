@@ -1,0 +1,448 @@
+"""The Helm chart: lint, render, Kubernetes schemas, RBAC, security, islands, bad values."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from chart_helpers import CHART, ROOT, VALUES_FILES, values_args
+
+from pathways_core.accelerators import accelerator_info
+from pathways_core.crds import all_crds
+from pathways_core.manifests import check_document
+from pathways_core.resources.island import Island
+
+# The current Kubernetes release, and the oldest one the chart supports (Chart.yaml kubeVersion).
+KUBERNETES_VERSIONS = ["1.37", "1.30"]
+# Kinds kubernetes-validate has no schema for, and what checks them instead.
+CUSTOM_KINDS = {"Island", "ClusterKopfPeering", "ServiceMonitor"}
+# Everything optional switched on, so that every template is rendered and validated.
+ALL_ON = ("api.ingress.enabled=true", "serviceMonitor.enabled=true", "operator.replicas=3")
+RENDERS = [(name, ()) for name in VALUES_FILES] + [("values-kind.yaml", ALL_ON)]
+RENDER_IDS = [*VALUES_FILES, "all-features"]
+
+
+def pathways_crd_schemas() -> dict[str, dict[str, Any]]:
+    return {
+        crd["spec"]["names"]["kind"]: crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for crd in all_crds().values()
+    }
+
+
+def chart_crd_schema(kind: str) -> dict[str, Any]:
+    """The schema of a CRD the chart ships in crds/, by kind."""
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if crd and crd["spec"]["names"]["kind"] == kind:
+                return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    raise KeyError(kind)
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_lint_strict(helm, values_file: str) -> None:
+    run = helm("lint", "--strict", str(CHART), *values_args(values_file))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "0 chart(s) failed" in run.stdout
+
+
+@pytest.mark.parametrize(("values_file", "sets"), RENDERS, ids=RENDER_IDS)
+def test_rendered_objects_pass_kubernetes_validate_strict(rendered, values_file, sets) -> None:
+    run = rendered(values_file, *sets)
+    kinds = {doc["kind"] for doc in run.documents}
+    assert {"Deployment", "ClusterRole", "CustomResourceDefinition", "ClusterKopfPeering"} <= kinds
+    checked = 0
+    for doc in run.documents:
+        if doc["kind"] in CUSTOM_KINDS:
+            continue
+        for version in KUBERNETES_VERSIONS:
+            # Raises kubernetes_validate.ValidationError naming the path at fault.
+            kubernetes_validate.validate(doc, version, strict=True)
+        checked += 1
+    assert checked >= 12
+
+
+def test_kubernetes_validate_rejects_a_bad_object(rendered) -> None:
+    """The validation above can fail: a misspelt field in a rendered Deployment is caught."""
+    deployment = rendered("values.yaml").one("Deployment", "-operator")
+    broken = yaml.safe_load(yaml.safe_dump(deployment))
+    broken["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize(("values_file", "sets"), RENDERS, ids=RENDER_IDS)
+def test_custom_resources_match_their_crds(rendered, values_file, sets) -> None:
+    """What kubernetes-validate cannot know is checked against the CRDs the chart ships: islands
+    against the Island schema and model, the peering object against kopf's CRD. The
+    ServiceMonitor (Prometheus Operator's CRD, not shipped) is checked for shape only."""
+    run = rendered(values_file, *sets)
+    schemas = pathways_crd_schemas()
+    for island in run.of_kind("Island"):
+        jsonschema.validate(island, schemas["Island"])
+        checked = check_document(island)
+        assert not checked.problems, checked.problems
+    for peering in run.of_kind("ClusterKopfPeering"):
+        assert peering["apiVersion"] == "kopf.dev/v1"
+        jsonschema.validate(peering, chart_crd_schema("ClusterKopfPeering"))
+    for monitor in run.of_kind("ServiceMonitor"):
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        ports = {endpoint["port"] for endpoint in monitor["spec"]["endpoints"]}
+        service_ports = {
+            port["name"] for service in run.of_kind("Service") for port in service["spec"]["ports"]
+        }
+        assert ports <= service_ports
+
+
+def test_chart_crds_equal_the_generated_crds() -> None:
+    generated = {path.name: path.read_bytes() for path in (ROOT / "crds").glob("*.yaml")}
+    in_chart = {path.name: path.read_bytes() for path in (CHART / "crds").glob("*.yaml")}
+    assert len(generated) == 3
+    assert {name: in_chart.get(name) for name in generated} == generated
+    # The one extra file is kopf's peering CRDs, written by hand.
+    assert set(in_chart) - set(generated) == {"kopf.dev-peerings.yaml"}
+    peering = yaml.safe_load_all((CHART / "crds/kopf.dev-peerings.yaml").read_text())
+    kinds = {crd["spec"]["names"]["kind"] for crd in peering}
+    assert kinds == {"ClusterKopfPeering", "KopfPeering"}
+
+
+def test_values_schema_is_generated_from_the_island_model() -> None:
+    script = ROOT / "scripts" / "values_schema.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+# --- the GKE TPU islands -------------------------------------------------------------------
+
+
+def test_gke_tpu_islands_carry_selectors_tolerations_and_tpu_requests(rendered) -> None:
+    islands = {i["metadata"]["name"]: i for i in rendered("values-gke-tpu.yaml").of_kind("Island")}
+    assert set(islands) == {"v5e-2x4", "v5p-2x2x2"}
+    expected = {"v5e-2x4": ("tpu-v5e", "2x4", 1, 8), "v5p-2x2x2": ("tpu-v5p", "2x2x2", 2, 4)}
+    for name, (kind, topology, hosts, chips) in expected.items():
+        island = Island.model_validate(islands[name])
+        spec = island.spec
+        assert (spec.accelerator_kind, spec.topology, spec.hosts) == (kind, topology, hosts)
+        assert spec.host_devices == chips
+        label_key, label_value = accelerator_info(kind).node_label  # type: ignore[misc]
+        selector = spec.placement.node_selector
+        assert selector[label_key] == label_value
+        assert selector["cloud.google.com/gke-tpu-topology"] == topology
+        # A multi-host slice is one node pool: both executor pods must land in it.
+        assert selector["cloud.google.com/gke-nodepool"] == f"pathways-{name}"
+        assert any(
+            t.key == "google.com/tpu" and t.operator == "Exists" and t.effect == "NoSchedule"
+            for t in spec.placement.tolerations
+        )
+        resources = spec.placement.resources
+        assert resources is not None
+        # Extended resources need requests equal to limits: every chip of the host.
+        assert resources.requests["google.com/tpu"] == str(chips)
+        assert resources.limits["google.com/tpu"] == str(chips)
+        assert spec.image.endswith("-tpu")
+
+
+def test_kind_islands_match_the_kind_cluster_workers(rendered) -> None:
+    config = yaml.safe_load((ROOT / "kind-config.yaml").read_text())
+    worker_labels = [node.get("labels", {}) for node in config["nodes"] if node["role"] == "worker"]
+    islands = rendered("values-kind.yaml").of_kind("Island")
+    assert len(islands) == 2
+    for island in islands:
+        spec = Island.model_validate(island).spec
+        assert spec.accelerator_kind == "cpu-fake"
+        selector = spec.placement.node_selector
+        matching = [labels for labels in worker_labels if selector.items() <= labels.items()]
+        assert len(matching) == 1, (island["metadata"]["name"], selector, worker_labels)
+        assert spec.image == "ghcr.io/pathways-k8s/pathways:dev"
+
+
+def test_island_defaults_merge_under_each_island(rendered) -> None:
+    run = rendered("values-kind.yaml", "islandDefaults.scheduler.policy=fifo")
+    for island in run.of_kind("Island"):
+        assert island["spec"]["scheduler"]["policy"] == "fifo"
+        assert island["spec"]["placement"]["resources"]["requests"]["cpu"] == "250m"
+        assert island["spec"]["placement"]["nodeSelector"]  # the island's own value kept
+    no_islands = rendered("values.yaml")
+    assert no_islands.of_kind("Island") == []
+
+
+# --- workloads, security, RBAC -------------------------------------------------------------
+
+
+def containers(run) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    return [
+        (deployment["metadata"]["name"], deployment["spec"]["template"]["spec"], container)
+        for deployment in run.of_kind("Deployment")
+        for container in deployment["spec"]["template"]["spec"]["containers"]
+    ]
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_pods_are_locked_down(rendered, values_file: str) -> None:
+    run = rendered(values_file)
+    found = containers(run)
+    assert {name for name, _, _ in found} == {"pw-pathways-operator", "pw-pathways-api"}
+    for name, pod, container in found:
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["runAsUser"] != 0, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True, name
+        assert security["allowPrivilegeEscalation"] is False, name
+        assert security["capabilities"]["drop"] == ["ALL"], name
+        # The read-only root needs writable scratch space at the paths the image uses.
+        mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+        assert {"/tmp", "/var/cache/pathways"} <= mounts, name
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", name
+        assert container["readinessProbe"]["httpGet"]["path"] in ("/healthz", "/readyz"), name
+        assert container["resources"]["requests"], name
+
+
+def test_entrypoints_follow_the_contracts(rendered) -> None:
+    run = rendered("values-gke-tpu.yaml")
+    operator = run.one("Deployment", "-operator")
+    assert operator["spec"]["replicas"] == 2
+    container = operator["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == [
+        "kopf",
+        "run",
+        "-m",
+        "pathways_operator",
+        "--all-namespaces",
+        "--peering=pathways",
+        "--liveness=http://0.0.0.0:8080/healthz",
+    ]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["PATHWAYS_IMAGE"]["value"] == "ghcr.io/pathways-k8s/pathways:0.1.0"
+    assert env["PATHWAYS_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert {port["containerPort"] for port in container["ports"]} == {8080, 9090}
+    assert run.one("ClusterKopfPeering")["metadata"]["name"] == "pathways"
+
+    api = run.one("Deployment", "-api")["spec"]["template"]["spec"]["containers"][0]
+    assert api["args"] == ["python", "-m", "pathways_api", "--host", "0.0.0.0", "--port", "8080"]
+    assert {item["name"]: item.get("value") for item in api["env"]}["PATHWAYS_API_MODE"] == (
+        "kubernetes"
+    )
+    assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_services_reach_the_pods(rendered) -> None:
+    run = rendered("values-kind.yaml", *ALL_ON)
+    deployments = run.of_kind("Deployment")
+    for service in run.of_kind("Service"):
+        selector = service["spec"]["selector"]
+        targets = [
+            d
+            for d in deployments
+            if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert len(targets) == 1, service["metadata"]["name"]
+        port_names = {
+            p["name"]
+            for c in targets[0]["spec"]["template"]["spec"]["containers"]
+            for p in c["ports"]
+        }
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+    for budget in run.of_kind("PodDisruptionBudget"):
+        assert budget["spec"]["maxUnavailable"] == 1  # never blocks a drain with one replica
+    ingress = run.one("Ingress")
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": "pw-pathways-api", "port": {"name": "http"}}
+
+
+def rules_of(run, suffix: str) -> set[tuple[str, str, str]]:
+    role = run.one("ClusterRole", suffix)
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def expand(group: str, resources: str, verbs: str) -> set[tuple[str, str, str]]:
+    return {(group, r, v) for r in resources.split() for v in verbs.split()}
+
+
+READ = "get list watch"
+WRITE = "get list watch create patch update delete"
+PW = "pathways.dev"
+STATUS = "islands/status virtualslices/status pathwaysprograms/status"
+FINALIZERS = "islands/finalizers virtualslices/finalizers pathwaysprograms/finalizers"
+OPERATOR_RULES = (
+    expand(PW, "islands", "get list watch patch update")
+    | expand(PW, "virtualslices", WRITE)
+    | expand(PW, "pathwaysprograms", "get list watch patch update")
+    | expand(PW, STATUS, "get patch update")
+    | expand(PW, FINALIZERS, "update")
+    | expand("apps", "deployments statefulsets", WRITE)
+    | expand("", "services configmaps", WRITE)
+    | expand("batch", "jobs", WRITE)
+    | expand("", "pods", READ)
+    | expand("", "events", "create patch")
+    | expand("events.k8s.io", "events", "create patch")
+    | expand("kopf.dev", "clusterkopfpeerings", "get list watch patch")
+    | expand("", "namespaces", "list watch")
+    | expand("apiextensions.k8s.io", "customresourcedefinitions", "list watch")
+)
+API_RULES = (
+    expand(PW, "islands", READ)
+    | expand(PW, "virtualslices pathwaysprograms", WRITE)
+    | expand(PW, STATUS, "get")
+    | expand("authentication.k8s.io", "tokenreviews", "create")
+    | expand("authorization.k8s.io", "subjectaccessreviews", "create")
+)
+
+
+def test_rbac_is_least_privilege_and_written_out(rendered) -> None:
+    run = rendered("values-gke-tpu.yaml")
+    assert rules_of(run, "-operator") == OPERATOR_RULES
+    assert rules_of(run, "-api") == API_RULES
+    for role in run.of_kind("ClusterRole") + run.of_kind("Role"):
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], (role["metadata"]["name"], rule)
+            # Pods are never written, secrets never touched.
+            assert "secrets" not in rule["resources"]
+    subjects = {
+        binding["roleRef"]["name"]: binding["subjects"][0]
+        for binding in run.of_kind("ClusterRoleBinding")
+    }
+    accounts = {account["metadata"]["name"] for account in run.of_kind("ServiceAccount")}
+    for role in ("pw-pathways-operator", "pw-pathways-api"):
+        assert subjects[role]["name"] in accounts
+        assert subjects[role]["namespace"] == "pathways-system"
+
+
+def test_optional_parts_are_off_by_default(rendered) -> None:
+    run = rendered("values.yaml")
+    assert not run.of_kind("Ingress") and not run.of_kind("ServiceMonitor")
+    without_api = rendered("values.yaml", "api.enabled=false")
+    assert [d["metadata"]["name"] for d in without_api.of_kind("Deployment")] == [
+        "pw-pathways-operator"
+    ]
+    assert len(without_api.of_kind("ClusterRole")) == 1
+
+
+def test_notes_render(helm) -> None:
+    run = helm(
+        "install",
+        "pw",
+        str(CHART),
+        "--dry-run=client",
+        "-n",
+        "pathways-system",
+        *values_args("values-gke-tpu.yaml"),
+    )
+    assert run.returncode == 0, run.stderr
+    notes = run.stdout.split("NOTES:", 1)[1]
+    assert "v5p-2x2x2: tpu-v5p 2x2x2, 2 host(s)" in notes
+    assert "kubectl delete islands -l app.kubernetes.io/instance=pw" in notes
+
+
+# --- bad values ------------------------------------------------------------------------------
+
+ISLAND = (
+    "islands[0].name=bad",
+    "islands[0].spec.acceleratorKind=cpu-fake",
+    "islands[0].spec.topology=2x4",
+)
+BAD_VALUES = [
+    pytest.param(
+        (*ISLAND, "islands[0].spec.hosts=0"),
+        ["/islands/0/spec/hosts", "minimum: got 0, want 1"],
+        id="zero-hosts",
+    ),
+    pytest.param(
+        (
+            "islands[0].name=bad",
+            "islands[0].spec.acceleratorKind=tpu-v9",
+            "islands[0].spec.topology=2x4",
+        ),
+        ["/islands/0/spec/acceleratorKind", "value must be one of", "'tpu-v5e'"],
+        id="unknown-accelerator",
+    ),
+    pytest.param(
+        (*ISLAND, "islands[0].spec.hostz=2"),
+        ["/islands/0/spec", "additional properties 'hostz' not allowed"],
+        id="misspelt-field",
+    ),
+    pytest.param(
+        (*ISLAND, "islands[0].spec.topology=4by4"),
+        ["/islands/0/spec/topology", "does not match pattern"],
+        id="bad-topology",
+    ),
+    pytest.param(
+        (
+            "islands[0].name=Bad_Name",
+            "islands[0].spec.acceleratorKind=cpu-fake",
+            "islands[0].spec.topology=2x4",
+        ),
+        ["/islands/0/name", "does not match pattern"],
+        id="bad-name",
+    ),
+    pytest.param(
+        ("operator.replicas=-1",), ["/operator/replicas", "minimum: got -1, want 0"], id="replicas"
+    ),
+    pytest.param(("api.mode=sqlite",), ["/api/mode", "value must be one of"], id="api-mode"),
+    # What a JSON Schema cannot say, the island template checks, with the model's wording.
+    pytest.param(
+        (*ISLAND, "islands[0].spec.hosts=2", "islands[0].spec.devicesPerHost=3"),
+        [
+            'islands[0] (bad).spec.devicesPerHost: topology "2x4" has 8 devices but hosts x '
+            "devicesPerHost is 2 x 3 = 6"
+        ],
+        id="devices-mismatch",
+    ),
+    pytest.param(
+        (*ISLAND, "islands[0].spec.hosts=3"),
+        [
+            'islands[0] (bad).spec.hosts: topology "2x4" has 8 devices, which 3 hosts cannot '
+            "share evenly"
+        ],
+        id="uneven-hosts",
+    ),
+    pytest.param(
+        (
+            *ISLAND,
+            "islands[1].name=bad",
+            "islands[1].spec.acceleratorKind=cpu-fake",
+            "islands[1].spec.topology=4x2",
+        ),
+        ['islands[1] (bad).name: another island is already named "bad"'],
+        id="duplicate-name",
+    ),
+]
+
+
+@pytest.mark.parametrize(("sets", "messages"), BAD_VALUES)
+def test_bad_values_are_rejected_with_a_clear_message(helm, sets, messages) -> None:
+    run = helm("template", "pw", str(CHART), *values_args("values.yaml", sets))
+    assert run.returncode != 0, run.stdout
+    for message in messages:
+        assert message in run.stderr, run.stderr
+
+
+def test_schema_rejects_bad_values_in_lint_too(helm) -> None:
+    run = helm(
+        "lint",
+        "--strict",
+        str(CHART),
+        *values_args(
+            "values.yaml",
+            (
+                "islands[0].name=x",
+                "islands[0].spec.acceleratorKind=tpu-v9",
+                "islands[0].spec.topology=2x4",
+            ),
+        ),
+    )
+    assert run.returncode != 0
+    assert "/islands/0/spec/acceleratorKind" in run.stdout + run.stderr
