@@ -166,6 +166,7 @@ def values_schema() -> dict[str, Any]:
                             required=["name"],
                         ),
                         "healthPort": PORT,
+                        "metricsPort": PORT,
                         "childImage": string("Image of the pods the operator creates."),
                     },
                     "The operator (global resource manager).",

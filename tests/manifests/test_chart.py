@@ -276,15 +276,17 @@ WRITE = "get list watch create patch update delete"
 PW = "pathways.dev"
 STATUS = "islands/status virtualslices/status pathwaysprograms/status"
 FINALIZERS = "islands/finalizers virtualslices/finalizers pathwaysprograms/finalizers"
+# As operator/pathways_operator/__init__.py lists the calls the operator makes, plus reading
+# pods and the finalizers subresource (for owner references with blockOwnerDeletion).
 OPERATOR_RULES = (
-    expand(PW, "islands", "get list watch patch update")
-    | expand(PW, "virtualslices", WRITE)
-    | expand(PW, "pathwaysprograms", "get list watch patch update")
-    | expand(PW, STATUS, "get patch update")
+    expand(PW, "islands", "get list watch patch")
+    | expand(PW, "virtualslices", "get list watch create patch delete")
+    | expand(PW, "pathwaysprograms", "get list watch patch")
+    | expand(PW, STATUS, "get patch")
     | expand(PW, FINALIZERS, "update")
-    | expand("apps", "deployments statefulsets", WRITE)
-    | expand("", "services configmaps", WRITE)
-    | expand("batch", "jobs", WRITE)
+    | expand("apps", "deployments statefulsets", "get list watch create patch delete")
+    | expand("", "services configmaps", "get create patch delete")
+    | expand("batch", "jobs", "get list watch create delete")
     | expand("", "pods", READ)
     | expand("", "events", "create patch")
     | expand("events.k8s.io", "events", "create patch")
