@@ -175,7 +175,6 @@ def values_schema() -> dict[str, Any]:
                     {
                         **pod_settings(),
                         "enabled": {"type": "boolean"},
-                        "mode": string(enum=["kubernetes", "embedded"]),
                         "port": PORT,
                         "service": obj(
                             {

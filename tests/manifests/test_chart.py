@@ -393,7 +393,9 @@ BAD_VALUES = [
     pytest.param(
         ("operator.replicas=-1",), ["/operator/replicas", "minimum: got -1, want 0"], id="replicas"
     ),
-    pytest.param(("api.mode=sqlite",), ["/api/mode", "value must be one of"], id="api-mode"),
+    pytest.param(
+        ("api.service.type=Ingress",), ["/api/service/type", "value must be one of"], id="svc-type"
+    ),
     # What a JSON Schema cannot say, the island template checks, with the model's wording.
     pytest.param(
         (*ISLAND, "islands[0].spec.hosts=2", "islands[0].spec.devicesPerHost=3"),
