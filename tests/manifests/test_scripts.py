@@ -9,7 +9,7 @@ import sys
 import jsonschema
 import pytest
 import yaml
-from chart_helpers import ROOT, TOOLS_BIN, helm_path
+from chart_helpers import ROOT, TOOLS_BIN, helm_path, render
 
 from pathways_core.crds import all_crds
 from pathways_core.manifests import check_document
@@ -53,6 +53,18 @@ def test_demo_program_is_valid() -> None:
         assert item["acceleratorKind"] == "cpu-fake"
     source = programs[0]["spec"]["driver"]["source"]
     compile(source, "demo-program.yaml:driver.source", "exec")
+
+
+def test_demo_program_binds_on_the_kind_islands(pathways, tmp_path) -> None:
+    """The allocator binds the demo's slices on the islands values-kind.yaml declares."""
+    islands = render("values-kind.yaml").of_kind("Island")
+    (tmp_path / "islands.yaml").write_text(yaml.safe_dump_all(islands))
+    shutil.copy(ROOT / "scripts/kind/demo-program.yaml", tmp_path / "demo.yaml")
+    result = pathways("place", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "2 of 2 slices bound on 2 islands" in result.output
+    rows = [line for line in result.output.splitlines() if "pathways-demo/demo-" in line]
+    assert len(rows) == 2 and "fake-a" in rows[0] and "fake-b" in rows[1], rows
 
 
 def test_fetch_tools_is_idempotent() -> None:
