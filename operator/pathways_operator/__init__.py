@@ -1,4 +1,27 @@
 """Pathways operator: the global resource manager, as kopf handlers.
 
-Run it with ``kopf run -m pathways_operator`` (never by file path).
+Run it with ``kopf run -m pathways_operator --all-namespaces`` (never by file path); see the
+README's operator section for peering (high availability), settings and metrics.
+
+API calls the operator makes (its RBAC, as verbs per resource):
+
+- ``pathways.dev`` ``islands``: get, list, watch, patch; ``islands/status``: get, patch
+- ``pathways.dev`` ``virtualslices``: get, list, watch, create, patch, delete;
+  ``virtualslices/status``: get, patch
+- ``pathways.dev`` ``pathwaysprograms``: get, list, watch, patch;
+  ``pathwaysprograms/status``: get, patch
+- ``apps`` ``deployments``, ``statefulsets``: get, list, watch, create, patch, delete
+- ``""`` (core) ``services``, ``configmaps``: get, create, patch, delete
+- ``batch`` ``jobs``: get, list, watch, create, delete
+- ``""`` (core) ``events``: create, patch; ``events.k8s.io`` ``events``: create, patch (kopf)
+- ``""`` (core) ``namespaces``: list, watch (kopf, only when run with ``--namespace`` patterns)
+- ``apiextensions.k8s.io`` ``customresourcedefinitions``: list, watch (kopf's discovery)
+- ``kopf.dev`` ``clusterkopfpeerings``: get, list, watch, patch (with ``--peering``; kopf's
+  peering CRDs must be installed)
+
+``patch`` on the watched resources covers kopf's finalizer (``pathways.dev/finalizer``) and its
+progress annotations (``pathways.dev/*``). Everything is cluster-wide: islands are
+cluster-scoped, and slices and programs live in tenants' namespaces.
 """
+
+from pathways_operator import handlers as handlers

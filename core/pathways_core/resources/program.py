@@ -369,6 +369,11 @@ class PathwaysProgramStatus(Model):
     )
     completed_steps: int | None = Field(default=None, ge=0, description="Steps fully completed.")
     restarts: int | None = Field(default=None, ge=0, description="Restarts so far.")
+    runs: int | None = Field(
+        default=None,
+        ge=0,
+        description="Runs started so far; run n is the Job <program>-run-<n>.",
+    )
     start_time: datetime | None = Field(default=None, description="When the program started.")
     completion_time: datetime | None = Field(default=None, description="When it finished.")
     reason: str | None = Field(

@@ -1,0 +1,159 @@
+"""What every reconciliation decision shares: parsed objects, Events, conditions and times.
+
+Resources come in as the JSON documents a store holds (the Kubernetes API server, or the SQLite
+store of the embedded mode): plain dicts with ``metadata``, ``spec`` and ``status``. Decisions
+go out as plain dicts too, so any store can apply them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pathways_core.manifests import check_document
+from pathways_core.resources import Model
+
+Document = dict[str, Any]
+"""A resource as a store holds it: ``apiVersion``, ``kind``, ``metadata``, ``spec``, ``status``."""
+
+API_GROUP_PREFIX = "pathways.dev/"
+LABEL_ISLAND = "pathways.dev/island"
+LABEL_COMPONENT = "pathways.dev/component"
+LABEL_PROGRAM = "pathways.dev/program"
+LABEL_RUN = "pathways.dev/run"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "pathways-operator"
+ANNOTATION_SPEC_HASH = "pathways.dev/spec-hash"
+ANNOTATION_SCHEDULER_ENDPOINT = "pathways.dev/scheduler-endpoint"
+"""On an Island: the island runs elsewhere (outside the cluster, or on a developer's machine);
+the operator creates no pods for it and publishes this ``host:port`` as its scheduler."""
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """Which object an Event is about."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str | None = None
+    uid: str | None = None
+
+    @classmethod
+    def of(cls, document: Document) -> ObjectRef:
+        """The reference of a stored document."""
+        meta = document.get("metadata") or {}
+        return cls(
+            api_version=document.get("apiVersion", ""),
+            kind=document.get("kind", ""),
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace"),
+            uid=meta.get("uid"),
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to record: ``type`` is Normal or Warning, ``reason`` one CamelCase
+    word. Decisions emit Events on transitions only, so a reconcile that runs twice records
+    nothing new."""
+
+    target: ObjectRef
+    type: str
+    reason: str
+    message: str
+
+
+def now_utc() -> datetime:
+    """The current time, for callers (decisions take ``now`` as an argument)."""
+    return datetime.now(UTC)
+
+
+def timestamp(moment: datetime) -> str:
+    """RFC 3339 with a Z, as Kubernetes writes times."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    """A time written by Kubernetes (or by :func:`timestamp`), or ``None``."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def key_of(document: Document) -> str:
+    """``namespace/name`` of a namespaced document, ``name`` of a cluster-scoped one."""
+    meta = document.get("metadata") or {}
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
+
+
+def is_deleting(document: Document) -> bool:
+    """Whether the document is being deleted (waiting for finalizers)."""
+    return bool((document.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def generation(document: Document) -> int | None:
+    return (document.get("metadata") or {}).get("generation")
+
+
+def parse(document: Document) -> tuple[Model | None, str | None]:
+    """The document's spec parsed with its model, or ``None`` and every problem in one line
+    (``spec.devicesPerHost: ...; spec.topology: ...``). Status is not validated: it is ours."""
+    checked = check_document({key: value for key, value in document.items() if key != "status"})
+    if checked.resource is not None:
+        return checked.resource, None
+    return None, "; ".join(str(problem) for problem in checked.problems) or "invalid resource"
+
+
+def set_condition(
+    conditions: list[dict[str, Any]],
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: datetime,
+    observed_generation: int | None = None,
+) -> list[dict[str, Any]]:
+    """A copy of ``conditions`` with one condition set; its transition time changes only when
+    its status does (so re-running a decision changes nothing)."""
+    value = "True" if status else "False"
+    previous = next((c for c in conditions if c.get("type") == type_), None)
+    changed_at = (
+        previous.get("lastTransitionTime")
+        if previous is not None and previous.get("status") == value
+        else None
+    ) or timestamp(now)
+    condition = {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": changed_at,
+    }
+    if observed_generation is not None:
+        condition["observedGeneration"] = observed_generation
+    return [c for c in conditions if c.get("type") != type_] + [condition]
+
+
+def condition(conditions: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:
+    """The condition of a type, if set."""
+    return next((c for c in conditions if c.get("type") == type_), None)
+
+
+def owner_reference(owner: Document) -> dict[str, Any]:
+    """An ownerReference making ``owner`` the controller of a child (garbage-collected with
+    it)."""
+    meta = owner.get("metadata") or {}
+    return {
+        "apiVersion": owner.get("apiVersion"),
+        "kind": owner.get("kind"),
+        "name": meta.get("name"),
+        "uid": meta.get("uid"),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }

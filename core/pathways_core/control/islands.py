@@ -1,0 +1,389 @@
+"""Islands: the pods that run them (one scheduler, one executor per host) and their status.
+
+``island_children`` builds the four children of an Island, owned by it:
+
+- ``<island>-scheduler``: a Deployment and a Service (port 8470) for the gang scheduler;
+- ``<island>-executor``: a StatefulSet (one pod per host, started together) and its headless
+  Service, which gives executor ``i`` the stable name
+  ``<island>-executor-<i>.<island>-executor.<namespace>.svc``; executor 0 is the island's JAX
+  coordinator.
+
+Devices are requested per accelerator kind: TPU (``google.com/tpu``, the GKE TPU node selectors
+and toleration), GPU (``nvidia.com/gpu``) or fake CPU devices (``--fake-devices N``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pathways_core.accelerators import (
+    GKE_TPU_TOPOLOGY_LABEL,
+    AcceleratorFamily,
+    accelerator_info,
+)
+from pathways_core.control.common import (
+    ANNOTATION_SCHEDULER_ENDPOINT,
+    ANNOTATION_SPEC_HASH,
+    LABEL_COMPONENT,
+    LABEL_ISLAND,
+    LABEL_MANAGED_BY,
+    MANAGER,
+    Document,
+    Event,
+    ObjectRef,
+    condition,
+    generation,
+    owner_reference,
+    set_condition,
+)
+from pathways_core.resources import Island
+
+SCHEDULER_PORT = 8470
+EXECUTOR_PORT = 8471
+COORDINATOR_PORT = 8476
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+
+
+def scheduler_name(island: str) -> str:
+    """Name of the scheduler's Deployment and Service."""
+    return f"{island}-scheduler"
+
+
+def executor_name(island: str) -> str:
+    """Name of the executors' StatefulSet and headless Service."""
+    return f"{island}-executor"
+
+
+def executor_host(island: str, namespace: str, index: int) -> str:
+    """Stable DNS name of executor ``index`` (through the headless Service)."""
+    return f"{executor_name(island)}-{index}.{executor_name(island)}.{namespace}.svc"
+
+
+def scheduler_endpoint(island: str, namespace: str) -> str:
+    """``host:port`` of the island's scheduler Service."""
+    return f"{scheduler_name(island)}.{namespace}.svc:{SCHEDULER_PORT}"
+
+
+def with_spec_hash(child: Document) -> Document:
+    """The child with an annotation hashing its content, so a reconcile patches a child only
+    when what it wants differs from what it last wrote."""
+    digest = hashlib.sha256(json.dumps(child, sort_keys=True).encode()).hexdigest()[:16]
+    child["metadata"].setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = digest
+    return child
+
+
+def _labels(island: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "pathways",
+        LABEL_COMPONENT: component,
+        LABEL_ISLAND: island,
+        LABEL_MANAGED_BY: MANAGER,
+    }
+
+
+def _metadata(document: Document, name: str, namespace: str, component: str) -> dict[str, Any]:
+    island = document["metadata"]["name"]
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": _labels(island, component),
+        "ownerReferences": [owner_reference(document)],
+    }
+
+
+def _selector(island: str, component: str) -> dict[str, str]:
+    return {LABEL_ISLAND: island, LABEL_COMPONENT: component}
+
+
+def executor_placement(island: Island) -> dict[str, Any]:
+    """Resources, node selector and tolerations of an executor pod, per accelerator kind, with
+    the island's own placement added."""
+    spec = island.spec
+    info = accelerator_info(spec.accelerator_kind)
+    devices = spec.host_devices
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    node_selector: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = []
+    if info.device_resource is not None:
+        # Extended resources must be requested and limited alike.
+        requests[info.device_resource] = limits[info.device_resource] = str(devices)
+        tolerations.append(
+            {"key": info.device_resource, "operator": "Exists", "effect": "NoSchedule"}
+        )
+    if info.node_label is not None:
+        node_selector[info.node_label[0]] = info.node_label[1]
+    if info.family is AcceleratorFamily.TPU:
+        node_selector[GKE_TPU_TOPOLOGY_LABEL] = spec.topology
+    placement = spec.placement
+    node_selector.update(placement.node_selector)
+    tolerations += [t.to_wire() for t in placement.tolerations]
+    if placement.resources is not None:
+        requests = {**placement.resources.requests, **requests}
+        limits = {**placement.resources.limits, **limits}
+    resources = {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
+    return {"resources": resources, "nodeSelector": node_selector, "tolerations": tolerations}
+
+
+def executor_command(island: Island, namespace: str) -> list[str]:
+    """The executor's command line: its index comes from the pod's ordinal (the pod-index
+    label, through the downward API), its first device from the index."""
+    spec = island.spec
+    name = island.metadata.name or ""
+    devices = spec.host_devices
+    flags = ["--host", "0.0.0.0", "--port", str(EXECUTOR_PORT)]
+    if spec.hosts > 1:
+        coordinator = f"{executor_host(name, namespace, 0)}:{COORDINATOR_PORT}"
+        flags += ["--hosts", str(spec.hosts), "--coordinator", coordinator]
+    if accelerator_info(spec.accelerator_kind).family is AcceleratorFamily.CPU:
+        flags += ["--fake-devices", str(devices)]
+    script = (
+        'exec python -m pathways_executor --index "$POD_INDEX" '
+        f'--first-device "$((POD_INDEX * {devices}))" ' + " ".join(flags)
+    )
+    return ["sh", "-c", script]
+
+
+def island_children(document: Document, island: Island, namespace: str) -> list[Document]:
+    """The Deployment, Service, StatefulSet and headless Service of an island, owned by it,
+    each with a hash of its content in an annotation."""
+    name = island.metadata.name or ""
+    spec = island.spec
+    image = spec.image
+    placement = spec.placement
+    pod_common: dict[str, Any] = {}
+    if placement.priority_class_name:
+        pod_common["priorityClassName"] = placement.priority_class_name
+    if placement.service_account_name:
+        pod_common["serviceAccountName"] = placement.service_account_name
+
+    scheduler_args = [
+        "--island",
+        name,
+        "--policy",
+        spec.scheduler.policy.value,
+        "--max-queued",
+        str(spec.scheduler.max_queued_computations),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(SCHEDULER_PORT),
+    ]
+    for index in range(spec.hosts):
+        scheduler_args += ["--executor", f"{executor_host(name, namespace, index)}:{EXECUTOR_PORT}"]
+    scheduler_labels = _labels(name, "scheduler")
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(document, scheduler_name(name), namespace, "scheduler"),
+        "spec": {
+            "replicas": 1,
+            # Never two schedulers: one island order needs one scheduler.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": _selector(name, "scheduler")},
+            "template": {
+                "metadata": {"labels": scheduler_labels},
+                "spec": {
+                    **pod_common,
+                    "containers": [
+                        {
+                            "name": "scheduler",
+                            "image": image,
+                            "command": ["python", "-m", "pathways_scheduler"],
+                            "args": scheduler_args,
+                            "ports": [{"name": "grpc", "containerPort": SCHEDULER_PORT}],
+                            "readinessProbe": {"tcpSocket": {"port": SCHEDULER_PORT}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    scheduler_service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(document, scheduler_name(name), namespace, "scheduler"),
+        "spec": {
+            "selector": _selector(name, "scheduler"),
+            "ports": [{"name": "grpc", "port": SCHEDULER_PORT, "targetPort": SCHEDULER_PORT}],
+        },
+    }
+    placed = executor_placement(island)
+    env: list[dict[str, Any]] = [
+        {
+            "name": "POD_INDEX",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}},
+        }
+    ]
+    if accelerator_info(spec.accelerator_kind).family is AcceleratorFamily.TPU and spec.hosts > 1:
+        # libtpu finds its peers of a multi-host slice from these.
+        hosts = ",".join(executor_host(name, namespace, i) for i in range(spec.hosts))
+        env += [
+            {"name": "TPU_WORKER_HOSTNAMES", "value": hosts},
+            {"name": "TPU_WORKER_ID", "valueFrom": env[0]["valueFrom"]},
+        ]
+    container: dict[str, Any] = {
+        "name": "executor",
+        "image": image,
+        "command": executor_command(island, namespace),
+        "env": env,
+        "ports": [
+            {"name": "grpc", "containerPort": EXECUTOR_PORT},
+            {"name": "coordinator", "containerPort": COORDINATOR_PORT},
+        ],
+        "readinessProbe": {"tcpSocket": {"port": EXECUTOR_PORT}},
+    }
+    if placed["resources"]:
+        container["resources"] = placed["resources"]
+    pod_spec: dict[str, Any] = {**pod_common, "containers": [container]}
+    if placed["nodeSelector"]:
+        pod_spec["nodeSelector"] = placed["nodeSelector"]
+    if placed["tolerations"]:
+        pod_spec["tolerations"] = placed["tolerations"]
+    statefulset = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(document, executor_name(name), namespace, "executor"),
+        "spec": {
+            "replicas": spec.hosts,
+            "serviceName": executor_name(name),
+            # The hosts of an island form one JAX group: they must start together.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": _selector(name, "executor")},
+            "template": {"metadata": {"labels": _labels(name, "executor")}, "spec": pod_spec},
+        },
+    }
+    headless = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(document, executor_name(name), namespace, "executor"),
+        "spec": {
+            "clusterIP": "None",
+            # Executors resolve executor 0 (their coordinator) before any of them is ready.
+            "publishNotReadyAddresses": True,
+            "selector": _selector(name, "executor"),
+            "ports": [
+                {"name": "grpc", "port": EXECUTOR_PORT},
+                {"name": "coordinator", "port": COORDINATOR_PORT},
+            ],
+        },
+    }
+    return [with_spec_hash(c) for c in (deployment, scheduler_service, statefulset, headless)]
+
+
+@dataclass(frozen=True)
+class IslandObservation:
+    """What the store shows of an island's pods: ready scheduler replicas and executor hosts.
+    ``None`` when the child does not exist (yet)."""
+
+    scheduler_ready: int | None = None
+    executors_ready: int | None = None
+
+
+@dataclass
+class IslandDecision:
+    """The status an island should have, and the Events of its transitions."""
+
+    status: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+    external: bool = False
+
+    @property
+    def phase(self) -> str:
+        return self.status["phase"]
+
+
+def external_endpoint(document: Document) -> str | None:
+    """The scheduler endpoint of an island that runs outside the cluster, if it is one."""
+    annotations = (document.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(ANNOTATION_SCHEDULER_ENDPOINT) or None
+
+
+def island_status(
+    document: Document,
+    island: Island | None,
+    problem: str | None,
+    observed: IslandObservation,
+    namespace: str,
+    now: datetime,
+) -> IslandDecision:
+    """The island's phase, ready hosts, scheduler endpoint and conditions.
+
+    Pending until its pods exist, Provisioning until the scheduler and every executor are
+    ready, Ready, then Degraded when a host is lost. An island whose scheduler endpoint is
+    given by annotation runs elsewhere and is Ready as declared.
+    """
+    old = document.get("status") or {}
+    conditions = list(old.get("conditions") or [])
+    gen = generation(document)
+    ref = ObjectRef.of(document)
+    status: dict[str, Any] = {"observedGeneration": gen}
+    if island is None:
+        status.update(phase="Pending", readyHosts=0, schedulerEndpoint=None)
+        status["conditions"] = set_condition(
+            conditions, "Ready", False, "InvalidSpec", problem or "", now, gen
+        )
+        decision = IslandDecision(status)
+        if (
+            old.get("phase") != "Pending"
+            or (condition(conditions, "Ready") or {}).get("reason") != "InvalidSpec"
+        ):
+            decision.events.append(Event(ref, "Warning", "InvalidSpec", problem or ""))
+        return decision
+    hosts = island.spec.hosts
+    endpoint = external_endpoint(document)
+    external = endpoint is not None
+    if external:
+        ready_hosts, scheduler_ready = hosts, True
+    else:
+        ready_hosts = min(observed.executors_ready or 0, hosts)
+        scheduler_ready = bool(observed.scheduler_ready)
+        endpoint = scheduler_endpoint(island.metadata.name or "", namespace)
+    all_ready = scheduler_ready and ready_hosts == hosts
+    was_ready = old.get("phase") in ("Ready", "Degraded")
+    if all_ready:
+        phase, reason = "Ready", "AllHostsReady"
+        message = f"scheduler and {hosts}/{hosts} executors ready"
+    elif was_ready:
+        phase, reason = "Degraded", "HostsLost"
+        message = (
+            f"{ready_hosts}/{hosts} executors ready"
+            f"{'' if scheduler_ready else ', scheduler not ready'}"
+        )
+    elif observed.executors_ready is None and observed.scheduler_ready is None:
+        phase, reason, message = "Pending", "Creating", "creating the island's pods"
+    else:
+        phase, reason = "Provisioning", "WaitingForPods"
+        message = (
+            f"{ready_hosts}/{hosts} executors ready, scheduler "
+            f"{'ready' if scheduler_ready else 'not ready'}"
+        )
+    if external:
+        reason, message = "External", f"the island runs outside the cluster at {endpoint}"
+    status.update(
+        phase=phase,
+        readyHosts=ready_hosts,
+        devicesTotal=island.spec.device_total,
+        # Programs wait for an endpoint: publish it once the scheduler answers.
+        schedulerEndpoint=endpoint if scheduler_ready else None,
+    )
+    conditions = set_condition(conditions, "Ready", all_ready, reason, message, now, gen)
+    conditions = set_condition(
+        conditions,
+        "Degraded",
+        phase == "Degraded",
+        reason if phase == "Degraded" else "NotDegraded",
+        message if phase == "Degraded" else "",
+        now,
+        gen,
+    )
+    status["conditions"] = conditions
+    decision = IslandDecision(status, external=external)
+    if old.get("phase") != phase:
+        kind = "Warning" if phase == "Degraded" else "Normal"
+        decision.events.append(Event(ref, kind, phase, message))
+    return decision

@@ -1,0 +1,433 @@
+"""PathwaysProgram lifecycle: from a snapshot of a program, its VirtualSlices, its current Job
+and the islands, decide its status, the children to create or delete, and Events.
+
+Phases: Pending (waiting for slices or islands) -> Running (a Job runs the driver, or the graph
+runner) -> Succeeded | Failed; Suspended while ``spec.suspend`` is set. Each run is one Job
+named ``<program>-run-<n>``; ``status.runs`` counts them, so a reconcile that runs twice
+finds the Job the first one created. Children are created before the status that mentions
+them is written: a decision interrupted half-way is completed by the next one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pathways_core.allocator import program_slice_name
+from pathways_core.control.common import (
+    LABEL_MANAGED_BY,
+    LABEL_PROGRAM,
+    LABEL_RUN,
+    MANAGER,
+    Document,
+    Event,
+    ObjectRef,
+    generation,
+    owner_reference,
+    parse,
+    set_condition,
+    timestamp,
+)
+from pathways_core.resources import GROUP_VERSION, PathwaysProgram
+from pathways_core.topology import parse_shape
+
+GRAPH_KEY = "program.json"
+GRAPH_MOUNT = "/etc/pathways"
+TERMINAL = ("Succeeded", "Failed")
+
+
+def job_name(program: str, run: int) -> str:
+    """Name of the Job of a program's ``run``-th run (1-based)."""
+    return f"{program}-run-{run}"
+
+
+def graph_config_map_name(program: str) -> str:
+    """Name of the ConfigMap holding a graph program's spec."""
+    return f"{program}-graph"
+
+
+def slice_names(program: PathwaysProgram) -> dict[str, str]:
+    """The VirtualSlice behind each of the program's slices: inline slices get one named
+    ``<program>-<slice>`` (created by the operator), others name an existing one."""
+    name = program.metadata.name or ""
+    return {
+        item.name: item.virtual_slice_name or program_slice_name(name, item.name)
+        for item in program.spec.slices
+    }
+
+
+@dataclass(frozen=True)
+class ChildRef:
+    """A child to delete."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ProgramView:
+    """A program and what it depends on, as read from the store.
+
+    ``slices`` maps each VirtualSlice name of :func:`slice_names` to its document (``None``
+    when it does not exist); ``job`` is the Job of run ``status.runs`` (``None`` if absent);
+    ``islands`` maps island names to documents (for scheduler endpoints)."""
+
+    program: Document
+    slices: dict[str, Document | None] = field(default_factory=dict)
+    job: Document | None = None
+    islands: dict[str, Document] = field(default_factory=dict)
+
+
+@dataclass
+class ProgramDecision:
+    """What to do: children to create (creating one that exists is fine), children to delete,
+    the new status (``None``: unchanged) and Events."""
+
+    status: dict[str, Any] | None
+    create: list[Document] = field(default_factory=list)
+    delete: list[ChildRef] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+def _job_outcome(job: Document) -> tuple[str | None, str]:
+    """``"Succeeded"``, ``"Failed"`` or ``None`` (still running), and a message."""
+    status = job.get("status") or {}
+    for item in status.get("conditions") or []:
+        if item.get("status") != "True":
+            continue
+        if item.get("type") in ("Complete", "SuccessCriteriaMet"):
+            return "Succeeded", item.get("message") or "the Job completed"
+        if item.get("type") in ("Failed", "FailureTarget"):
+            detail = item.get("message") or item.get("reason") or ""
+            return "Failed", f"the Job failed{': ' + detail if detail else ''}"
+    if (status.get("succeeded") or 0) >= 1:
+        return "Succeeded", "the Job completed"
+    if (status.get("failed") or 0) >= 1:
+        return "Failed", "the Job's pod failed"
+    return None, ""
+
+
+def _inline_slice(document: Document, program: PathwaysProgram, slice_name: str) -> Document:
+    item = next(s for s in program.spec.slices if s.name == slice_name)
+    spec = item.to_wire()
+    for key in ("name", "virtualSliceName"):
+        spec.pop(key, None)
+    if program.spec.tenant:
+        spec["tenant"] = program.spec.tenant
+    spec["priority"] = program.spec.priority
+    meta = document["metadata"]
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": "VirtualSlice",
+        "metadata": {
+            "name": program_slice_name(meta["name"], slice_name),
+            "namespace": meta.get("namespace"),
+            "labels": {LABEL_PROGRAM: meta["name"], LABEL_MANAGED_BY: MANAGER},
+            "ownerReferences": [owner_reference(document)],
+        },
+        "spec": spec,
+    }
+
+
+def connection_settings(
+    program: PathwaysProgram, view: ProgramView, namespace: str
+) -> dict[str, str]:
+    """The SDK's connection settings, as the environment of the program's Job (see the
+    contracts: PATHWAYS_PROGRAM, _TENANT, _PRIORITY, _WEIGHT and _SLICES)."""
+    slices: dict[str, Any] = {}
+    for item in program.spec.slices:
+        name = slice_names(program)[item.name]
+        status = (view.slices.get(name) or {}).get("status") or {}
+        island = status.get("island")
+        endpoint = ((view.islands.get(island) or {}).get("status") or {}).get("schedulerEndpoint")
+        slice_document = view.slices.get(name) or {}
+        shape = item.shape or (slice_document.get("spec") or {}).get("shape")
+        slices[item.name] = {
+            "virtualSlice": name,
+            "island": island,
+            "scheduler": endpoint,
+            "devices": list(status.get("devices") or []),
+            "shape": list(parse_shape(shape)) if shape else None,
+        }
+    return {
+        "PATHWAYS_PROGRAM": f"{namespace}/{program.metadata.name}",
+        "PATHWAYS_TENANT": program.spec.tenant or namespace,
+        "PATHWAYS_PRIORITY": str(program.spec.priority),
+        "PATHWAYS_WEIGHT": str(program.spec.weight),
+        "PATHWAYS_SLICES": json.dumps(slices, sort_keys=True),
+    }
+
+
+def program_job(
+    document: Document,
+    program: PathwaysProgram,
+    view: ProgramView,
+    run: int,
+    image: str,
+) -> Document:
+    """The Job of one run: the driver's container (its image and command, or ``python -c`` for
+    inline source), or the graph runner with the program's spec mounted, with the SDK's
+    connection settings in its environment. The operator restarts runs itself, so the Job
+    never retries."""
+    meta = document["metadata"]
+    name, namespace = meta["name"], meta.get("namespace") or "default"
+    env = [
+        {"name": key, "value": value}
+        for key, value in connection_settings(program, view, namespace).items()
+    ]
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    driver = program.spec.driver
+    container: dict[str, Any]
+    if driver is not None:
+        command = driver.command or ["python", "-c", driver.source or ""]
+        container = {
+            "name": "driver",
+            "image": driver.image or image,
+            "command": command,
+            "args": list(driver.args),
+        }
+        env += [variable.to_wire() for variable in driver.env]
+        if driver.resources is not None:
+            container["resources"] = driver.resources.to_wire()
+    else:
+        container = {
+            "name": "graph",
+            "image": image,
+            "command": ["python", "-m", "pathways_client.run_graph"],
+            "args": ["--spec", f"{GRAPH_MOUNT}/{GRAPH_KEY}"],
+        }
+        volumes.append({"name": "program", "configMap": {"name": graph_config_map_name(name)}})
+        mounts.append({"name": "program", "mountPath": GRAPH_MOUNT, "readOnly": True})
+    container["env"] = env
+    if mounts:
+        container["volumeMounts"] = mounts
+    labels = {LABEL_PROGRAM: name, LABEL_RUN: str(run), LABEL_MANAGED_BY: MANAGER}
+    pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    if volumes:
+        pod_spec["volumes"] = volumes
+    spec: dict[str, Any] = {
+        "backoffLimit": 0,
+        "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+    }
+    if program.spec.active_deadline_seconds is not None:
+        spec["activeDeadlineSeconds"] = program.spec.active_deadline_seconds
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(name, run),
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [owner_reference(document)],
+        },
+        "spec": spec,
+    }
+
+
+def _graph_config_map(document: Document, program: PathwaysProgram) -> Document:
+    meta = document["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": graph_config_map_name(meta["name"]),
+            "namespace": meta.get("namespace"),
+            "labels": {LABEL_PROGRAM: meta["name"], LABEL_MANAGED_BY: MANAGER},
+            "ownerReferences": [owner_reference(document)],
+        },
+        "data": {GRAPH_KEY: json.dumps(program.spec.to_wire(), sort_keys=True)},
+    }
+
+
+def reconcile_program(view: ProgramView, now: datetime, image: str) -> ProgramDecision:
+    """The next step of a program's lifecycle; see the module docstring."""
+    document = view.program
+    meta = document.get("metadata") or {}
+    name, namespace = meta.get("name", ""), meta.get("namespace") or "default"
+    old: dict[str, Any] = dict(document.get("status") or {})
+    gen = generation(document)
+    ref = ObjectRef.of(document)
+    status: dict[str, Any] = {**old, "observedGeneration": gen}
+    conditions = list(old.get("conditions") or [])
+    decision = ProgramDecision(status=None)
+
+    def finish(phase: str, reason: str | None, message: str, event_type: str = "Normal") -> None:
+        status.update(phase=phase, reason=reason, message=message, conditions=conditions)
+        if old.get("phase") != phase or old.get("reason") != reason:
+            decision.events.append(Event(ref, event_type, reason or phase, message))
+        comparable = ("phase", "reason", "message", "runs", "restarts", "slices")
+        if any(status.get(k) != old.get(k) for k in comparable) or status.get(
+            "conditions"
+        ) != old.get("conditions"):
+            decision.status = status
+
+    program, problem = parse(document)
+    if not isinstance(program, PathwaysProgram):
+        conditions = set_condition(
+            conditions, "Valid", False, "InvalidSpec", problem or "", now, gen
+        )
+        finish("Failed", "InvalidSpec", problem or "invalid spec", "Warning")
+        return decision
+    names = slice_names(program)
+    inline = {names[s.name] for s in program.spec.slices if s.virtual_slice_name is None}
+    runs, restarts = int(old.get("runs") or 0), int(old.get("restarts") or 0)
+    status.update(runs=runs, restarts=restarts)
+    status["slices"] = [
+        {
+            "name": item,
+            "virtualSliceName": vs,
+            **{
+                key: value
+                for key, value in (
+                    ("phase", ((view.slices.get(vs) or {}).get("status") or {}).get("phase")),
+                    ("island", ((view.slices.get(vs) or {}).get("status") or {}).get("island")),
+                )
+                if value
+            },
+        }
+        for item, vs in names.items()
+    ]
+
+    def release_inline() -> None:
+        # Inline slices live as long as the program needs devices; finished and suspended
+        # programs give them back.
+        for vs in sorted(inline):
+            if view.slices.get(vs) is not None:
+                decision.delete.append(ChildRef(GROUP_VERSION, "VirtualSlice", namespace, vs))
+
+    job = view.job
+    outcome, outcome_message = _job_outcome(job) if job is not None else (None, "")
+    job_active = job is not None and outcome is None
+
+    if old.get("phase") in TERMINAL:
+        release_inline()
+        finish(old["phase"], old.get("reason"), old.get("message") or "")
+        return decision
+
+    if program.spec.suspend:
+        if job_active and job is not None:
+            decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
+        release_inline()
+        conditions = set_condition(
+            conditions, "Running", False, "Suspended", "spec.suspend is set", now, gen
+        )
+        finish("Suspended", "Suspended", "suspended: the program's slices are released")
+        return decision
+
+    # Runs that ended.
+    if outcome == "Succeeded":
+        status.update(completedSteps=program.spec.steps, completionTime=timestamp(now))
+        release_inline()
+        conditions = set_condition(conditions, "Running", False, "Succeeded", "", now, gen)
+        conditions = set_condition(
+            conditions, "Succeeded", True, "JobSucceeded", outcome_message, now, gen
+        )
+        finish("Succeeded", "JobSucceeded", f"run {runs}: {outcome_message}")
+        return decision
+    retry = False
+    if outcome == "Failed":
+        if (
+            program.spec.restart_policy.value == "OnFailure"
+            and restarts < program.spec.max_restarts
+        ):
+            restarts += 1
+            status["restarts"] = restarts
+            retry = True
+            decision.events.append(
+                Event(
+                    ref,
+                    "Warning",
+                    "Restarting",
+                    f"run {runs} failed ({outcome_message}); restart {restarts} of "
+                    f"{program.spec.max_restarts}",
+                )
+            )
+        else:
+            status["completionTime"] = timestamp(now)
+            release_inline()
+            conditions = set_condition(conditions, "Running", False, "Failed", "", now, gen)
+            conditions = set_condition(
+                conditions, "Failed", True, "JobFailed", outcome_message, now, gen
+            )
+            limit = (
+                f" after {restarts} restarts"
+                if program.spec.restart_policy.value == "OnFailure"
+                else ""
+            )
+            finish("Failed", "JobFailed", f"run {runs}: {outcome_message}{limit}", "Warning")
+            return decision
+
+    # Slices: create the inline ones, check the others exist and every one is bound.
+    waiting: list[str] = []
+    missing: list[str] = []
+    for item, vs in names.items():
+        slice_document = view.slices.get(vs)
+        if slice_document is None:
+            if vs in inline:
+                decision.create.append(_inline_slice(document, program, item))
+                waiting.append(f"{item}: creating VirtualSlice {vs}")
+            else:
+                missing.append(f"{item}: VirtualSlice {vs!r} not found in namespace {namespace}")
+            continue
+        slice_status = slice_document.get("status") or {}
+        if slice_status.get("phase") != "Bound":
+            why = slice_status.get("reason") or slice_status.get("phase") or "not bound yet"
+            detail = slice_status.get("message")
+            waiting.append(f"{item}: {why}{' (' + detail + ')' if detail else ''}")
+            continue
+        island = slice_status.get("island")
+        endpoint = ((view.islands.get(island) or {}).get("status") or {}).get("schedulerEndpoint")
+        if not endpoint:
+            waiting.append(f"{item}: island {island!r} has no scheduler ready")
+    ready = not waiting and not missing
+
+    if job_active and not retry:
+        if ready:
+            conditions = set_condition(conditions, "SlicesReady", True, "Bound", "", now, gen)
+            finish("Running", "Running", f"run {runs} is running")
+            return decision
+        # A slice was preempted or released under the running program: stop the run and wait.
+        decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
+        message = "; ".join(missing + waiting)
+        conditions = set_condition(conditions, "SlicesReady", False, "SlicesLost", message, now)
+        conditions = set_condition(conditions, "Running", False, "SlicesLost", message, now, gen)
+        finish("Pending", "SlicesLost", f"run {runs} stopped: {message}", "Warning")
+        return decision
+
+    if missing:
+        message = "; ".join(missing)
+        conditions = set_condition(
+            conditions, "SlicesReady", False, "VirtualSliceNotFound", message, now, gen
+        )
+        finish("Pending", "VirtualSliceNotFound", message, "Warning")
+        return decision
+    if waiting:
+        message = "; ".join(waiting)
+        conditions = set_condition(
+            conditions, "SlicesReady", False, "WaitingForSlices", message, now, gen
+        )
+        finish("Pending", "WaitingForSlices", message)
+        return decision
+
+    # Every slice is bound on an island whose scheduler answers: start the next run.
+    run = runs + 1
+    if program.spec.graph is not None:
+        decision.create.append(_graph_config_map(document, program))
+    decision.create.append(program_job(document, program, view, run, image))
+    status.update(runs=run)
+    status.setdefault("startTime", timestamp(now))
+    if not status.get("startTime"):
+        status["startTime"] = timestamp(now)
+    conditions = set_condition(conditions, "SlicesReady", True, "Bound", "", now, gen)
+    conditions = set_condition(
+        conditions, "Running", True, "JobCreated", f"Job {job_name(name, run)}", now, gen
+    )
+    finish("Running", "Running", f"run {run} started as Job {job_name(name, run)}")
+    if old.get("phase") == "Running":  # a restart: finish() saw no transition
+        decision.events.append(Event(ref, "Normal", "Running", f"run {run} started"))
+    return decision

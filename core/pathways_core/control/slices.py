@@ -1,0 +1,307 @@
+"""Binding VirtualSlices to devices: one pure pass from a snapshot of Islands and VirtualSlices
+to the status each slice should have.
+
+Every pass rebuilds the allocator from the bindings stored in the slices' statuses before it
+binds anything new, so the store is the only state: a controller that restarts (or a standby
+replica that takes over) loses nothing and never binds a device twice.
+
+The changes of a pass come in stages that the store must apply in order, stopping at the first
+failure:
+
+1. ``RELEASE``: slices losing devices (preempted, on a deleted or resized island, released on
+   deletion). A slice that loses its devices is never re-bound in the same pass, so a device
+   only moves to another slice once its release is stored.
+2. ``BIND``: new bindings, on devices free in the store (or released in stage 1).
+3. ``WAIT``: reasons of slices that stay pending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import IntEnum
+from typing import Any
+
+from pathways_core.accelerators import AcceleratorKind
+from pathways_core.allocator import Allocator, Binding, Bound, IslandInventory, Request
+from pathways_core.control.common import (
+    Document,
+    Event,
+    ObjectRef,
+    generation,
+    is_deleting,
+    key_of,
+    parse,
+    parse_time,
+    set_condition,
+    timestamp,
+)
+from pathways_core.resources import Island, VirtualSlice
+from pathways_core.topology import format_shape, parse_shape
+
+DEFAULT_NAMESPACE = "default"
+
+
+class Stage(IntEnum):
+    """Order in which a pass's changes must be stored."""
+
+    RELEASE = 0
+    BIND = 1
+    WAIT = 2
+
+
+@dataclass(frozen=True)
+class SliceChange:
+    """A new status for one slice. ``document`` is the slice as seen by the pass: a store that
+    supports it should write only if the slice has not changed since (its resourceVersion)."""
+
+    key: str
+    document: Document
+    status: dict[str, Any]
+    stage: Stage
+
+
+@dataclass
+class BindingPlan:
+    """What one pass decided."""
+
+    changes: list[SliceChange] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    devices_free: dict[str, int] = field(default_factory=dict)
+    devices_total: dict[str, int] = field(default_factory=dict)
+    bound: int = 0
+    waiting: int = 0
+    newly_bound: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    """Stored bindings the pass refused (unknown island, device outside the mesh, a device
+    bound twice); each such slice is released in stage 1."""
+
+    @property
+    def needs_another_pass(self) -> bool:
+        """Slices released in this pass wait for the next one to be bound again."""
+        return any(change.stage is Stage.RELEASE for change in self.changes)
+
+    def ordered(self) -> list[SliceChange]:
+        """The changes in the order they must be stored."""
+        return sorted(self.changes, key=lambda change: change.stage)
+
+
+def _namespace(document: Document) -> str:
+    return (document.get("metadata") or {}).get("namespace") or DEFAULT_NAMESPACE
+
+
+def _stored_binding(document: Document, request: Request) -> Binding | None:
+    status = document.get("status") or {}
+    if status.get("phase") != "Bound" or not status.get("island"):
+        return None
+    devices = tuple(int(device) for device in status.get("devices") or ())
+    shape = status.get("shape")
+    try:
+        block = parse_shape(shape) if shape else None
+    except ValueError:
+        block = None
+    return Binding(request, status["island"], devices, block)
+
+
+def _status(
+    document: Document,
+    phase: str,
+    now: datetime,
+    *,
+    reason: str | None = None,
+    message: str | None = None,
+    binding: Binding | None = None,
+    inventory: IslandInventory | None = None,
+) -> dict[str, Any]:
+    """A complete slice status; fields of the old status that no longer apply are cleared."""
+    old = document.get("status") or {}
+    bound = binding is not None
+    status: dict[str, Any] = {
+        "phase": phase,
+        "island": binding.island if binding else None,
+        "shape": format_shape(binding.block) if binding and binding.block else None,
+        "devices": list(binding.devices) if binding else [],
+        "hosts": sorted({inventory.host_of(d) for d in binding.devices})
+        if binding and inventory
+        else [],
+        "reason": reason,
+        "message": message,
+        "boundTime": timestamp(now) if bound else None,
+        "observedGeneration": generation(document),
+    }
+    status["conditions"] = set_condition(
+        list(old.get("conditions") or []),
+        "Bound",
+        bound,
+        "Bound" if bound else (reason or phase),
+        message or "",
+        now,
+        generation(document),
+    )
+    return status
+
+
+def _same(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    keys = ("phase", "island", "devices", "reason", "message", "observedGeneration")
+    return all((old.get(k) or None) == (new.get(k) or None) for k in keys)
+
+
+def plan_bindings(
+    islands: Sequence[Document],
+    slices: Sequence[Document],
+    now: datetime,
+    quotas: Mapping[tuple[str, AcceleratorKind], int] | None = None,
+) -> BindingPlan:
+    """Decide every slice's status from a snapshot of all Islands and VirtualSlices.
+
+    Deterministic: the same snapshot gives the same plan. Stored bindings are restored first,
+    oldest first (so if two slices claim a device, the one bound earlier keeps it); then
+    unbound slices are bound by priority (highest first), then age, then name, preempting
+    strictly lower priorities when they cannot fit.
+    """
+    plan = BindingPlan()
+    allocator = Allocator()
+    inventories: dict[str, IslandInventory] = {}
+    for document in sorted(islands, key=key_of):
+        if is_deleting(document):
+            continue
+        island, _ = parse(document)
+        if isinstance(island, Island):
+            inventory = IslandInventory.from_island(island)
+            inventories[inventory.name] = inventory
+            allocator.add_island(inventory)
+    for (tenant, kind), limit in (quotas or {}).items():
+        allocator.set_quota(tenant, kind, limit)
+
+    def change(document: Document, status: dict[str, Any], stage: Stage) -> None:
+        plan.changes.append(SliceChange(key_of(document), document, status, stage))
+
+    def event(document: Document, type_: str, reason: str, message: str) -> None:
+        plan.events.append(Event(ObjectRef.of(document), type_, reason, message))
+
+    restorable: list[tuple[str, str, Binding, Document]] = []
+    queue: list[tuple[Request, Document]] = []
+    for document in slices:
+        status = document.get("status") or {}
+        if is_deleting(document):
+            if status.get("phase") != "Released":
+                change(
+                    document,
+                    _status(document, "Released", now, reason="Deleted", message="slice deleted"),
+                    Stage.RELEASE,
+                )
+                event(document, "Normal", "Released", "devices released: the slice is deleted")
+            continue
+        resource, problem = parse(document)
+        if not isinstance(resource, VirtualSlice):
+            new = _status(document, "Pending", now, reason="InvalidSpec", message=problem)
+            if not _same(status, new):
+                change(document, new, Stage.RELEASE if status.get("devices") else Stage.WAIT)
+                event(document, "Warning", "InvalidSpec", problem or "invalid spec")
+            continue
+        namespace = _namespace(document)
+        key = f"{namespace}/{resource.metadata.name}"
+        request = Request.from_spec(
+            key, resource.spec.tenant or namespace, resource.spec, resource.spec.priority
+        )
+        stored = _stored_binding(document, request)
+        if stored is not None and status.get("observedGeneration") not in (
+            None,
+            generation(document),
+        ):
+            # The spec changed under a bound slice: its binding no longer answers it.
+            change(
+                document,
+                _status(
+                    document,
+                    "Pending",
+                    now,
+                    reason="SpecChanged",
+                    message="the slice's spec changed; it will be bound again",
+                ),
+                Stage.RELEASE,
+            )
+            event(document, "Normal", "SpecChanged", "devices released to bind the new spec")
+            continue
+        if stored is not None:
+            restorable.append((status.get("boundTime") or "", key, stored, document))
+        else:
+            queue.append((request, document))
+
+    restorable.sort(key=lambda item: (item[0], item[1]))
+    documents: dict[str, Document] = {}
+    for _, key, binding, document in restorable:
+        documents[key] = document
+        rejected = allocator.restore([binding])
+        if rejected:
+            plan.rejected.append(key)
+            gone = binding.island not in inventories
+            reason = "IslandDeleted" if gone else "BindingConflict"
+            message = (
+                f"island {binding.island!r} is gone; the slice will be bound again"
+                if gone
+                else f"stored binding refused ({rejected[0].message}); the slice will be "
+                "bound again"
+            )
+            change(
+                document,
+                _status(document, "Preempted", now, reason=reason, message=message),
+                Stage.RELEASE,
+            )
+            event(document, "Warning", reason, message)
+
+    queue.sort(
+        key=lambda item: (
+            -item[0].priority,
+            parse_time((item[1].get("metadata") or {}).get("creationTimestamp")) or now,
+            item[0].key,
+        )
+    )
+    for request, document in queue:
+        status = document.get("status") or {}
+        decision = allocator.allocate(request, preempt=True)
+        if isinstance(decision, Bound):
+            binding = decision.binding
+            inventory = inventories[binding.island]
+            message = f"bound to {len(binding.devices)} devices of island {binding.island!r}"
+            change(
+                document,
+                _status(
+                    document,
+                    "Bound",
+                    now,
+                    message=message,
+                    binding=binding,
+                    inventory=inventory,
+                ),
+                Stage.BIND,
+            )
+            plan.newly_bound.append(request.key)
+            event(document, "Normal", "Bound", f"{message}: {list(binding.devices)}")
+            for victim in decision.preempted:
+                victim_document = documents[victim.key]
+                message = (
+                    f"preempted by {request.key} (priority {request.priority} > "
+                    f"{victim.request.priority}); waiting to be bound again"
+                )
+                change(
+                    victim_document,
+                    _status(victim_document, "Preempted", now, reason="Preempted", message=message),
+                    Stage.RELEASE,
+                )
+                event(victim_document, "Warning", "Preempted", message)
+            continue
+        if status.get("phase") == "Preempted":
+            continue  # keeps saying why it lost its devices until it is bound again
+        new = _status(document, "Pending", now, reason=decision.reason, message=decision.message)
+        if not _same(status, new):
+            change(document, new, Stage.WAIT)
+            if status.get("reason") != decision.reason:
+                event(document, "Warning", decision.reason, decision.message)
+
+    plan.devices_total = {name: inventory.size for name, inventory in inventories.items()}
+    plan.devices_free = {name: allocator.free_devices(name) for name in inventories}
+    plan.bound = len(allocator.bindings())
+    plan.waiting = sum(1 for document in slices if not is_deleting(document)) - plan.bound
+    return plan

@@ -1,0 +1,162 @@
+"""The binding loop: coalesced passes of :func:`pathways_core.control.plan_bindings`.
+
+Handlers ask for a pass (``await binder.sync()``) whenever something that may change bindings
+happens; requests that arrive while a pass runs are all answered by the next one, so a burst
+of 500 new slices costs a few passes, not 500. Each pass reads every Island and VirtualSlice
+from the API server (the store is the only state: nothing is remembered between passes, so a
+restart, or a standby replica taking over, rebuilds the allocation from the stored bindings
+before binding anything), decides, and writes each changed status with a JSON patch that
+first tests the slice's resourceVersion: a slice changed since it was read is not
+overwritten, and the pass is run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from pathways_core.control import BindingPlan, Stage, plan_bindings
+from pathways_core.control.common import now_utc
+from pathways_operator import metrics
+from pathways_operator.config import Config
+from pathways_operator.kube import ApiError, Kube
+
+GROUP_VERSION = "pathways.dev/v1alpha1"
+MAX_PASSES = 20
+
+logger = logging.getLogger(__name__)
+
+
+def prune(value: Any) -> Any:
+    """A status without ``None`` fields (the whole status is replaced, so absent = cleared)."""
+    if isinstance(value, dict):
+        return {key: prune(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [prune(item) for item in value]
+    return value
+
+
+class Binder:
+    """Runs binding passes, one at a time."""
+
+    def __init__(self, kube: Kube, config: Config) -> None:
+        self.kube = kube
+        self.config = config
+        self._lock = asyncio.Lock()
+        self._requested = 0
+        self._covered = 0
+        self._first_seen: dict[str, float] = {}
+        self.last_plan: BindingPlan | None = None
+
+    async def sync(self) -> None:
+        """Return once a pass that started after this call has completed."""
+        self._requested += 1
+        ticket = self._requested
+        async with self._lock:
+            if self._covered >= ticket:
+                return
+            for _ in range(MAX_PASSES):
+                start = self._requested
+                again = await self._pass()
+                self._covered = start
+                if not again:
+                    return
+            logger.warning(
+                "bindings still changing after %d passes; next event retries", MAX_PASSES
+            )
+
+    async def _pass(self) -> bool:
+        """One pass; whether another is needed at once."""
+        began = time.monotonic()
+        metrics.BINDING_PASSES.inc()
+        islands = await self.kube.list(GROUP_VERSION, "Island")
+        slices = await self.kube.list(GROUP_VERSION, "VirtualSlice")
+        seen = time.monotonic()
+        current = {f"{d['metadata'].get('namespace')}/{d['metadata']['name']}" for d in slices}
+        for key in set(self._first_seen) - current:
+            del self._first_seen[key]
+        for document in slices:
+            meta = document["metadata"]
+            key = f"{meta.get('namespace')}/{meta['name']}"
+            if (document.get("status") or {}).get("phase") != "Bound":
+                self._first_seen.setdefault(key, seen)
+        plan = plan_bindings(islands, slices, now_utc(), self.config.quotas)
+        self.last_plan = plan
+        again = plan.needs_another_pass
+        released_ok = True
+        for change in plan.ordered():
+            if change.stage is Stage.BIND and not released_ok:
+                # Devices move only once their release is stored.
+                again = True
+                break
+            meta = change.document["metadata"]
+            operations = [
+                {
+                    "op": "test",
+                    "path": "/metadata/resourceVersion",
+                    "value": meta.get("resourceVersion"),
+                },
+                {"op": "add", "path": "/status", "value": prune(change.status)},
+            ]
+            try:
+                await self.kube.patch(
+                    GROUP_VERSION,
+                    "VirtualSlice",
+                    meta.get("namespace"),
+                    meta["name"],
+                    operations,
+                    subresource="status",
+                    json_patch=True,
+                )
+            except ApiError as error:
+                # 422: changed since read; 404: deleted. Either way the next pass decides again.
+                if error.status not in (404, 409, 422):
+                    raise
+                again = True
+                if change.stage is Stage.RELEASE:
+                    released_ok = False
+                continue
+            if change.stage is Stage.BIND:
+                first = self._first_seen.pop(change.key, None)
+                if first is not None:
+                    metrics.TIME_TO_BIND.observe(time.monotonic() - first)
+        for event in plan.events:
+            await self._post(event)
+        await self._publish_free(islands, plan)
+        metrics.SLICES.labels("Bound").set(plan.bound)
+        metrics.SLICES.labels("Waiting").set(plan.waiting)
+        metrics.BINDING_PASS_SECONDS.observe(time.monotonic() - began)
+        return again
+
+    async def _post(self, event: Any) -> None:
+        try:
+            await self.kube.post_event(event, self.config.namespace)
+        except ApiError as error:  # an Event is worth no retry of the whole pass
+            logger.warning("could not record event %s: %s", event.reason, error)
+
+    async def _publish_free(self, islands: list[dict[str, Any]], plan: BindingPlan) -> None:
+        """Write devicesFree/devicesTotal to each island whose figures changed."""
+        for island in islands:
+            name = island["metadata"]["name"]
+            if name not in plan.devices_free:
+                continue
+            free, total = plan.devices_free[name], plan.devices_total[name]
+            metrics.DEVICES_FREE.labels(name).set(free)
+            metrics.DEVICES_TOTAL.labels(name).set(total)
+            status = island.get("status") or {}
+            if status.get("devicesFree") == free and status.get("devicesTotal") == total:
+                continue
+            try:
+                await self.kube.patch(
+                    GROUP_VERSION,
+                    "Island",
+                    None,
+                    name,
+                    {"status": {"devicesFree": free, "devicesTotal": total}},
+                    subresource="status",
+                )
+            except ApiError as error:
+                if error.status != 404:
+                    raise

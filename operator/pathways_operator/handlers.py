@@ -1,0 +1,421 @@
+"""kopf handlers: thin shells that read a snapshot, call a decision of
+``pathways_core.control`` and apply it.
+
+Every handler is idempotent and level-triggered: it reads the current objects, never trusts
+the event that woke it, and writes only what differs. Children have deterministic names, so a
+handler that runs twice finds what the first one created. Timers reconcile islands and
+programs again every ``PATHWAYS_RESYNC_SECONDS`` in case an event was missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import kopf
+
+from pathways_core.control import (
+    LABEL_ISLAND,
+    LABEL_PROGRAM,
+    IslandObservation,
+    ProgramView,
+    external_endpoint,
+    graph_config_map_name,
+    is_deleting,
+    island_children,
+    island_status,
+    job_name,
+    parse,
+    reconcile_program,
+    slice_names,
+)
+from pathways_core.control.common import ANNOTATION_SPEC_HASH, Event, now_utc
+from pathways_core.resources import Island, PathwaysProgram
+from pathways_operator import metrics
+from pathways_operator.binder import Binder, prune
+from pathways_operator.config import Config
+from pathways_operator.kube import ApiError, Kube
+
+GROUP, VERSION = "pathways.dev", "v1alpha1"
+GV = f"{GROUP}/{VERSION}"
+FINALIZER = "pathways.dev/finalizer"
+RESYNC_SECONDS = Config.from_environment().resync_seconds
+
+logger = logging.getLogger(__name__)
+
+
+# -- operator lifecycle ----------------------------------------------------------------------
+
+
+def _login(settings: kopf.OperatorSettings, logger: Any) -> kopf.ConnectionInfo:
+    """In a pod: its service account; elsewhere: $KUBECONFIG or ~/.kube/config."""
+    info = kopf.login_with_service_account(
+        settings=settings, logger=logger
+    ) or kopf.login_with_kubeconfig(settings=settings, logger=logger)
+    if info is None:
+        raise kopf.LoginError("no service account token and no kubeconfig to log in with")
+    return info
+
+
+@kopf.on.login()
+def login(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's own watches use the same credentials as the operator's client."""
+    return _login(settings, logger)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """Settings, the API client, the binding loop and the metrics endpoint."""
+    # Our finalizer and bookkeeping live in our API group.
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    # Our own Events say what happened; kopf's would repeat each handler's success.
+    settings.posting.level = logging.WARNING
+    config = Config.from_environment()
+    memo.config = config
+    memo.kube = Kube(lambda: _login(settings, logger))
+    memo.binder = Binder(memo.kube, config)
+    memo.locks = {}
+    memo.seen = {}
+    memo.metrics_server = metrics.serve(config.metrics_port)
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Close connections and the metrics endpoint."""
+    await memo.kube.close()
+    if memo.metrics_server is not None:
+        memo.metrics_server.shutdown()
+        memo.metrics_server.server_close()
+
+
+def _lock(memo: kopf.Memo, key: str) -> asyncio.Lock:
+    # One reconcile of an object at a time: events of its children, its slices and its
+    # timer all funnel here.
+    return memo.locks.setdefault(key, asyncio.Lock())
+
+
+async def _post(memo: kopf.Memo, events: Iterable[Event]) -> None:
+    for event in events:
+        try:
+            await memo.kube.post_event(event, memo.config.namespace)
+        except ApiError as error:
+            logger.warning("could not record event %s: %s", event.reason, error)
+
+
+async def _guard(resource: str, work: Any) -> None:
+    """Run a reconcile; count and log its failure (the next event or resync retries)."""
+    try:
+        await work
+    except Exception as error:  # a bug or an outage must not stop other reconciles
+        metrics.RECONCILE_ERRORS.labels(resource).inc()
+        logger.warning(
+            "%s reconcile failed, retried on the next event or resync: %s",
+            resource,
+            error,
+            exc_info=not isinstance(error, ApiError),
+        )
+
+
+# -- indexes ---------------------------------------------------------------------------------
+
+
+@kopf.index(GROUP, VERSION, "pathwaysprograms")
+def program_refs(namespace: str, name: str, spec: Any, **_: Any) -> dict[Any, str]:
+    """(namespace, VirtualSlice name) -> programs naming that existing slice."""
+    return {
+        (namespace, item["virtualSliceName"]): name
+        for item in spec.get("slices") or []
+        if isinstance(item, dict) and item.get("virtualSliceName")
+    }
+
+
+@kopf.index(GROUP, VERSION, "virtualslices")
+def slices_on_island(
+    namespace: str, name: str, labels: Any, status: Any, **_: Any
+) -> dict[str, Any] | None:
+    """island -> (namespace, slice, owning program) of the slices bound on it."""
+    island = status.get("island")
+    return {island: (namespace, name, labels.get(LABEL_PROGRAM))} if island else None
+
+
+def _programs_of_slice(
+    namespace: str, name: str, owner: str | None, program_refs: kopf.Index
+) -> set[str]:
+    programs = set(program_refs.get((namespace, name), []))
+    if owner:
+        programs.add(owner)
+    return programs
+
+
+# -- islands ---------------------------------------------------------------------------------
+
+
+async def reconcile_island(memo: kopf.Memo, name: str) -> None:
+    """Create or update the island's children and write its status once."""
+    kube: Kube = memo.kube
+    namespace = memo.config.namespace
+    async with _lock(memo, f"island/{name}"):
+        document = await kube.get(GV, "Island", None, name)
+        if document is None or is_deleting(document):
+            return
+        island, problem = parse(document)
+        observed = IslandObservation()
+        if isinstance(island, Island) and external_endpoint(document) is None:
+            found: dict[str, dict[str, Any]] = {}
+            for child in island_children(document, island, namespace):
+                found[child["kind"]] = await _apply_child(kube, child)
+            observed = IslandObservation(
+                scheduler_ready=((found["Deployment"].get("status") or {}).get("readyReplicas"))
+                or 0,
+                executors_ready=((found["StatefulSet"].get("status") or {}).get("readyReplicas"))
+                or 0,
+            )
+        decision = island_status(
+            document,
+            island if isinstance(island, Island) else None,
+            problem,
+            observed,
+            namespace,
+            now_utc(),
+        )
+        old = document.get("status") or {}
+        if any(old.get(key) != value for key, value in decision.status.items()):
+            await kube.patch(
+                GV, "Island", None, name, {"status": decision.status}, subresource="status"
+            )
+        await _post(memo, decision.events)
+
+
+async def _apply_child(kube: Kube, child: dict[str, Any]) -> dict[str, Any]:
+    """Create a child, or replace its spec when its content hash differs."""
+    meta = child["metadata"]
+    api_version, kind, namespace, name = (
+        child["apiVersion"],
+        child["kind"],
+        meta["namespace"],
+        meta["name"],
+    )
+    existing = await kube.get(api_version, kind, namespace, name)
+    if existing is None:
+        return (
+            await kube.create(child) or await kube.get(api_version, kind, namespace, name) or child
+        )
+    wanted = meta["annotations"][ANNOTATION_SPEC_HASH]
+    have = ((existing.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
+    if have == wanted:
+        return existing
+    operations = [
+        {"op": "replace", "path": "/spec", "value": child["spec"]},
+        {"op": "add", "path": "/metadata/labels", "value": meta["labels"]},
+        {"op": "add", "path": "/metadata/ownerReferences", "value": meta["ownerReferences"]},
+    ]
+    if not (existing.get("metadata") or {}).get("annotations"):
+        operations.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+    operations.append(
+        {
+            "op": "add",
+            "path": "/metadata/annotations/" + ANNOTATION_SPEC_HASH.replace("/", "~1"),
+            "value": wanted,
+        }
+    )
+    return await kube.patch(api_version, kind, namespace, name, operations, json_patch=True)
+
+
+@kopf.on.event(GROUP, VERSION, "islands")
+async def island_event(
+    type: str | None,
+    body: kopf.Body,
+    name: str,
+    memo: kopf.Memo,
+    slices_on_island: kopf.Index,
+    program_refs: kopf.Index,
+    **_: Any,
+) -> None:
+    """Reconcile the island; rebind when its devices may have changed; wake the programs on
+    it when its scheduler endpoint changes."""
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    if type != "DELETED":
+        await _guard("island", reconcile_island(memo, name))
+    shape = (meta.get("generation"), dict(meta.get("labels") or {}), meta.get("deletionTimestamp"))
+    if type == "DELETED" or memo.seen.get(f"island/{name}") != shape:
+        memo.seen[f"island/{name}"] = shape
+        await _guard("binding", memo.binder.sync())
+    endpoint = status.get("schedulerEndpoint")
+    if memo.seen.get(f"island-endpoint/{name}") != endpoint:
+        memo.seen[f"island-endpoint/{name}"] = endpoint
+        for namespace, slice_name, owner in list(slices_on_island.get(name, [])):
+            for program in _programs_of_slice(namespace, slice_name, owner, program_refs):
+                await _guard("program", reconcile(memo, namespace, program))
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={LABEL_ISLAND: kopf.PRESENT})
+async def scheduler_event(labels: Any, memo: kopf.Memo, **_: Any) -> None:
+    """The scheduler's readiness changes the island's status."""
+    await _guard("island", reconcile_island(memo, labels[LABEL_ISLAND]))
+
+
+@kopf.on.event("apps", "v1", "statefulsets", labels={LABEL_ISLAND: kopf.PRESENT})
+async def executors_event(labels: Any, memo: kopf.Memo, **_: Any) -> None:
+    """Executor readiness changes the island's status."""
+    await _guard("island", reconcile_island(memo, labels[LABEL_ISLAND]))
+
+
+@kopf.timer(GROUP, VERSION, "islands", interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+async def island_resync(name: str, memo: kopf.Memo, **_: Any) -> None:
+    """Periodic reconcile and binding pass, in case an event was missed."""
+    await _guard("island", reconcile_island(memo, name))
+    await _guard("binding", memo.binder.sync())
+
+
+@kopf.on.delete(GROUP, VERSION, "islands")
+async def island_deleted(name: str, memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
+    """Delete the island's pods (also owned by it, for clusters that garbage-collect) and
+    rebind its slices elsewhere (they are preempted with reason IslandDeleted)."""
+    kube: Kube = memo.kube
+    namespace = memo.config.namespace
+    for api_version, kind, child in (
+        ("apps/v1", "Deployment", f"{name}-scheduler"),
+        ("v1", "Service", f"{name}-scheduler"),
+        ("apps/v1", "StatefulSet", f"{name}-executor"),
+        ("v1", "Service", f"{name}-executor"),
+    ):
+        await kube.delete(api_version, kind, namespace, child)
+    await memo.binder.sync()
+
+
+# -- virtual slices --------------------------------------------------------------------------
+
+
+@kopf.on.event(GROUP, VERSION, "virtualslices")
+async def slice_event(
+    type: str | None,
+    body: kopf.Body,
+    namespace: str,
+    name: str,
+    labels: Any,
+    memo: kopf.Memo,
+    program_refs: kopf.Index,
+    **_: Any,
+) -> None:
+    """Bind new, changed and deleted slices; wake the programs that use the slice."""
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    if (
+        type == "DELETED"
+        or meta.get("deletionTimestamp")
+        or not status.get("phase")
+        or status.get("observedGeneration") != meta.get("generation")
+    ):
+        await _guard("binding", memo.binder.sync())
+    for program in _programs_of_slice(namespace, name, labels.get(LABEL_PROGRAM), program_refs):
+        await _guard("program", reconcile(memo, namespace, program))
+
+
+@kopf.on.delete(GROUP, VERSION, "virtualslices")
+async def slice_deleted(memo: kopf.Memo, **_: Any) -> None:
+    """The finalizer: the slice's devices are released (status Released) before it goes."""
+    await memo.binder.sync()
+
+
+# -- programs --------------------------------------------------------------------------------
+
+
+async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
+    """Read a program and what it depends on, decide, apply: children first, then status."""
+    kube: Kube = memo.kube
+    async with _lock(memo, f"program/{namespace}/{name}"):
+        for _attempt in range(3):
+            document = await kube.get(GV, "PathwaysProgram", namespace, name)
+            if document is None or is_deleting(document):
+                return
+            program, _ = parse(document)
+            slices: dict[str, Any] = {}
+            islands: dict[str, Any] = {}
+            if isinstance(program, PathwaysProgram):
+                for vs in slice_names(program).values():
+                    slices[vs] = await kube.get(GV, "VirtualSlice", namespace, vs)
+                    island = ((slices[vs] or {}).get("status") or {}).get("island")
+                    if island and island not in islands:
+                        islands[island] = await kube.get(GV, "Island", None, island)
+            runs = int((document.get("status") or {}).get("runs") or 0)
+            job = (
+                await kube.get("batch/v1", "Job", namespace, job_name(name, runs)) if runs else None
+            )
+            view = ProgramView(
+                document, slices, job, {k: v for k, v in islands.items() if v is not None}
+            )
+            decision = reconcile_program(view, now_utc(), memo.config.image)
+            for child in decision.create:
+                await kube.create(child)
+            for ref in decision.delete:
+                await kube.delete(ref.api_version, ref.kind, ref.namespace, ref.name)
+            if decision.status is not None:
+                operations = [
+                    {
+                        "op": "test",
+                        "path": "/metadata/resourceVersion",
+                        "value": document["metadata"].get("resourceVersion"),
+                    },
+                    {"op": "add", "path": "/status", "value": prune(decision.status)},
+                ]
+                try:
+                    await kube.patch(
+                        GV,
+                        "PathwaysProgram",
+                        namespace,
+                        name,
+                        operations,
+                        subresource="status",
+                        json_patch=True,
+                    )
+                except ApiError as error:
+                    if error.status in (409, 422):
+                        continue  # changed since read: decide again from the new state
+                    raise
+            await _post(memo, decision.events)
+            return
+
+
+@kopf.on.event(GROUP, VERSION, "pathwaysprograms")
+async def program_event(
+    type: str | None, namespace: str, name: str, memo: kopf.Memo, **_: Any
+) -> None:
+    """Any change of a program: reconcile it."""
+    if type != "DELETED":
+        await _guard("program", reconcile(memo, namespace, name))
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_PROGRAM: kopf.PRESENT})
+async def job_event(namespace: str, labels: Any, memo: kopf.Memo, **_: Any) -> None:
+    """A run's Job progressed: reconcile its program."""
+    await _guard("program", reconcile(memo, namespace, labels[LABEL_PROGRAM]))
+
+
+@kopf.timer(
+    GROUP, VERSION, "pathwaysprograms", interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS
+)
+async def program_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """Periodic reconcile, in case an event was missed."""
+    await _guard("program", reconcile(memo, namespace, name))
+
+
+@kopf.on.delete(GROUP, VERSION, "pathwaysprograms")
+async def program_deleted(
+    namespace: str, name: str, spec: Any, status: Any, memo: kopf.Memo, **_: Any
+) -> None:
+    """Clean up: the program's Jobs, its graph ConfigMap and its inline slices (all owned by
+    it too, for clusters that garbage-collect)."""
+    kube: Kube = memo.kube
+    for run in range(1, int(status.get("runs") or 0) + 1):
+        await kube.delete("batch/v1", "Job", namespace, job_name(name, run))
+    await kube.delete("v1", "ConfigMap", namespace, graph_config_map_name(name))
+    for item in spec.get("slices") or []:
+        if isinstance(item, dict) and item.get("name") and not item.get("virtualSliceName"):
+            await kube.delete(GV, "VirtualSlice", namespace, f"{name}-{item['name']}")

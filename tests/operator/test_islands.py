@@ -1,0 +1,171 @@
+"""Islands over HTTP: kopf runs the operator against the emulated API server."""
+
+from __future__ import annotations
+
+from kube_cluster import NAMESPACE, Cluster, wait_for
+from kube_harness import mark_ready
+from kube_manifests import island, vslice
+
+SYSTEM = NAMESPACE
+
+
+def status(cluster: Cluster, kind: str, name: str, namespace: str | None = None) -> dict:
+    return (cluster.get(kind, name, namespace) or {}).get("status") or {}
+
+
+def children(cluster: Cluster, name: str) -> dict[str, dict]:
+    found = {}
+    for kind in ("Deployment", "StatefulSet", "Service"):
+        for item in cluster.list(kind, SYSTEM, f"pathways.dev/island={name}"):
+            found[f"{kind}/{item['metadata']['name']}"] = item
+    return found
+
+
+def test_island_lifecycle_create_ready_scale_degrade_delete(cluster: Cluster, operator) -> None:
+    created = cluster.create(island("alpha", topology="2x4", hosts=2))
+    made = wait_for(lambda: len(children(cluster, "alpha")) == 4 and children(cluster, "alpha"))
+    assert sorted(made) == [
+        "Deployment/alpha-scheduler",
+        "Service/alpha-executor",
+        "Service/alpha-scheduler",
+        "StatefulSet/alpha-executor",
+    ]
+    for child in made.values():  # owned by the island, garbage-collected with it
+        owner = child["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == (
+            "Island",
+            created["metadata"]["uid"],
+            True,
+        )
+    executors = made["StatefulSet/alpha-executor"]
+    assert executors["spec"]["replicas"] == 2
+    assert made["Service/alpha-executor"]["spec"]["clusterIP"] == "None"
+    script = executors["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "--fake-devices 4" in script and "--hosts 2" in script
+    assert f"--coordinator alpha-executor-0.alpha-executor.{SYSTEM}.svc:8476" in script
+    provisioning = wait_for(
+        lambda: status(cluster, "Island", "alpha").get("phase") == "Provisioning"
+    )
+    assert provisioning
+    assert status(cluster, "Island", "alpha").get("schedulerEndpoint") is None
+
+    # kubelet's part: the pods become ready.
+    mark_ready(cluster, "alpha", SYSTEM, scheduler=1, executors=2)
+    ready = wait_for(
+        lambda: (s := status(cluster, "Island", "alpha")).get("phase") == "Ready" and s
+    )
+    assert ready["readyHosts"] == 2 and ready["devicesTotal"] == 8 and ready["devicesFree"] == 8
+    assert ready["schedulerEndpoint"] == f"alpha-scheduler.{SYSTEM}.svc:8470"
+    assert {c["type"]: c["status"] for c in ready["conditions"]} == {
+        "Ready": "True",
+        "Degraded": "False",
+    }
+    assert wait_for(lambda: cluster.events("alpha", "Ready"))
+
+    # A host is lost: Degraded, with an Event.
+    mark_ready(cluster, "alpha", SYSTEM, scheduler=1, executors=1)
+    degraded = wait_for(
+        lambda: (s := status(cluster, "Island", "alpha")).get("phase") == "Degraded" and s
+    )
+    assert degraded["readyHosts"] == 1
+    assert wait_for(
+        lambda: [e for e in cluster.events("alpha", "Degraded") if e["type"] == "Warning"]
+    )
+
+    # Scale to 4 hosts: the StatefulSet and the scheduler's executor list follow.
+    cluster.patch("Island", "alpha", {"spec": {"topology": "4x4", "hosts": 4}})
+    scaled = wait_for(
+        lambda: (
+            (s := cluster.get("StatefulSet", "alpha-executor", SYSTEM))["spec"]["replicas"] == 4
+            and s
+        )
+    )
+    deployment = cluster.get("Deployment", "alpha-scheduler", SYSTEM)
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args.count("--executor") == 4
+    assert "--hosts 4" in scaled["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert wait_for(lambda: status(cluster, "Island", "alpha").get("devicesTotal") == 16)
+
+    # Delete: the children go, then the island.
+    cluster.delete("Island", "alpha")
+    wait_for(lambda: cluster.get("Island", "alpha") is None, what="the island to go")
+    assert children(cluster, "alpha") == {}
+
+
+def test_tpu_island_children_request_tpus_on_matching_nodes(cluster: Cluster, operator) -> None:
+    cluster.create(island("tpu", kind="tpu-v5e", topology="4x4", hosts=2))
+    statefulset = wait_for(lambda: cluster.get("StatefulSet", "tpu-executor", SYSTEM))
+    pod = statefulset["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["google.com/tpu"] == "8"
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+        "cloud.google.com/gke-tpu-topology": "4x4",
+    }
+    assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert "--fake-devices" not in container["command"][-1]
+
+
+def test_semantically_wrong_island_gets_a_condition_and_one_event(
+    cluster: Cluster, operator
+) -> None:
+    # Passes the CRD schema, but 2 hosts x 3 devices is not a 2x4 mesh.
+    cluster.create(island("bad", topology="2x4", hosts=2, devicesPerHost=3))
+    ready = wait_for(
+        lambda: next(
+            (
+                c
+                for c in status(cluster, "Island", "bad").get("conditions", [])
+                if c["type"] == "Ready"
+            ),
+            None,
+        )
+    )
+    assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+    assert "spec.devicesPerHost" in ready["message"]
+    assert children(cluster, "bad") == {}
+    events = wait_for(lambda: cluster.events("bad", "InvalidSpec"))
+    # Resyncs (every 2 s here) decide the same and record nothing new: no endless retries.
+    writes = cluster.requests_to(
+        lambda r: r.name == "bad" and str(r.method).upper().endswith("PATCH")
+    )
+    import time
+
+    time.sleep(4.5)
+    assert len(cluster.events("bad", "InvalidSpec")) == len(events) == 1
+    assert (
+        cluster.requests_to(lambda r: r.name == "bad" and str(r.method).upper().endswith("PATCH"))
+        == writes
+    )
+
+
+def test_external_island_publishes_its_endpoint_without_pods(cluster: Cluster, operator) -> None:
+    manifest = island("laptop", topology="4", hosts=1)
+    manifest["metadata"]["annotations"] = {"pathways.dev/scheduler-endpoint": "127.0.0.1:9999"}
+    cluster.create(manifest)
+    ready = wait_for(
+        lambda: (s := status(cluster, "Island", "laptop")).get("phase") == "Ready" and s
+    )
+    assert ready["schedulerEndpoint"] == "127.0.0.1:9999" and ready["readyHosts"] == 1
+    assert children(cluster, "laptop") == {}
+
+
+def test_deleting_an_island_moves_its_slices_with_a_reason(cluster: Cluster, operator) -> None:
+    cluster.create(island("a-first", topology="4", hosts=1))
+    cluster.create(vslice("work", devices=4))
+    bound = wait_for(
+        lambda: (s := status(cluster, "VirtualSlice", "work", "team")).get("phase") == "Bound" and s
+    )
+    assert bound["island"] == "a-first"
+    cluster.create(island("b-second", topology="4", hosts=1))
+    wait_for(lambda: status(cluster, "Island", "b-second").get("devicesFree") == 4)
+    cluster.delete("Island", "a-first")
+    moved = wait_for(
+        lambda: (
+            (s := status(cluster, "VirtualSlice", "work", "team")).get("island") == "b-second" and s
+        )
+    )
+    assert moved["phase"] == "Bound"
+    assert cluster.events("work", "IslandDeleted")

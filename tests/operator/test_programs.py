@@ -1,0 +1,206 @@
+"""PathwaysPrograms over HTTP, from apply to a terminal phase. Jobs are run by a harness
+standing in for kubelet and the Job controller; the end-to-end program drives a real island
+(a scheduler and an executor started on loopback by the data plane's launcher)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+from kube_cluster import Cluster, wait_for
+from kube_harness import JobRunner
+from kube_manifests import island, program, vslice
+
+from pathways_client.launcher import LocalIsland
+
+DRIVER = textwrap.dedent(
+    """
+    import json, os
+    import jax, jax.numpy as jnp, numpy as np
+    from pathways_client.island_client import IslandClient
+
+    main = json.loads(os.environ["PATHWAYS_SLICES"])["main"]
+    step = jax.export.export(jax.jit(lambda x: x * 2 + 1))(
+        jax.ShapeDtypeStruct((4,), jnp.float32)
+    )
+    with IslandClient(main["scheduler"], os.environ["PATHWAYS_PROGRAM"],
+                      weight=int(os.environ["PATHWAYS_WEIGHT"])) as client:
+        function = client.register(step.serialize(), "step")
+        device = main["devices"][-1]
+        x = client.put(np.arange(4, dtype=np.float32), device=device)
+        y = client.submit(function, [device], [x], 1)
+        y.wait()
+        result = client.get(y.outputs[0]).tolist()
+    assert result == [1.0, 3.0, 5.0, 7.0], result
+    print("RESULT", result, "on device", device, "of island", main["island"])
+    """
+)
+
+
+def pstatus(cluster: Cluster, name: str, namespace: str = "team") -> dict:
+    return (cluster.get("PathwaysProgram", name, namespace) or {}).get("status") or {}
+
+
+def external_island(name: str, endpoint: str, topology: str = "4") -> dict:
+    manifest = island(name, topology=topology, hosts=1)
+    manifest["metadata"]["annotations"] = {"pathways.dev/scheduler-endpoint": endpoint}
+    return manifest
+
+
+def test_driver_program_runs_to_succeeded_on_a_real_island(
+    cluster: Cluster, operator, tmp_path: Path
+) -> None:
+    with LocalIsland(hosts=1, devices_per_host=4, compilation_cache=tmp_path / "xla") as local:
+        endpoint = local.scheduler_endpoint
+        cluster.create(external_island("local", endpoint))
+        cluster.create(
+            program(
+                "prog",
+                slices=[{"name": "main", "devices": 2}],
+                driver={"source": DRIVER},
+                weight=3,
+                priority=5,
+            )
+        )
+        with JobRunner(cluster, tmp_path) as jobs:
+            done = wait_for(
+                lambda: (
+                    (s := pstatus(cluster, "prog")).get("phase") in ("Succeeded", "Failed") and s
+                ),
+                timeout=150,
+            )
+            output = jobs.outputs.get("team/prog-run-1", "")
+            environment = jobs.environments["team/prog-run-1"]
+    assert done["phase"] == "Succeeded", (done, output)
+    assert "RESULT [1.0, 3.0, 5.0, 7.0]" in output and "of island local" in output
+    assert done["runs"] == 1 and done["restarts"] == 0 and done["completionTime"]
+    assert {c["type"]: c["status"] for c in done["conditions"]}["Succeeded"] == "True"
+    # The SDK's connection settings, per the contracts.
+    assert environment["PATHWAYS_PROGRAM"] == "team/prog"
+    assert (environment["PATHWAYS_TENANT"], environment["PATHWAYS_PRIORITY"]) == ("team", "5")
+    assert environment["PATHWAYS_WEIGHT"] == "3"
+    main = json.loads(environment["PATHWAYS_SLICES"])["main"]
+    assert main["virtualSlice"] == "prog-main" and main["island"] == "local"
+    assert main["scheduler"] == endpoint
+    assert len(main["devices"]) == 2 and main["shape"] is None
+    # The program's inline slice was owned by it and is released once it is done.
+    wait_for(lambda: cluster.get("VirtualSlice", "prog-main", "team") is None)
+    assert [e["reason"] for e in cluster.events("prog")][:2] == ["WaitingForSlices", "Running"]
+    assert cluster.events("prog", "JobSucceeded")
+
+
+def test_missing_slice_then_restarts_until_failed(
+    cluster: Cluster, operator, tmp_path: Path
+) -> None:
+    cluster.create(external_island("far", "127.0.0.1:1"))
+    cluster.create(
+        program(
+            "flaky",
+            slices=[{"name": "main", "virtualSliceName": "shared"}],
+            driver={"source": "import sys; print('failing'); sys.exit(3)"},
+            restartPolicy="OnFailure",
+            maxRestarts=1,
+        )
+    )
+    waiting = wait_for(lambda: (s := pstatus(cluster, "flaky")).get("reason") and s)
+    assert waiting["phase"] == "Pending" and waiting["reason"] == "VirtualSliceNotFound"
+    assert "VirtualSlice 'shared' not found in namespace team" in waiting["message"]
+    assert cluster.events("flaky", "VirtualSliceNotFound")[0]["type"] == "Warning"
+    assert cluster.list("Job", "team") == []
+
+    with JobRunner(cluster, tmp_path) as jobs:
+        cluster.create(vslice("shared", devices=2))  # the program notices through its index
+        failed = wait_for(
+            lambda: (s := pstatus(cluster, "flaky")).get("phase") == "Failed" and s, timeout=60
+        )
+        assert sorted(jobs.started) == ["team/flaky-run-1", "team/flaky-run-2"]
+    assert failed["reason"] == "JobFailed" and failed["restarts"] == 1 and failed["runs"] == 2
+    assert "exited with code 3" in failed["message"] and "after 1 restarts" in failed["message"]
+    assert cluster.events("flaky", "Restarting")
+    # The existing slice is the user's: it stays.
+    assert cluster.get("VirtualSlice", "shared", "team") is not None
+
+
+def test_semantically_wrong_program_fails_once_with_a_reason(cluster: Cluster, operator) -> None:
+    cluster.create(
+        program(
+            "broken",
+            slices=[{"name": "main", "devices": 2}],
+            graph={
+                "functions": [{"name": "f", "uri": "file:///f.bin"}],
+                "nodes": [{"name": "n", "function": "missing", "slice": "main"}],
+            },
+        )
+    )
+    failed = wait_for(lambda: (s := pstatus(cluster, "broken")).get("phase") and s)
+    assert failed["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
+    assert "graph.nodes[0].function" in failed["message"]
+    assert len(wait_for(lambda: cluster.events("broken", "InvalidSpec"))) == 1
+    assert cluster.list("Job", "team") == [] and cluster.list("VirtualSlice", "team") == []
+
+
+def test_suspend_resume_and_cleanup(cluster: Cluster, operator, tmp_path: Path) -> None:
+    cluster.create(external_island("far", "127.0.0.1:1", topology="2x2"))
+    cluster.create(
+        program(
+            "long",
+            slices=[{"name": "main", "shape": "2x2"}],
+            driver={"source": "import time; time.sleep(120)"},
+        )
+    )
+    with JobRunner(cluster, tmp_path) as jobs:
+        wait_for(lambda: pstatus(cluster, "long").get("phase") == "Running")
+        wait_for(lambda: "team/long-run-1" in jobs.started)
+        cluster.patch("PathwaysProgram", "long", {"spec": {"suspend": True}}, "team")
+        suspended = wait_for(
+            lambda: (s := pstatus(cluster, "long")).get("phase") == "Suspended" and s
+        )
+        assert suspended["reason"] == "Suspended"
+        # The run stops and the slice's devices go back.
+        wait_for(lambda: cluster.get("Job", "long-run-1", "team") is None)
+        wait_for(lambda: cluster.get("VirtualSlice", "long-main", "team") is None)
+        assert cluster.events("long", "Suspended")
+
+        cluster.patch("PathwaysProgram", "long", {"spec": {"suspend": False}}, "team")
+        resumed = wait_for(
+            lambda: (
+                (s := pstatus(cluster, "long")).get("phase") == "Running" and s["runs"] == 2 and s
+            )
+        )
+        assert resumed["slices"][0]["phase"] == "Bound"
+        job = wait_for(lambda: cluster.get("Job", "long-run-2", "team"))
+        shape = json.loads(job["spec"]["template"]["spec"]["containers"][0]["env"][-1]["value"])
+        assert shape["main"]["shape"] == [2, 2]
+        owner = job["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"]) == ("PathwaysProgram", "long")
+
+        cluster.delete("PathwaysProgram", "long", "team")
+        wait_for(lambda: cluster.get("PathwaysProgram", "long", "team") is None)
+        assert cluster.get("Job", "long-run-2", "team") is None
+        wait_for(lambda: cluster.get("VirtualSlice", "long-main", "team") is None)
+
+
+def test_graph_program_runs_the_graph_runner_with_its_spec_mounted(
+    cluster: Cluster, operator
+) -> None:
+    cluster.create(external_island("far", "127.0.0.1:1"))
+    cluster.create(
+        program(
+            "graph",
+            slices=[{"name": "main", "devices": 1}],
+            graph={
+                "functions": [{"name": "f", "uri": "file:///f.bin"}],
+                "nodes": [{"name": "n", "function": "f", "slice": "main"}],
+            },
+        )
+    )
+    job = wait_for(lambda: cluster.get("Job", "graph-run-1", "team"))
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "pathways_client.run_graph"]
+    assert container["args"] == ["--spec", "/etc/pathways/program.json"]
+    assert job["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == "graph-graph"
+    config = cluster.get("ConfigMap", "graph-graph", "team")
+    assert json.loads(config["data"]["program.json"])["graph"]["nodes"][0]["function"] == "f"
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"

@@ -1,0 +1,157 @@
+"""VirtualSlices over HTTP: bound, pending, preempted, released; a restart in the middle of
+binding never binds a device twice."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import urllib.request
+from itertools import combinations
+
+import kmock
+from kube_cluster import Cluster, running_operator, wait_for
+from kube_manifests import island, vslice
+
+
+def status(cluster: Cluster, name: str, namespace: str = "team") -> dict:
+    return (cluster.get("VirtualSlice", name, namespace) or {}).get("status") or {}
+
+
+def phase(cluster: Cluster, name: str, namespace: str = "team") -> str | None:
+    return status(cluster, name, namespace).get("phase")
+
+
+def assert_no_device_bound_twice(cluster: Cluster) -> None:
+    bound = [
+        s for s in cluster.list("VirtualSlice") if (s.get("status") or {}).get("phase") == "Bound"
+    ]
+    for a, b in combinations(bound, 2):
+        if a["status"]["island"] == b["status"]["island"]:
+            shared = set(a["status"]["devices"]) & set(b["status"]["devices"])
+            assert not shared, (a["metadata"]["name"], b["metadata"]["name"], shared)
+
+
+def test_bound_pending_preempted_released(cluster: Cluster, operator) -> None:
+    cluster.create(island("a", topology="2x4", hosts=2))
+    cluster.create(vslice("low-1", devices=4))
+    cluster.create(vslice("low-2", devices=4))
+    wait_for(lambda: phase(cluster, "low-1") == phase(cluster, "low-2") == "Bound")
+    assert_no_device_bound_twice(cluster)
+    assert wait_for(
+        lambda: (cluster.get("Island", "a").get("status") or {}).get("devicesFree") == 0
+    )
+
+    # No room: pending with a reason, and an Event.
+    cluster.create(vslice("waiter", devices=4))
+    pending = wait_for(lambda: (s := status(cluster, "waiter")).get("phase") == "Pending" and s)
+    assert pending["reason"] == "InsufficientDevices"
+    assert "most free devices on a matching island is 0" in pending["message"]
+    assert wait_for(lambda: cluster.events("waiter", "InsufficientDevices"))[0]["type"] == "Warning"
+
+    # Higher priority: one low slice is preempted, with a reason and an Event.
+    cluster.create(vslice("urgent", devices=4, priority=10))
+    wait_for(lambda: phase(cluster, "urgent") == "Bound")
+    victims = [n for n in ("low-1", "low-2") if phase(cluster, n) == "Preempted"]
+    assert len(victims) == 1
+    victim = status(cluster, victims[0])
+    assert victim["reason"] == "Preempted" and "team/urgent" in victim["message"]
+    assert victim["devices"] == []
+    assert cluster.events(victims[0], "Preempted")
+    assert phase(cluster, "waiter") == "Pending"
+    assert_no_device_bound_twice(cluster)
+
+    # Deleting the urgent slice releases its devices (our finalizer): the preempted slice,
+    # older than the waiter, gets them back.
+    cluster.delete("VirtualSlice", "urgent", "team")
+    wait_for(lambda: cluster.get("VirtualSlice", "urgent", "team") is None)
+    assert cluster.events("urgent", "Released")
+    wait_for(lambda: phase(cluster, victims[0]) == "Bound")
+    assert phase(cluster, "waiter") == "Pending"
+    assert_no_device_bound_twice(cluster)
+
+
+def test_slice_larger_than_any_island_waits_with_one_event(cluster: Cluster, operator) -> None:
+    cluster.create(island("small", topology="2x4", hosts=2))
+    cluster.create(vslice("huge", devices=64))
+    pending = wait_for(lambda: (s := status(cluster, "huge")).get("reason") and s)
+    assert pending["phase"] == "Pending" and pending["reason"] == "ShapeDoesNotFit"
+    assert "does not fit in any matching island (meshes: 2x4)" in pending["message"]
+    condition = pending["conditions"][0]
+    assert (condition["type"], condition["status"], condition["reason"]) == (
+        "Bound",
+        "False",
+        "ShapeDoesNotFit",
+    )
+    wait_for(lambda: cluster.events("huge", "ShapeDoesNotFit"))
+
+    def writes() -> int:
+        return cluster.requests_to(lambda r: r.name == "huge" and r.subresource == "status")
+
+    before = writes()
+    time.sleep(4.5)  # two resyncs: the same decision, nothing written, no new Event
+    assert writes() == before
+    assert len(cluster.events("huge", "ShapeDoesNotFit")) == 1
+
+
+def test_restart_in_the_middle_of_binding_binds_no_device_twice(cluster: Cluster) -> None:
+    release = asyncio.Event()
+
+    async def crash_before_third_binding_lands(request: kmock.Request) -> None:
+        if request.name == "s3" and request.subresource == "status":
+            await release.wait()  # the operator dies while this write is in flight
+            raise kmock.KubernetesError(503, "ServiceUnavailable", "the write never landed")
+
+    cluster.call_soon(lambda: cluster.emulator.hooks.append(crash_before_third_binding_lands))
+    cluster.create(island("tight", topology="2x4", hosts=2))  # 8 devices, 4 slices of 2
+    for name in ("s1", "s2", "s3"):
+        cluster.create(vslice(name, devices=2))
+    with running_operator():
+        wait_for(lambda: phase(cluster, "s1") == phase(cluster, "s2") == "Bound")
+        wait_for(
+            lambda: cluster.requests_to(lambda r: r.name == "s3" and r.subresource == "status")
+        )
+    first = {name: status(cluster, name)["devices"] for name in ("s1", "s2")}
+    cluster.call_soon(release.set)
+    cluster.call_soon(cluster.emulator.hooks.clear)
+    assert phase(cluster, "s3") is None  # its binding never landed
+    cluster.create(vslice("s4", devices=2))
+
+    with running_operator():
+        wait_for(lambda: all(phase(cluster, n) == "Bound" for n in ("s1", "s2", "s3", "s4")))
+        # The stored bindings were restored before anything new was bound.
+        assert {n: status(cluster, n)["devices"] for n in ("s1", "s2")} == first
+        assert_no_device_bound_twice(cluster)
+        devices = sorted(d for n in ("s1", "s2", "s3", "s4") for d in status(cluster, n)["devices"])
+        assert devices == list(range(8))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_metrics_endpoint_reports_slices_devices_and_time_to_bind(cluster: Cluster) -> None:
+    port = free_port()
+    with running_operator(PATHWAYS_METRICS_PORT=str(port)):
+        cluster.create(island("m", topology="2x4", hosts=2))
+        cluster.create(vslice("fits", devices=6))
+        cluster.create(vslice("later", devices=4))
+        wait_for(lambda: phase(cluster, "fits") == "Bound" and phase(cluster, "later") == "Pending")
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+                return answer.read().decode()
+
+        text = wait_for(
+            lambda: 'pathways_island_devices_free{island="m"} 2.0' in (t := scrape()) and t
+        )
+    assert 'pathways_virtual_slices{phase="Bound"} 1.0' in text
+    assert 'pathways_virtual_slices{phase="Waiting"} 1.0' in text
+    assert 'pathways_island_devices_total{island="m"} 8.0' in text
+    count = next(
+        line for line in text.splitlines() if line.startswith("pathways_time_to_bind_seconds_count")
+    )
+    assert float(count.split()[-1]) >= 1
+    assert "pathways_reconcile_errors_total" in text
