@@ -1,22 +1,28 @@
 """A client of one island: registers compiled functions, places arrays, submits computations
-and fetches results over gRPC. The SDK's programs are built on it."""
+and fetches results. The SDK's programs are built on it.
+
+The session with the scheduler (registrations, computations, deletions out; events back) is a
+control stream of framed protobuf over raw TCP at the island's session endpoint (see
+``pathways_core.wire.streams``); arrays and the island's information go over gRPC."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
-import queue
+import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
-from pathways_client.rpc import MESSAGE_OPTIONS, batches, stub
+from pathways_client.rpc import MESSAGE_OPTIONS, stub
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
 from pathways_core.wire.arrays import Assembly, to_chunks
+from pathways_core.wire.streams import FrameError, frame, messages
 
 Event = pb.ClientEvent
 
@@ -57,13 +63,18 @@ class IslandClient:
         self._pending: dict[str, Future[None]] = {}
         self._functions: dict[str, Future[None]] = {}
         self._locations: dict[str, tuple[int, ...]] = {}  # buffer id -> executors holding it
-        self._outgoing: queue.Queue[pb.ClientMessage | None] = queue.Queue()
-        self._outgoing.put(
+        self._send_lock = threading.Lock()
+        self._batching = threading.local()
+        self._rejected = ""
+        self._session = socket.create_connection(
+            _reachable(self.info.session_endpoint, endpoint), timeout=60
+        )
+        self._session.settimeout(None)
+        self._session.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._send(
             pb.ClientMessage(hello=pb.Hello(client=client, weight=weight, priority=priority))
         )
-        outgoing = batches(self._outgoing, lambda items: pb.ClientBatch(messages=items))
-        responses = stub(self._channel, SCHEDULER, "Session")(outgoing)
-        self._reader = threading.Thread(target=self._read, args=(responses,), daemon=True)
+        self._reader = threading.Thread(target=self._read, name=f"session-{client}", daemon=True)
         self._reader.start()
 
     # -- requests ----------------------------------------------------------------------------
@@ -154,13 +165,31 @@ class IslandClient:
             self._locations.pop(buffer_id, None)
         self._send(pb.ClientMessage(delete=pb.DeleteBuffers(ids=list(buffer_ids))))
 
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Send this thread's requests made inside the block as one message when it ends (a
+        chain of submissions then crosses to the scheduler at once). Submissions still return
+        at once; waiting on one inside the block would wait for the block's end forever."""
+        pending = getattr(self._batching, "messages", None)
+        if pending is not None:  # nested: the outermost block sends
+            yield
+            return
+        self._batching.messages = []
+        try:
+            yield
+        finally:
+            queued, self._batching.messages = self._batching.messages, None
+            self._write(queued)
+
     def trace(self) -> list[pb.TraceRecord]:
         """The island's trace: which computation of which client ran where and when."""
         return list(stub(self._channel, SCHEDULER, "GetTrace")(pb.Empty(), timeout=60).records)
 
     def close(self) -> None:
-        self._outgoing.put(None)
+        with contextlib.suppress(OSError):  # the scheduler ends the session and its stream
+            self._session.shutdown(socket.SHUT_WR)
         self._reader.join(timeout=10)
+        self._session.close()
         for channel in [self._channel, *self._executors.values()]:
             channel.close()
 
@@ -176,16 +205,29 @@ class IslandClient:
         return f"{self.client}/{kind}{next(self._ids)}"
 
     def _send(self, message: pb.ClientMessage) -> None:
-        self._outgoing.put(message)
+        pending = getattr(self._batching, "messages", None)
+        if pending is not None:
+            pending.append(message)
+        else:
+            self._write([message])
 
-    def _read(self, responses) -> None:
+    def _write(self, batch: list[pb.ClientMessage]) -> None:
+        """Send messages in one frame, straight from the caller's thread."""
+        if not batch:
+            return
+        data = frame(pb.ClientBatch(messages=batch))
+        # A failed write means the session ended: the reader fails what is pending.
+        with self._send_lock, contextlib.suppress(OSError):
+            self._session.sendall(data)
+
+    def _read(self) -> None:
         try:
-            for batch in responses:
+            for batch in messages(self._session.recv, pb.ClientEventBatch.FromString):
                 for event in batch.events:
                     self._on_event(event)
-            reason = "the scheduler closed the session"
-        except grpc.RpcError as error:
-            reason = f"the scheduler is unreachable: {error.details()}"
+            reason = self._rejected or "the scheduler closed the session"
+        except (OSError, FrameError) as error:
+            reason = f"the scheduler is unreachable: {error}"
         with self._lock:
             waiting = [*self._pending.values(), *self._functions.values()]
             self._pending.clear()
@@ -194,6 +236,8 @@ class IslandClient:
                 future.set_exception(IslandError(reason))
 
     def _on_event(self, event: pb.ClientEvent) -> None:
+        if event.kind == Event.REJECTED and not (event.computation_id or event.function_id):
+            self._rejected = event.message  # a request of the session's own was refused
         with self._lock:
             if event.kind in (Event.REGISTERED, Event.REJECTED) and event.function_id:
                 future = self._functions.get(event.function_id)
@@ -207,3 +251,12 @@ class IslandClient:
             future.set_result(None)
         else:
             future.set_exception(IslandError(event.message))
+
+
+def _reachable(advertised: str, contacted: str) -> tuple[str, int]:
+    """Where to reach an advertised host:port: a server listening on every interface
+    advertises a wildcard host, reached at the host it was contacted at."""
+    host, port = advertised.rsplit(":", 1)
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = contacted.rsplit(":", 1)[0]
+    return (host.strip("[]"), int(port))

@@ -21,15 +21,12 @@ class DataPlaneServer:
         self._lookup = lookup
         self._listener = socket.create_server((host, 0), backlog=64)
         self.endpoint = f"{host}:{self._listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, name="data-plane", daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                connection, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+        threading.Thread(
+            target=accept_forever,
+            args=(self._listener, self._serve),
+            name="data-plane",
+            daemon=True,
+        ).start()
 
     def _serve(self, connection: socket.socket) -> None:
         with connection:
@@ -60,6 +57,16 @@ class DataPlaneServer:
 
     def close(self) -> None:
         self._listener.close()
+
+
+def accept_forever(listener: socket.socket, serve: Callable[[socket.socket], None]) -> None:
+    """Serve each connection of ``listener`` on a thread of its own until it is closed."""
+    while True:
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=serve, args=(connection,), daemon=True).start()
 
 
 def pull(endpoint: str, buffer_id: str, timeout: float, assembly: Assembly) -> None:

@@ -1,14 +1,13 @@
-"""The executor's gRPC server: a thin shell around the runner."""
+"""The executor's servers, a thin shell around the runner: gRPC for arrays and information,
+the control stream for the scheduler's commands, the bulk data plane for peers."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import queue
 import signal
 import sys
-import threading
 from concurrent import futures
 
 import grpc
@@ -19,8 +18,9 @@ from pathways_core.wire import EXECUTOR, pb
 from pathways_core.wire.arrays import Assembly, from_chunks, region_chunks
 from pathways_executor.arrays import local_regions
 from pathways_executor.buffers import BufferError
+from pathways_executor.control import ControlServer
 from pathways_executor.data_plane import DataPlaneServer, pull
-from pathways_executor.rpc import MESSAGE_OPTIONS, batches, generic_handler
+from pathways_executor.rpc import MESSAGE_OPTIONS, generic_handler
 from pathways_executor.runner import INPUT_TIMEOUT_SECONDS, Runner
 
 # How long a requested buffer may take to be announced by the island's command stream.
@@ -30,7 +30,9 @@ APPEAR_WITHIN_SECONDS = 30.0
 class ExecutorService:
     """Implements ``pathways.v1.Executor``."""
 
-    def __init__(self, index: int, first_device: int, endpoint: str = "") -> None:
+    def __init__(
+        self, index: int, first_device: int, endpoint: str = "", host: str = "127.0.0.1"
+    ) -> None:
         self.index = index
         self.endpoint = endpoint
         if jax.process_count() > 1:
@@ -44,38 +46,17 @@ class ExecutorService:
             for i, device in self.island_devices.items()
             if device.process_index == jax.process_index()
         }
-        self._events: queue.Queue[pb.ExecutorEvent | None] | None = None
         self.runner = Runner(index, self.island_devices, self._fetch, self._emit)
+        self.control = ControlServer(self.runner.submit, host)
         self.data_plane = DataPlaneServer(
             lambda buffer_id, timeout: self.runner.buffers.get(
                 buffer_id, timeout, APPEAR_WITHIN_SECONDS
-            )
+            ),
+            host,
         )
 
-    # -- scheduler stream --------------------------------------------------------------------
-
-    def Execute(self, batches_in, context):
-        events: queue.Queue[pb.ExecutorEvent | None] = queue.Queue()
-        previous, self._events = self._events, events
-        if previous is not None:
-            previous.put(None)  # a new scheduler stream replaces the old one
-
-        def read() -> None:
-            try:
-                for batch in batches_in:
-                    for command in batch.commands:
-                        self.runner.submit(command)
-            except grpc.RpcError:
-                pass
-            events.put(None)
-
-        threading.Thread(target=read, name="commands", daemon=True).start()
-        yield from batches(events, lambda items: pb.EventBatch(events=items))
-
-    def _emit(self, event: pb.ExecutorEvent) -> None:
-        events = self._events
-        if events is not None:
-            events.put(event)
+    def _emit(self, events: list[pb.ExecutorEvent]) -> None:
+        self.control.emit(events)
 
     # -- arrays ------------------------------------------------------------------------------
 
@@ -109,6 +90,7 @@ class ExecutorService:
             endpoint=self.endpoint,
             devices=sorted(self.local_devices),
             data_endpoint=self.data_plane.endpoint,
+            control_endpoint=self.control.endpoint,
             platform=jax.default_backend(),
         )
 
@@ -134,7 +116,7 @@ class ExecutorService:
 def serve(index: int, first_device: int, host: str, port: int) -> tuple[grpc.Server, int]:
     """Start the executor's server; returns it and the port it listens on."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=MESSAGE_OPTIONS)
-    service = ExecutorService(index, first_device)
+    service = ExecutorService(index, first_device, host=host)
     server.add_generic_rpc_handlers([generic_handler(EXECUTOR, service)])
     bound = server.add_insecure_port(f"{host}:{port}")
     service.endpoint = f"{host}:{bound}"

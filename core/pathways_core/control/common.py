@@ -137,7 +137,10 @@ def set_condition(
     }
     if observed_generation is not None:
         condition["observedGeneration"] = observed_generation
-    return [c for c in conditions if c.get("type") != type_] + [condition]
+    if previous is None:
+        return [*conditions, condition]
+    # In place: the list keeps its order, so an unchanged condition leaves it equal.
+    return [condition if c is previous else c for c in conditions]
 
 
 def condition(conditions: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:

@@ -305,6 +305,7 @@ def reconcile_program(view: ProgramView, now: datetime, image: str) -> ProgramDe
     job_active = job is not None and outcome is None
 
     if old.get("phase") in TERMINAL:
+        status["slices"] = old.get("slices") or []
         release_inline()
         finish(old["phase"], old.get("reason"), old.get("message") or "")
         return decision
@@ -389,7 +390,7 @@ def reconcile_program(view: ProgramView, now: datetime, image: str) -> ProgramDe
     if job_active and not retry:
         if ready:
             conditions = set_condition(conditions, "SlicesReady", True, "Bound", "", now, gen)
-            finish("Running", "Running", f"run {runs} is running")
+            finish("Running", "Running", f"run {runs} runs as Job {job_name(name, runs)}")
             return decision
         # A slice was preempted or released under the running program: stop the run and wait.
         decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
@@ -427,7 +428,8 @@ def reconcile_program(view: ProgramView, now: datetime, image: str) -> ProgramDe
     conditions = set_condition(
         conditions, "Running", True, "JobCreated", f"Job {job_name(name, run)}", now, gen
     )
-    finish("Running", "Running", f"run {run} started as Job {job_name(name, run)}")
-    if old.get("phase") == "Running":  # a restart: finish() saw no transition
+    recorded = len(decision.events)
+    finish("Running", "Running", f"run {run} runs as Job {job_name(name, run)}")
+    if len(decision.events) == recorded:  # a restart: finish() saw no transition
         decision.events.append(Event(ref, "Normal", "Running", f"run {run} started"))
     return decision

@@ -1,5 +1,9 @@
 """Wire messages (protobuf) and the gRPC method tables of the scheduler and executor services.
 
+The hot streams are not gRPC methods: client sessions and the scheduler's command streams are
+framed protobuf over raw TCP (``pathways_core.wire.streams``), at the ``session_endpoint`` of
+``IslandInfo`` and the ``control_endpoint`` of ``ExecutorInfo``.
+
 The tables are plain data so that every component builds its servers and stubs from one
 definition without this package importing gRPC.
 """
@@ -39,9 +43,6 @@ class Service:
 SCHEDULER = Service(
     "pathways.v1.Scheduler",
     (
-        # One long-lived stream per client: registrations, computations and deletions in,
-        # queued/completed/failed events out.
-        Method("Session", Cardinality.STREAM_STREAM, pb.ClientBatch, pb.ClientEventBatch),
         Method("Info", Cardinality.UNARY_UNARY, pb.Empty, pb.IslandInfo),
         Method("GetTrace", Cardinality.UNARY_UNARY, pb.Empty, pb.Trace),
     ),
@@ -50,8 +51,6 @@ SCHEDULER = Service(
 EXECUTOR = Service(
     "pathways.v1.Executor",
     (
-        # The island scheduler's ordered command stream, and the executor's events back.
-        Method("Execute", Cardinality.STREAM_STREAM, pb.CommandBatch, pb.EventBatch),
         Method("PutArray", Cardinality.STREAM_UNARY, pb.ArrayChunk, pb.Ack),
         Method("GetArray", Cardinality.UNARY_STREAM, pb.ArrayRequest, pb.ArrayChunk),
         Method("Info", Cardinality.UNARY_UNARY, pb.Empty, pb.ExecutorInfo),

@@ -178,30 +178,34 @@ class Ack(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint")
+    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint", "control_endpoint")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     index: int
     endpoint: str
     devices: _containers.RepeatedScalarFieldContainer[int]
     platform: str
     data_endpoint: str
-    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ...) -> None: ...
+    control_endpoint: str
+    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ...) -> None: ...
 
 class IslandInfo(_message.Message):
-    __slots__ = ("island", "shape", "executors", "policy")
+    __slots__ = ("island", "shape", "executors", "policy", "session_endpoint")
     ISLAND_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     EXECUTORS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     island: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     executors: _containers.RepeatedCompositeFieldContainer[ExecutorInfo]
     policy: str
-    def __init__(self, island: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., executors: _Optional[_Iterable[_Union[ExecutorInfo, _Mapping]]] = ..., policy: _Optional[str] = ...) -> None: ...
+    session_endpoint: str
+    def __init__(self, island: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., executors: _Optional[_Iterable[_Union[ExecutorInfo, _Mapping]]] = ..., policy: _Optional[str] = ..., session_endpoint: _Optional[str] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

@@ -1,8 +1,17 @@
-"""Stream plumbing shared by every gRPC peer: message size limits and batching."""
+"""Stream plumbing shared by every peer: gRPC message size limits, batching, and the framing of
+the control streams.
+
+The hot control streams (client sessions with the scheduler, the scheduler's command streams to
+executors) are length-prefixed protobuf frames over raw TCP: measured on these machines, a
+ping-pong over a Python gRPC stream costs ~430 µs and ~250 µs of CPU per side (grpc.aio: ~240 µs
+and ~130 µs), over raw TCP ~50 µs and ~20 µs. This module only encodes and decodes frames; the
+components own the sockets.
+"""
 
 from __future__ import annotations
 
 import queue
+import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,6 +21,9 @@ MESSAGE_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
 MAX_BATCH = 512
+# A control frame: u32 length (network order), then a serialized protobuf message.
+FRAME_LENGTH = struct.Struct("!I")
+RECEIVE_BYTES = 1 << 18
 
 
 def batches(pending: queue.Queue, wrap: Callable[[list[Any]], Any]) -> Iterator[Any]:
@@ -30,3 +42,59 @@ def batches(pending: queue.Queue, wrap: Callable[[list[Any]], Any]) -> Iterator[
                 break
             batch.append(item)
         yield wrap(batch)
+
+
+def frame(message: Any) -> bytes:
+    """A protobuf message as one control-stream frame."""
+    data = message.SerializeToString()
+    return FRAME_LENGTH.pack(len(data)) + data
+
+
+class FrameError(ValueError):
+    """A control stream carried bytes that are not a frame."""
+
+
+class FrameDecoder:
+    """Splits the bytes of a control stream, in whatever pieces they arrive, into frames."""
+
+    def __init__(self, parse: Callable[[bytes], Any], max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self._parse = parse
+        self._max = max_bytes
+        self._pending = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        """The messages completed by ``data`` (possibly none); raises ``FrameError`` on a frame
+        longer than allowed or one that does not parse."""
+        pending = self._pending
+        pending += data
+        messages = []
+        start, size = 0, len(pending)
+        while size - start >= FRAME_LENGTH.size:
+            (length,) = FRAME_LENGTH.unpack_from(pending, start)
+            if length > self._max:
+                raise FrameError(f"a control frame of {length} bytes exceeds {self._max}")
+            end = start + FRAME_LENGTH.size + length
+            if end > size:
+                break
+            try:
+                messages.append(self._parse(bytes(pending[start + FRAME_LENGTH.size : end])))
+            except Exception as error:  # protobuf's DecodeError and friends
+                raise FrameError(f"a control frame does not parse: {error}") from error
+            start = end
+        del pending[:start]
+        return messages
+
+    @property
+    def partial(self) -> bool:
+        """Whether bytes of an unfinished frame are waiting for the rest."""
+        return bool(self._pending)
+
+
+def messages(receive: Callable[[int], bytes], parse: Callable[[bytes], Any]) -> Iterator[Any]:
+    """The messages of a control stream read with ``receive`` (a socket's ``recv``) until the
+    peer closes it; raises ``FrameError`` if it closes in the middle of a frame."""
+    decoder = FrameDecoder(parse)
+    while data := receive(RECEIVE_BYTES):
+        yield from decoder.feed(data)
+    if decoder.partial:
+        raise FrameError("the control stream ended in the middle of a frame")

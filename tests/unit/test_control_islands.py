@@ -1,0 +1,214 @@
+"""Island children per accelerator kind, and island status transitions (pure)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from pathways_core.control import IslandObservation, island_children, island_status, parse
+from pathways_core.resources import Island
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def island_document(kind: str, topology: str, hosts: int, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "Island",
+        "metadata": {"name": "isl", "uid": "u-1", "generation": 1},
+        "spec": {"acceleratorKind": kind, "topology": topology, "hosts": hosts, **spec},
+    }
+
+
+def children(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    island, problem = parse(document)
+    assert isinstance(island, Island), problem
+    return {
+        f"{c['kind']}/{c['metadata']['name']}": c for c in island_children(document, island, "ns")
+    }
+
+
+def executor_pod(document: dict[str, Any]) -> dict[str, Any]:
+    return children(document)["StatefulSet/isl-executor"]["spec"]["template"]["spec"]
+
+
+def test_children_are_named_owned_and_labelled() -> None:
+    made = children(island_document("cpu-fake", "2x4", 2))
+    assert sorted(made) == [
+        "Deployment/isl-scheduler",
+        "Service/isl-executor",
+        "Service/isl-scheduler",
+        "StatefulSet/isl-executor",
+    ]
+    for child in made.values():
+        assert child["metadata"]["namespace"] == "ns"
+        assert child["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+        assert child["metadata"]["labels"]["pathways.dev/island"] == "isl"
+        assert len(child["metadata"]["annotations"]["pathways.dev/spec-hash"]) == 16
+    statefulset = made["StatefulSet/isl-executor"]["spec"]
+    assert (statefulset["replicas"], statefulset["serviceName"]) == (2, "isl-executor")
+    assert statefulset["podManagementPolicy"] == "Parallel"
+    headless = made["Service/isl-executor"]["spec"]
+    assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
+    deployment = made["Deployment/isl-scheduler"]["spec"]["template"]["spec"]["containers"][0]
+    assert deployment["args"][deployment["args"].index("--executor") + 1] == (
+        "isl-executor-0.isl-executor.ns.svc:8471"
+    )
+    assert deployment["args"].count("--executor") == 2
+
+
+def test_fake_cpu_executors_get_device_flags_index_and_coordinator() -> None:
+    pod = executor_pod(island_document("cpu-fake", "4x4", 4))
+    container = pod["containers"][0]
+    script = container["command"][-1]
+    assert container["command"][:2] == ["sh", "-c"]
+    assert '--index "$POD_INDEX"' in script
+    assert '--first-device "$((POD_INDEX * 4))"' in script
+    assert "--hosts 4 --coordinator isl-executor-0.isl-executor.ns.svc:8476" in script
+    assert "--fake-devices 4" in script
+    assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    )
+    assert "resources" not in container and "nodeSelector" not in pod
+
+
+def test_single_host_islands_form_no_distributed_group() -> None:
+    script = executor_pod(island_document("cpu-fake", "8", 1))["containers"][0]["command"][-1]
+    assert "--hosts" not in script and "--coordinator" not in script
+
+
+@pytest.mark.parametrize(
+    ("kind", "topology", "hosts", "accelerator", "per_host"),
+    [
+        ("tpu-v5e", "4x4", 2, "tpu-v5-lite-podslice", "8"),
+        ("tpu-v6e", "2x4", 1, "tpu-v6e-slice", "8"),
+        ("tpu-v4", "2x2x4", 4, "tpu-v4-podslice", "4"),
+        ("tpu-v5p", "2x2x2", 2, "tpu-v5p-slice", "4"),
+    ],
+)
+def test_tpu_executors_request_tpus_on_gke_tpu_nodes(
+    kind: str, topology: str, hosts: int, accelerator: str, per_host: str
+) -> None:
+    pod = executor_pod(island_document(kind, topology, hosts))
+    container = pod["containers"][0]
+    assert container["resources"] == {
+        "requests": {"google.com/tpu": per_host},
+        "limits": {"google.com/tpu": per_host},
+    }
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": accelerator,
+        "cloud.google.com/gke-tpu-topology": topology,
+    }
+    assert pod["tolerations"] == [
+        {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert "--fake-devices" not in container["command"][-1]
+    names = {variable["name"] for variable in container["env"]}
+    assert ("TPU_WORKER_HOSTNAMES" in names) == (hosts > 1)
+
+
+def test_gpu_executors_request_gpus_and_keep_the_islands_own_placement() -> None:
+    document = island_document(
+        "gpu-h100",
+        "8",
+        1,
+        placement={
+            "nodeSelector": {"pool": "h100"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml"}],
+            "resources": {"requests": {"cpu": "16", "memory": "64Gi"}},
+            "priorityClassName": "high",
+        },
+    )
+    pod = executor_pod(document)
+    container = pod["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert container["resources"]["requests"] == {
+        "cpu": "16",
+        "memory": "64Gi",
+        "nvidia.com/gpu": "8",
+    }
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
+        "pool": "h100",
+    }
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert {"key": "dedicated", "operator": "Equal", "value": "ml"} in pod["tolerations"]
+    assert pod["priorityClassName"] == "high"
+
+
+def test_spec_hash_changes_with_what_the_children_want() -> None:
+    before = children(island_document("cpu-fake", "2x4", 2))
+    after = children(island_document("cpu-fake", "4x4", 4))
+    same = children(island_document("cpu-fake", "2x4", 2))
+
+    def hashes(made: dict[str, dict[str, Any]]) -> dict[str, str]:
+        return {k: v["metadata"]["annotations"]["pathways.dev/spec-hash"] for k, v in made.items()}
+
+    assert hashes(before) == hashes(same)
+    assert hashes(before)["StatefulSet/isl-executor"] != hashes(after)["StatefulSet/isl-executor"]
+
+
+def decide(document: dict[str, Any], observed: IslandObservation) -> Any:
+    island, problem = parse(document)
+    return island_status(
+        document, island if isinstance(island, Island) else None, problem, observed, "ns", NOW
+    )
+
+
+@pytest.mark.parametrize(
+    ("previous", "scheduler", "executors", "phase", "endpoint"),
+    [
+        (None, None, None, "Pending", False),
+        (None, 0, 1, "Provisioning", False),
+        ("Provisioning", 1, 1, "Provisioning", True),
+        ("Provisioning", 1, 2, "Ready", True),
+        ("Ready", 1, 1, "Degraded", True),
+        ("Ready", 0, 2, "Degraded", False),
+        ("Degraded", 1, 2, "Ready", True),
+    ],
+)
+def test_island_phase_transitions(
+    previous: str | None, scheduler: int | None, executors: int | None, phase: str, endpoint: bool
+) -> None:
+    document = island_document("cpu-fake", "2x4", 2)
+    if previous:
+        document["status"] = {"phase": previous}
+    decision = decide(document, IslandObservation(scheduler, executors))
+    assert decision.phase == phase
+    assert (decision.status["schedulerEndpoint"] == "isl-scheduler.ns.svc:8470") == endpoint
+    conditions = {c["type"]: c["status"] for c in decision.status["conditions"]}
+    assert conditions == {
+        "Ready": "True" if phase == "Ready" else "False",
+        "Degraded": "True" if phase == "Degraded" else "False",
+    }
+    # An Event on every transition, none otherwise.
+    assert [e.reason for e in decision.events] == ([phase] if previous != phase else [])
+    again = dict(document, status=decision.status)
+    assert decide(again, IslandObservation(scheduler, executors)).events == []
+
+
+def test_invalid_island_is_pending_with_the_field_at_fault() -> None:
+    decision = decide(island_document("cpu-fake", "2x4", 3), IslandObservation())
+    ready = decision.status["conditions"][0]
+    assert (decision.phase, ready["reason"]) == ("Pending", "InvalidSpec")
+    assert "spec.hosts" in ready["message"]
+    assert [e.type for e in decision.events] == ["Warning"]
+    assert (
+        decide(
+            dict(island_document("cpu-fake", "2x4", 3), status=decision.status), IslandObservation()
+        ).events
+        == []
+    )
+
+
+def test_external_island_is_ready_at_its_annotated_endpoint() -> None:
+    document = island_document("cpu-fake", "4", 1)
+    document["metadata"]["annotations"] = {"pathways.dev/scheduler-endpoint": "10.0.0.1:8470"}
+    decision = decide(document, IslandObservation())
+    assert decision.external and decision.phase == "Ready"
+    assert decision.status["schedulerEndpoint"] == "10.0.0.1:8470"
+    assert decision.status["readyHosts"] == 1

@@ -1,0 +1,229 @@
+"""The program lifecycle (pure): one table row per situation."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from pathways_core.control import ChildRef, ProgramView, reconcile_program
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+IMAGE = "pathways:test"
+
+
+def program(status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    body = {"slices": [{"name": "main", "devices": 2}], "driver": {"source": "print(1)"}, **spec}
+    document = {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "PathwaysProgram",
+        "metadata": {
+            "name": "p",
+            "namespace": "t",
+            "uid": "u-p",
+            "generation": 1,
+            "resourceVersion": "5",
+        },
+        "spec": body,
+    }
+    if status is not None:
+        document["status"] = status
+    return document
+
+
+def bound_slice(island: str = "isl", devices: tuple[int, ...] = (2, 3)) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p-main"},
+        "spec": {"devices": 2},
+        "status": {"phase": "Bound", "island": island, "devices": list(devices)},
+    }
+
+
+READY_ISLAND = {"isl": {"metadata": {"name": "isl"}, "status": {"schedulerEndpoint": "sched:8470"}}}
+
+
+def job(outcome: str | None) -> dict[str, Any]:
+    conditions = {
+        "Complete": [{"type": "Complete", "status": "True"}],
+        "Failed": [{"type": "Failed", "status": "True", "message": "exit 3"}],
+    }
+    return {
+        "metadata": {"name": "p-run-1"},
+        "status": {"conditions": conditions.get(outcome or "", [])},
+    }
+
+
+def decide(
+    document: dict[str, Any],
+    slices: dict[str, Any] | None = None,
+    job_document: dict[str, Any] | None = None,
+    islands: dict[str, Any] | None = None,
+) -> Any:
+    return reconcile_program(
+        ProgramView(document, slices or {}, job_document, islands or {}), NOW, IMAGE
+    )
+
+
+def test_invalid_program_fails_once() -> None:
+    document = program(graph={"functions": [], "nodes": []})
+    decision = decide(document)
+    assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "InvalidSpec")
+    assert [e.type for e in decision.events] == ["Warning"]
+    assert decision.create == decision.delete == []
+    again = decide(dict(document, status=decision.status))
+    assert again.status is None and again.events == []
+
+
+def test_inline_slices_are_created_owned_by_the_program() -> None:
+    decision = decide(program(priority=7, tenant="research"), {"p-main": None})
+    (created,) = decision.create
+    assert created["kind"] == "VirtualSlice" and created["metadata"]["name"] == "p-main"
+    assert created["metadata"]["ownerReferences"][0]["uid"] == "u-p"
+    assert created["metadata"]["labels"]["pathways.dev/program"] == "p"
+    assert created["spec"] == {"devices": 2, "priority": 7, "tenant": "research"}
+    assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "WaitingForSlices")
+
+
+def test_missing_existing_slice_is_named() -> None:
+    document = program(slices=[{"name": "main", "virtualSliceName": "shared"}])
+    decision = decide(document, {"shared": None})
+    assert decision.create == []
+    assert decision.status["reason"] == "VirtualSliceNotFound"
+    assert "VirtualSlice 'shared' not found in namespace t" in decision.status["message"]
+    assert decision.events[0].type == "Warning"
+
+
+def test_waits_for_the_islands_scheduler() -> None:
+    decision = decide(program(), {"p-main": bound_slice()}, islands={"isl": {"status": {}}})
+    assert decision.status["reason"] == "WaitingForSlices"
+    assert "island 'isl' has no scheduler ready" in decision.status["message"]
+
+
+def test_ready_program_starts_run_one_with_the_sdk_settings() -> None:
+    decision = decide(
+        program(weight=4, steps=10, activeDeadlineSeconds=60),
+        {"p-main": bound_slice()},
+        islands=READY_ISLAND,
+    )
+    (created,) = decision.create
+    assert created["kind"] == "Job" and created["metadata"]["name"] == "p-run-1"
+    assert created["spec"]["backoffLimit"] == 0 and created["spec"]["activeDeadlineSeconds"] == 60
+    container = created["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-c", "print(1)"] and container["image"] == IMAGE
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["PATHWAYS_PROGRAM"] == "t/p" and env["PATHWAYS_TENANT"] == "t"
+    assert env["PATHWAYS_WEIGHT"] == "4" and env["PATHWAYS_PRIORITY"] == "0"
+    assert json.loads(env["PATHWAYS_SLICES"]) == {
+        "main": {
+            "virtualSlice": "p-main",
+            "island": "isl",
+            "scheduler": "sched:8470",
+            "devices": [2, 3],
+            "shape": None,
+        }
+    }
+    assert (decision.status["phase"], decision.status["runs"]) == ("Running", 1)
+    assert decision.status["startTime"] == "2026-01-01T00:00:00Z"
+    assert [e.reason for e in decision.events] == ["Running"]
+
+
+def test_running_program_with_its_slices_changes_nothing() -> None:
+    first = decide(program(), {"p-main": bound_slice()}, islands=READY_ISLAND)
+    running = program(status=first.status)
+    decision = decide(running, {"p-main": bound_slice()}, job(None), READY_ISLAND)
+    assert decision.status is None and decision.create == decision.delete == decision.events == []
+
+
+def test_losing_a_slice_stops_the_run() -> None:
+    running = program(status={"phase": "Running", "runs": 1})
+    lost = {"p-main": {"status": {"phase": "Preempted", "reason": "Preempted"}}}
+    decision = decide(running, lost, job(None), READY_ISLAND)
+    assert decision.delete == [ChildRef("batch/v1", "Job", "t", "p-run-1")]
+    assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "SlicesLost")
+
+
+def test_success_releases_the_inline_slices() -> None:
+    decision = decide(
+        program(status={"phase": "Running", "runs": 1}, steps=5),
+        {"p-main": bound_slice()},
+        job("Complete"),
+        READY_ISLAND,
+    )
+    assert decision.status["phase"] == "Succeeded" and decision.status["completedSteps"] == 5
+    assert decision.delete == [ChildRef("pathways.dev/v1alpha1", "VirtualSlice", "t", "p-main")]
+    # Terminal stays terminal.
+    after = decide(program(status=decision.status), {"p-main": None}, job("Complete"), READY_ISLAND)
+    assert after.status is None and after.create == []
+
+
+def test_failure_without_restarts_fails_the_program() -> None:
+    decision = decide(
+        program(status={"phase": "Running", "runs": 1}),
+        {"p-main": bound_slice()},
+        job("Failed"),
+        READY_ISLAND,
+    )
+    assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "JobFailed")
+    assert "exit 3" in decision.status["message"]
+
+
+def test_failure_with_restarts_left_starts_the_next_run() -> None:
+    document = program(
+        status={"phase": "Running", "runs": 1, "restarts": 0},
+        restartPolicy="OnFailure",
+        maxRestarts=2,
+    )
+    decision = decide(document, {"p-main": bound_slice()}, job("Failed"), READY_ISLAND)
+    assert [c["metadata"]["name"] for c in decision.create] == ["p-run-2"]
+    assert (decision.status["runs"], decision.status["restarts"], decision.status["phase"]) == (
+        2,
+        1,
+        "Running",
+    )
+    assert [e.reason for e in decision.events] == ["Restarting", "Running"]
+    exhausted = program(
+        status={"phase": "Running", "runs": 3, "restarts": 2},
+        restartPolicy="OnFailure",
+        maxRestarts=2,
+    )
+    assert (
+        decide(exhausted, {"p-main": bound_slice()}, job("Failed"), READY_ISLAND).status["phase"]
+        == "Failed"
+    )
+
+
+def test_suspend_stops_the_run_and_releases_the_slices() -> None:
+    document = program(status={"phase": "Running", "runs": 1}, suspend=True)
+    decision = decide(document, {"p-main": bound_slice()}, job(None), READY_ISLAND)
+    assert decision.delete == [
+        ChildRef("batch/v1", "Job", "t", "p-run-1"),
+        ChildRef("pathways.dev/v1alpha1", "VirtualSlice", "t", "p-main"),
+    ]
+    assert decision.status["phase"] == "Suspended"
+    resumed = decide(program(status=decision.status), {"p-main": None})
+    assert resumed.status["phase"] == "Pending" and resumed.create[0]["kind"] == "VirtualSlice"
+
+
+def test_graph_programs_mount_their_spec_for_the_graph_runner() -> None:
+    graph = {
+        "functions": [{"name": "f", "uri": "file:///f.bin"}],
+        "nodes": [{"name": "n", "function": "f", "slice": "main"}],
+    }
+    document = program(driver=None, graph=graph)
+    del document["spec"]["driver"]
+    decision = decide(document, {"p-main": bound_slice()}, islands=READY_ISLAND)
+    config_map, created = decision.create
+    assert (
+        config_map["kind"] == "ConfigMap"
+        and json.loads(config_map["data"]["program.json"])["graph"]["nodes"][0]["function"] == "f"
+    )
+    container = created["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "pathways_client.run_graph"]
+    assert container["volumeMounts"] == [
+        {"name": "program", "mountPath": "/etc/pathways", "readOnly": True}
+    ]
+
+
+def test_decisions_are_deterministic() -> None:
+    view = ({"p-main": bound_slice()}, None, READY_ISLAND)
+    assert decide(program(), *view) == decide(program(), *view)

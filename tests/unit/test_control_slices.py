@@ -1,0 +1,300 @@
+"""Binding passes (pure): table tests and properties of ``plan_bindings``."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pathways_core.control import Stage, plan_bindings
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def island(
+    name: str, topology: str = "2x4", hosts: int = 2, deleting: bool = False
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "generation": 1}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "Island",
+        "metadata": meta,
+        "spec": {"acceleratorKind": "cpu-fake", "topology": topology, "hosts": hosts},
+    }
+
+
+def vslice(
+    name: str,
+    devices: int | None = None,
+    *,
+    priority: int = 0,
+    created: int = 0,
+    status: dict[str, Any] | None = None,
+    deleting: bool = False,
+    generation: int = 1,
+    **spec: Any,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "t",
+        "generation": generation,
+        "resourceVersion": "1",
+        "creationTimestamp": f"2026-01-01T00:00:{created:02d}Z",
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T01:00:00Z"
+    body = {"priority": priority, **spec}
+    if devices is not None:
+        body["devices"] = devices
+    document = {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "VirtualSlice",
+        "metadata": meta,
+        "spec": body,
+    }
+    if status is not None:
+        document["status"] = status
+    return document
+
+
+def bound(
+    island_name: str, devices: list[int], time: str = "2026-01-01T00:00:00Z"
+) -> dict[str, Any]:
+    return {
+        "phase": "Bound",
+        "island": island_name,
+        "devices": devices,
+        "boundTime": time,
+        "observedGeneration": 1,
+    }
+
+
+def apply(slices: list[dict[str, Any]], changes: list[Any]) -> list[dict[str, Any]]:
+    """The slices after storing ``changes``; deleting slices whose release is stored go."""
+    by_key = {f"t/{s['metadata']['name']}": copy.deepcopy(s) for s in slices}
+    for change in changes:
+        by_key[change.key]["status"] = change.status
+    return [
+        s
+        for s in by_key.values()
+        if not (s["metadata"].get("deletionTimestamp") and s["status"]["phase"] == "Released")
+    ]
+
+
+def holders(slices: list[dict[str, Any]]) -> dict[tuple[str, int], list[str]]:
+    owners: dict[tuple[str, int], list[str]] = {}
+    for s in slices:
+        status = s.get("status") or {}
+        if status.get("phase") == "Bound":
+            for device in status["devices"]:
+                owners.setdefault((status["island"], device), []).append(s["metadata"]["name"])
+    return owners
+
+
+def phases(plan: Any) -> dict[str, tuple[str, str | None, Stage]]:
+    return {
+        c.key.split("/")[1]: (c.status["phase"], c.status.get("reason"), c.stage)
+        for c in plan.changes
+    }
+
+
+def test_binds_by_priority_then_age_and_says_why_others_wait() -> None:
+    plan = plan_bindings(
+        [island("a")],
+        [
+            vslice("old", 4, created=1),
+            vslice("young", 4, created=2),
+            vslice("vip", 4, priority=5, created=3),
+            vslice("huge", 64),
+            vslice("gpu", 1, acceleratorKind="gpu-h100"),
+        ],
+        NOW,
+    )
+    assert phases(plan) == {
+        "vip": ("Bound", None, Stage.BIND),
+        "old": ("Bound", None, Stage.BIND),
+        "young": ("Pending", "InsufficientDevices", Stage.WAIT),
+        "huge": ("Pending", "ShapeDoesNotFit", Stage.WAIT),
+        "gpu": ("Pending", "NoMatchingIsland", Stage.WAIT),
+    }
+    assert plan.devices_free == {"a": 0} and plan.bound == 2 and plan.waiting == 3
+    assert {e.reason for e in plan.events} == {
+        "Bound",
+        "InsufficientDevices",
+        "ShapeDoesNotFit",
+        "NoMatchingIsland",
+    }
+    assert [e.type for e in plan.events if e.reason != "Bound"] == ["Warning"] * 3
+
+
+def test_stored_bindings_are_restored_before_anything_is_bound() -> None:
+    stored = vslice("kept", 2, status=bound("a", [0, 1]))
+    plan = plan_bindings([island("a")], [stored, vslice("new", 6)], NOW)
+    assert phases(plan) == {"new": ("Bound", None, Stage.BIND)}
+    (change,) = plan.changes
+    assert not {0, 1} & set(change.status["devices"])
+
+
+def test_a_pass_over_its_own_result_changes_nothing() -> None:
+    slices = [vslice("x", 4), vslice("y", 4), vslice("z", 4), vslice("shaped", shape="2x2")]
+    plan = plan_bindings([island("a"), island("b")], slices, NOW)
+    after = apply(slices, plan.ordered())
+    again = plan_bindings([island("a"), island("b")], after, NOW)
+    assert again.changes == [] and again.events == []
+
+
+def test_two_stored_bindings_on_one_device_the_older_keeps_it() -> None:
+    slices = [
+        vslice("first", 2, status=bound("a", [0, 1], "2026-01-01T00:00:01Z")),
+        vslice("second", 2, status=bound("a", [1, 2], "2026-01-01T00:00:02Z")),
+    ]
+    plan = plan_bindings([island("a")], slices, NOW)
+    assert phases(plan) == {"second": ("Preempted", "BindingConflict", Stage.RELEASE)}
+    assert plan.rejected == ["t/second"] and plan.needs_another_pass
+    # The next pass binds it again, away from the device it lost.
+    after = apply(slices, plan.ordered())
+    rebound = plan_bindings([island("a")], after, NOW)
+    assert phases(rebound) == {"second": ("Bound", None, Stage.BIND)}
+    assert not {0, 1} & set(rebound.changes[0].status["devices"])
+
+
+def test_slices_of_a_deleted_island_are_released_then_bound_elsewhere() -> None:
+    slices = [vslice("s", 4, status=bound("gone", [0, 1, 2, 3]))]
+    for islands in ([island("b")], [island("gone", deleting=True), island("b")]):
+        plan = plan_bindings(islands, slices, NOW)
+        assert phases(plan) == {"s": ("Preempted", "IslandDeleted", Stage.RELEASE)}
+        rebound = plan_bindings(islands, apply(slices, plan.ordered()), NOW)
+        assert rebound.changes[0].status["island"] == "b"
+
+
+def test_preemption_releases_victims_first_and_never_rebinds_them_in_the_same_pass() -> None:
+    slices = [
+        vslice("low", 8, priority=0, status=bound("a", list(range(8)))),
+        vslice("high", 4, priority=9),
+    ]
+    plan = plan_bindings([island("a")], slices, NOW)
+    assert phases(plan) == {
+        "low": ("Preempted", "Preempted", Stage.RELEASE),
+        "high": ("Bound", None, Stage.BIND),
+    }
+    assert [c.stage for c in plan.ordered()] == [Stage.RELEASE, Stage.BIND]
+    assert "t/high" in plan.ordered()[0].status["message"]
+    # Next pass: the preempted slice still cannot fit and keeps saying why it lost its devices.
+    again = plan_bindings([island("a")], apply(slices, plan.ordered()), NOW)
+    assert again.changes == []
+
+
+def test_deleted_slice_is_released_and_its_devices_serve_a_waiting_one() -> None:
+    slices = [
+        vslice("leaving", 8, status=bound("a", list(range(8))), deleting=True),
+        vslice(
+            "waiting",
+            8,
+            status={"phase": "Pending", "reason": "InsufficientDevices", "observedGeneration": 1},
+        ),
+    ]
+    plan = plan_bindings([island("a")], slices, NOW)
+    assert phases(plan) == {
+        "leaving": ("Released", "Deleted", Stage.RELEASE),
+        "waiting": ("Bound", None, Stage.BIND),
+    }
+
+
+def test_changed_spec_of_a_bound_slice_releases_it() -> None:
+    slices = [vslice("grown", 6, generation=2, status=bound("a", [0, 1]))]
+    plan = plan_bindings([island("a")], slices, NOW)
+    assert phases(plan) == {"grown": ("Pending", "SpecChanged", Stage.RELEASE)}
+    rebound = plan_bindings([island("a")], apply(slices, plan.ordered()), NOW)
+    assert len(rebound.changes[0].status["devices"]) == 6
+
+
+def test_invalid_slice_waits_with_the_field_at_fault() -> None:
+    plan = plan_bindings([island("a")], [vslice("bad", 4, shape="2x4")], NOW)
+    (change,) = plan.changes
+    assert (change.status["phase"], change.status["reason"]) == ("Pending", "InvalidSpec")
+    assert "spec.shape" in change.status["message"]
+
+
+def test_quotas_hold() -> None:
+    from pathways_core.accelerators import AcceleratorKind
+
+    plan = plan_bindings(
+        [island("a")],
+        [vslice("one", 4), vslice("two", 4)],
+        NOW,
+        {("t", AcceleratorKind.CPU_FAKE): 4},
+    )
+    assert phases(plan)["two"] == ("Pending", "QuotaExceeded", Stage.WAIT)
+
+
+# -- properties -------------------------------------------------------------------------------
+
+ISLANDS = [island("a", "2x4", 2), island("b", "4", 1), island("c", "2x2x2", 2)]
+SIZES = {"a": 8, "b": 4, "c": 8}
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Slices with arbitrary stored statuses: valid bindings, conflicting ones, bindings on
+    islands that do not exist or outside the mesh, deleting slices, pending ones."""
+    slices = []
+    for index in range(draw(st.integers(0, 10))):
+        size = draw(st.integers(1, 6))
+        status = None
+        if draw(st.booleans()):
+            name = draw(st.sampled_from(["a", "b", "c", "gone"]))
+            devices = draw(st.lists(st.integers(0, 9), min_size=size, max_size=size, unique=True))
+            status = bound(name, devices, f"2026-01-01T00:00:{draw(st.integers(0, 59)):02d}Z")
+        slices.append(
+            vslice(
+                f"s{index}",
+                size,
+                priority=draw(st.integers(0, 3)),
+                created=draw(st.integers(0, 59)),
+                status=status,
+                deleting=draw(st.booleans()) and draw(st.booleans()),
+            )
+        )
+    return slices
+
+
+@settings(max_examples=200, deadline=None)
+@given(snapshots(), st.data())
+def test_no_device_is_ever_bound_twice_whatever_part_of_a_plan_is_stored(
+    slices: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    plan = plan_bindings(ISLANDS, slices, NOW)
+    releases = [c for c in plan.ordered() if c.stage is Stage.RELEASE]
+    binds = [c for c in plan.ordered() if c.stage is Stage.BIND]
+    # A store stores every release, then any of the bindings (the others failed).
+    stored = data.draw(
+        st.lists(st.sampled_from(binds), unique_by=lambda c: c.key) if binds else st.just([])
+    )
+    after = apply(slices, releases + stored)
+    for (name, device), owners in holders(after).items():
+        assert len(owners) == 1, (name, device, owners)
+        assert name in SIZES and device < SIZES[name]
+
+
+@settings(max_examples=100, deadline=None)
+@given(snapshots())
+def test_passes_settle_and_every_slice_that_fits_alone_is_bound_or_says_why(
+    slices: list[dict[str, Any]],
+) -> None:
+    for _ in range(6):
+        plan = plan_bindings(ISLANDS, slices, NOW)
+        if not plan.changes:
+            break
+        slices = apply(slices, plan.ordered())
+    assert not plan.changes, "passes did not settle"
+    for s in slices:
+        if s["metadata"].get("deletionTimestamp"):
+            continue
+        status = s["status"]
+        assert status["phase"] in ("Bound", "Pending", "Preempted")
+        assert status["phase"] == "Bound" or status["reason"]
