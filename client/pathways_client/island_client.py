@@ -66,6 +66,7 @@ class IslandClient:
         self._send_lock = threading.Lock()
         self._batching = threading.local()
         self._rejected = ""
+        self._ended = ""
         self._session = socket.create_connection(
             _reachable(self.info.session_endpoint, endpoint), timeout=60
         )
@@ -87,6 +88,8 @@ class IslandClient:
             future = self._functions.get(function_id)
             if future is None:
                 future = self._functions[function_id] = Future()
+                if self._ended:
+                    future.set_exception(IslandError(self._ended))
                 self._send(
                     pb.ClientMessage(
                         function=pb.FunctionRegistration(
@@ -121,7 +124,10 @@ class IslandClient:
         output_ids = tuple(self._new_id("b") for _ in range(outputs))
         done: Future[None] = Future()
         with self._lock:
-            self._pending[computation_id] = done
+            if self._ended:
+                done.set_exception(IslandError(self._ended))
+            else:
+                self._pending[computation_id] = done
         holders = tuple(sorted({self.device_owner[d] for d in devices if d in self.device_owner}))
         for buffer_id in output_ids:
             self._locations[buffer_id] = holders
@@ -231,6 +237,7 @@ class IslandClient:
         with self._lock:
             waiting = [*self._pending.values(), *self._functions.values()]
             self._pending.clear()
+            self._ended = reason  # later requests fail at once with the same reason
         for future in waiting:
             if not future.done():
                 future.set_exception(IslandError(reason))

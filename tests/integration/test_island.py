@@ -212,3 +212,31 @@ def test_compiled_functions_land_in_the_persistent_cache(
 ) -> None:
     # Executors compile once per device set and keep the result on disk for their next start.
     assert any(compilation_cache.iterdir()), "the executors wrote nothing to their XLA cache"
+
+
+def test_a_chain_submitted_in_one_batch_runs_in_order(island: LocalIsland) -> None:
+    with IslandClient(island.scheduler_endpoint, "batched") as client:
+        increment = client.register(INCREMENT, "increment")
+        current = client.put(np.zeros(4, np.float32), device=0)
+        calls = []
+        with client.batch():  # one message to the scheduler for the whole chain
+            for step in range(12):
+                calls.append(client.submit(increment, [step % 8], [current], 1))
+                current = calls[-1].outputs[0]
+            assert not any(call.done.done() for call in calls)
+        calls[-1].wait(60)
+        np.testing.assert_array_equal(client.get(current), np.full(4, 12.0))
+        np.testing.assert_array_equal(client.get(calls[4].outputs[0]), np.full(4, 5.0))
+
+
+def test_a_second_session_with_the_same_name_is_refused(island: LocalIsland) -> None:
+    with IslandClient(island.scheduler_endpoint, "twice") as first:
+        first.register(INCREMENT, "increment")
+        with (
+            IslandClient(island.scheduler_endpoint, "twice") as second,
+            pytest.raises(IslandError, match="client 'twice' already has a session"),
+        ):
+            second.register(DOUBLE, "double", timeout=10)
+        # The first session is untouched.
+        x = first.put(np.ones(4, np.float32), device=2)
+        first.submit(first.register(INCREMENT), [2], [x], 1).wait(30)

@@ -1,0 +1,58 @@
+"""Control-stream framing: messages survive any split of the byte stream; bad bytes are named."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pathways_core.wire import pb
+from pathways_core.wire.streams import FrameDecoder, FrameError, frame, messages
+
+
+def batch(count: int) -> pb.ClientBatch:
+    return pb.ClientBatch(
+        messages=[
+            pb.ClientMessage(
+                computation=pb.Computation(id=f"c/{i}", devices=[i, i + 1], outputs=[f"c/b{i}"])
+            )
+            for i in range(count)
+        ]
+    )
+
+
+@given(
+    counts=st.lists(st.integers(0, 5), min_size=1, max_size=6),
+    cuts=st.lists(st.integers(1, 64), max_size=40),
+)
+def test_frames_split_anywhere_decode_to_the_same_messages(counts, cuts) -> None:
+    sent = [batch(n) for n in counts]
+    data = b"".join(frame(m) for m in sent)
+    decoder = FrameDecoder(pb.ClientBatch.FromString)
+    received, position = [], 0
+    for cut in [*cuts, len(data)]:
+        received += decoder.feed(data[position : position + cut])
+        position += cut
+    received += decoder.feed(data[position:])
+    assert received == sent
+    assert not decoder.partial
+
+
+def test_messages_reads_until_the_peer_closes() -> None:
+    data = frame(batch(2)) + frame(batch(0)) + frame(batch(3))
+    pieces = [data[:7], data[7:30], data[30:]]
+    received = list(messages(lambda _: pieces.pop(0) if pieces else b"", pb.ClientBatch.FromString))
+    assert [len(m.messages) for m in received] == [2, 0, 3]
+
+
+def test_a_stream_ending_inside_a_frame_is_an_error() -> None:
+    pieces = [frame(batch(2))[:-1]]
+    with pytest.raises(FrameError, match="middle of a frame"):
+        list(messages(lambda _: pieces.pop(0) if pieces else b"", pb.ClientBatch.FromString))
+
+
+def test_oversized_and_garbled_frames_are_refused() -> None:
+    with pytest.raises(FrameError, match="exceeds 100"):
+        FrameDecoder(pb.ClientBatch.FromString, max_bytes=100).feed(b"\x00\x00\x10\x00")
+    with pytest.raises(FrameError, match="does not parse"):
+        FrameDecoder(pb.ClientBatch.FromString).feed(b"\x00\x00\x00\x03\xff\xff\xff")
