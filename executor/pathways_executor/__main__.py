@@ -53,6 +53,10 @@ def configure(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     arguments = parse()
     configure(arguments)
+    if arguments.fake_devices:  # buffers of CPU devices are host memory
+        from pathways_executor.memory import keep_freed_memory
+
+        keep_freed_memory()
     import jax
 
     if arguments.hosts > 1:
