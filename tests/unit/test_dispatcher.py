@@ -150,6 +150,28 @@ def test_deletes_wait_for_the_computations_queued_before_them() -> None:
     assert [(e, list(c.delete.ids)) for e, c in deleted] == [(0, ["a/x"])]
 
 
+def test_a_buffer_pulled_by_another_executor_is_deleted_after_the_pull() -> None:
+    dispatcher = island()
+    sent = to_executors(dispatcher.submit("a", computation("a", 1, devices=(5,), inputs=["a/x"])))
+    seq = sent[-1][1].seq
+    # The client drops a/x at once: executor 0 must keep it until executor 1 has pulled it.
+    assert to_executors(dispatcher.delete("a", ["a/x"])) == []
+    assert dispatcher.submit("a", computation("a", 2, inputs=["a/x"])) == [
+        ToClient(
+            "a",
+            Event(
+                kind=Event.REJECTED,
+                computation_id="a/c2",
+                message="computation 'n2' reads unknown buffer 'a/x'",
+            ),
+        )
+    ]
+    released = finish(dispatcher, seq, executor=1)
+    deletes = [(e, list(c.delete.ids)) for e, c in to_executors(released)]
+    assert deletes == [(0, ["a/x"])]
+    assert [e.kind for e in client_events(released)] == [Event.COMPLETED]
+
+
 def test_a_lost_executor_fails_its_work_and_the_rest_keeps_serving() -> None:
     dispatcher = island()
     on_1 = to_executors(dispatcher.submit("a", computation("a", 1, devices=(4,))))

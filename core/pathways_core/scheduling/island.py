@@ -72,6 +72,7 @@ class _InFlight:
     computation: pb.Computation
     waiting: set[int]
     errors: list[str] = field(default_factory=list)
+    pulls: set[str] = field(default_factory=set)  # inputs read from another executor
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,10 @@ class IslandDispatcher:
         self._buffers: dict[str, frozenset[int]] = {}  # buffer id -> executors holding it
         self._in_flight: dict[int, _InFlight] = {}  # seq -> computation
         self._down: dict[int, str] = {}  # executor -> why
+        # Buffers another executor is pulling for an unfinished computation: a deletion waits
+        # for them (the holder would otherwise free the bytes before the pull).
+        self._pulling: dict[str, int] = {}  # buffer id -> computations still reading it
+        self._deferred: dict[str, frozenset[int]] = {}  # deleted buffer id -> its holders
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -295,11 +300,15 @@ class IslandDispatcher:
                 )
                 instructions.append(ToExecutor(executor, register))
         command_seq = self._next_seq()
+        flight = _InFlight(client, computation, set(owners))
         for executor in owners:
             command = pb.ExecutorCommand(seq=command_seq, run=computation)
             for buffer_id in computation.inputs:
                 holders = self._buffers.get(buffer_id, frozenset())
                 if executor not in holders:
+                    if buffer_id not in flight.pulls:
+                        flight.pulls.add(buffer_id)
+                        self._pulling[buffer_id] = self._pulling.get(buffer_id, 0) + 1
                     specs = [self.executors[h] for h in sorted(holders)]
                     command.sources.add(
                         buffer_id=buffer_id,
@@ -307,14 +316,21 @@ class IslandDispatcher:
                         data_endpoints=[spec.data_endpoint for spec in specs if spec.data_endpoint],
                     )
             instructions.append(ToExecutor(executor, command))
-        self._in_flight[command_seq] = _InFlight(client, computation, set(owners))
+        self._in_flight[command_seq] = flight
         return instructions
 
     def _delete_now(self, ids: list[str]) -> list[Instruction]:
         by_executor: dict[int, list[str]] = {}
         for buffer_id in ids:
-            for executor in self._buffers.pop(buffer_id, frozenset()):
+            holders = self._buffers.pop(buffer_id, frozenset())
+            if self._pulling.get(buffer_id):
+                self._deferred[buffer_id] = holders
+                continue
+            for executor in holders:
                 by_executor.setdefault(executor, []).append(buffer_id)
+        return self._delete_commands(by_executor)
+
+    def _delete_commands(self, by_executor: dict[int, list[str]]) -> list[Instruction]:
         return [
             ToExecutor(
                 executor,
@@ -326,6 +342,16 @@ class IslandDispatcher:
 
     def _finish(self, seq: int) -> list[Instruction]:
         flight = self._in_flight.pop(seq)
+        released: dict[int, list[str]] = {}
+        for buffer_id in flight.pulls:
+            self._pulling[buffer_id] -= 1
+            if self._pulling[buffer_id] == 0:
+                del self._pulling[buffer_id]
+                for executor in self._deferred.pop(buffer_id, frozenset()):
+                    released.setdefault(executor, []).append(buffer_id)
+        return self._delete_commands(released) + [self._outcome(seq, flight)]
+
+    def _outcome(self, seq: int, flight: _InFlight) -> ToClient:
         if flight.errors:
             event = Event(
                 kind=Event.FAILED,
@@ -335,7 +361,7 @@ class IslandDispatcher:
             )
         else:
             event = Event(kind=Event.COMPLETED, computation_id=flight.computation.id, seq=seq)
-        return [ToClient(flight.client, event)]
+        return ToClient(flight.client, event)
 
     def _record(
         self,
