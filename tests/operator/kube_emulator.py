@@ -135,8 +135,24 @@ class Emulator(kmock.KubernetesEmulator):
                     await self._mutate(request)
         except kmock.KubernetesError as error:
             return await self._render_error(error)
-        # Dispatch to reactions and the fallbacks below, skipping kmock's own mutation.
+        serve = self._serving.get(request.action) if request.resource is not None else None
+        if serve is not None and request.resource.plural:
+            # Straight to our handlers: kmock's DSL matches every request against the whole
+            # request history, which makes a server of thousands of requests quadratic.
+            return await kmock.Response(payload=serve(request))(request)
+        # Discovery and the rest: kmock's reactions and fallbacks, without its own mutation.
         return await apps.RawHandler._handle(self, request)
+
+    @property
+    def _serving(self) -> dict[Any, Callable[[kmock.Request], Any]]:
+        return {
+            enums.action.LIST: self._serve_list,
+            enums.action.WATCH: self._serve_watch,
+            enums.action.FETCH: self._serve_fetch,
+            enums.action.CREATE: self._serve_create,
+            enums.action.UPDATE: self._serve_update,
+            enums.action.DELETE: self._serve_delete,
+        }
 
     async def _mutate(self, request: kmock.Request) -> None:
         resource = request.resource
@@ -258,8 +274,29 @@ class Emulator(kmock.KubernetesEmulator):
             and selector(_labels(obj.raw))
         ]
 
+    def _stored(
+        self, request: kmock.Request, name: str | None = None, namespace: str | None = None
+    ) -> Any:
+        """The stored object a request names (kmock's own lookup scans every object)."""
+        key = (request.resource, request.namespace or namespace, name or request.name)
+        return self._objects[key] if key in self._objects else None  # noqa: SIM401 (no .get)
+
     async def _serve_create(self, request: kmock.Request) -> Any:
-        return kmock.Response(status=201, payload=await super()._serve_create(request))
+        meta = request.data.get("metadata") or {}
+        stored = self._stored(request, meta.get("name"), meta.get("namespace"))
+        return kmock.Response(status=201, payload=copy.deepcopy(dict(stored.raw)))
+
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        stored = self._stored(request)
+        if stored is None or stored.deleted:
+            raise kmock.KubernetesObjectNotFoundError()
+        return copy.deepcopy(dict(stored.raw))
+
+    async def _serve_update(self, request: kmock.Request) -> Any:
+        return copy.deepcopy(dict(self._stored(request).last.raw))
+
+    async def _serve_delete(self, request: kmock.Request) -> Any:
+        return copy.deepcopy(dict(self._stored(request).last.raw))
 
     async def _serve_list(self, request: kmock.Request) -> Any:
         assert request.resource is not None
@@ -274,7 +311,7 @@ class Emulator(kmock.KubernetesEmulator):
                     for name in sorted(names | {"default"})
                 ],
             }
-        if request.resource not in self._get_resources():
+        if request.resource not in set(self.resources) and not self._matching(request):
             raise kmock.KubernetesResourceNotFoundError()
         async with self._lock:
             return {
