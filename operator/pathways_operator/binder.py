@@ -126,7 +126,7 @@ class Binder:
             await self._post(event)
         await self._publish_free(islands, plan)
         metrics.SLICES.labels("Bound").set(plan.bound)
-        metrics.SLICES.labels("Waiting").set(plan.waiting)
+        metrics.SLICES.labels("Pending").set(plan.waiting)
         metrics.BINDING_PASS_SECONDS.observe(time.monotonic() - began)
         return again
 

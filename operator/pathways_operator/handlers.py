@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Iterable
 from typing import Any
 
@@ -76,6 +77,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     )
     # Our own Events say what happened; kopf's would repeat each handler's success.
     settings.posting.level = logging.WARNING
+    if not settings.peering.standalone and not settings.peering.priority:
+        # kopf freezes every replica when two share the highest priority: without --priority,
+        # each replica takes a random one, so exactly one serves and the others stand by.
+        settings.peering.priority = secrets.randbelow(2**30) + 1
     config = Config.from_environment()
     memo.config = config
     memo.kube = Kube(lambda: _login(settings, logger))

@@ -5,7 +5,9 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 SLICES = Gauge(
-    "pathways_virtual_slices", "VirtualSlices by phase, after the last binding pass.", ["phase"]
+    "pathways_virtual_slices",
+    "VirtualSlices after the last binding pass: Bound, or Pending (waiting, preempted included).",
+    ["phase"],
 )
 DEVICES_FREE = Gauge("pathways_island_devices_free", "Devices bound to no slice.", ["island"])
 DEVICES_TOTAL = Gauge("pathways_island_devices_total", "Devices of the island.", ["island"])

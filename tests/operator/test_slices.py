@@ -148,7 +148,7 @@ def test_metrics_endpoint_reports_slices_devices_and_time_to_bind(cluster: Clust
             lambda: 'pathways_island_devices_free{island="m"} 2.0' in (t := scrape()) and t
         )
     assert 'pathways_virtual_slices{phase="Bound"} 1.0' in text
-    assert 'pathways_virtual_slices{phase="Waiting"} 1.0' in text
+    assert 'pathways_virtual_slices{phase="Pending"} 1.0' in text
     assert 'pathways_island_devices_total{island="m"} 8.0' in text
     count = next(
         line for line in text.splitlines() if line.startswith("pathways_time_to_bind_seconds_count")
