@@ -85,6 +85,10 @@ class Cluster:
                 self._sessions[island] = session
             return session
 
+    def open_session(self, island: str) -> IslandClient | None:
+        """The session with ``island`` if one is open (never opens one)."""
+        return self._sessions.get(island)
+
     # -- slices ------------------------------------------------------------------------------
 
     def slice(
@@ -152,6 +156,12 @@ class Cluster:
                 )
             self._allocator = allocator
         return self._allocator
+
+    def trace(self, island: str | None = None) -> list[Any]:
+        """An island's trace: one record per computation per executor (seq, client, node,
+        devices, start and end in ns), in island order."""
+        name = island or next(iter(sorted(self.islands)))
+        return sorted(self.session(name).trace(), key=lambda record: record.seq)
 
     # -- lifetime ----------------------------------------------------------------------------
 

@@ -58,47 +58,72 @@ class CompiledFunction:
         cached = self._specialized.get(key)
         if cached is not None:
             return cached
-        if self.slice.size == 1:
-            jitted = jax.jit(self.fun)
-        else:
-            jitted = jax.jit(
-                self.fun,
-                in_shardings=self._shardings(self._in_shardings, len(avals)),
-                out_shardings=self._shardings(self._out_shardings, None),
-            )
+        # Executors call functions with flat lists of arrays: export a flat view of the
+        # function, and keep the user's argument and result structure here.
         try:
-            exported = jax.export.export(jitted)(*avals)
+            out_tree = jax.tree.structure(jax.eval_shape(self.fun, *avals))
         except Exception as error:
             raise TypeError(
                 f"function {self.name!r} cannot be compiled for arguments "
                 f"{self._describe_arguments(avals)}: {error}"
             ) from error
+
+        def flat(*arguments: Any) -> tuple[Any, ...]:
+            return tuple(jax.tree.leaves(self.fun(*jax.tree.unflatten(tree, arguments))))
+
+        if self.slice.size == 1:
+            jitted = jax.jit(flat)
+        else:
+            jitted = jax.jit(
+                flat,
+                in_shardings=self._flat_shardings(self._in_shardings, avals),
+                out_shardings=self._flat_shardings(
+                    self._out_shardings, jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
+                ),
+            )
+        exported = jax.export.export(jitted)(*leaves)
         specialized = Specialized(
             name=self.name,
             artifact=bytes(exported.serialize()),
             in_avals=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals),
             out_avals=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.out_avals),
-            in_tree=exported.in_tree,
-            out_tree=exported.out_tree,
+            in_tree=tree,
+            out_tree=out_tree,
             nr_devices=exported.nr_devices,
         )
         self._specialized[key] = specialized
         return specialized
 
-    def _shardings(self, given: Any, arguments: int | None) -> Any:
-        """Shardings on the slice's mesh: PartitionSpecs become NamedShardings; unspecified
-        means replicated."""
+    def _flat_shardings(self, given: Any, values: Any) -> tuple[NamedSharding, ...]:
+        """One sharding per leaf of ``values``: ``given`` is one PartitionSpec for all, or a
+        prefix of ``values`` (one per argument, as with ``jax.jit``); unspecified means
+        replicated."""
+        is_spec = lambda x: x is None or isinstance(x, PartitionSpec | NamedSharding)  # noqa: E731
 
-        def named(spec: Any) -> Any:
-            if spec is None:
-                spec = PartitionSpec()
-            return spec if isinstance(spec, NamedSharding) else NamedSharding(self.mesh, spec)
+        def named(spec: Any) -> NamedSharding:
+            if isinstance(spec, NamedSharding):
+                return spec
+            return NamedSharding(self.mesh, PartitionSpec() if spec is None else spec)
 
-        is_leaf = lambda x: x is None or isinstance(x, PartitionSpec | NamedSharding)  # noqa: E731
-        if given is None or isinstance(given, PartitionSpec | NamedSharding):
-            given = named(given)
-            return given if arguments is None else (given,) * arguments
-        return jax.tree.map(named, given, is_leaf=is_leaf)
+        if is_spec(given):
+            return (named(given),) * len(jax.tree.leaves(values))
+        if isinstance(given, list):
+            given = tuple(given)
+        if isinstance(values, list):
+            values = tuple(values)
+        try:
+            expanded = jax.tree.map(
+                lambda spec, value: jax.tree.map(lambda _: named(spec), value),
+                given,
+                values,
+                is_leaf=is_spec,
+            )
+        except ValueError as error:
+            raise TypeError(
+                f"function {self.name!r}: shardings {given} do not match the structure of its "
+                f"arguments or results: {error}"
+            ) from None
+        return tuple(jax.tree.leaves(expanded, is_leaf=lambda x: isinstance(x, NamedSharding)))
 
     # -- calling -----------------------------------------------------------------------------
 
@@ -167,10 +192,11 @@ class CompiledFunction:
         return names
 
     def _describe_arguments(self, avals: tuple[Any, ...]) -> str:
+        """``a=float32[2, 3], b=float32[3]``: each argument by name, leaves by shape."""
+        names = [*self._parameters, *(str(i) for i in range(len(self._parameters), len(avals)))]
         return ", ".join(
-            f"{self._label(i).split(' (')[0].removeprefix('argument ')}="
-            + ", ".join(describe(leaf) for leaf in jax.tree.leaves(aval))
-            for i, aval in enumerate(avals)
+            f"{name}=" + ", ".join(describe(leaf) for leaf in jax.tree.leaves(aval))
+            for name, aval in zip(names, avals, strict=False)
         )
 
     def __repr__(self) -> str:

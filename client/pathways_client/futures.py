@@ -174,9 +174,12 @@ class ArrayFuture:
 
 def _delete_copies(cluster: Cluster, copies: dict[str, str]) -> None:
     for island, buffer_id in list(copies.items()):
-        # A closed session cannot send: the island frees a departed client's buffers itself.
-        with contextlib.suppress(Exception):
-            cluster.session(island).delete([buffer_id])
+        # Without a session there is nothing to free: an island deletes a departed client's
+        # buffers itself.
+        session = cluster.open_session(island)
+        if session is not None:
+            with contextlib.suppress(Exception):
+                session.delete([buffer_id])
 
 
 def call(

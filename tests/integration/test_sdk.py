@@ -1,0 +1,242 @@
+"""The client SDK against real islands: slices, compiled functions, futures, programs, the
+graph runner, the in-cluster connection settings, and errors where the user can act."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_client as pw
+from pathways_client.futures import Specialized, call
+from pathways_client.launcher import LocalIsland
+from pathways_core.resources import PathwaysProgram
+
+
+@pytest.fixture
+def cluster(island: LocalIsland):
+    with pw.connect(island) as session:
+        yield session
+
+
+def test_sharded_function_on_a_slice_spanning_both_executors(cluster: pw.Cluster) -> None:
+    with cluster.slice(shape=(2, 4)) as devices:
+        assert devices.mesh().axis_names == ("x", "y")
+
+        @pw.function(slice=devices, in_shardings=P("x", "y"), out_shardings=P())
+        def total(x):
+            return jnp.sum(x, axis=1)
+
+        value = np.arange(32, dtype=np.float32).reshape(4, 8)
+        np.testing.assert_allclose(total(value).result(), value.sum(axis=1))
+
+
+def test_pytrees_go_in_and_come_out(cluster: pw.Cluster) -> None:
+    with cluster.slice(devices=2) as devices:
+        step = pw.function(
+            lambda params, x: {"y": x @ params["w"] + params["b"], "n": jnp.sum(x)},
+            slice=devices,
+            in_shardings=(P(), P("x")),
+            out_shardings={"y": P("x"), "n": P()},
+        )
+        params = {"w": np.eye(3, dtype=np.float32) * 2, "b": np.ones(3, np.float32)}
+        x = np.arange(12, dtype=np.float32).reshape(4, 3)
+        out = step(params, x)
+        np.testing.assert_allclose(out["y"].result(), x * 2 + 1)
+        assert float(out["n"].result()) == x.sum()
+
+
+def test_futures_feed_later_calls_and_programs_run_parallel_or_sequential(
+    cluster: pw.Cluster,
+) -> None:
+    a, b = cluster.slice(devices=1), cluster.slice(devices=1)
+    try:
+        increment = pw.function(lambda v: v + 1, slice=a, name="increment")
+        double = pw.function(lambda v: v * 2, slice=b, name="double")
+
+        @pw.program
+        def chain(v):
+            for _ in range(3):
+                v = double(increment(v))
+            return v
+
+        start = np.arange(4, dtype=np.float32)
+        expected = start
+        for _ in range(3):
+            expected = (expected + 1) * 2
+        parallel = chain(start)
+        sequential = chain(start, sequential=True)
+        np.testing.assert_array_equal(parallel.result(), expected)
+        np.testing.assert_array_equal(sequential.result(), expected)
+        # The program was traced once and reused; its graph has the six calls.
+        assert [n.name for n in chain.trace(start).flow.nodes] == [
+            "increment",
+            "double",
+            "increment-2",
+            "double-2",
+            "increment-3",
+            "double-3",
+        ]
+    finally:
+        a.release()
+        b.release()
+
+
+def test_a_program_written_as_a_resource_runs_without_its_python(
+    cluster: pw.Cluster, island: LocalIsland, tmp_path: Path
+) -> None:
+    with cluster.slice(devices=1) as one, cluster.slice(devices=2) as two:
+        increment = pw.function(lambda v: v + 1, slice=one, name="increment")
+        total = pw.function(lambda v: jnp.sum(v) * jnp.ones(2), slice=two, name="total")
+        program = pw.program(lambda v: total(increment(v)), name="sum-chain")
+        resource = program.to_resource(np.arange(4, dtype=np.float32), steps=2)
+    # The resource is a valid PathwaysProgram (as kubectl would send it).
+    wire = resource.to_wire()
+    assert PathwaysProgram.model_validate(wire).spec.steps == 2
+    spec = tmp_path / "program.json"
+    spec.write_text(json.dumps(wire))
+    results = tmp_path / "results.npz"
+    env = dict(os.environ, PATHWAYS_ISLANDS=f"{island.name}={island.scheduler_endpoint}")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pathways_client.run_graph",
+            "--spec",
+            str(spec),
+            "--results",
+            str(results),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e.get("completedSteps") for e in events[:2]] == [1, 2]
+    assert events[-1]["event"] == "succeeded"
+    np.testing.assert_array_equal(np.load(results)["arr_0"], [10.0, 10.0])  # sum of 1..4
+
+
+def test_a_corrupt_artifact_fails_the_graph_runner_with_the_reason(
+    island: LocalIsland, tmp_path: Path
+) -> None:
+    spec = {
+        "slices": [{"name": "one", "devices": 1}],
+        "graph": {
+            "functions": [{"name": "broken", "inline": "bm90IGFuIGFydGlmYWN0"}],
+            "nodes": [{"name": "n", "function": "broken", "slice": "one"}],
+        },
+    }
+    path = tmp_path / "broken.yaml"
+    path.write_text(json.dumps(spec))
+    env = dict(os.environ, PATHWAYS_ISLANDS=f"{island.name}={island.scheduler_endpoint}")
+    done = subprocess.run(
+        [sys.executable, "-m", "pathways_client.run_graph", "--spec", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "function 'broken': not a jax.export artifact" in done.stderr
+
+
+def test_in_cluster_settings_give_the_bound_slices(
+    island: LocalIsland, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slices = {
+        "train": {
+            "virtualSlice": "p-train",
+            "island": island.name,
+            "scheduler": island.scheduler_endpoint,
+            "devices": [6, 7],
+            "shape": [2],
+        }
+    }
+    monkeypatch.setenv("PATHWAYS_SLICES", json.dumps(slices))
+    monkeypatch.setenv("PATHWAYS_PROGRAM", "team-a/p")
+    monkeypatch.setenv("PATHWAYS_WEIGHT", "3")
+    with pw.connect() as cluster:
+        train = cluster.slice("train")
+        assert (train.island, train.devices, cluster.weight) == (island.name, (6, 7), 3)
+        double = pw.function(
+            lambda v: v * 2, slice=train, in_shardings=P("x"), out_shardings=P("x")
+        )
+        np.testing.assert_array_equal(double(np.ones(4, np.float32)).result(), 2)
+        with pytest.raises(pw.SliceError, match="no bound slice named 'eval'"):
+            cluster.slice("eval")
+
+
+def test_wrong_shapes_raise_before_dispatch_naming_the_argument(cluster: pw.Cluster) -> None:
+    with cluster.slice(devices=1) as one:
+        scale = pw.function(
+            lambda weights, x: x @ weights,
+            slice=one,
+            input_specs=[
+                jax.ShapeDtypeStruct((3, 3), jnp.float32),
+                jax.ShapeDtypeStruct((4, 3), jnp.float32),
+            ],
+        )
+        before = len(cluster.trace())
+        with pytest.raises(
+            TypeError,
+            match=r"argument 'x' \(position 1\).*is float32\[4, 4\], "
+            r"expected float32\[4, 3\]",
+        ):
+            scale(np.eye(3, dtype=np.float32), np.zeros((4, 4), np.float32))
+        with pytest.raises(TypeError, match=r"argument 'weights' .* int32\[3, 3\]"):
+            scale(np.eye(3, dtype=np.int32), np.zeros((4, 3), np.float32))
+        # Without fixed specs a mismatch fails when tracing, still before dispatch.
+        matmul = pw.function(lambda a, b: a @ b, slice=one, name="matmul")
+        with pytest.raises(
+            TypeError,
+            match=r"'matmul' cannot be compiled for arguments "
+            r"a=float32\[2, 3\], b=float32\[2, 3\]",
+        ):
+            matmul(np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32))
+        assert len(cluster.trace()) == before
+
+
+def test_a_slice_that_can_never_fit_fails_fast(cluster: pw.Cluster) -> None:
+    with pytest.raises(pw.SliceError, match=r"cannot be bound: .*(8|island)"):
+        cluster.slice(devices=64)
+
+
+def test_a_deleted_future_raises_clearly(cluster: pw.Cluster) -> None:
+    with cluster.slice(devices=1) as one:
+        increment = pw.function(lambda v: v + 1, slice=one, name="increment")
+        value = increment(np.zeros(2, np.float32))
+        value.delete()
+        with pytest.raises(pw.DeletedError, match=r"node 'increment'.*was deleted"):
+            value.result()
+        with pytest.raises(pw.DeletedError, match=r"argument 'v' .*was deleted"):
+            increment(value)
+
+
+def test_a_failed_node_raises_with_its_name_island_and_the_executors_message(
+    cluster: pw.Cluster,
+) -> None:
+    with cluster.slice(devices=1) as one:
+        increment = pw.function(lambda v: v + 1, slice=one, name="increment")
+        specialized: Specialized = increment.specialize(jax.ShapeDtypeStruct((4,), jnp.float32))
+        # Bypass the SDK's checks, as a hand-written client could: the executor refuses.
+        (bad,) = call(cluster, one, specialized, [np.zeros((2, 2), np.float32)], node="bad-node")
+        with pytest.raises(
+            pw.NodeFailed,
+            match=r"node 'bad-node' on island 'local' failed: .*"
+            r"expected float32\[4\]",
+        ) as failure:
+            bad.result(timeout=60)
+        assert (failure.value.node, failure.value.island) == ("bad-node", "local")
+        # The island keeps serving.
+        np.testing.assert_array_equal(increment(np.zeros(4, np.float32)).result(), 1)
