@@ -18,7 +18,7 @@ import socket
 import struct
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -160,6 +160,16 @@ class SchedulerService:
 
     # -- clients -----------------------------------------------------------------------------
 
+    def _apply_batch(self, client: str, batch: Sequence[pb.ClientMessage]) -> None:
+        """A client's messages in order, in chunks of 1, 2, 4, ...: the first computations of a
+        long batch reach their executors while the rest are being dispatched, and the later
+        ones still travel together."""
+        start, size = 0, 1
+        while start < len(batch):
+            chunk = batch[start : start + size]
+            self._handle(lambda d, c=chunk: _apply(d, client, c))
+            start, size = start + size, size * 2
+
     def _accept(self) -> None:
         while True:
             try:
@@ -194,9 +204,9 @@ class SchedulerService:
                 peer.flush()
                 return
             self._handle(lambda d: d.connect(client, hello.weight, hello.priority))
-            self._handle(lambda d: _apply(d, client, batch))
+            self._apply_batch(client, batch)
             for batch_in in incoming:
-                self._handle(lambda d, b=batch_in: _apply(d, client, b.messages))
+                self._apply_batch(client, batch_in.messages)
         except (OSError, FrameError):
             pass
         finally:
