@@ -77,10 +77,16 @@ class Pipeline:
             def forward(params, x, is_last=is_last):
                 return layer(params, x, is_last)
 
-            def backward(params, x, dy, accumulated, is_last=is_last):
-                _, pullback = jax.vjp(lambda p, v: layer(p, v, is_last), params, x)
-                grads, dx = pullback(dy)
-                return jax.tree.map(jnp.add, accumulated, grads), dx
+            def backward(params, x, y, dy, accumulated, is_last=is_last):
+                # From the stored input and output: no recomputation of the forward pass.
+                # Gradients stay partial sums, one per device of the slice (leading axis),
+                # so a microbatch costs no collective; the update reduces them once a step.
+                weights, _ = params
+                dz = dy if is_last else dy * (1.0 - y * y)
+                parts = (config.devices_per_stage, -1, config.width)
+                xs, dzs = x.reshape(parts), dz.reshape(parts)
+                grads = (jnp.einsum("dbi,dbj->dij", xs, dzs), jnp.sum(dzs, axis=1))
+                return jax.tree.map(jnp.add, accumulated, grads), dz @ weights.T
 
             self.forward.append(
                 pw.function(
@@ -95,8 +101,8 @@ class Pipeline:
                 pw.function(
                     backward,
                     slice=devices,
-                    in_shardings=(replicated, batch, batch, replicated),
-                    out_shardings=(replicated, batch),
+                    in_shardings=(replicated, batch, batch, batch, batch),
+                    out_shardings=batch,
                     name=f"backward-{stage}",
                 )
             )
@@ -106,7 +112,7 @@ class Pipeline:
 
         def update(params, accumulated):
             scale = config.learning_rate / config.microbatches
-            new = jax.tree.map(lambda p, g: p - scale * g, params, accumulated)
+            new = jax.tree.map(lambda p, g: p - scale * jnp.sum(g, axis=0), params, accumulated)
             return new, jax.tree.map(jnp.zeros_like, accumulated)
 
         self.loss = pw.function(
@@ -120,8 +126,8 @@ class Pipeline:
             pw.function(
                 update,
                 slice=devices,
-                in_shardings=replicated,
-                out_shardings=replicated,
+                in_shardings=(replicated, batch),
+                out_shardings=(replicated, batch),
                 name=f"update-{stage}",
             )
             for stage, devices in enumerate(slices)
@@ -144,14 +150,17 @@ class Pipeline:
             losses.append(loss)
             for stage in reversed(range(stages)):
                 accumulated[stage], dy = self.backward[stage](
-                    params[stage], seen[stage], dy, accumulated[stage]
+                    params[stage], seen[stage], seen[stage + 1], dy, accumulated[stage]
                 )
         updated = [self.update[s](params[s], accumulated[s]) for s in range(stages)]
         return [u[0] for u in updated], [u[1] for u in updated], losses
 
     def train(self, params, inputs, targets) -> tuple[list[float], list[Params]]:
         """Train for ``len(inputs)`` steps; returns each step's mean loss and the parameters."""
-        accumulated = [jax.tree.map(np.zeros_like, p) for p in params]
+        per_device = self.config.devices_per_stage
+        accumulated = [
+            jax.tree.map(lambda a: np.zeros((per_device, *a.shape), a.dtype), p) for p in params
+        ]
         step_losses = []
         for step_inputs, step_targets in zip(inputs, targets, strict=True):
             params, accumulated, losses = self.step(
@@ -159,6 +168,46 @@ class Pipeline:
             )
             step_losses.append(losses)
         mean_losses = [float(np.mean([loss.result() for loss in step])) for step in step_losses]
+        return mean_losses, [tuple(leaf.result() for leaf in p) for p in params]
+
+
+class Spmd:
+    """The same model and step without a pipeline: every stage on one slice, the whole batch
+    split across its devices (data parallel), one compiled function per training step."""
+
+    def __init__(self, devices: pw.Slice, config: Config) -> None:
+        last = config.stages - 1
+
+        def loss(params, x, target):
+            for stage, p in enumerate(params):
+                x = layer(p, x, stage == last)
+            return mse(x, target)
+
+        def step(params, inputs, targets):
+            # Mean over microbatches of each one's mean loss: the pipeline's objective.
+            def total(params):
+                losses = jax.vmap(lambda x, t: loss(params, x, t))(inputs, targets)
+                return jnp.sum(losses), losses
+
+            grads, losses = jax.grad(total, has_aux=True)(params)
+            scale = config.learning_rate / config.microbatches
+            return jax.tree.map(lambda p, g: p - scale * g, params, grads), losses
+
+        self.step = pw.function(
+            step,
+            slice=devices,
+            in_shardings=(P(), P(None, "x"), P(None, "x")),
+            out_shardings=P(),
+            name="spmd-step",
+        )
+
+    def train(self, params, inputs, targets) -> tuple[list[float], list[Params]]:
+        """Train for ``len(inputs)`` steps; returns each step's mean loss and the parameters."""
+        step_losses = []
+        for step_inputs, step_targets in zip(inputs, targets, strict=True):
+            params, losses = self.step(params, step_inputs, step_targets)
+            step_losses.append(losses)
+        mean_losses = [float(np.mean(losses.result())) for losses in step_losses]
         return mean_losses, [tuple(leaf.result() for leaf in p) for p in params]
 
 

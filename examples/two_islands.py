@@ -71,29 +71,41 @@ def _functions(devices: pw.Slice, config: Config, parts: int):
     return grad, update
 
 
+class DataParallel:
+    """One model replica per slice (one slice per island); every step each replica computes
+    gradients on its share of the batch and averages them with the others' (moved to it)."""
+
+    def __init__(self, islands: list[pw.Slice], config: Config) -> None:
+        self.config = config
+        self.functions = [_functions(devices, config, len(islands)) for devices in islands]
+
+    def train(self, params, x, y) -> tuple[list[float], dict]:
+        """Train on ``len(x)`` batches; returns the mean loss per step and the final
+        parameters of the first replica."""
+        parts = len(self.functions)
+        replicas = [params] * parts
+        losses = []
+        for inputs, targets in zip(x, y, strict=True):
+            rows = np.split(np.arange(len(inputs)), parts)
+            outcomes = [
+                grad(replica, inputs[mine], targets[mine])
+                for (grad, _), replica, mine in zip(self.functions, replicas, rows, strict=True)
+            ]
+            grads = [g for _, g in outcomes]
+            replicas = [
+                update(replica, grads[i], *(g for j, g in enumerate(grads) if j != i))
+                for i, ((_, update), replica) in enumerate(
+                    zip(self.functions, replicas, strict=True)
+                )
+            ]
+            losses.append(outcomes)
+        mean_losses = [float(np.mean([value.result() for value, _ in step])) for step in losses]
+        return mean_losses, jax.tree.map(lambda leaf: leaf.result(), replicas[0])
+
+
 def run(islands: list[pw.Slice], config: Config = Config()) -> tuple[list[float], dict]:
-    """Train data parallel over the given slices (one per island); returns the mean loss per
-    step and the final parameters of the first replica."""
-    params, x, y = init(config)
-    parts = len(islands)
-    functions = [_functions(devices, config, parts) for devices in islands]
-    replicas = [params] * parts
-    losses = []
-    for step in range(config.steps):
-        shards = np.split(np.arange(config.batch), parts)
-        outcomes = [
-            grad(replica, x[step][rows], y[step][rows])
-            for (grad, _), replica, rows in zip(functions, replicas, shards, strict=True)
-        ]
-        grads = [g for _, g in outcomes]
-        # Each replica averages its own gradients with the others', moved from their islands.
-        replicas = [
-            update(replica, grads[i], *(g for j, g in enumerate(grads) if j != i))
-            for i, ((_, update), replica) in enumerate(zip(functions, replicas, strict=True))
-        ]
-        losses.append(outcomes)
-    mean_losses = [float(np.mean([value.result() for value, _ in step])) for step in losses]
-    return mean_losses, jax.tree.map(lambda leaf: leaf.result(), replicas[0])
+    """Train data parallel over the given slices (one per island)."""
+    return DataParallel(islands, config).train(*init(config))
 
 
 def reference(config: Config = Config()) -> tuple[list[float], dict]:

@@ -17,7 +17,7 @@ from pathways_client.errors import (
     SliceError,
 )
 from pathways_client.functions import CompiledFunction, function
-from pathways_client.futures import ArrayFuture
+from pathways_client.futures import ArrayFuture, put
 from pathways_client.programs import Program, program
 from pathways_client.slices import Slice
 
@@ -35,4 +35,5 @@ __all__ = [
     "connect",
     "function",
     "program",
+    "put",
 ]

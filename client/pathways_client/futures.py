@@ -182,6 +182,15 @@ def _delete_copies(cluster: Cluster, copies: dict[str, str]) -> None:
                 session.delete([buffer_id])
 
 
+def put(slice: Slice, value: Any) -> ArrayFuture:
+    """Upload a host value to ``slice`` once, as a future any number of calls can use."""
+    cluster = slice.cluster_or_fail()
+    array = host_array(value)
+    buffer_id = cluster.session(slice.island).put(array, slice.devices[0])
+    aval = jax.ShapeDtypeStruct(array.shape, array.dtype)
+    return ArrayFuture(cluster, slice, buffer_id, aval, node="put", done=None)
+
+
 def call(
     cluster: Cluster,
     slice: Slice,

@@ -14,6 +14,7 @@ import contextvars
 import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ import jax
 import numpy as np
 
 from pathways_client.functions import CompiledFunction
-from pathways_client.futures import ArrayFuture, Specialized, call, describe
+from pathways_client.futures import ArrayFuture, Specialized, call, describe, put
 from pathways_client.slices import Slice
 from pathways_core.dataflow import Dataflow, Node, Ref, Source
 from pathways_core.resources import ObjectMeta, PathwaysProgram
@@ -32,6 +33,7 @@ from pathways_core.resources.program import (
 )
 from pathways_core.topology import format_shape
 
+UPLOAD_THREADS = 8
 _ACTIVE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("trace", default=None)
 
 
@@ -216,15 +218,17 @@ def dispatch(
     In sequential mode each node is awaited before the next is submitted.
     """
     produced: dict[tuple[str, int], ArrayFuture] = {}
+    order = flow.order()
+    uploaded = _upload_host_values(order, functions, arguments, constants)
 
     def value(ref: Ref) -> Any:
-        if ref.source is Source.ARGUMENT:
-            return arguments[ref.index]
-        if ref.source is Source.CONSTANT:
-            return constants[ref.index]
-        return produced[(ref.node, ref.index)]
+        if ref.source is Source.NODE:
+            return produced[(ref.node, ref.index)]
+        if ref in uploaded:
+            return uploaded[ref]
+        return (arguments if ref.source is Source.ARGUMENT else constants)[ref.index]
 
-    for node in flow.order():
+    for node in order:
         slice, specialized = functions[node.function]
         outputs = call(
             slice.cluster_or_fail(),
@@ -239,6 +243,32 @@ def dispatch(
         if sequential and outputs:
             outputs[0].wait()
     return [value(ref) for ref in flow.outputs]
+
+
+def _upload_host_values(
+    order: list[Node],
+    functions: Mapping[str, tuple[Slice, Specialized]],
+    arguments: Sequence[Any],
+    constants: Sequence[Any],
+) -> dict[Ref, ArrayFuture]:
+    """Upload every host value the nodes use, once each, to the slice of its first consumer,
+    all at once (uploads overlap) before any node is submitted."""
+    first_use: dict[Ref, Slice] = {}
+    for node in order:
+        for ref in node.inputs:
+            if ref.source is not Source.NODE and ref not in first_use:
+                given = (arguments if ref.source is Source.ARGUMENT else constants)[ref.index]
+                if not isinstance(given, ArrayFuture):
+                    first_use[ref] = functions[node.function][0]
+    if not first_use:
+        return {}
+
+    def upload(ref: Ref) -> ArrayFuture:
+        given = (arguments if ref.source is Source.ARGUMENT else constants)[ref.index]
+        return put(first_use[ref], given)
+
+    with ThreadPoolExecutor(max_workers=min(UPLOAD_THREADS, len(first_use))) as pool:
+        return dict(zip(first_use, pool.map(upload, first_use), strict=True))
 
 
 def _with_source_nodes(

@@ -1,0 +1,171 @@
+"""Pipelines and islands against SPMD and one island, measured side by side in one run.
+
+1. The 4-stage GPipe model of ``examples/pipeline_mlp.py`` on 4 slices of 2 devices against the
+   same model and step run SPMD (data parallel) on one slice of the same 8 devices.
+2. Data parallel across two islands of 4 devices (gradients over DCN) of
+   ``examples/two_islands.py`` against the same training on one island of 8 devices (2 hosts).
+
+Throughput in samples per second after warm-up (compilation excluded), several repetitions
+interleaved so both sides see the same machine load. ``--json FILE`` writes the figures.
+
+    python benchmarks/pipeline.py [--quick] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pathways_client as pw
+from pathways_client.launcher import LocalIsland
+
+# Big enough that a stage's computation takes milliseconds, as on real accelerators.
+WIDTH, BATCH = 1024, 64
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def example(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def samples_per_second(train: Callable[[], Any], samples: int) -> float:
+    start = time.perf_counter()
+    train()
+    return samples / (time.perf_counter() - start)
+
+
+def interleaved(
+    runs: dict[str, Callable[[], Any]], samples: int, repeats: int
+) -> dict[str, list[float]]:
+    """Each run once to warm up, then ``repeats`` rounds alternating between them."""
+    for train in runs.values():
+        train()
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, train in runs.items():
+            rates[name].append(samples_per_second(train, samples))
+    return rates
+
+
+def pipeline_vs_spmd(quick: bool, cache: Path) -> dict[str, Any]:
+    pipeline = example("pipeline_mlp")
+    config = pipeline.Config(
+        microbatches=8 if quick else 16, width=WIDTH, batch=BATCH, steps=2 if quick else 4
+    )
+    with (
+        LocalIsland(hosts=2, devices_per_host=4, compilation_cache=cache) as island,
+        pw.connect(island) as cluster,
+    ):
+        stages = [cluster.slice(devices=2, name=f"stage-{s}") for s in range(4)]
+        model = pipeline.Pipeline(stages, config)
+        params, inputs, targets = pipeline.init(config)
+        for item in stages:  # the SPMD slice takes the same 8 devices
+            item.release()
+        spmd = pipeline.Spmd(cluster.slice(devices=8, name="spmd"), config)
+        samples = config.steps * config.microbatches * config.batch
+        rates = interleaved(
+            {
+                "pipeline": lambda: model.train(params, inputs, targets),
+                "spmd": lambda: spmd.train(params, inputs, targets),
+            },
+            samples,
+            repeats=2 if quick else 3,
+        )
+    return _record(
+        f"pipeline (S=4, M={config.microbatches}) vs SPMD",
+        rates,
+        "pipeline",
+        "spmd",
+        0.9,
+        config.__dict__,
+    )
+
+
+def two_islands_vs_one(quick: bool, cache: Path) -> dict[str, Any]:
+    islands = example("two_islands")
+    config = islands.Config(width=WIDTH, batch=8 * BATCH, steps=3 if quick else 6)
+    samples = config.steps * config.batch
+    with (
+        LocalIsland(hosts=1, devices_per_host=4, name="a", compilation_cache=cache) as a,
+        LocalIsland(hosts=1, devices_per_host=4, name="b", compilation_cache=cache) as b,
+        LocalIsland(hosts=2, devices_per_host=4, name="one", compilation_cache=cache) as one,
+        pw.connect([a, b, one]) as cluster,
+    ):
+        split = islands.DataParallel(
+            [cluster.slice(devices=4, island="a"), cluster.slice(devices=4, island="b")], config
+        )
+        single = islands.DataParallel([cluster.slice(devices=8, island="one")], config)
+        data = islands.init(config)
+        rates = interleaved(
+            {"two islands": lambda: split.train(*data), "one island": lambda: single.train(*data)},
+            samples,
+            repeats=2 if quick else 3,
+        )
+    return _record(
+        "two islands (2 x 4 devices) vs one island (8 devices)",
+        rates,
+        "two islands",
+        "one island",
+        0.9,
+        config.__dict__,
+    )
+
+
+def _record(
+    name: str,
+    rates: dict[str, list[float]],
+    ours: str,
+    baseline: str,
+    target: float,
+    parameters: dict[str, Any],
+) -> dict[str, Any]:
+    value, base = statistics.median(rates[ours]), statistics.median(rates[baseline])
+    return {
+        "name": name,
+        "value": value,
+        "baseline": base,
+        "ratio": value / base,
+        "unit": "samples/s",
+        "target": target,
+        "runs": rates,
+        "parameters": parameters,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=["pipeline", "islands"], action="append")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    cache = Path.home() / ".cache" / "pathways" / "bench-xla"
+    suites = {"pipeline": pipeline_vs_spmd, "islands": two_islands_vs_one}
+    records = []
+    for name, suite in suites.items():
+        if args.only and name not in args.only:
+            continue
+        record = suite(args.quick, cache)
+        records.append(record)
+        print(
+            f"{record['name']}: {record['value']:.0f} vs {record['baseline']:.0f} "
+            f"{record['unit']} = {record['ratio']:.2f}x (target {record['target']}x)",
+            flush=True,
+        )
+    if args.json:
+        args.json.write_text(json.dumps(records, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
