@@ -72,7 +72,22 @@ def host_array(value: Any) -> np.ndarray:
     return array if array.dtype == dtype else array.astype(dtype)
 
 
-class ArrayFuture:
+class Shaped:
+    """A value known by its ``aval``: shape and dtype, as on a JAX array."""
+
+    __slots__ = ()
+    aval: jax.ShapeDtypeStruct
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.aval.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.aval.dtype)
+
+
+class ArrayFuture(Shaped):
     """An array that is, or will be, computed on ``slice``: output ``output`` of ``node``."""
 
     def __init__(
@@ -95,14 +110,6 @@ class ArrayFuture:
         self._copies: dict[str, str] = {slice.island: buffer_id}
         self._deleted = False
         self._finalizer = weakref.finalize(self, _delete_copies, cluster, self._copies)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.aval.shape)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self.aval.dtype)
 
     @property
     def deleted(self) -> bool:

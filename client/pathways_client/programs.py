@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from pathways_client.functions import CompiledFunction
-from pathways_client.futures import ArrayFuture, Specialized, call, describe, put
+from pathways_client.futures import ArrayFuture, Shaped, Specialized, call, describe, put
 from pathways_client.slices import Slice
 from pathways_core.dataflow import Dataflow, Node, Ref, Source
 from pathways_core.resources import ObjectMeta, PathwaysProgram
@@ -42,7 +42,7 @@ def active_trace() -> Trace | None:
     return _ACTIVE.get()
 
 
-class Traced:
+class Traced(Shaped):
     """A value inside a program being traced: an argument, or a node's output."""
 
     __slots__ = ("aval", "ref", "slice")
@@ -51,14 +51,6 @@ class Traced:
         self.ref = ref
         self.aval = aval
         self.slice = slice
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.aval.shape)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self.aval.dtype)
 
     def __repr__(self) -> str:
         return f"Traced({describe(self.aval)}, {self.ref})"
