@@ -188,7 +188,9 @@ class Emulator(kmock.KubernetesEmulator):
                 raise kmock.KubernetesObjectNotFoundError()
             stored = self._objects[key]
             old = copy.deepcopy(dict(stored.raw))
-            new = self._patched(old, request.data)
+            # A deep copy: the merge patch shares untouched parts with ``old``, which must
+            # stay as it was for the comparisons below.
+            new = copy.deepcopy(self._patched(old, request.data))
             has_status = resource.plural in self.status_subresource
             if has_status and request.subresource == "status":
                 new = {**old, "status": new.get("status")}
@@ -372,5 +374,6 @@ def declare(emulator: Emulator) -> None:
         ("v1/pods", "Pod", True),
         ("v1/namespaces", "Namespace", False),
         ("events.k8s.io/v1/events", "Event", True),
+        ("kopf.dev/v1/clusterkopfpeerings", "ClusterKopfPeering", False),
     ):
         emulator.resources[key] = info(kind=kind, namespaced=namespaced, verbs=verbs)
