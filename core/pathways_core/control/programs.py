@@ -113,7 +113,8 @@ def _job_outcome(job: Document) -> tuple[str | None, str]:
 
 def _inline_slice(document: Document, program: PathwaysProgram, slice_name: str) -> Document:
     item = next(s for s in program.spec.slices if s.name == slice_name)
-    spec = item.to_wire()
+    # What the manifest says, not the defaults: the slice's own defaults apply.
+    spec = item.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
     for key in ("name", "virtualSliceName"):
         spec.pop(key, None)
     if program.spec.tenant:

@@ -1,0 +1,255 @@
+"""Time-shared slices: several VirtualSlices bound to the same devices of one island.
+
+Pathways time-multiplexes devices between clients: the island's gang scheduler divides device
+time between programs by weight. The exclusive allocator never binds a device twice, so
+slices that ask for ``timeShared: true`` are bound in *groups*:
+
+- the first time-shared slice of a size is bound by :func:`plan_bindings` like any slice (it
+  holds the devices against exclusive slices, is charged to its tenant's quota, may preempt
+  and be preempted); it is the group's *holder*;
+- a later time-shared slice whose request the group answers (same island, same number of
+  devices, a kind and labels it admits, the same mesh shape if one is asked) *joins* the
+  group: it is bound to the same devices and charged nothing;
+- when the holder goes, the oldest remaining member holds the devices (each pass restores one
+  binding per group, so the allocator still never sees a device twice);
+- when a holder loses its devices (preempted, island deleted), every member loses them too.
+
+Unbound time-shared slices that find no group wait for the first of them to open one (one
+new group per request signature per pass), so tenants that arrive together share instead of
+each taking devices of their own.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pathways_core.accelerators import AcceleratorKind
+from pathways_core.allocator import IslandInventory, Request
+from pathways_core.control.common import (
+    Document,
+    Event,
+    ObjectRef,
+    generation,
+    is_deleting,
+    key_of,
+    parse,
+    set_condition,
+    timestamp,
+)
+from pathways_core.control.slices import BindingPlan, SliceChange, Stage, plan_bindings
+from pathways_core.resources import Island, VirtualSlice
+from pathways_core.topology import parse_shape
+
+
+def is_time_shared(document: Document) -> bool:
+    """Whether a VirtualSlice document asks for time-shared devices."""
+    return bool((document.get("spec") or {}).get("timeShared"))
+
+
+def _bound_group(document: Document) -> tuple[str, tuple[int, ...]] | None:
+    status = document.get("status") or {}
+    if status.get("phase") != "Bound" or not status.get("island"):
+        return None
+    if status.get("observedGeneration") not in (None, generation(document)):
+        return None  # the spec changed: plan_bindings releases it
+    return status["island"], tuple(int(d) for d in status.get("devices") or ())
+
+
+def _request(document: Document) -> Request | None:
+    resource, _ = parse(document)
+    if not isinstance(resource, VirtualSlice):
+        return None
+    namespace = (document.get("metadata") or {}).get("namespace") or "default"
+    return Request.from_spec(
+        key_of(document), resource.spec.tenant or namespace, resource.spec, resource.spec.priority
+    )
+
+
+def _signature(request: Request) -> tuple[Any, ...]:
+    selector = request.selector.model_dump_json() if request.selector else None
+    return (request.size, request.shape, request.kind, request.island, selector)
+
+
+def _joined_status(document: Document, holder: Document, now: datetime) -> dict[str, Any]:
+    held = holder.get("status") or {}
+    old = document.get("status") or {}
+    message = (
+        f"time-shares {len(held.get('devices') or [])} devices of island "
+        f"{held.get('island')!r} with {key_of(holder)}"
+    )
+    return {
+        "phase": "Bound",
+        "island": held.get("island"),
+        "shape": held.get("shape"),
+        "devices": list(held.get("devices") or []),
+        "hosts": list(held.get("hosts") or []),
+        "reason": None,
+        "message": message,
+        "boundTime": timestamp(now),
+        "observedGeneration": generation(document),
+        "conditions": set_condition(
+            list(old.get("conditions") or []),
+            "Bound",
+            True,
+            "TimeShared",
+            message,
+            now,
+            generation(document),
+        ),
+    }
+
+
+@dataclass
+class SharedBindingPlan(BindingPlan):
+    """A plan that may need another pass for slices waiting to join a group opened in it."""
+
+    again: bool = False
+
+    @property
+    def needs_another_pass(self) -> bool:
+        """Released slices, or twins of a group opened in this pass, bind in the next one."""
+        return self.again or any(change.stage is Stage.RELEASE for change in self.changes)
+
+
+def plan_bindings_shared(
+    islands: Sequence[Document],
+    slices: Sequence[Document],
+    now: datetime,
+    quotas: Mapping[tuple[str, AcceleratorKind], int] | None = None,
+) -> SharedBindingPlan:
+    """:func:`plan_bindings`, with time-shared slices bound in groups (see the module)."""
+    shared = [d for d in slices if is_time_shared(d) and not is_deleting(d)]
+    if not shared:
+        return SharedBindingPlan(**vars(plan_bindings(islands, slices, now, quotas)))
+    passed: list[Document] = [d for d in slices if not is_time_shared(d) or is_deleting(d)]
+    groups: dict[tuple[str, tuple[int, ...]], list[Document]] = defaultdict(list)
+    unbound: list[Document] = []
+    for document in shared:
+        group = _bound_group(document)
+        if group is None:
+            unbound.append(document)
+        else:
+            groups[group].append(document)
+    holders: dict[tuple[str, tuple[int, ...]], Document] = {}
+    members: dict[tuple[str, tuple[int, ...]], list[Document]] = {}
+    for group, documents in groups.items():
+        documents.sort(key=lambda d: ((d.get("status") or {}).get("boundTime") or "", key_of(d)))
+        holders[group], members[group] = documents[0], documents[1:]
+        passed.append(documents[0])
+
+    inventories: dict[str, IslandInventory] = {}
+    for document in islands:
+        island, _ = parse(document)
+        if isinstance(island, Island) and not is_deleting(document):
+            inventories[island.metadata.name or ""] = IslandInventory.from_island(island)
+
+    joins: list[tuple[Document, Document]] = []
+    opened: set[tuple[Any, ...]] = set()
+    twins: list[Document] = []
+    unbound.sort(
+        key=lambda d: ((d.get("metadata") or {}).get("creationTimestamp") or "", key_of(d))
+    )
+    for document in unbound:
+        request = _request(document)
+        if request is None:
+            passed.append(document)  # plan_bindings reports the invalid spec
+            continue
+        holder = next(
+            (
+                holders[group]
+                for group in sorted(holders)
+                if group[0] in inventories
+                and len(group[1]) == request.size
+                and request.admits(inventories[group[0]])
+                and (
+                    request.shape is None
+                    or (
+                        ((holders[group].get("spec") or {}).get("shape") is not None)
+                        and parse_shape(holders[group]["spec"]["shape"]) == request.shape
+                    )
+                )
+            ),
+            None,
+        )
+        if holder is not None:
+            joins.append((document, holder))
+        elif _signature(request) not in opened:
+            opened.add(_signature(request))
+            passed.append(document)  # opens a group if plan_bindings binds it
+        else:
+            twins.append(document)  # joins the group its twin opens in this pass, next pass
+
+    plan = plan_bindings(islands, passed, now, quotas)
+    released = {change.key for change in plan.changes if change.stage is Stage.RELEASE}
+    for group, holder in holders.items():
+        if key_of(holder) not in released:
+            continue
+        for member in members[group]:
+            message = f"the devices it time-shared with {key_of(holder)} were released"
+            status = dict(member.get("status") or {})
+            status.update(
+                phase="Preempted",
+                island=None,
+                shape=None,
+                devices=[],
+                hosts=[],
+                reason="SharedGroupReleased",
+                message=message,
+                boundTime=None,
+            )
+            status["conditions"] = set_condition(
+                list(status.get("conditions") or []),
+                "Bound",
+                False,
+                "SharedGroupReleased",
+                message,
+                now,
+                generation(member),
+            )
+            plan.changes.append(SliceChange(key_of(member), member, status, Stage.RELEASE))
+            plan.events.append(
+                Event(ObjectRef.of(member), "Warning", "SharedGroupReleased", message)
+            )
+    for document, holder in joins:
+        if key_of(holder) in released:
+            continue
+        status = _joined_status(document, holder, now)
+        plan.changes.append(SliceChange(key_of(document), document, status, Stage.BIND))
+        plan.newly_bound.append(key_of(document))
+        plan.events.append(Event(ObjectRef.of(document), "Normal", "Bound", status["message"]))
+    opened_now = {k for k in plan.newly_bound} & {key_of(d) for d in unbound}
+    again = any(key_of(holder) in released for _, holder in joins)
+    for document in twins:
+        old = document.get("status") or {}
+        if old.get("phase") != "Pending" or old.get("reason") != "WaitingForSharedGroup":
+            plan.changes.append(
+                SliceChange(key_of(document), document, _pending(document, now), Stage.WAIT)
+            )
+    if twins and opened_now:
+        again = True  # the twins join the groups opened in this pass on the next one
+    return SharedBindingPlan(**vars(plan), again=again)
+
+
+def _pending(document: Document, now: datetime) -> dict[str, Any]:
+    old = document.get("status") or {}
+    message = "waiting for a time-shared group of its size to open"
+    return {
+        **old,
+        "phase": "Pending",
+        "reason": "WaitingForSharedGroup",
+        "message": message,
+        "observedGeneration": generation(document),
+        "conditions": set_condition(
+            list(old.get("conditions") or []),
+            "Bound",
+            False,
+            "WaitingForSharedGroup",
+            message,
+            now,
+            generation(document),
+        ),
+    }
