@@ -172,6 +172,15 @@ def test_slices_of_a_deleted_island_are_released_then_bound_elsewhere() -> None:
         assert rebound.changes[0].status["island"] == "b"
 
 
+def test_slices_outside_a_shrunk_island_are_released() -> None:
+    slices = [
+        vslice("edge", 2, status=bound("a", [6, 7])),
+        vslice("inside", 2, status=bound("a", [0, 1])),
+    ]
+    plan = plan_bindings([island("a", topology="4", hosts=1)], slices, NOW)
+    assert phases(plan) == {"edge": ("Preempted", "IslandResized", Stage.RELEASE)}
+
+
 def test_preemption_releases_victims_first_and_never_rebinds_them_in_the_same_pass() -> None:
     slices = [
         vslice("low", 8, priority=0, status=bound("a", list(range(8)))),

@@ -236,14 +236,21 @@ def plan_bindings(
         rejected = allocator.restore([binding])
         if rejected:
             plan.rejected.append(key)
-            gone = binding.island not in inventories
-            reason = "IslandDeleted" if gone else "BindingConflict"
-            message = (
-                f"island {binding.island!r} is gone; the slice will be bound again"
-                if gone
-                else f"stored binding refused ({rejected[0].message}); the slice will be "
-                "bound again"
-            )
+            inventory = inventories.get(binding.island)
+            if inventory is None:
+                reason = "IslandDeleted"
+                message = f"island {binding.island!r} is gone; the slice will be bound again"
+            elif any(device >= inventory.size for device in binding.devices):
+                reason = "IslandResized"
+                message = (
+                    f"island {binding.island!r} now has {inventory.size} devices; the slice "
+                    "will be bound again"
+                )
+            else:
+                reason = "BindingConflict"
+                message = (
+                    f"stored binding refused ({rejected[0].message}); the slice will be bound again"
+                )
             change(
                 document,
                 _status(document, "Preempted", now, reason=reason, message=message),
