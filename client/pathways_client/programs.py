@@ -14,7 +14,7 @@ import contextvars
 import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ from pathways_core.resources.program import (
 )
 from pathways_core.topology import format_shape
 
-UPLOAD_THREADS = 8
+_UPLOADS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="upload")
 _ACTIVE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("trace", default=None)
 
 
@@ -217,7 +217,7 @@ def dispatch(
         if ref.source is Source.NODE:
             return produced[(ref.node, ref.index)]
         if ref in uploaded:
-            return uploaded[ref]
+            return uploaded[ref].result()
         return (arguments if ref.source is Source.ARGUMENT else constants)[ref.index]
 
     for node in order:
@@ -242,9 +242,9 @@ def _upload_host_values(
     functions: Mapping[str, tuple[Slice, Specialized]],
     arguments: Sequence[Any],
     constants: Sequence[Any],
-) -> dict[Ref, ArrayFuture]:
-    """Upload every host value the nodes use, once each, to the slice of its first consumer,
-    all at once (uploads overlap) before any node is submitted."""
+) -> dict[Ref, Future[ArrayFuture]]:
+    """Start uploading every host value the nodes use, once each, to the slice of its first
+    consumer; uploads overlap each other and the submission of nodes that do not need them."""
     first_use: dict[Ref, Slice] = {}
     for node in order:
         for ref in node.inputs:
@@ -259,8 +259,7 @@ def _upload_host_values(
         given = (arguments if ref.source is Source.ARGUMENT else constants)[ref.index]
         return put(first_use[ref], given)
 
-    with ThreadPoolExecutor(max_workers=min(UPLOAD_THREADS, len(first_use))) as pool:
-        return dict(zip(first_use, pool.map(upload, first_use), strict=True))
+    return {ref: _UPLOADS.submit(upload, ref) for ref in first_use}
 
 
 def _with_source_nodes(
