@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from pathways_client.api_client import ApiCallError, ApiClient
 from pathways_client.crd_files import check_crds, write_crds
 from pathways_client.manifests import Document, manifest_files, read_documents
 from pathways_client.mesh_view import islands_table, slice_styles
@@ -168,3 +172,450 @@ def _read(paths: tuple[Path, ...]) -> list[Document]:
         )
         sys.exit(1)
     return [document for path in files for document in read_documents(path)]
+
+
+# -- the embedded cluster and the REST API ---------------------------------------------------
+
+STATE_OPTION = click.option(
+    "--state",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="State directory of the embedded cluster [default: $PATHWAYS_STATE or ~/.pathways].",
+)
+
+
+def _state(state: Path | None) -> Path:
+    from pathways_client.embedded import default_state
+
+    return (state or default_state()).expanduser().resolve()
+
+
+def _api(state: Path | None, api: str | None, token: str | None, tenant: str) -> ApiClient:
+    """A client of the API given by flags or environment, else of the running embedded
+    cluster, with the tenant's token from its tokens file."""
+    from pathways_client.embedded import read_info, tokens
+
+    url = api or os.environ.get("PATHWAYS_API")
+    token = token or os.environ.get("PATHWAYS_TOKEN")
+    if url is None:
+        info = read_info(_state(state))
+        if info is None or not info.ready:
+            errors.print(
+                "[red]no API to talk to:[/] start one with [bold]pathways up[/], or give "
+                "--api URL (or PATHWAYS_API)"
+            )
+            sys.exit(1)
+        url = info.api
+        token = token or tokens(_state(state)).get(tenant)
+    if token is None:
+        errors.print(
+            f"[red]no token for tenant {tenant!r}:[/] give --token (or PATHWAYS_TOKEN), or add "
+            "the tenant with [bold]pathways up --tenant NAME[/]"
+        )
+        sys.exit(1)
+    return ApiClient(url, token)
+
+
+def api_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every API command takes."""
+    for option in reversed(
+        [
+            STATE_OPTION,
+            click.option("--api", default=None, help="API URL [default: the embedded cluster's]."),
+            click.option("--token", default=None, help="Bearer token [default: $PATHWAYS_TOKEN]."),
+            click.option(
+                "--tenant",
+                default="default",
+                show_default=True,
+                help="Tenant whose token to use from the embedded cluster's tokens file.",
+            ),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
+def _fail(error: Exception) -> None:
+    errors.print(f"[red]✗[/] {error}")
+    sys.exit(1)
+
+
+PHASE_STYLE = {
+    "Succeeded": "green",
+    "Running": "cyan",
+    "Bound": "green",
+    "Ready": "green",
+    "Pending": "yellow",
+    "Suspended": "yellow",
+    "Failed": "red",
+    "Preempted": "red",
+    "Released": "dim",
+}
+
+
+def _phase(document: dict[str, Any]) -> str:
+    phase = (document.get("status") or {}).get("phase") or "-"
+    return f"[{PHASE_STYLE.get(phase, 'white')}]{phase}[/]"
+
+
+@main.command()
+@STATE_OPTION
+@click.option("--islands", default=1, show_default=True, help="Number of islands.")
+@click.option("--hosts", default=1, show_default=True, help="Executor hosts per island.")
+@click.option("--devices", default=4, show_default=True, help="Fake CPU devices per host.")
+@click.option(
+    "--policy",
+    type=click.Choice(["fifo", "proportional-share"]),
+    default="proportional-share",
+    show_default=True,
+    help="Island scheduling policy.",
+)
+@click.option("--tenant", "tenants", multiple=True, help="Tenant to create a token for.")
+def up(
+    state: Path | None,
+    islands: int,
+    hosts: int,
+    devices: int,
+    policy: str,
+    tenants: tuple[str, ...],
+) -> None:
+    """Start the embedded cluster (islands, resource manager, API) in the background."""
+    from pathways_client.embedded import DEFAULT_TENANTS, EmbeddedError, IslandSpec
+    from pathways_client.embedded import up as start
+
+    specs = [IslandSpec(f"island-{i}", hosts, devices, policy) for i in range(islands)]
+    try:
+        info = _with_spinner(
+            "starting the embedded cluster",
+            lambda progress: start(
+                _state(state), specs, tenants or DEFAULT_TENANTS, progress=progress
+            ),
+        )
+    except EmbeddedError as error:
+        _fail(error)
+    _print_cluster(_state(state), info)
+
+
+def _with_spinner(what: str, work: Callable[[Callable[[str], None]], Any]) -> Any:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(what)
+        return work(lambda stage: progress.update(task, description=f"{what}: {stage}"))
+
+
+def _print_cluster(state: Path, info: Any) -> None:
+    from pathways_client.embedded import tokens
+
+    table = Table(title=f"Embedded cluster ({state})")
+    for column in ("Island", "Devices", "Policy", "Scheduler"):
+        table.add_column(column)
+    for name, island in info.islands.items():
+        table.add_row(
+            name,
+            f"{island['hosts']} x {island['devicesPerHost']}",
+            island["policy"],
+            island["endpoint"],
+        )
+    console.print(table)
+    console.print(f"API [bold]{info.api}[/] (tenants: {', '.join(sorted(tokens(state)))})")
+
+
+@main.command()
+@STATE_OPTION
+def down(state: Path | None) -> None:
+    """Stop the embedded cluster (its state stays for the next `pathways up`)."""
+    from pathways_client.embedded import down as stop
+
+    if _with_spinner("stopping the embedded cluster", lambda _: stop(_state(state))):
+        console.print("[green]✓[/] stopped")
+    else:
+        console.print("no embedded cluster is running")
+
+
+@main.command()
+@api_options
+def status(state: Path | None, api: str | None, token: str | None, tenant: str) -> None:
+    """The cluster's islands and the tenant's programs."""
+    from pathways_client.embedded import read_info
+
+    if api is None and os.environ.get("PATHWAYS_API") is None:
+        info = read_info(_state(state))
+        if info is None:
+            console.print("no embedded cluster is running ([bold]pathways up[/] starts one)")
+            sys.exit(1)
+    with _api(state, api, token, tenant) as client:
+        try:
+            me = client.me()
+            islands = client.list("islands")
+            programs = client.list("programs")
+        except ApiCallError as error:
+            _fail(error)
+    console.print(
+        f"API [bold]{client.url}[/] ({me['mode']}) tenant [bold]{me['tenant']}[/]: "
+        f"{me['usage']['devices']}/{me['quotas']['devices']} devices, "
+        f"{me['usage']['programs']}/{me['quotas']['programs']} programs"
+    )
+    table = Table(title="Islands")
+    for column in ("Island", "Phase", "Devices free/total", "Scheduler"):
+        table.add_column(column)
+    for island in islands:
+        status = island.get("status") or {}
+        table.add_row(
+            island["metadata"]["name"],
+            _phase(island),
+            f"{status.get('devicesFree', '?')}/{status.get('devicesTotal', '?')}",
+            status.get("schedulerEndpoint") or "",
+        )
+    console.print(table)
+    _print_programs(programs)
+
+
+def _print_programs(programs: list[dict[str, Any]]) -> None:
+    table = Table(title="Programs")
+    for column in ("Program", "Phase", "Runs", "Slices", "Message"):
+        table.add_column(column, overflow="fold")
+    for program in programs:
+        status = program.get("status") or {}
+        slices = ", ".join(
+            f"{s['name']}@{s.get('island', '?')}" for s in status.get("slices") or []
+        )
+        table.add_row(
+            program["metadata"]["name"],
+            _phase(program),
+            str(status.get("runs", 0)),
+            slices,
+            (status.get("message") or "")[:80],
+        )
+    console.print(table)
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@api_options
+@click.option("--wait", is_flag=True, help="Wait until every program finishes; print its logs.")
+@click.option("--idempotency-key", default=None, help="Make retries of this submission safe.")
+def submit(
+    file: Path,
+    state: Path | None,
+    api: str | None,
+    token: str | None,
+    tenant: str,
+    wait: bool,
+    idempotency_key: str | None,
+) -> None:
+    """Submit the PathwaysPrograms and VirtualSlices of a YAML or JSON FILE."""
+    import yaml
+
+    try:
+        documents = [d for d in yaml.safe_load_all(file.read_text()) if d is not None]
+    except yaml.YAMLError as error:
+        _fail(f"{file}: not valid YAML: {error}")  # type: ignore[arg-type]
+    if not documents:
+        _fail(f"{file}: no documents")  # type: ignore[arg-type]
+    created = []
+    with _api(state, api, token, tenant) as client:
+        for index, document in enumerate(documents):
+            if not isinstance(document, dict):
+                _fail(f"{file}: document {index + 1} is not a mapping")  # type: ignore[arg-type]
+            document = {k: v for k, v in document.items() if k != "status"}
+            key = f"{idempotency_key}-{index}" if idempotency_key and len(documents) > 1 else None
+            try:
+                stored = client.submit(document, key or idempotency_key)
+            except ApiCallError as error:
+                _fail(f"{file}: document {index + 1}: {error}")  # type: ignore[arg-type]
+            created.append(stored)
+            console.print(
+                f"[green]✓[/] {stored['kind']} [bold]{stored['metadata']['name']}[/] submitted"
+            )
+        if wait:
+            programs = [d["metadata"]["name"] for d in created if d["kind"] == "PathwaysProgram"]
+            finished = _wait_programs(client, programs)
+            for document in finished:
+                console.print(f"{document['metadata']['name']}: {_phase(document)}")
+                console.print(client.logs(document["metadata"]["name"]), markup=False)
+            if any((d.get("status") or {}).get("phase") != "Succeeded" for d in finished):
+                sys.exit(1)
+
+
+def _wait_programs(
+    client: ApiClient, names: list[str], timeout: float = 1800.0
+) -> list[dict[str, Any]]:
+    """Poll until every program is Succeeded or Failed, with a progress bar."""
+    import time
+
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    done: dict[str, dict[str, Any]] = {}
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} finished"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("programs", total=len(names))
+        deadline = time.monotonic() + timeout
+        while len(done) < len(names) and time.monotonic() < deadline:
+            phases = []
+            for name in names:
+                if name in done:
+                    continue
+                document = client.get("programs", name)
+                phase = (document.get("status") or {}).get("phase") or "Pending"
+                phases.append(f"{name} {phase}")
+                if phase in ("Succeeded", "Failed"):
+                    done[name] = document
+            progress.update(task, completed=len(done), description=", ".join(phases[:3]))
+            time.sleep(0.3)
+    return [done.get(name) or client.get("programs", name) for name in names]
+
+
+@main.command()
+@click.argument("name", required=False)
+@api_options
+@click.option(
+    "--kind",
+    type=click.Choice(["programs", "virtualslices", "islands"]),
+    default="programs",
+    show_default=True,
+)
+@click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table")
+@click.option("--events", is_flag=True, help="Also print a program's Events.")
+def get(
+    name: str | None,
+    state: Path | None,
+    api: str | None,
+    token: str | None,
+    tenant: str,
+    kind: str,
+    output: str,
+    events: bool,
+) -> None:
+    """List objects, or show one (NAME)."""
+    import json
+
+    import yaml
+
+    with _api(state, api, token, tenant) as client:
+        try:
+            found = client.get(kind, name) if name else client.list(kind)
+            happened = client.events(name) if name and events and kind == "programs" else []
+        except ApiCallError as error:
+            _fail(error)
+    if output == "json":
+        console.print_json(json.dumps(found))
+    elif output == "yaml" or name:
+        console.print(yaml.safe_dump(found, sort_keys=False), markup=False, end="")
+    elif kind == "programs":
+        _print_programs(found)
+    else:
+        table = Table(title=kind)
+        for column in ("Name", "Phase", "Island", "Devices", "Message"):
+            table.add_column(column, overflow="fold")
+        for document in found:
+            status = document.get("status") or {}
+            devices = status.get("devices")
+            table.add_row(
+                document["metadata"]["name"],
+                _phase(document),
+                status.get("island") or "",
+                _devices_text(tuple(devices))
+                if devices
+                else f"{status.get('devicesFree', '?')}/{status.get('devicesTotal', '?')} free",
+                (status.get("message") or "")[:80],
+            )
+        console.print(table)
+    for event in happened:
+        console.print(f"{event['time']} {event['type']} {event['reason']}: {event['message']}")
+
+
+@main.command()
+@click.argument("name")
+@api_options
+def cancel(name: str, state: Path | None, api: str | None, token: str | None, tenant: str) -> None:
+    """Cancel a program: its run stops and its slices are released."""
+    with _api(state, api, token, tenant) as client:
+        try:
+            client.cancel(name)
+        except ApiCallError as error:
+            _fail(error)
+    console.print(f"[green]✓[/] program [bold]{name}[/] cancelled")
+
+
+@main.command()
+@click.argument("name")
+@api_options
+def logs(name: str, state: Path | None, api: str | None, token: str | None, tenant: str) -> None:
+    """Print a program's output."""
+    with _api(state, api, token, tenant) as client:
+        try:
+            console.print(client.logs(name), markup=False)
+        except ApiCallError as error:
+            _fail(error)
+
+
+@main.command()
+@click.argument("name")
+@api_options
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="trace.json (Chrome/Perfetto trace events) or trace.png (devices x time).",
+)
+def trace(
+    name: str, state: Path | None, api: str | None, token: str | None, tenant: str, out: Path
+) -> None:
+    """Write a program's island trace as Chrome trace events (.json) or a picture (.png)."""
+    with _api(state, api, token, tenant) as client:
+        try:
+            records = client.trace(name)
+        except ApiCallError as error:
+            _fail(error)
+    if not records:
+        _fail(f"program {name!r} has no trace yet (traces are kept when a run ends)")  # type: ignore[arg-type]
+    write_trace(records, out, title=f"program {name}")
+    console.print(f"[green]✓[/] {len(records)} computations written to {out}")
+
+
+def write_trace(records: list[dict[str, Any]], out: Path, title: str) -> None:
+    """Write records as .json (Chrome trace events) or .png (timeline)."""
+    import json
+
+    from pathways_client.trace_export import chrome_trace, plot_timeline
+
+    if out.suffix == ".png":
+        plot_timeline(records, out, title=title)
+    elif out.suffix == ".json":
+        out.write_text(json.dumps(chrome_trace(records)))
+    else:
+        _fail(f"--out must end in .json or .png, not {out.suffix or 'nothing'!r}")  # type: ignore[arg-type]
+
+
+@main.command()
+@STATE_OPTION
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("trace.png"),
+    show_default=True,
+    help="Where to write the multi-tenant trace picture.",
+)
+@click.option("--keep", is_flag=True, help="Leave the cluster running afterwards.")
+def demo(state: Path | None, out: Path, keep: bool) -> None:
+    """Run the demo: the pipelined model and four weighted tenants, through the API."""
+    from pathways_client.demo import run_demo
+
+    try:
+        run_demo(state.expanduser().resolve() if state else None, out, keep, console)
+    except Exception as error:  # the demo says what failed, then exits non-zero
+        _fail(error)

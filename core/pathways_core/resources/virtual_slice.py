@@ -48,6 +48,12 @@ class SliceRequest(Model):
     island_selector: LabelSelector | None = Field(
         default=None, description="Labels the Island must carry."
     )
+    time_shared: bool = Field(
+        default=False,
+        description="Share devices with other time-shared slices of the same size instead of "
+        "holding them alone: the island's scheduler divides device time between their "
+        "programs by weight (proportional share). Never shares with exclusive slices.",
+    )
 
     def _check_size(self) -> None:
         if self.devices is None and self.shape is None:

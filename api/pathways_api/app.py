@@ -1,0 +1,450 @@
+"""The REST API: an app factory and two-line routes over :class:`~pathways_api.service.Service`.
+
+``create_app(service, authenticator)`` builds the app; the service and the authenticator are
+reached through dependencies (:func:`service`, :func:`tenant`) that tests may override.
+
+Request bodies are JSON, or YAML with ``Content-Type: application/yaml``; at most
+``max_body`` bytes (1 MiB by default, ``PATHWAYS_API_MAX_BODY``): larger bodies get 413 and
+are never read further. Errors are JSON ``{"error": {"code", "message", "field"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import yaml
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field, ValidationError
+
+from pathways_api import metrics
+from pathways_api.auth import Authenticator, Tenant, bearer_token
+from pathways_api.errors import ERROR_RESPONSES, ApiError
+from pathways_api.service import ListQuery, Service, parse_labels
+from pathways_api.store import ISLAND, PROGRAM, SLICE
+from pathways_core.manifests import format_path, problems_of
+from pathways_core.resources import Island, PathwaysProgram, VirtualSlice
+from pathways_core.resources.base import DNS_SUBDOMAIN_PATTERN
+
+MAX_BODY_BYTES = 1 << 20
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+# -- response models (the OpenAPI schema) ----------------------------------------------------
+
+
+class ProgramList(BaseModel):
+    """A page of programs."""
+
+    items: list[PathwaysProgram]
+    continue_: str | None = Field(
+        default=None, alias="continue", description="Token of the next page; null at the end."
+    )
+
+
+class SliceList(BaseModel):
+    """A page of virtual slices."""
+
+    items: list[VirtualSlice]
+    continue_: str | None = Field(default=None, alias="continue")
+
+
+class IslandList(BaseModel):
+    """A page of islands."""
+
+    items: list[Island]
+    continue_: str | None = Field(default=None, alias="continue")
+
+
+class EventItem(BaseModel):
+    """Something that happened to an object."""
+
+    type: str = Field(description="Normal or Warning.")
+    reason: str = Field(description="One CamelCase word.")
+    message: str
+    time: str
+
+
+class EventList(BaseModel):
+    """An object's Events, oldest first."""
+
+    items: list[EventItem]
+
+
+class TraceRecord(BaseModel):
+    """One computation on one executor, as the island's scheduler recorded it."""
+
+    seq: int
+    client: str
+    name: str
+    devices: list[int]
+    executor: int
+    start_ns: int
+    end_ns: int
+    ok: bool
+    island: str
+
+
+class TraceResponse(BaseModel):
+    """A program's trace records."""
+
+    program: str
+    records: list[TraceRecord]
+
+
+class Amounts(BaseModel):
+    """Devices and programs."""
+
+    devices: int
+    programs: int
+
+
+class Me(BaseModel):
+    """The caller."""
+
+    tenant: str
+    namespace: str
+    mode: str = Field(description="embedded or kubernetes.")
+    quotas: Amounts
+    usage: Amounts
+
+
+class Health(BaseModel):
+    """A probe's answer."""
+
+    status: str
+
+
+# -- dependencies ----------------------------------------------------------------------------
+
+bearer = HTTPBearer(auto_error=False, description="A tenant's token.")
+
+
+def service(request: Request) -> Service:
+    """The app's service (tests may override this dependency)."""
+    return request.app.state.service
+
+
+async def tenant(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Tenant:
+    """The caller, from its bearer token; 401 otherwise."""
+    authenticator: Authenticator = request.app.state.authenticator
+    return await authenticator.authenticate(bearer_token(request.headers.get("authorization")))
+
+
+Caller = Annotated[Tenant, Depends(tenant)]
+Api = Annotated[Service, Depends(service)]
+Name = Annotated[str, Query(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="Retrying a submission with the same key returns the object the first "
+        "one created (200 instead of 201); the same key with another body is a 409.",
+    ),
+]
+
+
+def list_query(
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
+    continue_: Annotated[
+        str | None, Query(alias="continue", max_length=200, description="Next page token.")
+    ] = None,
+    phase: Annotated[str | None, Query(max_length=32, description="Only this phase.")] = None,
+    label_selector: Annotated[
+        str | None,
+        Query(alias="labelSelector", max_length=1000, description="key=value,key2=value2"),
+    ] = None,
+) -> ListQuery:
+    """Pagination and filters of list routes."""
+    return ListQuery(limit, continue_, phase, parse_labels(label_selector))
+
+
+Listing = Annotated[ListQuery, Depends(list_query)]
+
+
+def page(result: Any) -> JSONResponse:
+    """A list response."""
+    return JSONResponse({"items": result.items, "continue": result.next})
+
+
+def stored(result: tuple[dict[str, Any], bool]) -> JSONResponse:
+    """A created (201) or replayed (200) object."""
+    document, created = result
+    headers = {} if created else {"Idempotent-Replayed": "true"}
+    return JSONResponse(document, status_code=201 if created else 200, headers=headers)
+
+
+# -- errors and bodies -----------------------------------------------------------------------
+
+
+def _error(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "message": message, "field": field}}, status_code=status
+    )
+
+
+async def api_error(request: Request, error: Exception) -> JSONResponse:
+    """An ApiError as JSON."""
+    assert isinstance(error, ApiError)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def validation_error(request: Request, error: Exception) -> JSONResponse:
+    """Invalid requests: the first problem, with the path of its field."""
+    assert isinstance(error, RequestValidationError)
+    details = error.errors()
+    first = details[0] if details else {"loc": (), "msg": "invalid request", "type": ""}
+    location = tuple(first.get("loc") or ())
+    if first.get("type") == "json_invalid":
+        return _error(400, "MalformedBody", f"the body is not valid JSON: {first.get('msg')}")
+    if location[:1] == ("body",):
+        model = PathwaysProgram if request.url.path.startswith("/v1/programs") else VirtualSlice
+        body = getattr(error, "body", None)
+        if not isinstance(body, dict):
+            return _error(422, "InvalidField", "expected a JSON object (a resource manifest)")
+        try:
+            model.model_validate(body)
+        except ValidationError as invalid:
+            problems = problems_of(invalid, model)
+            if problems:
+                return _error(422, "InvalidField", problems[0].message, problems[0].path or None)
+        return _error(422, "InvalidField", str(first.get("msg")), format_path(location[1:]))
+    where = " ".join(str(part) for part in location[:2])
+    return _error(422, "InvalidField", str(first.get("msg")), where or None)
+
+
+class BodyLimit:
+    """ASGI middleware: bodies over ``limit`` bytes get 413 before they are read further;
+    YAML bodies are turned into JSON (malformed YAML gets 400); every request is counted."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        began = time.perf_counter()
+        status_seen = [500]
+
+        async def counting_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status_seen[0] = message["status"]
+            await send(message)
+
+        try:
+            if scope["method"] in ("POST", "PUT", "PATCH"):
+                replaced = await self._read(scope, receive, counting_send)
+                if replaced is None:
+                    return
+                scope, receive = replaced
+            await self.app(scope, receive, counting_send)
+        finally:
+            route = scope.get("route")
+            metrics.observe(
+                scope["method"],
+                getattr(route, "path", "unmatched"),
+                status_seen[0],
+                time.perf_counter() - began,
+            )
+
+    async def _read(
+        self, scope: Scope, receive: Receive, send: Send
+    ) -> tuple[Scope, Receive] | None:
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._reject(send, 413, "BodyTooLarge", self._too_large())
+            return None
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._reject(send, 413, "BodyTooLarge", self._too_large())
+                return None
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        content_type = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip()
+        if content_type in YAML_TYPES:
+            try:
+                parsed = yaml.safe_load(body) if body else None
+            except yaml.YAMLError as error:
+                where = getattr(error, "problem_mark", None)
+                at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+                problem = getattr(error, "problem", None) or "malformed"
+                await self._reject(
+                    send, 400, "MalformedBody", f"the body is not valid YAML{at}: {problem}"
+                )
+                return None
+            body = json.dumps(parsed, default=str).encode()
+            scope = {
+                **scope,
+                "headers": [
+                    (k, v)
+                    for k, v in scope["headers"]
+                    if k not in (b"content-type", b"content-length")
+                ]
+                + [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+            }
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return scope, replay
+
+    def _too_large(self) -> str:
+        return f"the request body is larger than the limit of {self.limit} bytes"
+
+    @staticmethod
+    async def _reject(send: Send, status: int, code: str, message: str) -> None:
+        payload = json.dumps({"error": {"code": code, "message": message, "field": "body"}})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload.encode()})
+
+
+# -- the app ---------------------------------------------------------------------------------
+
+
+def create_app(
+    api: Service, authenticator: Authenticator, *, max_body: int = MAX_BODY_BYTES
+) -> FastAPI:
+    """The API over ``api`` (its store), authenticating with ``authenticator``."""
+    app = FastAPI(
+        title="Pathways on Kubernetes",
+        version="v1",
+        description="Multi-tenant submission of Pathways programs and virtual slices. Bodies "
+        f"are JSON or YAML (application/yaml), at most {max_body} bytes.",
+        responses=ERROR_RESPONSES,
+    )
+    app.state.service = api
+    app.state.authenticator = authenticator
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_middleware(BodyLimit, limit=max_body)
+    app.include_router(_routes())
+    return app
+
+
+def _routes() -> Any:
+    from fastapi import APIRouter
+
+    r = APIRouter()
+    ok = {200: {"description": "OK"}}
+
+    @r.get("/healthz", response_model=Health, tags=["probes"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @r.get("/readyz", response_model=Health, tags=["probes"], responses={503: ok[200]})
+    async def readyz(api: Api) -> JSONResponse:
+        ready = await api.store.ready()
+        return JSONResponse({"status": "ok" if ready else "unavailable"}, 200 if ready else 503)
+
+    @r.get("/metrics", response_class=PlainTextResponse, tags=["probes"])
+    async def metrics_text() -> Response:
+        return Response(metrics.exposition(), media_type=metrics.CONTENT_TYPE)
+
+    @r.get("/v1/me", response_model=Me, tags=["tenant"])
+    async def me(caller: Caller, api: Api) -> dict[str, Any]:
+        return await api.me(caller)
+
+    # programs
+    created = {201: {"model": PathwaysProgram, "description": "Created"}}
+
+    @r.post("/v1/programs", status_code=201, response_model=PathwaysProgram, responses=created)
+    async def submit_program(
+        body: PathwaysProgram, caller: Caller, api: Api, key: IdempotencyKey = None
+    ) -> JSONResponse:
+        return stored(await api.submit_program(caller, body, key))
+
+    @r.get("/v1/programs", response_model=ProgramList)
+    async def list_programs(caller: Caller, api: Api, query: Listing) -> JSONResponse:
+        return page(await api.list(caller, PROGRAM, query))
+
+    @r.get("/v1/programs/{name}", response_model=PathwaysProgram)
+    async def get_program(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse(await api.get(caller, PROGRAM, name))
+
+    @r.post("/v1/programs/{name}/cancel", response_model=PathwaysProgram)
+    async def cancel_program(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse(await api.cancel_program(caller, name))
+
+    @r.delete("/v1/programs/{name}", response_model=PathwaysProgram)
+    async def delete_program(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse(await api.delete(caller, PROGRAM, name))
+
+    @r.get("/v1/programs/{name}/events", response_model=EventList)
+    async def program_events(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse({"items": await api.events(caller, PROGRAM, name)})
+
+    @r.get("/v1/programs/{name}/logs", response_class=PlainTextResponse)
+    async def program_logs(name: str, caller: Caller, api: Api) -> PlainTextResponse:
+        return PlainTextResponse(await api.logs(caller, name))
+
+    @r.get("/v1/programs/{name}/trace", response_model=TraceResponse)
+    async def program_trace(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse({"program": name, "records": await api.trace(caller, name)})
+
+    # virtual slices
+    created_slice = {201: {"model": VirtualSlice, "description": "Created"}}
+
+    @r.post(
+        "/v1/virtualslices", status_code=201, response_model=VirtualSlice, responses=created_slice
+    )
+    async def create_slice(
+        body: VirtualSlice, caller: Caller, api: Api, key: IdempotencyKey = None
+    ) -> JSONResponse:
+        return stored(await api.create_slice(caller, body, key))
+
+    @r.get("/v1/virtualslices", response_model=SliceList)
+    async def list_slices(caller: Caller, api: Api, query: Listing) -> JSONResponse:
+        return page(await api.list(caller, SLICE, query))
+
+    @r.get("/v1/virtualslices/{name}", response_model=VirtualSlice)
+    async def get_slice(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse(await api.get(caller, SLICE, name))
+
+    @r.delete("/v1/virtualslices/{name}", response_model=VirtualSlice)
+    async def release_slice(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse(await api.delete(caller, SLICE, name))
+
+    # islands
+    @r.get("/v1/islands", response_model=IslandList)
+    async def list_islands(caller: Caller, api: Api, query: Listing) -> JSONResponse:
+        return page(await api.list(caller, ISLAND, query))
+
+    @r.get("/v1/islands/{name}", response_model=Island)
+    async def get_island(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse(await api.get(caller, ISLAND, name))
+
+    return r

@@ -1,0 +1,147 @@
+"""Who is calling: bearer tokens to tenants, and each tenant's quotas.
+
+In embedded mode a tokens file (YAML or JSON) lists the tenants::
+
+    tenants:
+      team-a:
+        tokens: [token-of-team-a]      # or sha256:<hex digest of the token>
+        quotas: {devices: 8, programs: 20}
+      team-b:
+        tokens: [token-of-team-b]
+
+A tenant is also the namespace its objects live in. In a cluster the Kubernetes store
+authenticates with TokenReview instead (see ``kube_store``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from pathways_api.errors import Unauthorized
+from pathways_core.resources.base import DNS_LABEL_PATTERN
+
+DEFAULT_QUOTAS = {"devices": 64, "programs": 100}
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """Limits of one tenant: devices held by its active programs and slices, and programs not
+    yet finished."""
+
+    devices: int = DEFAULT_QUOTAS["devices"]
+    programs: int = DEFAULT_QUOTAS["programs"]
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """An authenticated caller."""
+
+    name: str
+    quotas: Quotas = field(default_factory=Quotas)
+
+
+class Authenticator(Protocol):
+    """Turns a bearer token into a tenant, or raises :class:`Unauthorized`."""
+
+    async def authenticate(self, token: str) -> Tenant: ...
+
+
+def bearer_token(header: str | None) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header."""
+    if not header:
+        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("the Authorization header must be 'Bearer <token>'")
+    return token.strip()
+
+
+class TokensFileError(ValueError):
+    """The tokens file is wrong; the message names the entry."""
+
+
+class TokenFile:
+    """Tokens and quotas read from a file (re-read when it changes on disk)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._mtime: float | None = None
+        self._tokens: dict[str, Tenant] = {}
+        self._digests: dict[str, Tenant] = {}
+        self._checked = time.monotonic()
+        self._load()
+
+    @staticmethod
+    def parse(document: Any, source: str = "tokens file") -> dict[str, Tenant]:
+        """Token (or ``sha256:<hex>``) -> tenant, from the parsed file."""
+        if not isinstance(document, Mapping) or not isinstance(document.get("tenants"), Mapping):
+            raise TokensFileError(f"{source}: expected a mapping 'tenants: {{name: {{tokens}}}}'")
+        tokens: dict[str, Tenant] = {}
+        for name, entry in document["tenants"].items():
+            where = f"{source}: tenants.{name}"
+            if not isinstance(name, str) or not re.match(DNS_LABEL_PATTERN, name):
+                raise TokensFileError(f"{where}: a tenant name must be a lowercase RFC 1123 label")
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("tokens"), list):
+                raise TokensFileError(f"{where}.tokens: expected a list of tokens")
+            quotas = entry.get("quotas") or {}
+            unknown = set(quotas) - set(DEFAULT_QUOTAS)
+            if unknown:
+                raise TokensFileError(f"{where}.quotas: unknown quota {sorted(unknown)[0]!r}")
+            try:
+                tenant = Tenant(name, Quotas(**{k: int(v) for k, v in quotas.items()}))
+            except (TypeError, ValueError):
+                raise TokensFileError(f"{where}.quotas: quotas are integers") from None
+            for token in entry["tokens"]:
+                if not isinstance(token, str) or not token:
+                    raise TokensFileError(f"{where}.tokens: tokens are non-empty strings")
+                tokens[token] = tenant
+        return tokens
+
+    def _load(self) -> None:
+        mtime = self.path.stat().st_mtime
+        if mtime == self._mtime:
+            return
+        text = self.path.read_text()
+        document = json.loads(text) if self.path.suffix == ".json" else yaml.safe_load(text)
+        tokens = self.parse(document, str(self.path))
+        self._tokens = {t: v for t, v in tokens.items() if not t.startswith("sha256:")}
+        self._digests = {t[7:]: v for t, v in tokens.items() if t.startswith("sha256:")}
+        self._mtime = mtime
+
+    def tenants(self) -> dict[str, Tenant]:
+        """Every tenant of the file by name."""
+        return {t.name: t for t in [*self._tokens.values(), *self._digests.values()]}
+
+    async def authenticate(self, token: str) -> Tenant:
+        """The tenant owning ``token``."""
+        now = time.monotonic()
+        if now - self._checked > 1.0:  # edits of the file apply within a second
+            self._checked = now
+            with contextlib.suppress(OSError, ValueError):  # keep the last good file
+                self._load()
+        for known, tenant in self._tokens.items():
+            if hmac.compare_digest(known.encode(), token.encode()):
+                return tenant
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        for known, tenant in self._digests.items():
+            if hmac.compare_digest(known, digest):
+                return tenant
+        raise Unauthorized("invalid bearer token")
+
+
+def write_tokens_file(path: Path, tenants: Mapping[str, Mapping[str, Any]]) -> Path:
+    """Write a tokens file (used by ``pathways up`` and the tests)."""
+    path.write_text(yaml.safe_dump({"tenants": dict(tenants)}, sort_keys=True))
+    path.chmod(0o600)
+    return path

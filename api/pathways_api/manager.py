@@ -1,0 +1,525 @@
+"""The embedded resource manager: the operator's reconciliation decisions over the SQLite store.
+
+``python -m pathways_api.manager --state DIR`` runs, in one process, what the kopf operator
+and the cluster's controllers do in Kubernetes, with the same pure decisions of
+``pathways_core.control``:
+
+- islands: registered from ``DIR/islands.json`` (written by ``pathways up`` once its local
+  islands answer) as Islands whose scheduler runs outside the store
+  (``pathways.dev/scheduler-endpoint``), their status from :func:`island_status`;
+- slices: binding passes of :func:`plan_bindings_shared` (``plan_bindings`` with
+  time-shared groups), applied in stage order with compare-and-set writes;
+- programs: :func:`reconcile_program`, whose children are applied to the store; a Job is run
+  as a local subprocess with the Job's command and environment (the contract's
+  ``PATHWAYS_*`` settings), its output in ``DIR/logs``, its outcome written back as the Job
+  controller would, and the island trace of its client kept for the API;
+- deletion: what a deleted object holds is released before the object is removed.
+
+The loop wakes every ``interval`` seconds and works only when the store changed (its
+resourceVersion moved) or a Job ended, so an idle cluster costs one query per tick. State is
+only the store: after a restart, bindings are restored from the slices' statuses and Jobs whose
+process was lost with the previous manager fail (their program's restart policy decides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pathways_api.store import ISLAND, PROGRAM, SLICE, SqliteStore, now_text
+from pathways_core.control import (
+    ANNOTATION_SCHEDULER_ENDPOINT,
+    IslandObservation,
+    ProgramView,
+    Stage,
+    is_deleting,
+    island_status,
+    job_name,
+    parse,
+    reconcile_program,
+    slice_names,
+)
+from pathways_core.control.common import LABEL_PROGRAM, Document, now_utc
+from pathways_core.control.sharing import plan_bindings_shared
+from pathways_core.resources import GROUP_VERSION, Island, PathwaysProgram
+
+JOB, CONFIG_MAP = "Job", "ConfigMap"
+IMAGE = "pathways-embedded"
+LOST = "the driver's process was lost (the embedded cluster stopped)"
+
+logger = logging.getLogger("pathways_api.manager")
+
+
+def prune(value: Any) -> Any:
+    """A status without ``None`` fields (absent means cleared)."""
+    if isinstance(value, dict):
+        return {key: prune(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [prune(item) for item in value]
+    return value
+
+
+def island_document(name: str, entry: dict[str, Any]) -> Document:
+    """The Island of a local island (``islands.json`` entry: endpoint, hosts,
+    devicesPerHost, policy)."""
+    hosts, per_host = int(entry["hosts"]), int(entry["devicesPerHost"])
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": ISLAND,
+        "metadata": {
+            "name": name,
+            "annotations": {ANNOTATION_SCHEDULER_ENDPOINT: entry["endpoint"]},
+            "labels": {"pathways.dev/pool": "embedded"},
+        },
+        "spec": {
+            "acceleratorKind": "cpu-fake",
+            "topology": str(hosts * per_host),
+            "hosts": hosts,
+            "devicesPerHost": per_host,
+            "scheduler": {"policy": entry.get("policy", "fifo")},
+        },
+    }
+
+
+@dataclass
+class Running:
+    """A Job's process."""
+
+    job: Document
+    popen: subprocess.Popen[bytes]
+    started: float
+    deadline: float | None
+
+
+class Manager:
+    """Reconciles the store until stopped."""
+
+    def __init__(
+        self, store: SqliteStore, state: Path, *, interval: float = 0.1, cwd: Path | None = None
+    ) -> None:
+        self.store = store
+        self.state = state
+        self.interval = interval
+        self.cwd = cwd or Path.cwd()
+        self.running: dict[str, Running] = {}
+        self._stop = threading.Event()
+        self._seen_version: int | None = None
+        self._finishing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="job-finish")
+        self._ended = threading.Event()
+
+    # -- loop ----------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Reconcile until :meth:`stop`."""
+        self.register_islands()
+        self.fail_lost_jobs()
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # a bug must not stop the cluster: log it, try again next tick
+                logger.exception("reconcile failed; retrying")
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        """Stop the loop, kill running Jobs and record them as failed."""
+        self._stop.set()
+        for key, running in list(self.running.items()):
+            self._kill(running)
+            self._finish(key, running, lost=True)
+        self._finishing.shutdown(wait=True)
+
+    def tick(self) -> bool:
+        """One round if anything changed; whether it did work."""
+        self._poll_jobs()
+        version = self._version()
+        ended = self._ended.is_set()
+        if version == self._seen_version and not ended:
+            return False
+        self._ended.clear()
+        for _ in range(20):  # until the decisions settle
+            self._seen_version = self._version()
+            self.reconcile_islands()
+            self.bind()
+            self.reconcile_programs()
+            self.start_jobs()
+            if self._version() == self._seen_version:
+                break
+        return True
+
+    def _version(self) -> int:
+        row = self.store._db().execute("SELECT value FROM meta WHERE key = 'resourceVersion'")
+        return int(row.fetchone()[0])
+
+    # -- islands -------------------------------------------------------------------------------
+
+    def register_islands(self) -> None:
+        """Create or update the Islands listed in ``islands.json`` (their endpoints change
+        when ``pathways up`` starts them again)."""
+        path = self.state / "islands.json"
+        if not path.exists():
+            return
+        for name, entry in json.loads(path.read_text()).items():
+            wanted = island_document(name, entry)
+            current = self.store.read(ISLAND, None, name)
+            if current is None:
+                self.store.insert(wanted)
+                continue
+
+            def change(stored: Document, wanted: Document = wanted) -> Document | None:
+                if stored["spec"] == wanted["spec"] and stored["metadata"].get(
+                    "annotations"
+                ) == wanted["metadata"].get("annotations"):
+                    return None
+                spec_changed = stored["spec"] != wanted["spec"]
+                stored["metadata"]["annotations"] = wanted["metadata"]["annotations"]
+                stored["spec"] = wanted["spec"]
+                if spec_changed:
+                    stored["metadata"]["generation"] = stored["metadata"].get("generation", 1) + 1
+                return stored
+
+            self.store.replace(current, change)
+
+    def reconcile_islands(self) -> None:
+        """Write each island's status (external islands are Ready as declared)."""
+        for document in self.store.read_all(ISLAND):
+            if is_deleting(document):
+                continue
+            island, problem = parse(document)
+            decision = island_status(
+                document,
+                island if isinstance(island, Island) else None,
+                problem,
+                IslandObservation(),
+                "embedded",
+                now_utc(),
+            )
+            old = document.get("status") or {}
+            if any(old.get(key) != value for key, value in prune(decision.status).items()):
+                new = {**old, **prune(decision.status)}
+                if self.store.write_status(document, new) is not None:
+                    self.store.record_events(decision.events)
+
+    # -- slices --------------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        """Binding passes until nothing is left to do at once."""
+        for _ in range(10):
+            islands = self.store.read_all(ISLAND)
+            slices = self.store.read_all(SLICE)
+            plan = plan_bindings_shared(islands, slices, now_utc())
+            again = plan.needs_another_pass
+            released_ok = True
+            for change in plan.ordered():
+                if change.stage is Stage.BIND and not released_ok:
+                    again = True  # devices move only once their release is stored
+                    break
+                if self.store.write_status(change.document, prune(change.status)) is None:
+                    again = True
+                    if change.stage is Stage.RELEASE:
+                        released_ok = False
+            self.store.record_events(plan.events)
+            for island in islands:
+                name = island["metadata"]["name"]
+                if name not in plan.devices_free:
+                    continue
+                status = island.get("status") or {}
+                free, total = plan.devices_free[name], plan.devices_total[name]
+                if status.get("devicesFree") != free or status.get("devicesTotal") != total:
+                    fresh = self.store.read(ISLAND, None, name)
+                    if fresh is not None:
+                        self.store.write_status(
+                            fresh,
+                            {
+                                **(fresh.get("status") or {}),
+                                "devicesFree": free,
+                                "devicesTotal": total,
+                            },
+                        )
+            # The finalizer: a deleted slice goes once its release is stored.
+            for document in self.store.read_all(SLICE):
+                if is_deleting(document) and (document.get("status") or {}).get("phase") in (
+                    "Released",
+                    None,
+                ):
+                    meta = document["metadata"]
+                    self.store.remove(SLICE, meta.get("namespace"), meta["name"])
+            if not again:
+                return
+
+    # -- programs ------------------------------------------------------------------------------
+
+    def reconcile_programs(self) -> None:
+        """One reconcile of every program not settled in a terminal phase."""
+        for document in self.store.read_all(PROGRAM, unsettled_only=True):
+            document["metadata"]
+            if is_deleting(document):
+                self._delete_program(document)
+                continue
+            self._reconcile(document)
+
+    def _view(self, document: Document) -> ProgramView:
+        meta = document["metadata"]
+        namespace, name = meta.get("namespace"), meta["name"]
+        program, _ = parse(document)
+        slices: dict[str, Document | None] = {}
+        islands: dict[str, Document] = {}
+        if isinstance(program, PathwaysProgram):
+            for vs in slice_names(program).values():
+                slices[vs] = self.store.read(SLICE, namespace, vs)
+                island = ((slices[vs] or {}).get("status") or {}).get("island")
+                if island and island not in islands:
+                    found = self.store.read(ISLAND, None, island)
+                    if found is not None:
+                        islands[island] = found
+        runs = int((document.get("status") or {}).get("runs") or 0)
+        job = self.store.read(JOB, namespace, job_name(name, runs)) if runs else None
+        return ProgramView(document, slices, job, islands)
+
+    def _reconcile(self, document: Document) -> None:
+        decision = reconcile_program(self._view(document), now_utc(), IMAGE)
+        for child in decision.create:
+            if (
+                self.store.read(
+                    child["kind"], child["metadata"].get("namespace"), child["metadata"]["name"]
+                )
+                is None
+            ):
+                self.store.insert(child)
+        for ref in decision.delete:
+            self._delete_child(ref.kind, ref.namespace, ref.name)
+        phase = (decision.status or document.get("status") or {}).get("phase")
+        settled = phase in ("Succeeded", "Failed") and not decision.create and not decision.delete
+        if decision.status is not None:
+            self.store.write_status(document, prune(decision.status), settled=settled)
+        elif settled:
+            meta = document["metadata"]
+            self.store.settle(PROGRAM, meta.get("namespace"), meta["name"])
+        self.store.record_events(decision.events)
+
+    def _delete_child(self, kind: str, namespace: str, name: str) -> None:
+        if kind == JOB:
+            running = self.running.pop(f"{namespace}/{name}", None)
+            if running is not None:
+                self._kill(running)
+            self.store.remove(JOB, namespace, name)
+        elif kind == SLICE:
+            self.store.mark_deleting(SLICE, namespace, name)
+        else:
+            self.store.remove(kind, namespace, name)
+
+    def _delete_program(self, document: Document) -> None:
+        """Release what a deleted program holds; remove it once its slices are gone."""
+        meta = document["metadata"]
+        namespace, name = meta.get("namespace"), meta["name"]
+        for run in range(1, int((document.get("status") or {}).get("runs") or 0) + 1):
+            self._delete_child(JOB, namespace, job_name(name, run))
+        self._delete_child(CONFIG_MAP, namespace, f"{name}-graph")
+        remaining = 0
+        for item in (document.get("spec") or {}).get("slices") or []:
+            if isinstance(item, dict) and item.get("name") and not item.get("virtualSliceName"):
+                vs = f"{name}-{item['name']}"
+                if self.store.read(SLICE, namespace, vs) is not None:
+                    self.store.mark_deleting(SLICE, namespace, vs)
+                    remaining += 1
+        if not remaining:
+            self.store.remove(PROGRAM, namespace, name)
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def fail_lost_jobs(self) -> None:
+        """Jobs started by a previous manager whose process is gone fail."""
+        for job in self.store.read_all(JOB):
+            status = job.get("status") or {}
+            if status.get("active") and not status.get("conditions"):
+                self._write_job(job, failed=True, message=LOST)
+
+    def start_jobs(self) -> None:
+        """Start the process of every new Job."""
+        for job in self.store.read_all(JOB):
+            meta = job["metadata"]
+            key = f"{meta['namespace']}/{meta['name']}"
+            if key in self.running or (job.get("status") or {}):
+                continue
+            try:
+                running = self._start(job)
+            except OSError as error:
+                self._write_job(job, failed=True, message=f"could not start: {error}")
+                continue
+            started = self.store.write_status(job, {"active": 1, "startTime": now_text()})
+            if started is None:  # deleted or changed meanwhile: its next state decides
+                self._kill(running)
+                continue
+            running.job = started
+            self.running[key] = running
+
+    def _start(self, job: Document) -> Running:
+        meta = job["metadata"]
+        pod = job["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        command = [*container.get("command", []), *container.get("args", [])]
+        if command and command[0] == "python":
+            command[0] = sys.executable
+        mounts = {}
+        for volume in pod.get("volumes") or []:
+            config_map = (volume.get("configMap") or {}).get("name")
+            if not config_map:
+                continue
+            source = self.store.read(CONFIG_MAP, meta["namespace"], config_map)
+            folder = self.state / "configmaps" / meta["namespace"] / config_map
+            folder.mkdir(parents=True, exist_ok=True)
+            for key, value in ((source or {}).get("data") or {}).items():
+                (folder / key).write_text(value)
+            mounts[volume["name"]] = folder
+        for mount in container.get("volumeMounts") or []:
+            if mount["name"] in mounts:
+                target = str(mounts[mount["name"]])
+                command = [part.replace(mount["mountPath"], target) for part in command]
+        environment = {item["name"]: item.get("value", "") for item in container.get("env", [])}
+        log = self.store.log_path(meta["namespace"], meta["name"])
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("wb") as output:
+            popen = subprocess.Popen(
+                command,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.cwd,
+                env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **environment},
+                start_new_session=True,  # its own process group: killed with its children
+            )
+        deadline = job["spec"].get("activeDeadlineSeconds")
+        now = time.monotonic()
+        return Running(job, popen, now, now + deadline if deadline else None)
+
+    def _poll_jobs(self) -> None:
+        for key, running in list(self.running.items()):
+            if running.popen.poll() is None:
+                if running.deadline is not None and time.monotonic() > running.deadline:
+                    self._kill(running)
+                    del self.running[key]
+                    self._finishing.submit(self._finish, key, running, False, "DeadlineExceeded")
+                continue
+            del self.running[key]
+            self._finishing.submit(self._finish, key, running)
+
+    @staticmethod
+    def _kill(running: Running) -> None:
+        if running.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(running.popen.pid, signal.SIGKILL)
+            running.popen.wait()
+
+    def _finish(
+        self, key: str, running: Running, lost: bool = False, reason: str | None = None
+    ) -> None:
+        """Keep the run's trace, then write the Job's outcome."""
+        if not lost:
+            try:
+                self._collect_trace(running.job)
+            except Exception:  # a trace is worth no failed run
+                logger.warning("could not collect the trace of %s", key, exc_info=True)
+        job = self.store.read(JOB, *key.split("/"))
+        if job is None:
+            return
+        code = running.popen.returncode
+        if reason == "DeadlineExceeded":
+            self._write_job(job, failed=True, message="the run exceeded activeDeadlineSeconds")
+        elif lost:
+            self._write_job(job, failed=True, message=LOST)
+        else:
+            self._write_job(job, failed=code != 0, message=f"the driver exited with code {code}")
+        self._ended.set()
+
+    def _write_job(self, job: Document, *, failed: bool, message: str) -> None:
+        status = {
+            "startTime": (job.get("status") or {}).get("startTime"),
+            "completionTime": now_text(),
+        }
+        if failed:
+            status.update(
+                failed=1,
+                conditions=[
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "BackoffLimitExceeded",
+                        "message": message,
+                    }
+                ],
+            )
+        else:
+            status.update(
+                succeeded=1,
+                conditions=[{"type": "Complete", "status": "True", "message": "the run completed"}],
+            )
+        for _ in range(5):
+            if self.store.write_status(job, prune(status)) is not None:
+                break
+            job = self.store.read(JOB, job["metadata"]["namespace"], job["metadata"]["name"])
+            if job is None:
+                return
+        # Wake the program: it is settled only in a terminal phase, so it is reconciled anyway.
+        program = (job["metadata"].get("labels") or {}).get(LABEL_PROGRAM)
+        if program:
+            self.store.settle(PROGRAM, job["metadata"]["namespace"], program, False)
+
+    def _collect_trace(self, job: Document) -> None:
+        """The island trace records of this run's client, kept in the store."""
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        environment = {item["name"]: item.get("value", "") for item in container.get("env", [])}
+        program = environment.get("PATHWAYS_PROGRAM")
+        slices = json.loads(environment.get("PATHWAYS_SLICES") or "{}")
+        if not program or not slices:
+            return
+        islands = {entry["island"]: entry["scheduler"] for entry in slices.values()}
+        arguments = [sys.executable, "-m", "pathways_client.trace_dump"]
+        for island, endpoint in sorted(islands.items()):
+            arguments += ["--island", f"{island}={endpoint}"]
+        namespace, name = program.split("/", 1)
+        arguments += ["--client", program, "--client", program.replace("/", "-")]
+        done = subprocess.run(
+            arguments,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-2000:])
+        run = int((job["metadata"].get("labels") or {}).get("pathways.dev/run") or 0)
+        self.store.store_trace(namespace, name, run, json.loads(done.stdout))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m pathways_api.manager --state DIR``."""
+    parser = argparse.ArgumentParser(description="The embedded resource manager.")
+    parser.add_argument("--state", type=Path, required=True, help="State directory.")
+    parser.add_argument("--interval", type=float, default=0.1, help="Seconds between ticks.")
+    arguments = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    arguments.state.mkdir(parents=True, exist_ok=True)
+    store = SqliteStore(arguments.state / "pathways.db")
+    manager = Manager(store, arguments.state, interval=arguments.interval)
+    signal.signal(signal.SIGTERM, lambda *_: manager._stop.set())
+    print(json.dumps({"manager": os.getpid()}), flush=True)
+    try:
+        manager.run()
+    finally:
+        manager.stop()
+
+
+if __name__ == "__main__":
+    main()

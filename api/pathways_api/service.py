@@ -1,0 +1,219 @@
+"""What the routes do: turn a tenant's requests into stored resources, and back.
+
+Routes stay two lines; every rule lives here: a tenant's objects live in its namespace, the
+fields only the system sets are refused, quotas are charged at submission, and idempotency
+keys make a retried submission return the object the first one created.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from pathways_api.auth import Tenant
+from pathways_api.errors import InvalidField, NotFound
+from pathways_api.store import (
+    ANNOTATION_CANCELLED,
+    ISLAND,
+    PROGRAM,
+    SLICE,
+    Admission,
+    Page,
+    Store,
+)
+from pathways_core.control.common import Document
+from pathways_core.resources import GROUP_VERSION, PathwaysProgram, VirtualSlice
+from pathways_core.resources.base import Model
+
+IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+SYSTEM_METADATA = ("uid", "resourceVersion", "generation", "creationTimestamp")
+NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """A list request: page size, continue token and filters."""
+
+    limit: int = 50
+    token: str | None = None
+    phase: str | None = None
+    labels: dict[str, str] | None = None
+
+
+def parse_labels(selector: str | None) -> dict[str, str] | None:
+    """``a=b,c=d`` as a dict; InvalidField naming the query parameter otherwise."""
+    if not selector:
+        return None
+    labels = {}
+    for term in selector.split(","):
+        key, sep, value = term.partition("=")
+        if not sep or not key.strip():
+            raise InvalidField(
+                f"label selector terms are key=value, got {term!r}", field="query labelSelector"
+            )
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def _fingerprint(resource: Model) -> str:
+    return hashlib.sha256(json.dumps(resource.to_wire(), sort_keys=True).encode()).hexdigest()
+
+
+def _generated_name(prefix: str) -> str:
+    return prefix + "".join(secrets.choice(NAME_ALPHABET) for _ in range(5))
+
+
+class Service:
+    """The API's behaviour over a :class:`Store`."""
+
+    def __init__(self, store: Store, mode: str = "embedded") -> None:
+        self.store = store
+        self.mode = mode
+
+    # -- shared --------------------------------------------------------------------------------
+
+    def _document(self, tenant: Tenant, resource: PathwaysProgram | VirtualSlice) -> Document:
+        """The document to store, or InvalidField naming what the caller may not set."""
+        meta = resource.metadata
+        for key in meta.model_extra or {}:
+            raise InvalidField("unknown field", field=f"metadata.{key}")
+        for key in SYSTEM_METADATA:
+            if getattr(meta, _snake(key), None) is not None:
+                raise InvalidField("set by the system; omit it", field=f"metadata.{key}")
+        if meta.namespace not in (None, tenant.name):
+            raise InvalidField(
+                f"objects of tenant {tenant.name!r} live in namespace {tenant.name!r}; omit "
+                "metadata.namespace or set it to that",
+                field="metadata.namespace",
+            )
+        if resource.spec.tenant not in (None, tenant.name):
+            raise InvalidField(
+                f"you are tenant {tenant.name!r}; omit spec.tenant or set it to that",
+                field="spec.tenant",
+            )
+        if resource.status != type(resource.status)():
+            raise InvalidField("set by the system; omit it", field="status")
+        name = meta.name
+        if name is None:
+            prefix = meta.generate_name or ("program-" if resource.kind == PROGRAM else "slice-")
+            name = _generated_name(prefix)
+            if len(name) > 253 or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name):
+                raise InvalidField(
+                    "generateName must be a lowercase RFC 1123 prefix",
+                    field="metadata.generateName",
+                )
+        metadata: dict[str, Any] = {"name": name, "namespace": tenant.name}
+        if meta.labels:
+            metadata["labels"] = dict(meta.labels)
+        annotations = {k: v for k, v in meta.annotations.items() if k != ANNOTATION_CANCELLED}
+        if annotations:
+            metadata["annotations"] = annotations
+        return {
+            "apiVersion": GROUP_VERSION,
+            "kind": resource.kind,
+            "metadata": metadata,
+            "spec": resource.spec.to_wire(),
+        }
+
+    @staticmethod
+    def _idempotency(key: str | None, resource: Model) -> tuple[str, str] | None:
+        if key is None:
+            return None
+        if not IDEMPOTENCY_KEY.match(key):
+            raise InvalidField(
+                "1 to 200 printable ASCII characters, no spaces", field="header Idempotency-Key"
+            )
+        return key, _fingerprint(resource)
+
+    async def _get(self, kind: str, namespace: str | None, name: str) -> Document:
+        document = await self.store.get(kind, namespace, name)
+        if document is None:
+            # Another tenant's object is as absent as one that never existed.
+            noun = {PROGRAM: "program", SLICE: "virtual slice", ISLAND: "island"}[kind]
+            raise NotFound(f"no {noun} named {name!r}", field="name")
+        return document
+
+    # -- programs ------------------------------------------------------------------------------
+
+    async def submit_program(
+        self, tenant: Tenant, program: PathwaysProgram, key: str | None
+    ) -> tuple[Document, bool]:
+        """Store a new program if the tenant's quotas allow it."""
+        idempotency = self._idempotency(key, program)
+        document = self._document(tenant, program)
+        devices = sum(
+            item.device_total for item in program.spec.slices if item.virtual_slice_name is None
+        )
+        return await self.store.admit(tenant, document, Admission(devices, 1), idempotency)
+
+    async def list(self, tenant: Tenant, kind: str, query: ListQuery) -> Page:
+        """A page of the tenant's objects of a kind (islands are everyone's)."""
+        namespace = None if kind == ISLAND else tenant.name
+        return await self.store.list(
+            kind,
+            namespace,
+            limit=query.limit,
+            token=query.token,
+            phase=query.phase,
+            labels=query.labels,
+        )
+
+    async def get(self, tenant: Tenant, kind: str, name: str) -> Document:
+        """One of the tenant's objects (or an island)."""
+        return await self._get(kind, None if kind == ISLAND else tenant.name, name)
+
+    async def cancel_program(self, tenant: Tenant, name: str) -> Document:
+        """Stop a program for good: its run is stopped and its inline slices released."""
+        return await self.store.cancel(tenant.name, name)
+
+    async def delete(self, tenant: Tenant, kind: str, name: str) -> Document:
+        """Delete a program, or release a virtual slice."""
+        return await self.store.delete(kind, tenant.name, name)
+
+    async def events(self, tenant: Tenant, kind: str, name: str) -> list[dict[str, Any]]:
+        """The Events of one of the tenant's objects."""
+        await self._get(kind, tenant.name, name)
+        return await self.store.events(kind, tenant.name, name)
+
+    async def logs(self, tenant: Tenant, name: str) -> str:
+        """The output of a program's runs."""
+        await self._get(PROGRAM, tenant.name, name)
+        return await self.store.logs(tenant.name, name) or ""
+
+    async def trace(self, tenant: Tenant, name: str) -> list[dict[str, Any]]:
+        """The island trace records of a program's finished runs."""
+        await self._get(PROGRAM, tenant.name, name)
+        return await self.store.trace(tenant.name, name)
+
+    # -- virtual slices ------------------------------------------------------------------------
+
+    async def create_slice(
+        self, tenant: Tenant, item: VirtualSlice, key: str | None
+    ) -> tuple[Document, bool]:
+        """Store a new virtual slice if the tenant's device quota allows it."""
+        idempotency = self._idempotency(key, item)
+        document = self._document(tenant, item)
+        return await self.store.admit(
+            tenant, document, Admission(item.spec.device_total, 0), idempotency
+        )
+
+    # -- tenant --------------------------------------------------------------------------------
+
+    async def me(self, tenant: Tenant) -> dict[str, Any]:
+        """The tenant, its quotas and what it uses."""
+        usage = await self.store.usage(tenant.name)
+        return {
+            "tenant": tenant.name,
+            "namespace": tenant.name,
+            "mode": self.mode,
+            "quotas": {"devices": tenant.quotas.devices, "programs": tenant.quotas.programs},
+            "usage": {"devices": usage.devices, "programs": usage.programs},
+        }
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name)

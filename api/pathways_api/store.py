@@ -1,0 +1,578 @@
+"""What the API needs from a store, and the SQLite store of the embedded mode.
+
+Two stores answer the same :class:`Store` interface: :class:`SqliteStore` (embedded mode, one
+file in the state directory, WAL journal, also read and written by the embedded resource
+manager) and ``kube_store.KubernetesStore`` (custom resources in a cluster).
+
+Objects are the documents Kubernetes would hold (``apiVersion``, ``kind``, ``metadata``,
+``spec``, ``status``); a tenant's objects live in the namespace named after it. Admission —
+the quota check and the insert — is one ``BEGIN IMMEDIATE`` transaction, so concurrent
+submissions (from any number of threads or processes) are never over-admitted.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from pathways_api.auth import Tenant
+from pathways_api.errors import Conflict, InvalidField, NotFound, QuotaExceeded
+from pathways_core.control.common import Document, Event, timestamp
+
+PROGRAM, SLICE, ISLAND = "PathwaysProgram", "VirtualSlice", "Island"
+TERMINAL = ("Succeeded", "Failed")
+ANNOTATION_CANCELLED = "pathways.dev/cancelled"
+LABEL_SUBMITTED_BY = "pathways.dev/submitted-by"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a tenant holds now: devices of its active programs and slices, active programs."""
+
+    devices: int = 0
+    programs: int = 0
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a list, and the token of the next one (``None`` at the end)."""
+
+    items: list[Document]
+    next: str | None
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What a new object costs against its tenant's quotas."""
+
+    devices: int
+    programs: int
+
+
+class Store(Protocol):
+    """Where the API keeps objects. Namespaced kinds take the tenant's namespace; Islands
+    take ``None``."""
+
+    async def admit(
+        self,
+        tenant: Tenant,
+        document: Document,
+        cost: Admission,
+        idempotency: tuple[str, str] | None,
+    ) -> tuple[Document, bool]:
+        """Insert ``document`` if the tenant's quotas allow it, atomically; with an
+        idempotency ``(key, fingerprint)``, a repeated key returns the object it created
+        (``created`` False) and a key reused with another body is a Conflict."""
+        ...
+
+    async def get(self, kind: str, namespace: str | None, name: str) -> Document | None: ...
+
+    async def list(
+        self,
+        kind: str,
+        namespace: str | None,
+        *,
+        limit: int,
+        token: str | None,
+        phase: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> Page: ...
+
+    async def cancel(self, namespace: str, name: str) -> Document:
+        """Suspend a program for good (it releases its devices); NotFound if absent."""
+        ...
+
+    async def delete(self, kind: str, namespace: str, name: str) -> Document:
+        """Ask for deletion (the manager releases what it holds, then removes it)."""
+        ...
+
+    async def usage(self, namespace: str) -> Usage: ...
+
+    async def events(self, kind: str, namespace: str, name: str) -> list[dict[str, Any]]: ...
+
+    async def logs(self, namespace: str, name: str) -> str | None: ...
+
+    async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]: ...
+
+    async def ready(self) -> bool: ...
+
+
+def now_text() -> str:
+    """Now, as Kubernetes writes times."""
+    return timestamp(datetime.now(UTC))
+
+
+def encode_token(seq: int) -> str:
+    """An opaque continue token."""
+    return base64.urlsafe_b64encode(f"seq:{seq}".encode()).decode().rstrip("=")
+
+
+def decode_token(token: str) -> int:
+    """The position a continue token stands for, or InvalidField."""
+    try:
+        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        if not text.startswith("seq:"):
+            raise ValueError
+        return int(text[4:])
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidField(
+            "not a continue token given by a previous page", field="query continue"
+        ) from None
+
+
+def is_active(document: Document) -> bool:
+    """Whether an object counts against its tenant's quotas."""
+    meta = document.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return False
+    phase = (document.get("status") or {}).get("phase")
+    if document.get("kind") == PROGRAM:
+        cancelled = (meta.get("annotations") or {}).get(ANNOTATION_CANCELLED) == "true"
+        return phase not in TERMINAL and not cancelled
+    if document.get("kind") == SLICE:
+        return phase != "Released"
+    return False
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS objects (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    devices INTEGER NOT NULL DEFAULT 0,
+    active INTEGER NOT NULL DEFAULT 0,
+    phase TEXT,
+    settled INTEGER NOT NULL DEFAULT 0,
+    body TEXT NOT NULL,
+    UNIQUE (kind, namespace, name)
+);
+CREATE INDEX IF NOT EXISTS objects_by_tenant ON objects (namespace, active);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
+    type TEXT NOT NULL, reason TEXT NOT NULL, message TEXT NOT NULL, time TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_of ON events (kind, namespace, name);
+CREATE TABLE IF NOT EXISTS idempotency (
+    namespace TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL, name TEXT NOT NULL,
+    PRIMARY KEY (namespace, key)
+);
+CREATE TABLE IF NOT EXISTS traces (
+    namespace TEXT NOT NULL, name TEXT NOT NULL, run INTEGER NOT NULL, records TEXT NOT NULL,
+    PRIMARY KEY (namespace, name, run)
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta (key, value) VALUES ('resourceVersion', 0);
+"""
+
+
+class SqliteStore:
+    """Objects in one SQLite file. Thread-safe: one connection per thread; writers serialize
+    on SQLite's lock (``BEGIN IMMEDIATE``), so several processes may share the file."""
+
+    def __init__(self, path: Path, logs: Path | None = None) -> None:
+        self.path = path
+        self.logs = logs or path.parent / "logs"
+        self._local = threading.local()
+        self._db().executescript(SCHEMA)
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            db.execute("PRAGMA journal_mode=WAL")
+            # WAL + NORMAL: a crash may lose the last transactions but never corrupts the file.
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA busy_timeout=30000")
+            self._local.db = db
+        return db
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close this thread's connection."""
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+    @staticmethod
+    def _next_version(db: sqlite3.Connection) -> str:
+        row = db.execute(
+            "UPDATE meta SET value = value + 1 WHERE key = 'resourceVersion' RETURNING value"
+        ).fetchone()
+        return str(row[0])
+
+    # -- synchronous API (the manager's) ---------------------------------------------------------
+
+    def insert(self, document: Document, devices: int = 0) -> Document:
+        """Create an object as the manager does (children, islands); Conflict if it exists."""
+        with self._transaction() as db:
+            return self._insert(db, document, devices)
+
+    def _insert(self, db: sqlite3.Connection, document: Document, devices: int) -> Document:
+        meta = document.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", now_text())
+        meta.setdefault("generation", 1)
+        meta["resourceVersion"] = self._next_version(db)
+        try:
+            db.execute(
+                "INSERT INTO objects (kind, namespace, name, devices, active, phase, body) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    document["kind"],
+                    meta.get("namespace") or "",
+                    meta["name"],
+                    devices,
+                    int(is_active(document)),
+                    (document.get("status") or {}).get("phase"),
+                    json.dumps(document, sort_keys=True),
+                ),
+            )
+        except sqlite3.IntegrityError:
+            raise Conflict(
+                f"a {document['kind']} named {meta['name']!r} already exists",
+                field="metadata.name",
+            ) from None
+        return document
+
+    def read(self, kind: str, namespace: str | None, name: str) -> Document | None:
+        """One object, or ``None``."""
+        row = (
+            self._db()
+            .execute(
+                "SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?",
+                (kind, namespace or "", name),
+            )
+            .fetchone()
+        )
+        return json.loads(row[0]) if row else None
+
+    def read_all(self, kind: str, unsettled_only: bool = False) -> list[Document]:
+        """Every object of a kind (the manager's snapshot), oldest first."""
+        query = "SELECT body FROM objects WHERE kind = ?"
+        if unsettled_only:
+            query += " AND settled = 0"
+        rows = self._db().execute(query + " ORDER BY seq", (kind,)).fetchall()
+        return [json.loads(row[0]) for row in rows]
+
+    def replace(
+        self,
+        document: Document,
+        change: Callable[[Document], Document | None],
+        *,
+        bump_generation: bool = False,
+        settled: bool | None = None,
+    ) -> Document | None:
+        """Apply ``change`` to the stored object if it still has the resourceVersion of
+        ``document`` (compare-and-set); ``None`` if it changed or went since it was read."""
+        meta = document["metadata"]
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT body, settled FROM objects WHERE kind = ? AND namespace = ? AND name = ?",
+                (document["kind"], meta.get("namespace") or "", meta["name"]),
+            ).fetchone()
+            if row is None:
+                return None
+            stored = json.loads(row[0])
+            if stored["metadata"].get("resourceVersion") != meta.get("resourceVersion"):
+                return None
+            new = change(stored)
+            if new is None:
+                return stored
+            if bump_generation:
+                new["metadata"]["generation"] = int(new["metadata"].get("generation") or 1) + 1
+            new["metadata"]["resourceVersion"] = self._next_version(db)
+            db.execute(
+                "UPDATE objects SET body = ?, active = ?, phase = ?, settled = ? "
+                "WHERE kind = ? AND namespace = ? AND name = ?",
+                (
+                    json.dumps(new, sort_keys=True),
+                    int(is_active(new)),
+                    (new.get("status") or {}).get("phase"),
+                    int(settled) if settled is not None else (0 if bump_generation else row[1]),
+                    new["kind"],
+                    meta.get("namespace") or "",
+                    meta["name"],
+                ),
+            )
+            return new
+
+    def write_status(
+        self, document: Document, status: dict[str, Any], settled: bool | None = None
+    ) -> Document | None:
+        """Replace an object's status (compare-and-set on its resourceVersion)."""
+
+        def change(stored: Document) -> Document:
+            return {**stored, "status": status}
+
+        return self.replace(document, change, settled=settled)
+
+    def settle(self, kind: str, namespace: str | None, name: str, settled: bool = True) -> None:
+        """Mark an object as needing no reconcile until it changes (or needing one)."""
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE objects SET settled = ? WHERE kind = ? AND namespace = ? AND name = ?",
+                (int(settled), kind, namespace or "", name),
+            )
+
+    def remove(self, kind: str, namespace: str | None, name: str) -> None:
+        """Forget an object (after its finalization)."""
+        with self._transaction() as db:
+            db.execute(
+                "DELETE FROM objects WHERE kind = ? AND namespace = ? AND name = ?",
+                (kind, namespace or "", name),
+            )
+
+    def mark_deleting(self, kind: str, namespace: str | None, name: str) -> Document | None:
+        """Set deletionTimestamp (idempotent); ``None`` if absent."""
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?",
+                (kind, namespace or "", name),
+            ).fetchone()
+            if row is None:
+                return None
+            document = json.loads(row[0])
+            if document["metadata"].get("deletionTimestamp"):
+                return document
+            document["metadata"]["deletionTimestamp"] = now_text()
+            document["metadata"]["resourceVersion"] = self._next_version(db)
+            db.execute(
+                "UPDATE objects SET body = ?, active = 0, settled = 0 "
+                "WHERE kind = ? AND namespace = ? AND name = ?",
+                (json.dumps(document, sort_keys=True), kind, namespace or "", name),
+            )
+            return document
+
+    def record_events(self, events: list[Event]) -> None:
+        """Store Events (the API serves them per object)."""
+        if not events:
+            return
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT INTO events (kind, namespace, name, type, reason, message, time) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        e.target.kind,
+                        e.target.namespace or "",
+                        e.target.name,
+                        e.type,
+                        e.reason,
+                        e.message,
+                        now_text(),
+                    )
+                    for e in events
+                ],
+            )
+
+    def store_trace(self, namespace: str, name: str, run: int, records: list[Any]) -> None:
+        """Keep the trace records of one run of a program."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO traces (namespace, name, run, records) VALUES (?,?,?,?)",
+                (namespace, name, run, json.dumps(records)),
+            )
+
+    def log_path(self, namespace: str, job: str) -> Path:
+        """Where the output of a Job's process goes."""
+        return self.logs / namespace / f"{job}.log"
+
+    # -- the Store interface ---------------------------------------------------------------------
+
+    async def admit(
+        self,
+        tenant: Tenant,
+        document: Document,
+        cost: Admission,
+        idempotency: tuple[str, str] | None,
+    ) -> tuple[Document, bool]:
+        """See :meth:`Store.admit`."""
+        namespace = tenant.name
+        with self._transaction() as db:
+            if idempotency is not None:
+                key, fingerprint = idempotency
+                row = db.execute(
+                    "SELECT fingerprint, name FROM idempotency WHERE namespace = ? AND key = ?",
+                    (namespace, key),
+                ).fetchone()
+                if row is not None:
+                    if row[0] != fingerprint:
+                        raise Conflict(
+                            "this Idempotency-Key was used for a different request body",
+                            field="header Idempotency-Key",
+                        )
+                    body = db.execute(
+                        "SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?",
+                        (document["kind"], namespace, row[1]),
+                    ).fetchone()
+                    if body is not None:
+                        return json.loads(body[0]), False
+                    # The object was deleted since: the key is free again.
+                    db.execute(
+                        "DELETE FROM idempotency WHERE namespace = ? AND key = ?", (namespace, key)
+                    )
+            used_devices, used_programs = db.execute(
+                "SELECT COALESCE(SUM(devices), 0), COALESCE(SUM(kind = ?), 0) FROM objects "
+                "WHERE namespace = ? AND active = 1",
+                (PROGRAM, namespace),
+            ).fetchone()
+            check_quota(tenant, Usage(used_devices, used_programs), cost)
+            created = self._insert(db, document, cost.devices)
+            if idempotency is not None:
+                db.execute(
+                    "INSERT INTO idempotency (namespace, key, fingerprint, name) VALUES (?,?,?,?)",
+                    (namespace, idempotency[0], idempotency[1], document["metadata"]["name"]),
+                )
+            return created, True
+
+    async def get(self, kind: str, namespace: str | None, name: str) -> Document | None:
+        """See :meth:`Store.get`."""
+        return self.read(kind, namespace, name)
+
+    async def list(
+        self,
+        kind: str,
+        namespace: str | None,
+        *,
+        limit: int,
+        token: str | None,
+        phase: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> Page:
+        """See :meth:`Store.list`. Pages follow creation order; a token is a position, so
+        objects created while paging appear on later pages and none is listed twice."""
+        after = decode_token(token) if token else 0
+        query = "SELECT seq, body FROM objects WHERE kind = ? AND namespace = ? AND seq > ?"
+        parameters: list[Any] = [kind, namespace or "", after]
+        if phase is not None:
+            query += " AND phase = ?"
+            parameters.append(phase)
+        for key, value in (labels or {}).items():
+            query += " AND json_extract(body, '$.metadata.labels.' || json_quote(?)) = ?"
+            parameters += [key, value]
+        rows = self._db().execute(query + " ORDER BY seq LIMIT ?", [*parameters, limit + 1])
+        found = rows.fetchall()
+        items = [json.loads(body) for _, body in found[:limit]]
+        more = len(found) > limit
+        return Page(items, encode_token(found[limit - 1][0]) if more and limit else None)
+
+    async def cancel(self, namespace: str, name: str) -> Document:
+        """See :meth:`Store.cancel`."""
+
+        def change(stored: Document) -> Document | None:
+            annotations = stored["metadata"].setdefault("annotations", {})
+            if annotations.get(ANNOTATION_CANCELLED) == "true":
+                return None
+            annotations[ANNOTATION_CANCELLED] = "true"
+            stored["spec"]["suspend"] = True
+            return stored
+
+        for _ in range(10):
+            document = self.read(PROGRAM, namespace, name)
+            if document is None or document["metadata"].get("deletionTimestamp"):
+                raise NotFound(f"no program named {name!r}", field="name")
+            if (document.get("status") or {}).get("phase") in TERMINAL:
+                raise Conflict(
+                    f"program {name!r} already {document['status']['phase'].lower()}",
+                    field="name",
+                )
+            done = self.replace(document, change, bump_generation=True)
+            if done is not None:
+                return done
+        raise Conflict(f"program {name!r} keeps changing; try again", field="name")
+
+    async def delete(self, kind: str, namespace: str, name: str) -> Document:
+        """See :meth:`Store.delete`."""
+        document = self.mark_deleting(kind, namespace, name)
+        if document is None:
+            raise NotFound(f"no {kind} named {name!r}", field="name")
+        return document
+
+    async def usage(self, namespace: str) -> Usage:
+        """See :meth:`Store.usage`."""
+        devices, programs = (
+            self._db()
+            .execute(
+                "SELECT COALESCE(SUM(devices), 0), COALESCE(SUM(kind = ?), 0) FROM objects "
+                "WHERE namespace = ? AND active = 1",
+                (PROGRAM, namespace),
+            )
+            .fetchone()
+        )
+        return Usage(devices, programs)
+
+    async def events(self, kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
+        """See :meth:`Store.events`."""
+        rows = self._db().execute(
+            "SELECT type, reason, message, time FROM events "
+            "WHERE kind = ? AND namespace = ? AND name = ? ORDER BY id",
+            (kind, namespace, name),
+        )
+        return [
+            {"type": t, "reason": reason, "message": message, "time": time}
+            for t, reason, message, time in rows.fetchall()
+        ]
+
+    async def logs(self, namespace: str, name: str) -> str | None:
+        """See :meth:`Store.logs`: the output of the program's runs, oldest first."""
+        document = self.read(PROGRAM, namespace, name)
+        runs = int(((document or {}).get("status") or {}).get("runs") or 0)
+        parts = []
+        for run in range(1, runs + 1):
+            path = self.log_path(namespace, f"{name}-run-{run}")
+            if path.exists():
+                parts.append(f"--- run {run} ---\n{path.read_text(errors='replace')}")
+        return "\n".join(parts)
+
+    async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """See :meth:`Store.trace`: the trace records of every finished run."""
+        rows = self._db().execute(
+            "SELECT records FROM traces WHERE namespace = ? AND name = ? ORDER BY run",
+            (namespace, name),
+        )
+        return [record for (records,) in rows.fetchall() for record in json.loads(records)]
+
+    async def ready(self) -> bool:
+        """See :meth:`Store.ready`."""
+        self._db().execute("SELECT 1").fetchone()
+        return True
+
+
+def check_quota(tenant: Tenant, usage: Usage, cost: Admission) -> None:
+    """Raise QuotaExceeded if admitting ``cost`` would exceed the tenant's quotas."""
+    if cost.programs and usage.programs + cost.programs > tenant.quotas.programs:
+        raise QuotaExceeded(
+            f"tenant {tenant.name!r} has {usage.programs} active programs of its quota of "
+            f"{tenant.quotas.programs}",
+            field="spec",
+        )
+    if usage.devices + cost.devices > tenant.quotas.devices:
+        raise QuotaExceeded(
+            f"tenant {tenant.name!r} would hold {usage.devices + cost.devices} devices, over its "
+            f"quota of {tenant.quotas.devices} ({usage.devices} held now)",
+            field="spec.slices" if cost.programs else "spec.devices",
+        )

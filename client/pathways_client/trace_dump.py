@@ -1,0 +1,48 @@
+"""``python -m pathways_client.trace_dump --island NAME=HOST:PORT --client C``: an island
+trace's records of some clients, as JSON on stdout (the embedded manager keeps them per run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from pathways_client.island_client import IslandClient
+
+
+def records_of(island: str, endpoint: str, clients: set[str]) -> list[dict[str, Any]]:
+    """The records of ``clients`` (all clients when empty) in one island's trace."""
+    with IslandClient(endpoint, "trace-reader") as session:
+        records = session.trace()
+    return [
+        {
+            "seq": record.seq,
+            "client": record.client,
+            "name": record.name,
+            "devices": list(record.devices),
+            "executor": record.executor,
+            "start_ns": record.start_ns,
+            "end_ns": record.end_ns,
+            "ok": record.ok,
+            "island": island,
+        }
+        for record in records
+        if not clients or record.client in clients
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the records as a JSON list."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--island", action="append", default=[], help="NAME=HOST:PORT")
+    parser.add_argument("--client", action="append", default=[], help="Client name to keep.")
+    arguments = parser.parse_args(argv)
+    found: list[dict[str, Any]] = []
+    for item in arguments.island:
+        name, _, endpoint = item.partition("=")
+        found += records_of(name, endpoint, set(arguments.client))
+    print(json.dumps(found))
+
+
+if __name__ == "__main__":
+    main()
