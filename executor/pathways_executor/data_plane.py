@@ -29,31 +29,39 @@ class DataPlaneServer:
         ).start()
 
     def _serve(self, connection: socket.socket) -> None:
+        """Answer requests on a connection, one after the other, until the peer closes it: a
+        peer keeps its connections, so a transfer on the critical path of a pipeline pays
+        neither a connection nor a thread of its own."""
         with connection:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                length = bulk.header_length(_receive_exactly(connection, bulk.LENGTH.size))
-                buffer_id, timeout = bulk.parse_request(_receive_exactly(connection, length))
-                try:
-                    value = self._lookup(buffer_id, timeout)
-                    regions = local_regions(value)
-                except Exception as error:  # unknown, failed or late buffer: tell the peer
-                    connection.sendall(bulk.error(str(error)))
-                    return
-                headers = [
-                    bulk.RegionHeader(
-                        tuple(s.start for s in region),
-                        tuple(s.stop for s in region),
-                        np.asarray(values).nbytes,
-                    )
-                    for region, values in regions
-                ]
-                connection.sendall(bulk.reply(np.dtype(value.dtype).name, value.shape, headers))
-                for _, values in regions:
-                    contiguous = np.ascontiguousarray(values)
-                    if contiguous.nbytes:
-                        connection.sendall(memoryview(contiguous.reshape(-1).view(np.uint8)))
+                while prefix := _receive_prefix(connection):
+                    length = bulk.header_length(prefix)
+                    buffer_id, timeout = bulk.parse_request(_receive_exactly(connection, length))
+                    self._reply(connection, buffer_id, timeout)
             except (OSError, ValueError):
                 return
+
+    def _reply(self, connection: socket.socket, buffer_id: str, timeout: float) -> None:
+        try:
+            value = self._lookup(buffer_id, timeout)
+            regions = local_regions(value)
+        except Exception as error:  # unknown, failed or late buffer: tell the peer
+            connection.sendall(bulk.error(str(error)))
+            return
+        headers = [
+            bulk.RegionHeader(
+                tuple(s.start for s in region),
+                tuple(s.stop for s in region),
+                np.asarray(values).nbytes,
+            )
+            for region, values in regions
+        ]
+        connection.sendall(bulk.reply(np.dtype(value.dtype).name, value.shape, headers))
+        for _, values in regions:
+            contiguous = np.ascontiguousarray(values)
+            if contiguous.nbytes:
+                connection.sendall(memoryview(contiguous.reshape(-1).view(np.uint8)))
 
     def close(self) -> None:
         self._listener.close()
@@ -71,21 +79,103 @@ def accept_forever(listener: socket.socket, serve: Callable[[socket.socket], Non
 
 def pull(endpoint: str, buffer_id: str, timeout: float, assembly: Assembly) -> None:
     """Receive the regions of a buffer held at ``endpoint`` into ``assembly``, straight from
-    the socket into the destination's memory."""
+    the socket into the destination's memory, over a connection of its own."""
+    with _connect(endpoint, timeout) as connection:
+        _request(connection, buffer_id, timeout, assembly)
+
+
+class Puller:
+    """Pulls over kept connections, one per pull in progress and peer, opened when none is
+    idle: connecting (and the peer starting a thread) is then off the critical path."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[socket.socket]] = {}
+
+    def pull(self, endpoint: str, buffer_id: str, timeout: float, assembly: Assembly) -> None:
+        """As ``pull``; an error reply leaves the connection usable."""
+        with self._lock:
+            idle = self._idle.get(endpoint)
+            connection = idle.pop() if idle else None
+        if connection is not None:
+            try:
+                self._pull_on(endpoint, connection, buffer_id, timeout, assembly)
+                return
+            except _Stale:
+                pass  # the peer closed the kept connection before replying: once more, fresh
+        self._pull_on(endpoint, _connect(endpoint, timeout), buffer_id, timeout, assembly)
+
+    def _pull_on(
+        self,
+        endpoint: str,
+        connection: socket.socket,
+        buffer_id: str,
+        timeout: float,
+        assembly: Assembly,
+    ) -> None:
+        try:
+            _request(connection, buffer_id, timeout, assembly)
+        except LookupError:  # the peer's error reply: the connection is still in step
+            self._keep(endpoint, connection)
+            raise
+        except BaseException:
+            connection.close()
+            raise
+        self._keep(endpoint, connection)
+
+    def _keep(self, endpoint: str, connection: socket.socket) -> None:
+        with self._lock:
+            self._idle.setdefault(endpoint, []).append(connection)
+
+    def close(self) -> None:
+        with self._lock:
+            connections = [c for idle in self._idle.values() for c in idle]
+            self._idle.clear()
+        for connection in connections:
+            connection.close()
+
+
+class _Stale(ConnectionError):
+    """A kept connection failed before any byte of the reply arrived."""
+
+
+def _connect(endpoint: str, timeout: float) -> socket.socket:
     host, port = endpoint.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout + 30) as connection:
+    connection = socket.create_connection((host, int(port)), timeout=timeout + 30)
+    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return connection
+
+
+def _request(connection: socket.socket, buffer_id: str, timeout: float, assembly: Assembly) -> None:
+    connection.settimeout(timeout + 30)
+    try:
         connection.sendall(bulk.request(buffer_id, timeout))
-        length = bulk.header_length(_receive_exactly(connection, bulk.LENGTH.size))
-        reply = bulk.parse_reply(_receive_exactly(connection, length))
-        for region in reply.regions:
-            assembly.receive(
-                buffer_id,
-                reply.dtype,
-                reply.shape,
-                (region.start, region.stop),
-                region.nbytes,
-                lambda view: _receive_into(connection, view),
-            )
+        prefix = _receive_prefix(connection)
+    except OSError as error:
+        raise _Stale(str(error)) from error
+    if not prefix:
+        raise _Stale("the peer closed the data-plane connection")
+    length = bulk.header_length(prefix)
+    reply = bulk.parse_reply(_receive_exactly(connection, length))
+    for region in reply.regions:
+        assembly.receive(
+            buffer_id,
+            reply.dtype,
+            reply.shape,
+            (region.start, region.stop),
+            region.nbytes,
+            lambda view: _receive_into(connection, view),
+        )
+
+
+def _receive_prefix(connection: socket.socket) -> bytes:
+    """A frame's length prefix, or b"" when the peer closed the connection before it."""
+    first = connection.recv(bulk.LENGTH.size)
+    if not first or len(first) == bulk.LENGTH.size:
+        return first
+    rest = bytearray(bulk.LENGTH.size - len(first))
+    _receive_into(connection, memoryview(rest))
+    return first + bytes(rest)
 
 
 def _receive_exactly(connection: socket.socket, size: int) -> bytes:

@@ -19,7 +19,7 @@ from pathways_core.wire.arrays import Assembly, from_chunks, region_chunks
 from pathways_executor.arrays import local_regions
 from pathways_executor.buffers import BufferError
 from pathways_executor.control import ControlServer
-from pathways_executor.data_plane import DataPlaneServer, pull
+from pathways_executor.data_plane import DataPlaneServer, Puller
 from pathways_executor.rpc import MESSAGE_OPTIONS, generic_handler
 from pathways_executor.runner import INPUT_TIMEOUT_SECONDS, Runner
 
@@ -46,6 +46,7 @@ class ExecutorService:
             for i, device in self.island_devices.items()
             if device.process_index == jax.process_index()
         }
+        self._puller = Puller()
         self.runner = Runner(index, self.island_devices, self._fetch, self._emit)
         self.control = ControlServer(self.runner.submit, host)
         self.data_plane = DataPlaneServer(
@@ -103,7 +104,7 @@ class ExecutorService:
         assembly = Assembly()
         for endpoint in source.data_endpoints:
             try:
-                pull(endpoint, source.buffer_id, INPUT_TIMEOUT_SECONDS, assembly)
+                self._puller.pull(endpoint, source.buffer_id, INPUT_TIMEOUT_SECONDS, assembly)
             except (OSError, ValueError, LookupError) as error:
                 errors.append(f"{endpoint}: {error}")
             if assembly.complete:

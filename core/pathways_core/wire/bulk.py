@@ -1,7 +1,7 @@
 """The bulk data plane's framing: how array bytes move between processes over raw TCP.
 
-gRPC is the control plane; large arrays skip its per-message copies. A connection carries one
-request and its reply:
+Large arrays skip the control plane's per-message copies. A connection carries requests one
+after the other, each followed by its reply (peers keep their connections between transfers):
 
     request:  u32 length, JSON {"buffer": id, "timeout": seconds}
     reply:    u32 length, JSON {"dtype": ..., "shape": [...], "regions": [[start, stop, nbytes]]}
