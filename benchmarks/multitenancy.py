@@ -1,0 +1,180 @@
+"""Multi-tenancy: many clients on one island, against one client alone (the paper's Figures 8
+and 9), measured side by side in one run.
+
+1. Aggregate throughput: 1, 2, 4 and 8 client processes each submit a chain of the same
+   gang-scheduled computation on all of one island's devices; computations per second over all
+   clients, against one client alone, at several computation sizes.
+2. Shares: four clients with weights 1:1:1:1 and 1:2:4:8 under proportional share; each one's
+   share of device time while all have work queued, against its weight.
+
+    python benchmarks/multitenancy.py [--quick] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def client_process(
+    endpoint: str, name: str, weight: int, width: int, calls: int, start: Any, out: Any
+) -> None:
+    """One tenant: connect, warm up, wait for the others, then time a chain of ``calls``."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    import pathways_client as pw
+
+    with pw.connect(islands={"bench": endpoint}, client=name, weight=weight) as cluster:
+        devices = cluster.slice(devices=4)
+        step = pw.function(
+            lambda x: jnp.tanh(x * 0.5 + jnp.mean(x)),
+            slice=devices,
+            in_shardings=P("x"),
+            out_shardings=P("x"),
+            name="step",
+        )
+        x = np.ones((4, width), np.float32)
+        step(x).result()  # compiled and registered before the clock starts
+        start.wait()
+        began = time.perf_counter()
+        value = x
+        for _ in range(calls):
+            value = step(value)
+        value.result()
+        out.put((name, began, time.perf_counter()))
+
+
+def run_clients(
+    endpoint: str, weights: list[int], width: int, calls: int
+) -> list[tuple[str, float, float]]:
+    context = multiprocessing.get_context("spawn")
+    start, out = context.Barrier(len(weights)), context.Queue()
+    processes = [
+        context.Process(
+            target=client_process,
+            args=(endpoint, f"tenant-{i}-w{w}", w, width, calls, start, out),
+        )
+        for i, w in enumerate(weights)
+    ]
+    for process in processes:
+        process.start()
+    results = [out.get(timeout=900) for _ in processes]
+    for process in processes:
+        process.join()
+    return results
+
+
+def aggregate_throughput(quick: bool) -> list[dict[str, Any]]:
+    from pathways_client.launcher import LocalIsland
+
+    widths = [256, 65_536] if quick else [256, 16_384, 262_144]
+    counts = [1, 4, 8] if quick else [1, 2, 4, 8]
+    calls = 150 if quick else 400
+    records = []
+    with LocalIsland(hosts=1, devices_per_host=4, policy="proportional-share") as island:
+        for width in widths:
+            rates = {}
+            for clients in counts:
+                per_client = max(calls // clients, 20)
+                results = run_clients(island.scheduler_endpoint, [1] * clients, width, per_client)
+                wall = max(end for _, _, end in results) - min(b for _, b, _ in results)
+                rates[clients] = clients * per_client / wall
+            for clients in counts[1:]:
+                records.append(
+                    {
+                        "name": f"aggregate throughput, {clients} clients vs 1",
+                        "value": rates[clients],
+                        "baseline": rates[1],
+                        "ratio": rates[clients] / rates[1],
+                        "unit": "computations/s",
+                        "target": 0.95,
+                        "parameters": {"floats_per_device": width, "clients": clients},
+                    }
+                )
+    return records
+
+
+def shares(quick: bool) -> list[dict[str, Any]]:
+    from pathways_client.island_client import IslandClient
+    from pathways_client.launcher import LocalIsland
+
+    records = []
+    for weights in ([1, 1, 1, 1], [1, 2, 4, 8]):
+        with LocalIsland(
+            hosts=1, devices_per_host=4, policy="proportional-share", max_in_flight=2
+        ) as island:
+            run_clients(island.scheduler_endpoint, weights, 4096, 150 if quick else 400)
+            with IslandClient(island.scheduler_endpoint, "observer") as observer:
+                trace = sorted(observer.trace(), key=lambda record: record.seq)
+        measured = _shares_by_client(trace, weights, by_time=True)
+        counted = _shares_by_client(trace, weights, by_time=False)
+        total = sum(weights)
+        for index, weight in enumerate(weights):
+            target = weight / total
+            records.append(
+                {
+                    "name": f"share of client {index} (weights {':'.join(map(str, weights))})",
+                    "value": measured[index],
+                    "baseline": target,
+                    "ratio": measured[index] / target,
+                    "unit": "share of device time",
+                    "target": "within 3% of its weight",
+                    "parameters": {
+                        "weights": weights,
+                        "client": index,
+                        "share_of_computations": round(counted[index], 4),
+                    },
+                }
+            )
+    return records
+
+
+def _shares_by_client(trace: list[Any], weights: list[int], by_time: bool) -> list[float]:
+    """Each tenant's share of device time (or of computations, all being the same size) while
+    all of them had work queued."""
+    by_client: dict[int, list[Any]] = {}
+    for record in trace:
+        if record.client.startswith("tenant-"):
+            by_client.setdefault(int(record.client.split("-")[1]), []).append(record)
+    begin = max(records[0].seq for records in by_client.values())
+    end = min(records[-1].seq for records in by_client.values())
+    time_of = {
+        index: sum(
+            (r.end_ns - r.start_ns) if by_time else 1 for r in records if begin <= r.seq <= end
+        )
+        for index, records in by_client.items()
+    }
+    total = sum(time_of.values()) or 1
+    return [time_of.get(index, 0) / total for index in range(len(weights))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=["throughput", "shares"], action="append")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    records = []
+    if not args.only or "throughput" in args.only:
+        records += aggregate_throughput(args.quick)
+    if not args.only or "shares" in args.only:
+        records += shares(args.quick)
+    for record in records:
+        print(
+            f"{record['name']} {record['parameters']}: {record['value']:.3f} vs "
+            f"{record['baseline']:.3f} {record['unit']} = {record['ratio']:.2f}x",
+            flush=True,
+        )
+    if args.json:
+        args.json.write_text(json.dumps(records, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
