@@ -12,6 +12,7 @@ API calls the operator makes (its RBAC, as verbs per resource):
   ``pathwaysprograms/status``: get, patch
 - ``apps`` ``deployments``, ``statefulsets``: get, list, watch, create, patch, delete
 - ``""`` (core) ``services``, ``configmaps``: get, create, patch, delete
+- ``""`` (core) ``pods``: list (which executor hosts are ready)
 - ``batch`` ``jobs``: get, list, watch, create, delete
 - ``""`` (core) ``events``: create, patch; ``events.k8s.io`` ``events``: create, patch (kopf)
 - ``""`` (core) ``namespaces``: list, watch (kopf, only when run with ``--namespace`` patterns)

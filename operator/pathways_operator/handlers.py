@@ -32,7 +32,8 @@ from pathways_core.control import (
     reconcile_program,
     slice_names,
 )
-from pathways_core.control.common import ANNOTATION_SPEC_HASH, Event, now_utc
+from pathways_core.control.common import ANNOTATION_SPEC_HASH, LABEL_COMPONENT, Event, now_utc
+from pathways_core.control.islands import ready_host_indexes
 from pathways_core.resources import Island, PathwaysProgram
 from pathways_operator import metrics
 from pathways_operator.binder import Binder, prune
@@ -175,11 +176,18 @@ async def reconcile_island(memo: kopf.Memo, name: str) -> None:
             found: dict[str, dict[str, Any]] = {}
             for child in island_children(document, island, namespace):
                 found[child["kind"]] = await _apply_child(kube, child)
+            pods = await kube.list(
+                "v1",
+                "Pod",
+                namespace,
+                label_selector=f"{LABEL_ISLAND}={name},{LABEL_COMPONENT}=executor",
+            )
             observed = IslandObservation(
                 scheduler_ready=((found["Deployment"].get("status") or {}).get("readyReplicas"))
                 or 0,
                 executors_ready=((found["StatefulSet"].get("status") or {}).get("readyReplicas"))
                 or 0,
+                ready_hosts=ready_host_indexes(pods),
             )
         decision = island_status(
             document,
@@ -248,7 +256,12 @@ async def island_event(
     status = body.get("status") or {}
     if type != "DELETED":
         await _guard("island", reconcile_island(memo, name))
-    shape = (meta.get("generation"), dict(meta.get("labels") or {}), meta.get("deletionTimestamp"))
+    shape = (
+        meta.get("generation"),
+        dict(meta.get("labels") or {}),
+        meta.get("deletionTimestamp"),
+        tuple(status.get("unhealthyHosts") or ()),
+    )
     if type == "DELETED" or memo.seen.get(f"island/{name}") != shape:
         memo.seen[f"island/{name}"] = shape
         await _guard("binding", memo.binder.sync())

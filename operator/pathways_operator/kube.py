@@ -42,6 +42,7 @@ KINDS: dict[tuple[str, str], Kind] = {
         "ConfigMap": Kind("v1", "configmaps", True),
         "Event": Kind("v1", "events", True),
         "Job": Kind("batch/v1", "jobs", True),
+        "Pod": Kind("v1", "pods", True),
     }.items()
 }
 

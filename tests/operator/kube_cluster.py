@@ -40,6 +40,7 @@ PLURALS = {
     "ConfigMap": ("v1", "configmaps", True),
     "Event": ("v1", "events", True),
     "Job": ("batch/v1", "jobs", True),
+    "Pod": ("v1", "pods", True),
     "ClusterKopfPeering": ("kopf.dev/v1", "clusterkopfpeerings", False),
 }
 

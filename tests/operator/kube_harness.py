@@ -116,3 +116,37 @@ def mark_ready(
     cluster.patch(
         "StatefulSet", f"{island}-executor", {"status": {"readyReplicas": executors}}, namespace
     )
+
+
+def set_executor_pods(
+    cluster: Cluster, island: str, namespace: str, hosts: int, ready: set[int]
+) -> None:
+    """Create or update the executor pods of an island as the StatefulSet controller and
+    kubelet would: one per host, labelled with its ordinal, Ready or not."""
+    for index in range(hosts):
+        name = f"{island}-executor-{index}"
+        status = {
+            "conditions": [{"type": "Ready", "status": "True" if index in ready else "False"}]
+        }
+        if cluster.get("Pod", name, namespace) is None:
+            cluster.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": name,
+                        "namespace": namespace,
+                        "labels": {
+                            "pathways.dev/island": island,
+                            "pathways.dev/component": "executor",
+                            "apps.kubernetes.io/pod-index": str(index),
+                        },
+                    },
+                    "status": status,
+                }
+            )
+        else:
+            cluster.patch("Pod", name, {"status": status}, namespace)
+    cluster.patch(
+        "StatefulSet", f"{island}-executor", {"status": {"readyReplicas": len(ready)}}, namespace
+    )

@@ -10,7 +10,8 @@ import urllib.request
 from itertools import combinations
 
 import kmock
-from kube_cluster import Cluster, running_operator, wait_for
+from kube_cluster import NAMESPACE, Cluster, running_operator, wait_for
+from kube_harness import mark_ready, set_executor_pods
 from kube_manifests import island, vslice
 
 
@@ -155,3 +156,37 @@ def test_metrics_endpoint_reports_slices_devices_and_time_to_bind(cluster: Clust
     )
     assert float(count.split()[-1]) >= 1
     assert "pathways_reconcile_errors_total" in text
+
+
+def test_a_lost_host_moves_its_slices_to_healthy_devices(cluster: Cluster, operator) -> None:
+    cluster.create(island("h", topology="2x4", hosts=2))  # host 0: devices 0-3, host 1: 4-7
+    wait_for(lambda: cluster.get("StatefulSet", "h-executor", NAMESPACE))
+    mark_ready(cluster, "h", NAMESPACE, scheduler=1, executors=2)
+    set_executor_pods(cluster, "h", NAMESPACE, hosts=2, ready={0, 1})
+    wait_for(lambda: (cluster.get("Island", "h").get("status") or {}).get("phase") == "Ready")
+    cluster.create(vslice("a", devices=2))
+    cluster.create(vslice("b", devices=4))
+    wait_for(lambda: phase(cluster, "a") == phase(cluster, "b") == "Bound")
+    on_host_1 = next(
+        n
+        for n in ("a", "b")
+        if min(status(cluster, n)["devices"]) >= 4 or max(status(cluster, n)["devices"]) >= 4
+    )
+
+    set_executor_pods(cluster, "h", NAMESPACE, hosts=2, ready={0})  # host 1 goes down
+    island_status = wait_for(
+        lambda: (s := cluster.get("Island", "h").get("status") or {}).get("unhealthyHosts") and s
+    )
+    assert island_status["phase"] == "Degraded" and island_status["unhealthyHosts"] == [1]
+    assert island_status["devicesUnhealthy"] == 4
+    wait_for(lambda: cluster.events(on_host_1, "HostUnhealthy"))
+
+    # Nothing stays on host 1; what fits on host 0 is bound there again.
+    def settled() -> bool:
+        slices = [status(cluster, n) for n in ("a", "b")]
+        return all(s["phase"] != "Bound" or max(s["devices"]) < 4 for s in slices) and any(
+            s["phase"] == "Bound" for s in slices
+        )
+
+    wait_for(settled)
+    assert_no_device_bound_twice(cluster)

@@ -212,3 +212,33 @@ def test_external_island_is_ready_at_its_annotated_endpoint() -> None:
     assert decision.external and decision.phase == "Ready"
     assert decision.status["schedulerEndpoint"] == "10.0.0.1:8470"
     assert decision.status["readyHosts"] == 1
+
+
+def test_hosts_lost_after_ready_are_named_by_ordinal() -> None:
+    document = island_document("cpu-fake", "4x4", 4)
+    document["status"] = {"phase": "Ready"}
+    decision = decide(document, IslandObservation(1, 3, frozenset({0, 2, 3})))
+    assert decision.phase == "Degraded"
+    assert decision.status["unhealthyHosts"] == [1] and decision.status["devicesUnhealthy"] == 4
+    assert decision.status["readyHosts"] == 3
+    # Before the island was ever Ready, missing hosts are still starting, not unhealthy.
+    fresh = decide(
+        island_document("cpu-fake", "4x4", 4), IslandObservation(1, 3, frozenset({0, 2, 3}))
+    )
+    assert fresh.phase == "Provisioning" and fresh.status["unhealthyHosts"] == []
+
+
+def test_ready_host_indexes_come_from_ready_pods() -> None:
+    from pathways_core.control.islands import ready_host_indexes
+
+    def pod(index: int, ready: bool) -> dict[str, Any]:
+        return {
+            "metadata": {
+                "name": f"isl-executor-{index}",
+                "labels": {"apps.kubernetes.io/pod-index": str(index)},
+            },
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        }
+
+    assert ready_host_indexes([]) is None
+    assert ready_host_indexes([pod(0, True), pod(1, False), pod(2, True)]) == frozenset({0, 2})

@@ -181,6 +181,20 @@ def test_slices_outside_a_shrunk_island_are_released() -> None:
     assert phases(plan) == {"edge": ("Preempted", "IslandResized", Stage.RELEASE)}
 
 
+def test_slices_on_an_unhealthy_host_are_released_and_bound_on_healthy_devices() -> None:
+    sick = island("a")
+    sick["status"] = {"unhealthyHosts": [1]}  # devices 4-7
+    slices = [
+        vslice("hit", 2, status=bound("a", [4, 5])),
+        vslice("fine", 2, status=bound("a", [0, 1])),
+    ]
+    plan = plan_bindings([sick], slices, NOW)
+    assert phases(plan) == {"hit": ("Preempted", "HostUnhealthy", Stage.RELEASE)}
+    assert plan.devices_free == {"a": 2}
+    rebound = plan_bindings([sick], apply(slices, plan.ordered()), NOW)
+    assert set(rebound.changes[0].status["devices"]) == {2, 3}
+
+
 def test_preemption_releases_victims_first_and_never_rebinds_them_in_the_same_pass() -> None:
     slices = [
         vslice("low", 8, priority=0, status=bound("a", list(range(8)))),

@@ -277,11 +277,44 @@ def island_children(document: Document, island: Island, namespace: str) -> list[
 
 @dataclass(frozen=True)
 class IslandObservation:
-    """What the store shows of an island's pods: ready scheduler replicas and executor hosts.
-    ``None`` when the child does not exist (yet)."""
+    """What the store shows of an island's pods: ready scheduler replicas and executor hosts
+    (``None`` when the child does not exist yet), and which executor hosts are ready, by pod
+    ordinal (``None`` when the pods are not known)."""
 
     scheduler_ready: int | None = None
     executors_ready: int | None = None
+    ready_hosts: frozenset[int] | None = None
+
+
+def ready_host_indexes(pods: list[Document]) -> frozenset[int] | None:
+    """Ordinals of the executor pods whose Ready condition is True (``None``: no pods)."""
+    if not pods:
+        return None
+    ready = set()
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        index = (
+            labels.get(POD_INDEX_LABEL)
+            or (pod.get("metadata") or {}).get("name", "").rsplit("-", 1)[-1]
+        )
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if index.isdigit() and any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+        ):
+            ready.add(int(index))
+    return frozenset(ready)
+
+
+def unhealthy_devices(document: Document, island: Island) -> frozenset[int]:
+    """Devices of the hosts an island's status reports unhealthy."""
+    per_host = island.spec.host_devices
+    hosts = ((document.get("status") or {}).get("unhealthyHosts")) or []
+    return frozenset(
+        device
+        for host in hosts
+        if isinstance(host, int) and 0 <= host < island.spec.hosts
+        for device in range(host * per_host, (host + 1) * per_host)
+    )
 
 
 @dataclass
@@ -337,14 +370,20 @@ def island_status(
     hosts = island.spec.hosts
     endpoint = external_endpoint(document)
     external = endpoint is not None
+    known: frozenset[int] | None = None
     if external:
         ready_hosts, scheduler_ready = hosts, True
     else:
         ready_hosts = min(observed.executors_ready or 0, hosts)
+        if observed.ready_hosts is not None:
+            known = frozenset(h for h in observed.ready_hosts if 0 <= h < hosts)
+            ready_hosts = len(known)
         scheduler_ready = bool(observed.scheduler_ready)
         endpoint = scheduler_endpoint(island.metadata.name or "", namespace)
     all_ready = scheduler_ready and ready_hosts == hosts
     was_ready = old.get("phase") in ("Ready", "Degraded")
+    # Hosts lost after the island was Ready: their devices must not be bound.
+    unhealthy = sorted(set(range(hosts)) - known) if was_ready and known is not None else []
     if all_ready:
         phase, reason = "Ready", "AllHostsReady"
         message = f"scheduler and {hosts}/{hosts} executors ready"
@@ -367,6 +406,8 @@ def island_status(
     status.update(
         phase=phase,
         readyHosts=ready_hosts,
+        unhealthyHosts=unhealthy,
+        devicesUnhealthy=len(unhealthy) * island.spec.host_devices,
         devicesTotal=island.spec.device_total,
         # Programs wait for an endpoint: publish it once the scheduler answers.
         schedulerEndpoint=endpoint if scheduler_ready else None,

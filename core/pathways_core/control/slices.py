@@ -18,7 +18,7 @@ failure:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import IntEnum
 from typing import Any
@@ -37,6 +37,7 @@ from pathways_core.control.common import (
     set_condition,
     timestamp,
 )
+from pathways_core.control.islands import unhealthy_devices
 from pathways_core.resources import Island, VirtualSlice
 from pathways_core.topology import format_shape, parse_shape
 
@@ -168,7 +169,9 @@ def plan_bindings(
             continue
         island, _ = parse(document)
         if isinstance(island, Island):
-            inventory = IslandInventory.from_island(island)
+            inventory = replace(
+                IslandInventory.from_island(island), unhealthy=unhealthy_devices(document, island)
+            )
             inventories[inventory.name] = inventory
             allocator.add_island(inventory)
     for (tenant, kind), limit in (quotas or {}).items():
@@ -233,6 +236,21 @@ def plan_bindings(
     documents: dict[str, Document] = {}
     for _, key, binding, document in restorable:
         documents[key] = document
+        inventory = inventories.get(binding.island)
+        lost = sorted(set(binding.devices) & inventory.unhealthy) if inventory else []
+        if lost:
+            hosts = sorted({inventory.host_of(device) for device in lost}) if inventory else []
+            message = (
+                f"host(s) {hosts} of island {binding.island!r} are down; the slice will be "
+                "bound again on healthy devices"
+            )
+            change(
+                document,
+                _status(document, "Preempted", now, reason="HostUnhealthy", message=message),
+                Stage.RELEASE,
+            )
+            event(document, "Warning", "HostUnhealthy", message)
+            continue
         rejected = allocator.restore([binding])
         if rejected:
             plan.rejected.append(key)

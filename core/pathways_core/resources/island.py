@@ -175,6 +175,12 @@ class IslandStatus(Model):
     devices_unhealthy: int | None = Field(
         default=None, ge=0, description="Devices on hosts that are down."
     )
+    unhealthy_hosts: list[int] = Field(
+        default_factory=list,
+        max_length=4096,
+        description="Indexes of the hosts whose executor stopped being ready after the island "
+        "was Ready; their devices are bound to no slice until they recover.",
+    )
     scheduler_endpoint: str | None = Field(
         default=None, description="host:port of the island's gang scheduler (gRPC)."
     )
