@@ -182,7 +182,7 @@ class SqliteStore:
 
     def __init__(self, path: Path, logs: Path | None = None) -> None:
         self.path = path
-        self.logs = logs or path.parent / "logs"
+        self.log_dir = logs or path.parent / "logs"
         self._local = threading.local()
         self._db().executescript(SCHEMA)
 
@@ -399,7 +399,7 @@ class SqliteStore:
 
     def log_path(self, namespace: str, job: str) -> Path:
         """Where the output of a Job's process goes."""
-        return self.logs / namespace / f"{job}.log"
+        return self.log_dir / namespace / f"{job}.log"
 
     # -- the Store interface ---------------------------------------------------------------------
 

@@ -78,7 +78,7 @@ def plot_timeline(
     clients = sorted({record["client"] for record in records})
     palette = plt.get_cmap("tab10")
     colours = {client: palette(index % 10) for index, client in enumerate(clients)}
-    figure, axes = plt.subplots(figsize=(12, 1.2 + 0.45 * len(rows)))
+    figure, axes = plt.subplots(figsize=(12, 1.6 + 0.45 * len(rows)))
     for row, (island, device) in enumerate(rows):
         spans: dict[str, list[tuple[float, float]]] = {}
         for record in records:
@@ -95,9 +95,8 @@ def plot_timeline(
     names = labels or {}
     axes.legend(
         handles=[Patch(color=colours[c], label=names.get(c, c)) for c in clients],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.25 if len(rows) < 4 else -0.12),
-        ncol=min(len(clients), 4),
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
         frameon=False,
     )
     figure.tight_layout()
