@@ -1,0 +1,374 @@
+"""``pathways bench``: the paper's evaluation on fake devices, one harness, one output format.
+
+Each suite runs the per-issue benchmark scripts of ``benchmarks/`` (a source checkout) as
+processes, each writing JSON records ``{name, value, baseline, ratio, unit, target,
+parameters}`` measured against a baseline in the same run. The harness adds the machine and
+the command line, prints one table, writes all records to one JSON file, draws the plots, and
+rewrites the generated part of ``benchmarks/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+BEGIN = "<!-- pathways bench: generated, do not edit by hand -->"
+END = "<!-- pathways bench: end -->"
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A benchmark script and the arguments of a full and a quick run."""
+
+    name: str
+    script: str
+    full: tuple[str, ...]
+    quick: tuple[str, ...]
+    description: str
+
+
+SUITES = [
+    Suite(
+        "dispatch",
+        "dispatch.py",
+        ("--only", "dispatch"),
+        ("--quick", "--only", "dispatch"),
+        "-O, -C, -F against JAX on 8 fake devices over 2 executors, swept over size",
+    ),
+    Suite(
+        "parallel",
+        "dispatch.py",
+        ("--only", "chain"),
+        ("--quick", "--only", "chain"),
+        "parallel against sequential asynchronous dispatch of chains",
+    ),
+    Suite(
+        "pipeline",
+        "pipeline.py",
+        ("--only", "pipeline"),
+        ("--quick", "--only", "pipeline"),
+        "4-stage GPipe model against SPMD on the same 8 devices",
+    ),
+    Suite(
+        "islands",
+        "pipeline.py",
+        ("--only", "islands"),
+        ("--quick", "--only", "islands"),
+        "data parallel over two islands (DCN) against one island",
+    ),
+    Suite(
+        "multitenancy",
+        "multitenancy.py",
+        (),
+        ("--quick",),
+        "1-8 clients against one; shares under weights 1:1:1:1 and 1:2:4:8",
+    ),
+    Suite(
+        "transfer",
+        "dispatch.py",
+        ("--only", "transfer"),
+        ("--quick", "--only", "transfer"),
+        "executor-to-executor bytes against raw loopback TCP",
+    ),
+    Suite(
+        "control",
+        "allocator.py",
+        (),
+        ("--decisions", "10000"),
+        "allocator decisions/s against first fit",
+    ),
+    Suite(
+        "control",
+        "operator_scale.py",
+        (),
+        ("--slices", "200"),
+        "operator time to bind VirtualSlices against bare creates",
+    ),
+    Suite(
+        "control", "api.py", (), ("--quick",), "API submissions/s against a bare FastAPI endpoint"
+    ),
+]
+NAMES = sorted({suite.name for suite in SUITES})
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def normalize(raw: Any, suite: Suite) -> list[dict[str, Any]]:
+    """Records in the one format: extra fields of a record go into its parameters."""
+    records = raw if isinstance(raw, list) else [raw]
+    keys = ("name", "value", "baseline", "ratio", "unit", "target")
+    normalized = []
+    for record in records:
+        parameters = dict(record.get("parameters") or {})
+        parameters.update({k: v for k, v in record.items() if k not in (*keys, "parameters")})
+        parameters.pop("machine", None)
+        item = {key: record.get(key) for key in keys}
+        item["name"] = item["name"] or suite.script.removesuffix(".py")
+        if item["ratio"] is None and item["value"] and item["baseline"]:
+            item["ratio"] = item["value"] / item["baseline"]
+        normalized.append({"suite": suite.name, **item, "parameters": parameters})
+    return normalized
+
+
+def run_suite(suite: Suite, quick: bool, log: Any = None) -> list[dict[str, Any]]:
+    """Run one suite's script; its records, or one record saying why it failed."""
+    script = BENCHMARKS / suite.script
+    if not script.exists():
+        return [_failure(suite, f"{script} is missing (pathways bench runs from a checkout)")]
+    with tempfile.TemporaryDirectory() as scratch:
+        output = Path(scratch) / "records.json"
+        command = [
+            sys.executable,
+            str(script),
+            *(suite.quick if quick else suite.full),
+            "--json",
+            str(output),
+        ]
+        done = subprocess.run(
+            command,
+            stdout=log or subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=BENCHMARKS.parent,
+        )
+        if done.returncode != 0 or not output.exists():
+            tail = (done.stdout or "").strip().splitlines()[-3:]
+            return [_failure(suite, f"{suite.script} exited {done.returncode}: {' '.join(tail)}")]
+        return normalize(json.loads(output.read_text()), suite)
+
+
+def _failure(suite: Suite, message: str) -> dict[str, Any]:
+    return {
+        "suite": suite.name,
+        "name": suite.script,
+        "value": None,
+        "baseline": None,
+        "ratio": None,
+        "unit": None,
+        "target": None,
+        "parameters": {},
+        "error": message,
+    }
+
+
+def verdict(record: dict[str, Any]) -> str:
+    """met / MISSED / (blank when the record has no numeric ratio target)."""
+    target, ratio, value = record.get("target"), record.get("ratio"), record.get("value")
+    if record.get("error"):
+        return "FAILED"
+    if isinstance(target, int | float) and ratio is not None:
+        # Targets above 1 in a unit of their own (e.g. 10,000 decisions/s) apply to the value.
+        measured = value if target > 10 else ratio
+        return "met" if measured >= target else "MISSED"
+    if isinstance(target, str) and "within 3%" in target and ratio is not None:
+        return "met" if abs(ratio - 1) <= 0.03 else "MISSED"
+    return ""
+
+
+def describe(record: dict[str, Any]) -> str:
+    parameters = record["parameters"]
+    shown = {
+        k: v
+        for k, v in parameters.items()
+        if isinstance(v, int | float | str)
+        and k
+        in (
+            "floats_per_device",
+            "clients",
+            "stages",
+            "bytes",
+            "mode",
+            "hosts",
+            "client",
+            "weights",
+            "step_ms",
+            "microbatches",
+        )
+    }
+    return ", ".join(f"{k}={v}" for k, v in shown.items())
+
+
+def markdown(
+    records: list[dict[str, Any]], command: str, info: dict[str, Any], plots: list[Path]
+) -> str:
+    """The generated section of RESULTS.md."""
+    lines = [
+        BEGIN,
+        "## `pathways bench` (generated)",
+        "",
+        f"`{command}` — {time.strftime('%Y-%m-%d')}, {info['processor']}, {info['cpus']} CPUs, "
+        f"Python {info['python']}. Every ratio is against a baseline measured in the same run.",
+        "",
+        "| suite | figure | parameters | value | baseline | ratio | target | |",
+        "|---|---|---|---:|---:|---:|---|---|",
+    ]
+    for r in records:
+        if r.get("error"):
+            lines.append(f"| {r['suite']} | {r['name']} | | | | | | FAILED: {r['error']} |")
+            continue
+        lines.append(
+            f"| {r['suite']} | {r['name']} | {describe(r)} | {_number(r['value'])} "
+            f"{r['unit'] or ''} | {_number(r['baseline'])} | {_number(r['ratio'])} | "
+            f"{r['target'] if r['target'] is not None else ''} | {verdict(r)} |"
+        )
+    missed = [r for r in records if verdict(r) in ("MISSED", "FAILED")]
+    lines += [
+        "",
+        f"Shortfalls: {len(missed)} of {len(records)} figures."
+        if missed
+        else "Every target with a number was met.",
+    ]
+    lines += [f"![{plot.stem}]({plot.name})" for plot in plots]
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.0f}"
+    return str(value)
+
+
+def write_results(path: Path, section: str) -> None:
+    """Replace the generated section of RESULTS.md (or put it first), keeping the rest."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    if BEGIN in text and END in text:
+        before, rest = text.split(BEGIN, 1)
+        after = rest.split(END, 1)[1].lstrip("\n")
+        text = before + section + "\n" + after
+    else:
+        head, _, body = text.partition("\n")
+        text = head + "\n\n" + section + "\n" + body.lstrip("\n")
+    path.write_text(text)
+
+
+def plot(records: list[dict[str, Any]], directory: Path) -> list[Path]:
+    """One PNG per suite: each figure's ratio against its target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for suite in NAMES:
+        mine = [r for r in records if r["suite"] == suite and r.get("ratio") is not None]
+        if not mine:
+            continue
+        figure, axes = plt.subplots(figsize=(8, 0.45 * len(mine) + 1.5))
+        labels = [f"{r['name']} {describe(r)}"[:70] for r in mine]
+        colours = [
+            "tab:green"
+            if verdict(r) == "met"
+            else "tab:red"
+            if verdict(r) == "MISSED"
+            else "tab:blue"
+            for r in mine
+        ]
+        axes.barh(labels, [r["ratio"] for r in mine], color=colours)
+        for index, r in enumerate(mine):
+            if isinstance(r["target"], int | float) and r["target"] <= 10:
+                axes.plot([r["target"]] * 2, [index - 0.4, index + 0.4], "k--")
+        axes.axvline(1.0, color="grey", linewidth=0.5)
+        axes.invert_yaxis()
+        axes.set_xlabel("ratio against the same run's baseline (dashed: target)")
+        axes.set_title(f"{suite}")
+        figure.tight_layout()
+        path = directory / f"bench-{suite}.png"
+        figure.savefig(path, dpi=90)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+@click.command("bench")
+@click.option("--quick", is_flag=True, help="Fewer sizes and repeats: under 5 minutes.")
+@click.option("--only", "only", multiple=True, type=click.Choice(NAMES), help="Suites to run.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the records.")
+@click.option("--plots", type=click.Path(path_type=Path), help="Folder for the PNG plots.")
+@click.option(
+    "--results",
+    type=click.Path(path_type=Path),
+    help="Rewrite the generated section of this RESULTS.md.",
+)
+def bench_command(
+    quick: bool,
+    only: tuple[str, ...],
+    json_path: Path | None,
+    plots: Path | None,
+    results: Path | None,
+) -> None:
+    """Run the paper's evaluation on fake devices: each figure a ratio against a baseline
+    measured in the same run."""
+    console = Console()
+    chosen = [suite for suite in SUITES if not only or suite.name in only]
+    info = machine()
+    command = "pathways bench " + " ".join(sys.argv[2:])
+    records: list[dict[str, Any]] = []
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task("benchmarks", total=len(chosen))
+        for suite in chosen:
+            progress.update(task, description=f"{suite.name}: {suite.description}")
+            records += run_suite(suite, quick)
+            progress.advance(task)
+    table = Table(title=f"pathways bench{' --quick' if quick else ''}")
+    for column in ("suite", "figure", "parameters", "value", "baseline", "ratio", "target", ""):
+        table.add_column(
+            column, justify="right" if column in ("value", "baseline", "ratio") else "left"
+        )
+    for r in records:
+        table.add_row(
+            r["suite"],
+            r["name"],
+            describe(r) or r.get("error", ""),
+            _number(r["value"]),
+            _number(r["baseline"]),
+            _number(r["ratio"]),
+            str(r["target"]) if r["target"] is not None else "",
+            verdict(r),
+        )
+    console.print(table)
+    for r in records:
+        r["machine"] = info
+        r["command"] = command
+    if json_path:
+        json_path.write_text(json.dumps(records, indent=2, default=str))
+        console.print(f"records: {json_path}")
+    written = plot(records, plots) if plots else []
+    for path in written:
+        console.print(f"plot: {path}")
+    if results:
+        write_results(results, markdown(records, command, info, written))
+        console.print(f"results: {results}")
+    if any(r.get("error") for r in records):
+        raise SystemExit(1)
