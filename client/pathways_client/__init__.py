@@ -8,6 +8,7 @@ with pw.connect(islands={"local": "127.0.0.1:8470"}) as cluster:
     loss = step(batch).result()
 """
 
+from pathways_client import elastic
 from pathways_client.cluster import Cluster, connect
 from pathways_client.errors import (
     ConnectError,
@@ -33,6 +34,7 @@ __all__ = [
     "Slice",
     "SliceError",
     "connect",
+    "elastic",
     "function",
     "program",
     "put",

@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import jax
 import numpy as np
 
@@ -193,7 +194,7 @@ def put(slice: Slice, value: Any) -> ArrayFuture:
     """Upload a host value to ``slice`` once, as a future any number of calls can use."""
     cluster = slice.cluster_or_fail()
     array = host_array(value)
-    buffer_id = cluster.session(slice.island).put(array, slice.devices[0])
+    buffer_id = _upload(cluster.session(slice.island), array, slice, "put")
     aval = jax.ShapeDtypeStruct(array.shape, array.dtype)
     return ArrayFuture(cluster, slice, buffer_id, aval, node="put", done=None)
 
@@ -225,7 +226,7 @@ def call(
                 label = names[position] if position < len(names) else f"input {position}"
                 raise DeletedError(f"{label} of {node!r}: {error}") from None
         else:
-            buffer_id = session.put(host_array(value), slice.devices[0])
+            buffer_id = _upload(session, host_array(value), slice, node)
             uploads.append(buffer_id)
             buffer_ids.append(buffer_id)
     submitted = session.submit(
@@ -237,6 +238,16 @@ def call(
         ArrayFuture(cluster, slice, buffer_id, aval, node, submitted.done)
         for buffer_id, aval in zip(submitted.outputs, function.out_avals, strict=True)
     ]
+
+
+def _upload(session: IslandClient, array: np.ndarray, slice: Slice, node: str) -> str:
+    """Upload to the executor of the slice's first device; a dead one fails the node."""
+    try:
+        return session.put(array, slice.devices[0])
+    except grpc.RpcError as error:
+        raise NodeFailed(
+            node, slice.island, f"uploading an input to its executor failed: {error.details()}"
+        ) from None
 
 
 def _register(session: IslandClient, function: Specialized, island: str) -> str:
