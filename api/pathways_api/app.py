@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pathways_api import metrics
 from pathways_api.auth import Authenticator, Tenant, bearer_token
@@ -100,6 +101,13 @@ class TraceResponse(BaseModel):
 
     program: str
     records: list[TraceRecord]
+
+
+class Logs(BaseModel):
+    """The output of a program's runs."""
+
+    program: str
+    logs: str = Field(description="Each run's output after a '--- run N ---' line.")
 
 
 class Amounts(BaseModel):
@@ -200,6 +208,21 @@ async def api_error(request: Request, error: Exception) -> JSONResponse:
     """An ApiError as JSON."""
     assert isinstance(error, ApiError)
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def http_error(request: Request, error: Exception) -> JSONResponse:
+    """Starlette's own errors (unknown route, wrong method) in the API's error format."""
+    assert isinstance(error, StarletteHTTPException)
+    code = {404: "NotFound", 405: "MethodNotAllowed"}.get(error.status_code, "HttpError")
+    message = {
+        404: f"no such route: {request.url.path}",
+        405: f"{request.method} is not allowed on {request.url.path}",
+    }.get(error.status_code, str(error.detail))
+    return JSONResponse(
+        {"error": {"code": code, "message": message, "field": None}},
+        status_code=error.status_code,
+        headers=getattr(error, "headers", None),
+    )
 
 
 async def validation_error(request: Request, error: Exception) -> JSONResponse:
@@ -350,6 +373,7 @@ def create_app(
     app.state.authenticator = authenticator
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_middleware(BodyLimit, limit=max_body)
     app.include_router(_routes())
     return app
@@ -407,9 +431,9 @@ def _routes() -> Any:
     async def program_events(name: str, caller: Caller, api: Api) -> JSONResponse:
         return JSONResponse({"items": await api.events(caller, PROGRAM, name)})
 
-    @r.get("/v1/programs/{name}/logs", response_class=PlainTextResponse)
-    async def program_logs(name: str, caller: Caller, api: Api) -> PlainTextResponse:
-        return PlainTextResponse(await api.logs(caller, name))
+    @r.get("/v1/programs/{name}/logs", response_model=Logs)
+    async def program_logs(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse({"program": name, "logs": await api.logs(caller, name)})
 
     @r.get("/v1/programs/{name}/trace", response_model=TraceResponse)
     async def program_trace(name: str, caller: Caller, api: Api) -> JSONResponse:

@@ -99,7 +99,7 @@ class ApiClient:
 
     def logs(self, name: str) -> str:
         """A program's output."""
-        return self.call("GET", f"/v1/programs/{name}/logs")
+        return self.call("GET", f"/v1/programs/{name}/logs")["logs"]
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """A program's Events."""

@@ -1,0 +1,100 @@
+"""Helpers of the API tests: the API served by uvicorn on loopback over an SQLite store in a
+temporary folder (tests talk to it over real HTTP with httpx), and manifests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from pathways_api.app import create_app
+from pathways_api.auth import TokenFile, write_tokens_file
+from pathways_api.service import Service
+from pathways_api.store import SqliteStore
+
+TENANTS = {
+    "team-a": {"tokens": ["token-a"], "quotas": {"devices": 16, "programs": 10}},
+    "team-b": {"tokens": ["token-b"], "quotas": {"devices": 16, "programs": 10}},
+    "team-c": {"tokens": ["token-c"], "quotas": {"devices": 8, "programs": 4}},
+}
+MAX_BODY = 64 * 1024
+
+
+@dataclass
+class Server:
+    """A running API server."""
+
+    url: str
+    store: SqliteStore
+    stop: Callable[[], None]
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+def serve(state: Path) -> Server:
+    """Start an API server on a free loopback port over ``state``."""
+    tokens = state / "tokens.yaml"
+    if not tokens.exists():
+        write_tokens_file(tokens, TENANTS)
+    store = SqliteStore(state / "pathways.db")
+    app = create_app(Service(store), TokenFile(tokens), max_body=MAX_BODY)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the API server did not start"
+        time.sleep(0.01)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+        listener.close()
+
+    return Server(f"http://127.0.0.1:{port}", store, stop)
+
+
+def program(name: str | None = "p", devices: int = 1, **spec: Any) -> dict[str, Any]:
+    """A minimal driver program manifest."""
+    metadata = {"name": name} if name else {"generateName": "job-"}
+    return {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "PathwaysProgram",
+        "metadata": metadata,
+        "spec": {
+            "slices": [{"name": "main", "devices": devices}],
+            "driver": {"source": "print('hello')"},
+            **spec,
+        },
+    }
+
+
+def vslice(name: str = "s", devices: int = 2) -> dict[str, Any]:
+    """A VirtualSlice manifest."""
+    return {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "VirtualSlice",
+        "metadata": {"name": name},
+        "spec": {"devices": devices},
+    }
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    """The error body, checked to have the documented shape."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"code", "message", "field"}, body
+    assert body["error"]["message"], body
+    return body["error"]

@@ -1,0 +1,388 @@
+"""The REST API over HTTP: tenant isolation, quotas under concurrency, idempotency, pagination,
+bad input (each a JSON error naming the field, with nothing stored) and the probes."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from api_server import MAX_BODY, Server, error_of, program, serve, vslice
+
+ISOLATED = [
+    ("GET", "/v1/programs/p"),
+    ("POST", "/v1/programs/p/cancel"),
+    ("DELETE", "/v1/programs/p"),
+    ("GET", "/v1/programs/p/events"),
+    ("GET", "/v1/programs/p/logs"),
+    ("GET", "/v1/programs/p/trace"),
+    ("GET", "/v1/virtualslices/s"),
+    ("DELETE", "/v1/virtualslices/s"),
+]
+
+
+def stored(server: Server) -> int:
+    """Every object of every kind in the store."""
+    row = server.store._db().execute("SELECT COUNT(*) FROM objects").fetchone()
+    return int(row[0])
+
+
+def test_a_tenant_never_sees_nor_changes_another_tenants_objects(
+    server: Server, a: httpx.Client, b: httpx.Client
+) -> None:
+    assert a.post("/v1/programs", json=program("p")).status_code == 201
+    assert a.post("/v1/virtualslices", json=vslice("s")).status_code == 201
+    before = {path: a.get(path).json() for path in ("/v1/programs/p", "/v1/virtualslices/s")}
+    for method, path in ISOLATED:
+        response = b.request(method, path)
+        assert response.status_code == 404, (method, path, response.text)
+        assert error_of(response)["code"] == "NotFound"
+    assert b.get("/v1/programs").json() == {"items": [], "continue": None}
+    assert b.get("/v1/virtualslices").json() == {"items": [], "continue": None}
+    # Nothing of team-a's changed, and team-a still reaches all of it.
+    for path, document in before.items():
+        assert a.get(path).json() == document
+    for method, path in ISOLATED[:1] + ISOLATED[3:]:
+        assert a.request(method, path).status_code == 200, (method, path)
+    # The same name is free in another tenant's namespace.
+    created = b.post("/v1/programs", json=program("p"))
+    assert created.status_code == 201
+    assert created.json()["metadata"]["namespace"] == "team-b"
+    assert (
+        a.get("/v1/programs/p").json()["metadata"]["uid"]
+        == before["/v1/programs/p"]["metadata"]["uid"]
+    )
+
+
+def test_fifty_concurrent_submissions_on_two_servers_are_never_over_admitted(
+    tmp_path: Path,
+) -> None:
+    # Two API servers (as two replicas would be) share one store; team-c may run 4 programs
+    # and hold 8 devices: 50 submissions of 1 device race for them.
+    first, second = serve(tmp_path), serve(tmp_path)
+    try:
+
+        def submit(index: int) -> int:
+            server = (first, second)[index % 2]
+            with server.client("token-c") as client:
+                return client.post("/v1/programs", json=program(f"p{index}")).status_code
+
+        with ThreadPoolExecutor(max_workers=50) as pool:
+            codes = list(pool.map(submit, range(50)))
+        assert sorted(set(codes)) == [201, 429]
+        assert codes.count(201) == 4
+        with first.client("token-c") as client:
+            assert len(client.get("/v1/programs").json()["items"]) == 4
+            assert client.get("/v1/me").json()["usage"] == {"devices": 4, "programs": 4}
+            # The device quota holds too: 8 devices, 4 held, a 5-device slice does not fit.
+            refused = client.post("/v1/virtualslices", json=vslice("big", devices=5))
+            assert refused.status_code == 429
+            assert error_of(refused) == {
+                "code": "QuotaExceeded",
+                "message": "tenant 'team-c' would hold 9 devices, over its quota of 8 (4 held now)",
+                "field": "spec.devices",
+            }
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_cancelled_programs_give_their_quota_back(server: Server) -> None:
+    with server.client("token-c") as c:
+        for index in range(4):
+            assert c.post("/v1/programs", json=program(f"p{index}")).status_code == 201
+        assert c.post("/v1/programs", json=program("p4")).status_code == 429
+        cancelled = c.post("/v1/programs/p0/cancel")
+        assert cancelled.status_code == 200
+        assert cancelled.json()["spec"]["suspend"] is True
+        assert cancelled.json()["metadata"]["annotations"]["pathways.dev/cancelled"] == "true"
+        assert c.post("/v1/programs", json=program("p4")).status_code == 201
+        assert c.get("/v1/me").json()["usage"]["programs"] == 4
+
+
+def test_idempotent_resubmission_returns_the_first_object(server: Server, a: httpx.Client) -> None:
+    headers = {"Idempotency-Key": "retry-1"}
+    first = a.post("/v1/programs", json=program(None), headers=headers)
+    assert first.status_code == 201
+    again = a.post("/v1/programs", json=program(None), headers=headers)
+    assert again.status_code == 200
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()  # even its generated name
+    assert first.json()["metadata"]["name"].startswith("job-")
+    other = a.post("/v1/programs", json=program(None, devices=2), headers=headers)
+    assert other.status_code == 409
+    assert error_of(other)["field"] == "header Idempotency-Key"
+    # Keys are per tenant: team-b's identical key creates team-b's own program.
+    with server.client("token-b") as b:
+        assert b.post("/v1/programs", json=program(None), headers=headers).status_code == 201
+    assert len(a.get("/v1/programs").json()["items"]) == 1
+    assert a.get("/v1/me").json()["usage"] == {"devices": 1, "programs": 1}
+
+
+def test_pagination_lists_every_object_once_in_creation_order(a: httpx.Client) -> None:
+    names = [f"p{index}" for index in range(7)]
+    for name in names:
+        assert a.post("/v1/programs", json=program(name)).status_code == 201
+    seen, token, pages = [], None, 0
+    while True:
+        params = {"limit": 3, **({"continue": token} if token else {})}
+        page = a.get("/v1/programs", params=params).json()
+        pages += 1
+        seen += [item["metadata"]["name"] for item in page["items"]]
+        token = page["continue"]
+        if token is None:
+            break
+        # Objects created while paging show up on a later page, never twice.
+        if pages == 1:
+            assert a.post("/v1/programs", json=program("late")).status_code == 201
+    assert seen == [*names, "late"]
+    assert pages == 3
+    bad = a.get("/v1/programs", params={"continue": "garbage"})
+    assert bad.status_code == 422
+    assert error_of(bad)["field"] == "query continue"
+    assert error_of(a.get("/v1/programs", params={"limit": 0}))["field"] == "query limit"
+
+
+def test_filters_by_phase_and_labels(a: httpx.Client) -> None:
+    labelled = program("labelled")
+    labelled["metadata"]["labels"] = {"team": "vision"}
+    assert a.post("/v1/programs", json=labelled).status_code == 201
+    assert a.post("/v1/programs", json=program("plain")).status_code == 201
+    found = a.get("/v1/programs", params={"labelSelector": "team=vision"}).json()["items"]
+    assert [item["metadata"]["name"] for item in found] == ["labelled"]
+    # Nothing reconciles in this test: no program has a phase yet.
+    assert a.get("/v1/programs", params={"phase": "Running"}).json()["items"] == []
+    bad = a.get("/v1/programs", params={"labelSelector": "team"})
+    assert error_of(bad)["field"] == "query labelSelector"
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "code", "field", "message"),
+    [
+        (b'{"spec": ', {"Content-Type": "application/json"}, 400, "MalformedBody", None, "JSON"),
+        (b"spec: [", {"Content-Type": "application/yaml"}, 400, "MalformedBody", "body", "YAML"),
+        (b"- a\n- b\n", {"Content-Type": "application/yaml"}, 422, "InvalidField", None, "object"),
+        (
+            json.dumps({**program(), "spec": {**program()["spec"], "slicez": []}}).encode(),
+            {"Content-Type": "application/json"},
+            422,
+            "InvalidField",
+            "spec.slicez",
+            "did you mean 'slices'?",
+        ),
+        (
+            json.dumps({**program(), "metadata": {"name": "p", "namespace": "team-b"}}).encode(),
+            {"Content-Type": "application/json"},
+            422,
+            "InvalidField",
+            "metadata.namespace",
+            "team-a",
+        ),
+        (
+            json.dumps({**program(), "metadata": {"name": "p", "uid": "x"}}).encode(),
+            {"Content-Type": "application/json"},
+            422,
+            "InvalidField",
+            "metadata.uid",
+            "set by the system",
+        ),
+        (
+            json.dumps({**program(), "metadata": {"name": "p", "colour": "red"}}).encode(),
+            {"Content-Type": "application/json"},
+            422,
+            "InvalidField",
+            "metadata.colour",
+            "unknown field",
+        ),
+        (
+            json.dumps({**program(), "status": {"phase": "Succeeded"}}).encode(),
+            {"Content-Type": "application/json"},
+            422,
+            "InvalidField",
+            "status",
+            "set by the system",
+        ),
+        (
+            json.dumps(program(devices=0)).encode(),
+            {"Content-Type": "application/json"},
+            422,
+            "InvalidField",
+            "spec.slices[0].devices",
+            ">= 1",
+        ),
+        (
+            json.dumps(program(tenant="team-b")).encode(),
+            {"Content-Type": "application/json"},
+            422,
+            "InvalidField",
+            "spec.tenant",
+            "team-a",
+        ),
+        (
+            json.dumps(program(name="Bad_Name")).encode(),
+            {"Content-Type": "application/json"},
+            422,
+            "InvalidField",
+            "metadata.name",
+            "RFC 1123",
+        ),
+        (
+            b"x" * (MAX_BODY + 1),
+            {"Content-Type": "application/json"},
+            413,
+            "BodyTooLarge",
+            "body",
+            str(MAX_BODY),
+        ),
+        (
+            json.dumps(program()).encode(),
+            {"Content-Type": "application/json", "Idempotency-Key": "has space"},
+            422,
+            "InvalidField",
+            "header Idempotency-Key",
+            "printable",
+        ),
+    ],
+    ids=[
+        "malformed-json",
+        "malformed-yaml",
+        "yaml-not-a-mapping",
+        "unknown-field",
+        "other-namespace",
+        "system-field",
+        "unknown-metadata",
+        "status",
+        "invalid-value",
+        "other-tenant",
+        "bad-name",
+        "oversized",
+        "bad-idempotency-key",
+    ],
+)
+def test_bad_input_is_a_clear_json_error_and_stores_nothing(
+    server: Server,
+    a: httpx.Client,
+    body: bytes,
+    headers: dict[str, str],
+    status: int,
+    code: str,
+    field: str | None,
+    message: str,
+) -> None:
+    response = a.post("/v1/programs", content=body, headers=headers)
+    assert response.status_code == status, response.text
+    error = error_of(response)
+    assert (error["code"], error["field"]) == (code, field), error
+    assert message in error["message"], error
+    assert stored(server) == 0
+    # The server keeps serving.
+    assert a.post("/v1/programs", json=program()).status_code == 201
+
+
+def test_oversized_body_without_content_length_is_refused(server: Server, a: httpx.Client) -> None:
+    def chunks():
+        for _ in range(MAX_BODY // 1024 + 2):
+            yield b"x" * 1024
+
+    response = a.post("/v1/programs", content=chunks())
+    assert response.status_code == 413
+    assert error_of(response)["code"] == "BodyTooLarge"
+    assert stored(server) == 0
+
+
+def test_yaml_submission(a: httpx.Client) -> None:
+    manifest = """
+    apiVersion: pathways.dev/v1alpha1
+    kind: PathwaysProgram
+    metadata: {name: from-yaml}
+    spec:
+      slices: [{name: main, devices: 2, timeShared: true}]
+      driver: {source: "print(1)"}
+    """
+    response = a.post(
+        "/v1/programs", content=manifest.encode(), headers={"Content-Type": "application/yaml"}
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["spec"]["slices"][0]["timeShared"] is True
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({}, "missing bearer token"),
+        ({"Authorization": "Bearer nope"}, "invalid bearer token"),
+        ({"Authorization": "Basic dXNlcjpwYXNz"}, "must be 'Bearer <token>'"),
+    ],
+    ids=["missing", "invalid", "wrong-scheme"],
+)
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/v1/programs"), ("POST", "/v1/programs"), ("GET", "/v1/me"), ("GET", "/v1/islands")],
+)
+def test_requests_without_a_valid_token_are_401(
+    server: Server, headers: dict[str, str], message: str, method: str, path: str
+) -> None:
+    with server.client() as anonymous:
+        kwargs = {"json": program()} if method == "POST" else {}
+        response = anonymous.request(method, path, headers=headers, **kwargs)
+    assert response.status_code == 401
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert error_of(response) == {
+        "code": "Unauthorized",
+        "message": error_of(response)["message"],
+        "field": "header Authorization",
+    }
+    assert message in error_of(response)["message"]
+    assert stored(server) == 0
+
+
+def test_unknown_objects_are_404(a: httpx.Client) -> None:
+    for path in ("/v1/programs/nope", "/v1/virtualslices/nope", "/v1/islands/nope"):
+        response = a.get(path)
+        assert response.status_code == 404
+        assert error_of(response)["field"] == "name"
+    assert error_of(a.get("/v1/nothing-here"))["message"] == "no such route: /v1/nothing-here"
+
+
+def test_islands_are_shared_and_read_only(server: Server, a: httpx.Client, b: httpx.Client) -> None:
+    server.store.insert(
+        {
+            "apiVersion": "pathways.dev/v1alpha1",
+            "kind": "Island",
+            "metadata": {"name": "isl"},
+            "spec": {"acceleratorKind": "cpu-fake", "topology": "4", "hosts": 1},
+            "status": {"phase": "Ready", "devicesTotal": 4, "devicesFree": 3},
+        }
+    )
+    for client in (a, b):
+        assert [i["metadata"]["name"] for i in client.get("/v1/islands").json()["items"]] == ["isl"]
+        assert client.get("/v1/islands/isl").json()["status"]["devicesFree"] == 3
+    refused = a.post("/v1/islands", json={})
+    assert refused.status_code == 405
+    assert error_of(refused)["code"] == "MethodNotAllowed"
+
+
+def test_probes_and_metrics(server: Server, a: httpx.Client) -> None:
+    with server.client() as anonymous:
+        assert anonymous.get("/healthz").json() == {"status": "ok"}
+        assert anonymous.get("/readyz").json() == {"status": "ok"}
+        a.post("/v1/programs", json=program())
+        text = anonymous.get("/metrics").text
+    assert 'pathways_api_requests_total{method="POST",route="/v1/programs",status="201"}' in text
+    assert "pathways_api_request_seconds_bucket" in text
+
+
+def test_me_reports_quotas_and_usage(a: httpx.Client) -> None:
+    a.post("/v1/programs", json=program("p", devices=3))
+    a.post("/v1/virtualslices", json=vslice("s", devices=2))
+    assert a.get("/v1/me").json() == {
+        "tenant": "team-a",
+        "namespace": "team-a",
+        "mode": "embedded",
+        "quotas": {"devices": 16, "programs": 10},
+        "usage": {"devices": 5, "programs": 1},
+    }
+    assert a.delete("/v1/virtualslices/s").status_code == 200
+    assert a.get("/v1/me").json()["usage"] == {"devices": 3, "programs": 1}
