@@ -204,3 +204,47 @@ def test_graph_program_runs_the_graph_runner_with_its_spec_mounted(
     assert json.loads(config["data"]["program.json"])["graph"]["nodes"][0]["function"] == "f"
     assert job["spec"]["backoffLimit"] == 0
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_preempted_program_stops_its_run_and_runs_again(cluster: Cluster, operator) -> None:
+    cluster.create(external_island("far", "127.0.0.1:1"))
+    cluster.create(
+        program(
+            "low",
+            slices=[{"name": "main", "devices": 4}],
+            driver={"source": "import time; time.sleep(120)"},
+        )
+    )
+    wait_for(lambda: cluster.get("Job", "low-run-1", "team"))
+    cluster.create(vslice("urgent", devices=4, priority=100))
+    (event,) = wait_for(lambda: cluster.events("low", "SlicesLost"))
+    assert event["type"] == "Warning" and "preempted by team/urgent" in event["message"]
+    wait_for(lambda: cluster.get("Job", "low-run-1", "team") is None)
+    stopped = pstatus(cluster, "low")
+    assert stopped["phase"] == "Pending" and "Preempted" in stopped["message"]
+    running = next(c for c in stopped["conditions"] if c["type"] == "Running")
+    assert (running["status"], running["reason"]) == ("False", "SlicesLost")
+    cluster.delete("VirtualSlice", "urgent", "team")
+    again = wait_for(lambda: (s := pstatus(cluster, "low")).get("runs") == 2 and s)
+    assert again["phase"] == "Running" and again["restarts"] == 0
+    assert cluster.get("Job", "low-run-2", "team") is not None
+
+
+def test_program_waits_for_its_islands_scheduler(cluster: Cluster, operator) -> None:
+    cluster.create(island("late", topology="4", hosts=1))  # its pods never become ready here
+    cluster.create(
+        program("patient", slices=[{"name": "main", "devices": 2}], driver={"source": "pass"})
+    )
+    waiting = wait_for(
+        lambda: "no scheduler ready" in (s := pstatus(cluster, "patient")).get("message", "") and s
+    )
+    assert waiting["phase"] == "Pending" and cluster.list("Job", "team") == []
+    # The island gets a scheduler: the program hears of it through the island's slices.
+    cluster.patch(
+        "Island",
+        "late",
+        {"metadata": {"annotations": {"pathways.dev/scheduler-endpoint": "10.0.0.9:8470"}}},
+    )
+    job = wait_for(lambda: cluster.get("Job", "patient-run-1", "team"))
+    slices = json.loads(job["spec"]["template"]["spec"]["containers"][0]["env"][-1]["value"])
+    assert slices["main"]["scheduler"] == "10.0.0.9:8470"
