@@ -7,13 +7,18 @@ import argparse
 import json
 from typing import Any
 
-from pathways_client.island_client import IslandClient
+import grpc
+
+from pathways_client.rpc import MESSAGE_OPTIONS, stub
+from pathways_core.wire import SCHEDULER, pb
 
 
-def records_of(island: str, endpoint: str, clients: set[str]) -> list[dict[str, Any]]:
+def records_of(
+    island: str, endpoint: str, clients: set[str], timeout: float = 20.0
+) -> list[dict[str, Any]]:
     """The records of ``clients`` (all clients when empty) in one island's trace."""
-    with IslandClient(endpoint, "trace-reader") as session:
-        records = session.trace()
+    with grpc.insecure_channel(endpoint, options=MESSAGE_OPTIONS) as channel:
+        records = stub(channel, SCHEDULER, "GetTrace")(pb.Empty(), timeout=timeout).records
     return [
         {
             "seq": record.seq,
@@ -36,11 +41,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--island", action="append", default=[], help="NAME=HOST:PORT")
     parser.add_argument("--client", action="append", default=[], help="Client name to keep.")
+    parser.add_argument("--timeout", type=float, default=20.0, help="Seconds per island.")
     arguments = parser.parse_args(argv)
     found: list[dict[str, Any]] = []
     for item in arguments.island:
         name, _, endpoint = item.partition("=")
-        found += records_of(name, endpoint, set(arguments.client))
+        found += records_of(name, endpoint, set(arguments.client), arguments.timeout)
     print(json.dumps(found))
 
 

@@ -225,6 +225,8 @@ def plan_bindings_shared(
     again = any(key_of(holder) in released for _, holder in joins)
     for document in twins:
         old = document.get("status") or {}
+        if old.get("phase") == "Preempted":
+            continue  # keeps saying why it lost its devices, as plan_bindings does
         if old.get("phase") != "Pending" or old.get("reason") != "WaitingForSharedGroup":
             plan.changes.append(
                 SliceChange(key_of(document), document, _pending(document, now), Stage.WAIT)

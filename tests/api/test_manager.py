@@ -1,0 +1,201 @@
+"""The embedded resource manager over the SQLite store: the operator's decisions run programs'
+Jobs as real local processes with the contract's environment, release what finished, cancelled
+and deleted programs hold, and recover after a restart. The island here is only registered (its
+endpoint answers nothing): these drivers never connect to it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from pathways_api.manager import Manager
+from pathways_api.store import SqliteStore
+
+T = TypeVar("T")
+ENDPOINT = "127.0.0.1:9"  # registered, never called by these drivers
+
+
+def wait_for(check: Callable[[], T], timeout: float = 60.0, what: str = "") -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or check}")
+
+
+class Running:
+    """A manager in a thread, stopped (as SIGTERM would) by ``stop``."""
+
+    def __init__(self, state: Path) -> None:
+        self.store = SqliteStore(state / "pathways.db")
+        self.manager = Manager(self.store, state, interval=0.05)
+        self.thread = threading.Thread(target=self.manager.run, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.manager._stop.set()
+        self.thread.join(timeout=30)
+        self.manager.stop()
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    (tmp_path / "islands.json").write_text(
+        json.dumps(
+            {"local": {"endpoint": ENDPOINT, "hosts": 1, "devicesPerHost": 4, "policy": "fifo"}}
+        )
+    )
+    return tmp_path
+
+
+@pytest.fixture
+def running(state: Path) -> Iterator[Running]:
+    manager = Running(state)
+    yield manager
+    manager.stop()
+
+
+def submit(store: SqliteStore, name: str, source: str, **spec: Any) -> None:
+    slices = spec.pop("slices", [{"name": "main", "devices": 2}])
+    store.insert(
+        {
+            "apiVersion": "pathways.dev/v1alpha1",
+            "kind": "PathwaysProgram",
+            "metadata": {"name": name, "namespace": "team"},
+            "spec": {"slices": slices, "driver": {"source": source}, **spec},
+        },
+        devices=2,
+    )
+
+
+def phase(store: SqliteStore, kind: str, name: str, namespace: str | None = "team") -> Any:
+    return ((store.read(kind, namespace, name) or {}).get("status") or {}).get("phase")
+
+
+PRINT_SETTINGS = (
+    "import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
+    "if k.startswith('PATHWAYS_')}))"
+)
+
+
+def test_a_program_runs_with_the_contract_environment_and_gives_its_devices_back(
+    running: Running,
+) -> None:
+    store = running.store
+    wait_for(lambda: phase(store, "Island", "local", None) == "Ready", what="island Ready")
+    submit(store, "hello", PRINT_SETTINGS, weight=3)
+    wait_for(lambda: phase(store, "PathwaysProgram", "hello") == "Succeeded", what="Succeeded")
+    log = store.log_path("team", "hello-run-1").read_text()
+    settings = json.loads(log.strip().splitlines()[-1])
+    assert settings["PATHWAYS_PROGRAM"] == "team/hello"
+    assert settings["PATHWAYS_WEIGHT"] == "3"
+    assert json.loads(settings["PATHWAYS_SLICES"]) == {
+        "main": {
+            "virtualSlice": "hello-main",
+            "island": "local",
+            "scheduler": ENDPOINT,
+            "devices": [0, 1],
+            "shape": None,
+        }
+    }
+    # Its inline slice is released, then removed; the island's devices are all free again.
+    wait_for(lambda: store.read("VirtualSlice", "team", "hello-main") is None, what="released")
+    wait_for(
+        lambda: (
+            (store.read("Island", None, "local") or {}).get("status", {}).get("devicesFree") == 4
+        ),
+        what="devices free",
+    )
+    assert not store.read("PathwaysProgram", "team", "hello")["metadata"].get("deletionTimestamp")
+
+
+def test_failed_runs_restart_then_fail_and_time_shared_programs_share(running: Running) -> None:
+    store = running.store
+    submit(store, "flaky", "import sys; sys.exit(3)", restartPolicy="OnFailure", maxRestarts=1)
+    for name in ("one", "two"):
+        submit(
+            store,
+            name,
+            "import time; time.sleep(1)",
+            slices=[{"name": "main", "devices": 4, "timeShared": True}],
+        )
+    wait_for(lambda: phase(store, "PathwaysProgram", "flaky") == "Failed", what="Failed")
+    status = store.read("PathwaysProgram", "team", "flaky")["status"]
+    assert (status["runs"], status["restarts"]) == (2, 1)
+    assert "the driver exited with code 3" in status["message"]
+    # Both time-shared programs hold all 4 devices of the island at once.
+    wait_for(
+        lambda: (
+            phase(store, "PathwaysProgram", "one") == "Running"
+            and phase(store, "PathwaysProgram", "two") == "Running"
+        ),
+        what="both running",
+    )
+    devices = [
+        store.read("VirtualSlice", "team", f"{n}-main")["status"]["devices"] for n in ("one", "two")
+    ]
+    assert devices == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    for name in ("one", "two"):
+        wait_for(lambda name=name: phase(store, "PathwaysProgram", name) == "Succeeded")
+
+
+def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running) -> None:
+    store = running.store
+    submit(store, "long", "import time; time.sleep(600)")
+    submit(store, "doomed", "import time; time.sleep(600)")
+    for name in ("long", "doomed"):
+        wait_for(lambda name=name: phase(store, "PathwaysProgram", name) == "Running")
+    processes = dict(running.manager.running)
+    assert set(processes) == {"team/long-run-1", "team/doomed-run-1"}
+
+    def cancel(document: dict[str, Any]) -> dict[str, Any]:
+        document["spec"]["suspend"] = True
+        return document
+
+    store.replace(store.read("PathwaysProgram", "team", "long"), cancel, bump_generation=True)
+    store.mark_deleting("PathwaysProgram", "team", "doomed")
+    wait_for(lambda: phase(store, "PathwaysProgram", "long") == "Suspended", what="Suspended")
+    wait_for(lambda: store.read("PathwaysProgram", "team", "doomed") is None, what="deleted")
+    for running_job in processes.values():
+        assert running_job.popen.poll() is not None  # the processes are gone
+    wait_for(lambda: store.read("VirtualSlice", "team", "long-main") is None)
+    assert store.read("Job", "team", "doomed-run-1") is None
+
+
+def test_a_restarted_manager_keeps_bindings_and_fails_lost_runs(state: Path) -> None:
+    first = Running(state)
+    store = first.store
+    submit(store, "survivor", "import time; time.sleep(600)", restartPolicy="OnFailure")
+    wait_for(lambda: phase(store, "PathwaysProgram", "survivor") == "Running")
+    before = store.read("VirtualSlice", "team", "survivor-main")["status"]
+    first.stop()  # the cluster stops: the run is lost
+    second = Running(state)
+    try:
+        # OnFailure: the lost run counts as a failure and the program runs again, on the
+        # devices it held (bindings are restored from the store, never re-decided).
+        wait_for(
+            lambda: (
+                (second.store.read("PathwaysProgram", "team", "survivor") or {})
+                .get("status", {})
+                .get("runs")
+                == 2
+            ),
+            what="second run",
+        )
+        after = second.store.read("VirtualSlice", "team", "survivor-main")["status"]
+        assert after["devices"] == before["devices"]
+        assert after["boundTime"] == before["boundTime"]
+        events = second.store._db().execute(
+            "SELECT reason, message FROM events WHERE name = 'survivor' AND reason = 'Restarting'"
+        )
+        assert "lost" in events.fetchone()[1]
+    finally:
+        second.stop()

@@ -1,0 +1,201 @@
+"""Time-shared slices (pure): groups open, join, pass the devices on, and lose them together;
+exclusive slices never touch a shared device."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pathways_core.control.common import key_of
+from pathways_core.control.sharing import plan_bindings_shared
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def island(name: str = "isl", topology: str = "4", hosts: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "Island",
+        "metadata": {"name": name, "generation": 1},
+        "spec": {"acceleratorKind": "cpu-fake", "topology": topology, "hosts": hosts},
+    }
+
+
+def vslice(
+    name: str, devices: int, *, shared: bool = True, created: int = 0, priority: int = 0
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "VirtualSlice",
+        "metadata": {
+            "name": name,
+            "namespace": "t",
+            "generation": 1,
+            "creationTimestamp": f"2026-01-01T00:{created // 60:02d}:{created % 60:02d}Z",
+        },
+        "spec": {"devices": devices, "timeShared": shared, "priority": priority},
+    }
+
+
+class Store:
+    """Applies plans as a store would, pass after pass, until nothing changes."""
+
+    def __init__(self, islands: list[dict[str, Any]]) -> None:
+        self.islands = islands
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.clock = NOW
+
+    def add(self, document: dict[str, Any]) -> None:
+        self.slices[key_of(document)] = document
+
+    def delete(self, name: str) -> None:
+        self.slices[f"t/{name}"]["metadata"]["deletionTimestamp"] = "2026-01-01T02:00:00Z"
+
+    def settle(self) -> int:
+        passes = 0
+        for passes in range(1, 30):
+            self.clock += timedelta(seconds=1)
+            plan = plan_bindings_shared(self.islands, list(self.slices.values()), self.clock)
+            for change in plan.ordered():
+                self.slices[change.key] = {**change.document, "status": change.status}
+            for key, document in list(self.slices.items()):
+                deleting = document["metadata"].get("deletionTimestamp")
+                if deleting and (document.get("status") or {}).get("phase") == "Released":
+                    del self.slices[key]
+            if not plan.changes and not plan.needs_another_pass:
+                return passes
+        raise AssertionError("the plans never settled")
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.slices[f"t/{name}"].get("status") or {}
+
+    def devices(self, name: str) -> list[int]:
+        return self.status(name).get("devices") or []
+
+
+def check_invariants(store: Store) -> None:
+    """A device is held by one exclusive slice, or by time-shared slices on identical device
+    lists; never both."""
+    owners: dict[int, list[tuple[bool, tuple[int, ...]]]] = {}
+    for document in store.slices.values():
+        status = document.get("status") or {}
+        if status.get("phase") != "Bound":
+            continue
+        shared = bool(document["spec"].get("timeShared"))
+        for device in status["devices"]:
+            owners.setdefault(device, []).append((shared, tuple(status["devices"])))
+    for device, holders in owners.items():
+        if len(holders) > 1:
+            assert all(shared for shared, _ in holders), (device, holders)
+            assert len({devices for _, devices in holders}) == 1, (device, holders)
+
+
+def test_four_tenants_arriving_together_share_one_group() -> None:
+    store = Store([island(topology="8", hosts=2)])
+    for index in range(4):
+        store.add(vslice(f"tenant-{index}", 2, created=index))
+    store.settle()
+    assert {tuple(store.devices(f"tenant-{i}")) for i in range(4)} == {(0, 1)}
+    assert store.status("tenant-0")["message"].startswith("bound to 2 devices")
+    assert (
+        store.status("tenant-3")["message"]
+        == "time-shares 2 devices of island 'isl' with t/tenant-0"
+    )
+    # An exclusive slice gets other devices, and the shared ones are not free to it.
+    store.add(vslice("alone", 6, shared=False, created=10))
+    store.settle()
+    assert set(store.devices("alone")) == {2, 3, 4, 5, 6, 7}
+    check_invariants(store)
+
+
+def test_a_group_of_another_size_opens_its_own_devices() -> None:
+    store = Store([island(topology="8", hosts=2)])
+    store.add(vslice("pair", 2))
+    store.add(vslice("quad", 4, created=1))
+    store.settle()
+    assert not set(store.devices("pair")) & set(store.devices("quad"))
+    check_invariants(store)
+
+
+def test_the_oldest_member_holds_the_devices_when_the_holder_goes() -> None:
+    store = Store([island(topology="4")])
+    for index in range(3):
+        store.add(vslice(f"s{index}", 4, created=index))
+    store.settle()
+    store.delete("s0")
+    store.settle()
+    assert "t/s0" not in store.slices
+    assert store.devices("s1") == store.devices("s2") == [0, 1, 2, 3]
+    # The island is full: an exclusive slice cannot take the group's devices.
+    store.add(vslice("exclusive", 1, shared=False, created=9))
+    store.settle()
+    assert store.status("exclusive")["phase"] == "Pending"
+    store.delete("s1")
+    store.delete("s2")
+    store.settle()
+    assert store.status("exclusive")["phase"] == "Bound"
+    check_invariants(store)
+
+
+def test_members_lose_the_devices_with_their_holder() -> None:
+    store = Store([island(topology="4")])
+    store.add(vslice("low-a", 4, created=0))
+    store.add(vslice("low-b", 4, created=1))
+    store.settle()
+    store.add(vslice("urgent", 4, shared=False, created=2, priority=10))
+    store.settle()
+    assert store.status("urgent")["phase"] == "Bound"
+    assert store.status("low-a")["phase"] == "Preempted"
+    assert store.status("low-b")["phase"] == "Preempted"
+    assert store.status("low-b")["reason"] == "SharedGroupReleased"
+    check_invariants(store)
+
+
+def test_without_time_shared_slices_the_plan_is_plan_bindings() -> None:
+    store = Store([island(topology="4")])
+    store.add(vslice("a", 2, shared=False))
+    store.add(vslice("b", 2, shared=False, created=1))
+    store.add(vslice("c", 2, shared=False, created=2))
+    store.settle()
+    assert store.status("c")["reason"] == "InsufficientDevices"
+    check_invariants(store)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add-shared", "add-exclusive", "delete"]),
+            st.integers(1, 4),
+            st.integers(0, 2),
+        ),
+        min_size=1,
+        max_size=14,
+    )
+)
+def test_no_device_is_held_by_an_exclusive_slice_and_another(
+    steps: list[tuple[str, int, int]],
+) -> None:
+    store = Store([island(topology="8", hosts=2)])
+    for index, (action, devices, priority) in enumerate(steps):
+        if action == "delete":
+            alive = [
+                k for k, d in store.slices.items() if not d["metadata"].get("deletionTimestamp")
+            ]
+            if alive:
+                store.delete(alive[index % len(alive)].split("/")[1])
+        else:
+            store.add(
+                vslice(
+                    f"s{index}",
+                    devices,
+                    shared=action == "add-shared",
+                    created=index,
+                    priority=priority,
+                )
+            )
+        store.settle()
+        check_invariants(store)
