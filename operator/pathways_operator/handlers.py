@@ -17,11 +17,13 @@ from typing import Any
 
 import kopf
 
+from pathways_core.allocator import program_slice_name
 from pathways_core.control import (
     LABEL_ISLAND,
     LABEL_PROGRAM,
     IslandObservation,
     ProgramView,
+    executor_name,
     external_endpoint,
     graph_config_map_name,
     is_deleting,
@@ -30,6 +32,7 @@ from pathways_core.control import (
     job_name,
     parse,
     reconcile_program,
+    scheduler_name,
     slice_names,
 )
 from pathways_core.control.common import ANNOTATION_SPEC_HASH, LABEL_COMPONENT, Event, now_utc
@@ -299,10 +302,10 @@ async def island_deleted(name: str, memo: kopf.Memo, body: kopf.Body, **_: Any) 
     kube: Kube = memo.kube
     namespace = memo.config.namespace
     for api_version, kind, child in (
-        ("apps/v1", "Deployment", f"{name}-scheduler"),
-        ("v1", "Service", f"{name}-scheduler"),
-        ("apps/v1", "StatefulSet", f"{name}-executor"),
-        ("v1", "Service", f"{name}-executor"),
+        ("apps/v1", "Deployment", scheduler_name(name)),
+        ("v1", "Service", scheduler_name(name)),
+        ("apps/v1", "StatefulSet", executor_name(name)),
+        ("v1", "Service", executor_name(name)),
     ):
         await kube.delete(api_version, kind, namespace, child)
     await memo.binder.sync()
@@ -436,4 +439,4 @@ async def program_deleted(
     await kube.delete("v1", "ConfigMap", namespace, graph_config_map_name(name))
     for item in spec.get("slices") or []:
         if isinstance(item, dict) and item.get("name") and not item.get("virtualSliceName"):
-            await kube.delete(GV, "VirtualSlice", namespace, f"{name}-{item['name']}")
+            await kube.delete(GV, "VirtualSlice", namespace, program_slice_name(name, item["name"]))
