@@ -241,7 +241,10 @@ async def validation_error(request: Request, error: Exception) -> JSONResponse:
         try:
             model.model_validate(body)
         except ValidationError as invalid:
-            problems = problems_of(invalid, model)
+            # An unknown field usually explains a missing one (a typo): name it first.
+            problems = sorted(
+                problems_of(invalid, model), key=lambda p: not p.message.startswith("unknown")
+            )
             if problems:
                 return _error(422, "InvalidField", problems[0].message, problems[0].path or None)
         return _error(422, "InvalidField", str(first.get("msg")), format_path(location[1:]))

@@ -270,7 +270,12 @@ def _phase(document: dict[str, Any]) -> str:
     show_default=True,
     help="Island scheduling policy.",
 )
-@click.option("--tenant", "tenants", multiple=True, help="Tenant to create a token for.")
+@click.option(
+    "--tenant",
+    "tenants",
+    multiple=True,
+    help="Tenant to create a token for (repeatable; 'default' always exists).",
+)
 def up(
     state: Path | None,
     islands: int,
@@ -288,7 +293,10 @@ def up(
         info = _with_spinner(
             "starting the embedded cluster",
             lambda progress: start(
-                _state(state), specs, tenants or DEFAULT_TENANTS, progress=progress
+                _state(state),
+                specs,
+                list(dict.fromkeys([*DEFAULT_TENANTS, *tenants])),
+                progress=progress,
             ),
         )
     except EmbeddedError as error:

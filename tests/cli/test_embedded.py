@@ -1,0 +1,135 @@
+"""The embedded cluster end to end with real processes, driven by the CLI: up, submit, get,
+logs, trace (JSON and PNG), cancel, status, down, then up again with the state intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pathways_client.embedded import _alive, read_info
+
+PROGRAM = textwrap.dedent(
+    """
+    apiVersion: pathways.dev/v1alpha1
+    kind: PathwaysProgram
+    metadata: {name: double}
+    spec:
+      weight: 2
+      slices:
+        - {name: main, devices: 2}
+      driver:
+        source: |
+          import numpy as np
+          import pathways_client as pw
+          with pw.connect() as cluster:
+              main = cluster.slice("main")
+              double = pw.function(lambda x: x * 2 + 1, slice=main, name="double")
+              print("RESULT", double(np.arange(4, dtype=np.float32)).result().tolist())
+    ---
+    apiVersion: pathways.dev/v1alpha1
+    kind: PathwaysProgram
+    metadata: {name: sleeper}
+    spec:
+      slices:
+        - {name: main, devices: 1}
+      driver:
+        source: "import time; time.sleep(600)"
+    """
+)
+
+
+@pytest.fixture
+def state(tmp_path: Path, pathways) -> Iterator[Path]:
+    folder = tmp_path / "state"
+    yield folder
+    pathways("down", "--state", str(folder))
+
+
+def test_up_submit_trace_cancel_down_and_up_again(state: Path, tmp_path: Path, pathways) -> None:
+    started = pathways(
+        "up", "--state", str(state), "--hosts", "1", "--devices", "4", "--tenant", "team-a"
+    )
+    assert started.exit_code == 0, started.output
+    info = read_info(state)
+    assert info is not None and info.ready
+    assert "island-0" in started.output and info.api in started.output
+    assert (state / "tokens.yaml").stat().st_mode & 0o777 == 0o600
+    manifest = tmp_path / "programs.yaml"
+    manifest.write_text(PROGRAM)
+    api = ("--state", str(state), "--tenant", "team-a")
+
+    submitted = pathways("submit", str(manifest), *api)
+    assert submitted.exit_code == 0, submitted.output
+    assert "PathwaysProgram double submitted" in submitted.output
+
+    # A bad manifest is refused with the field at fault, and stores nothing.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: PathwaysProgram\nmetadata: {name: bad}\nspec: {slicez: []}\n")
+    refused = pathways("submit", str(bad), *api)
+    assert refused.exit_code == 1
+    assert "InvalidField" in refused.output and "spec.slicez" in refused.output
+
+    waited = pathways("submit", str(manifest), *api, "--wait")  # already exists
+    assert waited.exit_code == 1 and "already exists" in waited.output
+
+    from pathways_client.api_client import ApiClient
+    from pathways_client.embedded import tokens
+
+    with ApiClient(info.api, tokens(state)["team-a"]) as client:
+        deadline = time.monotonic() + 180
+        while client.get("programs", "double").get("status", {}).get("phase") != "Succeeded":
+            assert time.monotonic() < deadline, client.get("programs", "double")
+            time.sleep(0.2)
+
+    logs = pathways("logs", "double", *api)
+    assert "RESULT [1.0, 3.0, 5.0, 7.0]" in logs.output
+    document = yaml.safe_load(pathways("get", "double", *api, "-o", "yaml").output)
+    assert document["status"]["phase"] == "Succeeded"
+    assert document["metadata"]["namespace"] == "team-a"
+    assert "JobSucceeded" in pathways("get", "double", *api, "--events").output
+
+    listed = pathways("get", *api)
+    assert "double" in listed.output and "sleeper" in listed.output
+    islands = pathways("get", "--kind", "islands", *api, "-o", "json")
+    assert json.loads(islands.output)[0]["status"]["phase"] == "Ready"
+
+    out_json, out_png = tmp_path / "trace.json", tmp_path / "trace.png"
+    assert pathways("trace", "double", *api, "--out", str(out_json)).exit_code == 0
+    events = json.loads(out_json.read_text())["traceEvents"]
+    computations = [e for e in events if e["ph"] == "X"]
+    assert {e["tid"] for e in computations} == {0, 1}  # the slice's two devices
+    assert {e["cat"] for e in computations} == {"team-a-double"}
+    assert pathways("trace", "double", *api, "--out", str(out_png)).exit_code == 0
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # Another tenant sees none of it.
+    other = pathways("get", "double", "--state", str(state), "--tenant", "default")
+    assert other.exit_code == 1 and "NotFound" in other.output
+
+    assert pathways("cancel", "sleeper", *api).exit_code == 0
+    status = pathways("status", *api)
+    assert "island-0" in status.output and "Ready" in status.output
+
+    pids = [info.supervisor, info.api_pid, info.manager_pid]
+    pids += [pid for island in info.islands.values() for pid in island["pids"]]
+    assert pathways("down", "--state", str(state)).exit_code == 0
+    assert not any(_alive(pid) for pid in pids)
+    assert pathways("status", "--state", str(state)).exit_code == 1
+
+    # The state survives: the same API port, the same objects.
+    again = pathways("up", "--state", str(state), "--hosts", "1", "--devices", "4")
+    assert again.exit_code == 0, again.output
+    restarted = read_info(state)
+    assert restarted is not None and restarted.api == info.api
+    assert restarted.supervisor != info.supervisor
+    shown = yaml.safe_load(pathways("get", "double", *api, "-o", "yaml").output)
+    assert shown["status"]["phase"] == "Succeeded"
+    assert "RESULT" in pathways("logs", "double", *api).output
+    assert os.path.exists(state / "pathways.db")
