@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
-from pathways_core.control import BindingPlan, Stage, plan_bindings
+from pathways_core.control import BindingPlan, SliceChange, Stage, plan_bindings
 from pathways_core.control.common import now_utc
 from pathways_operator import metrics
 from pathways_operator.config import Config
@@ -25,6 +26,7 @@ from pathways_operator.kube import ApiError, Kube
 
 GROUP_VERSION = "pathways.dev/v1alpha1"
 MAX_PASSES = 20
+CONCURRENT_WRITES = 16
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +38,17 @@ def prune(value: Any) -> Any:
     if isinstance(value, list):
         return [prune(item) for item in value]
     return value
+
+
+async def _bounded(calls: Iterable[Awaitable[Any]]) -> list[Any]:
+    """Await calls with at most CONCURRENT_WRITES in flight; results in order."""
+    gate = asyncio.Semaphore(CONCURRENT_WRITES)
+
+    async def one(call: Awaitable[Any]) -> Any:
+        async with gate:
+            return await call
+
+    return await asyncio.gather(*(one(call) for call in calls))
 
 
 class Binder:
@@ -85,50 +98,53 @@ class Binder:
         plan = plan_bindings(islands, slices, now_utc(), self.config.quotas)
         self.last_plan = plan
         again = plan.needs_another_pass
-        released_ok = True
-        for change in plan.ordered():
-            if change.stage is Stage.BIND and not released_ok:
-                # Devices move only once their release is stored.
+        ordered = plan.ordered()
+        for stage in Stage:
+            changes = [change for change in ordered if change.stage is stage]
+            # Writes of one stage are independent of each other: send them together.
+            stored = await _bounded(self._write(change) for change in changes)
+            if not all(stored):
                 again = True
-                break
-            meta = change.document["metadata"]
-            operations = [
-                {
-                    "op": "test",
-                    "path": "/metadata/resourceVersion",
-                    "value": meta.get("resourceVersion"),
-                },
-                {"op": "add", "path": "/status", "value": prune(change.status)},
-            ]
-            try:
-                await self.kube.patch(
-                    GROUP_VERSION,
-                    "VirtualSlice",
-                    meta.get("namespace"),
-                    meta["name"],
-                    operations,
-                    subresource="status",
-                    json_patch=True,
-                )
-            except ApiError as error:
-                # 422: changed since read; 404: deleted. Either way the next pass decides again.
-                if error.status not in (404, 409, 422):
-                    raise
-                again = True
-                if change.stage is Stage.RELEASE:
-                    released_ok = False
-                continue
-            if change.stage is Stage.BIND:
-                first = self._first_seen.pop(change.key, None)
-                if first is not None:
-                    metrics.TIME_TO_BIND.observe(time.monotonic() - first)
-        for event in plan.events:
-            await self._post(event)
+                if stage is Stage.RELEASE:
+                    break  # devices move only once their release is stored
+        await _bounded(self._post(event) for event in plan.events)
         await self._publish_free(islands, plan)
         metrics.SLICES.labels("Bound").set(plan.bound)
         metrics.SLICES.labels("Pending").set(plan.waiting)
         metrics.BINDING_PASS_SECONDS.observe(time.monotonic() - began)
         return again
+
+    async def _write(self, change: SliceChange) -> bool:
+        """Store one slice's new status, unless the slice changed since it was read."""
+        meta = change.document["metadata"]
+        operations = [
+            {
+                "op": "test",
+                "path": "/metadata/resourceVersion",
+                "value": meta.get("resourceVersion"),
+            },
+            {"op": "add", "path": "/status", "value": prune(change.status)},
+        ]
+        try:
+            await self.kube.patch(
+                GROUP_VERSION,
+                "VirtualSlice",
+                meta.get("namespace"),
+                meta["name"],
+                operations,
+                subresource="status",
+                json_patch=True,
+            )
+        except ApiError as error:
+            # 422: changed since read; 404: deleted. Either way the next pass decides again.
+            if error.status not in (404, 409, 422):
+                raise
+            return False
+        if change.stage is Stage.BIND:
+            first = self._first_seen.pop(change.key, None)
+            if first is not None:
+                metrics.TIME_TO_BIND.observe(time.monotonic() - first)
+        return True
 
     async def _post(self, event: Any) -> None:
         try:
