@@ -13,6 +13,9 @@ from pathways_core.wire import bulk
 from pathways_core.wire.arrays import Assembly
 from pathways_executor.arrays import local_regions
 
+# Replies up to this size are sent in one write, header and bytes together.
+SMALL_REPLY_BYTES = 64 << 10
+
 
 class DataPlaneServer:
     """Answers one request per connection with the regions of a buffer this host holds."""
@@ -57,11 +60,16 @@ class DataPlaneServer:
             )
             for region, values in regions
         ]
-        connection.sendall(bulk.reply(np.dtype(value.dtype).name, value.shape, headers))
-        for _, values in regions:
-            contiguous = np.ascontiguousarray(values)
-            if contiguous.nbytes:
-                connection.sendall(memoryview(contiguous.reshape(-1).view(np.uint8)))
+        header = bulk.reply(np.dtype(value.dtype).name, value.shape, headers)
+        payloads = [np.ascontiguousarray(v).reshape(-1).view(np.uint8) for _, v in regions]
+        if sum(p.nbytes for p in payloads) <= SMALL_REPLY_BYTES:
+            # A small array leaves in one write with its header: one wake-up of the peer.
+            connection.sendall(b"".join([header, *(p.tobytes() for p in payloads)]))
+            return
+        connection.sendall(header)
+        for payload in payloads:
+            if payload.nbytes:
+                connection.sendall(memoryview(payload))
 
     def close(self) -> None:
         self._listener.close()
