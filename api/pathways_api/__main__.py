@@ -59,9 +59,13 @@ def main(argv: list[str] | None = None) -> None:
     mode = os.environ.get("PATHWAYS_API_MODE", "embedded")
     app = build(mode, arguments.state, arguments.tokens, arguments.max_body)
     # Bind first, so the port is known (and printed) before serving: callers may ask for 0.
-    listener = socket.socket(socket.AF_INET6 if ":" in arguments.host else socket.AF_INET)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP,
+    # and without it every response written in two parts waits ~40 ms for a delayed ACK.
+    family = socket.AF_INET6 if ":" in arguments.host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((arguments.host, arguments.port))
+    listener.listen(2048)  # connections wait in the backlog until uvicorn serves
     print(json.dumps({"port": listener.getsockname()[1], "pid": os.getpid()}), flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     uvicorn.Server(config).run(sockets=[listener])

@@ -138,7 +138,7 @@ class Health(BaseModel):
 bearer = HTTPBearer(auto_error=False, description="A tenant's token.")
 
 
-def service(request: Request) -> Service:
+async def service(request: Request) -> Service:
     """The app's service (tests may override this dependency)."""
     return request.app.state.service
 
@@ -165,7 +165,7 @@ IdempotencyKey = Annotated[
 ]
 
 
-def list_query(
+async def list_query(
     limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
     continue_: Annotated[
         str | None, Query(alias="continue", max_length=200, description="Next page token.")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pathways_api.auth import Tenant
-from pathways_api.errors import InvalidField, NotFound
+from pathways_api.errors import Conflict, InvalidField, NotFound
 from pathways_api.store import (
     ANNOTATION_CANCELLED,
     ISLAND,
@@ -143,12 +143,30 @@ class Service:
         self, tenant: Tenant, program: PathwaysProgram, key: str | None
     ) -> tuple[Document, bool]:
         """Store a new program if the tenant's quotas allow it."""
-        idempotency = self._idempotency(key, program)
-        document = self._document(tenant, program)
         devices = sum(
             item.device_total for item in program.spec.slices if item.virtual_slice_name is None
         )
-        return await self.store.admit(tenant, document, Admission(devices, 1), idempotency)
+        return await self._admit(tenant, program, Admission(devices, 1), key)
+
+    async def _admit(
+        self,
+        tenant: Tenant,
+        resource: PathwaysProgram | VirtualSlice,
+        cost: Admission,
+        key: str | None,
+    ) -> tuple[Document, bool]:
+        idempotency = self._idempotency(key, resource)
+        for attempt in range(5):
+            document = self._document(tenant, resource)
+            try:
+                return await self.store.admit(tenant, document, cost, idempotency)
+            except Conflict as error:
+                # A generated name that is taken: draw another one.
+                if resource.metadata.name is not None or error.field != "metadata.name":
+                    raise
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
 
     async def list(self, tenant: Tenant, kind: str, query: ListQuery) -> Page:
         """A page of the tenant's objects of a kind (islands are everyone's)."""
@@ -195,11 +213,7 @@ class Service:
         self, tenant: Tenant, item: VirtualSlice, key: str | None
     ) -> tuple[Document, bool]:
         """Store a new virtual slice if the tenant's device quota allows it."""
-        idempotency = self._idempotency(key, item)
-        document = self._document(tenant, item)
-        return await self.store.admit(
-            tenant, document, Admission(item.spec.device_total, 0), idempotency
-        )
+        return await self._admit(tenant, item, Admission(item.spec.device_total, 0), key)
 
     # -- tenant --------------------------------------------------------------------------------
 

@@ -156,7 +156,6 @@ CREATE TABLE IF NOT EXISTS objects (
     body TEXT NOT NULL,
     UNIQUE (kind, namespace, name)
 );
-CREATE INDEX IF NOT EXISTS objects_by_tenant ON objects (namespace, active);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
@@ -172,6 +171,33 @@ CREATE TABLE IF NOT EXISTS traces (
     PRIMARY KEY (namespace, name, run)
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+-- What each tenant holds, kept by triggers so admission reads one row, not every object.
+CREATE TABLE IF NOT EXISTS usage (
+    namespace TEXT PRIMARY KEY,
+    devices INTEGER NOT NULL DEFAULT 0,
+    programs INTEGER NOT NULL DEFAULT 0
+);
+CREATE TRIGGER IF NOT EXISTS usage_insert AFTER INSERT ON objects WHEN NEW.active = 1
+BEGIN
+    INSERT INTO usage (namespace) VALUES (NEW.namespace) ON CONFLICT DO NOTHING;
+    UPDATE usage SET devices = devices + NEW.devices,
+        programs = programs + (NEW.kind = 'PathwaysProgram')
+    WHERE namespace = NEW.namespace;
+END;
+CREATE TRIGGER IF NOT EXISTS usage_delete AFTER DELETE ON objects WHEN OLD.active = 1
+BEGIN
+    UPDATE usage SET devices = devices - OLD.devices,
+        programs = programs - (OLD.kind = 'PathwaysProgram')
+    WHERE namespace = OLD.namespace;
+END;
+CREATE TRIGGER IF NOT EXISTS usage_update AFTER UPDATE OF active ON objects
+WHEN OLD.active != NEW.active
+BEGIN
+    INSERT INTO usage (namespace) VALUES (NEW.namespace) ON CONFLICT DO NOTHING;
+    UPDATE usage SET devices = devices + (NEW.active - OLD.active) * NEW.devices,
+        programs = programs + (NEW.active - OLD.active) * (NEW.kind = 'PathwaysProgram')
+    WHERE namespace = NEW.namespace;
+END;
 INSERT OR IGNORE INTO meta (key, value) VALUES ('resourceVersion', 0);
 """
 
@@ -435,12 +461,10 @@ class SqliteStore:
                     db.execute(
                         "DELETE FROM idempotency WHERE namespace = ? AND key = ?", (namespace, key)
                     )
-            used_devices, used_programs = db.execute(
-                "SELECT COALESCE(SUM(devices), 0), COALESCE(SUM(kind = ?), 0) FROM objects "
-                "WHERE namespace = ? AND active = 1",
-                (PROGRAM, namespace),
+            row = db.execute(
+                "SELECT devices, programs FROM usage WHERE namespace = ?", (namespace,)
             ).fetchone()
-            check_quota(tenant, Usage(used_devices, used_programs), cost)
+            check_quota(tenant, Usage(*row) if row else Usage(), cost)
             created = self._insert(db, document, cost.devices)
             if idempotency is not None:
                 db.execute(
@@ -514,16 +538,12 @@ class SqliteStore:
 
     async def usage(self, namespace: str) -> Usage:
         """See :meth:`Store.usage`."""
-        devices, programs = (
+        row = (
             self._db()
-            .execute(
-                "SELECT COALESCE(SUM(devices), 0), COALESCE(SUM(kind = ?), 0) FROM objects "
-                "WHERE namespace = ? AND active = 1",
-                (PROGRAM, namespace),
-            )
+            .execute("SELECT devices, programs FROM usage WHERE namespace = ?", (namespace,))
             .fetchone()
         )
-        return Usage(devices, programs)
+        return Usage(*row) if row else Usage()
 
     async def events(self, kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
         """See :meth:`Store.events`."""

@@ -47,7 +47,7 @@ def serve(state: Path) -> Server:
         write_tokens_file(tokens, TENANTS)
     store = SqliteStore(state / "pathways.db")
     app = create_app(Service(store), TokenFile(tokens), max_body=MAX_BODY)
-    listener = socket.socket()
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
