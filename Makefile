@@ -17,7 +17,7 @@ $(INSTALLED): pyproject.toml | $(BIN)/python
 
 demo: $(INSTALLED)
 	$(BIN)/pathways validate examples
-	$(BIN)/pathways place examples
+	$(BIN)/pathways demo --out trace.png
 
 test: $(INSTALLED) tools
 	$(BIN)/python -m pytest
