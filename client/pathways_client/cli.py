@@ -443,48 +443,15 @@ def submit(
                 f"[green]✓[/] {stored['kind']} [bold]{stored['metadata']['name']}[/] submitted"
             )
         if wait:
+            from pathways_client.watch import wait_programs
+
             programs = [d["metadata"]["name"] for d in created if d["kind"] == "PathwaysProgram"]
-            finished = _wait_programs(client, programs)
+            finished = wait_programs({n: (client, n) for n in programs}, console).values()
             for document in finished:
                 console.print(f"{document['metadata']['name']}: {_phase(document)}")
                 console.print(client.logs(document["metadata"]["name"]), markup=False)
             if any((d.get("status") or {}).get("phase") != "Succeeded" for d in finished):
                 sys.exit(1)
-
-
-def _wait_programs(
-    client: ApiClient, names: list[str], timeout: float = 1800.0
-) -> list[dict[str, Any]]:
-    """Poll until every program is Succeeded or Failed, with a progress bar."""
-    import time
-
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    done: dict[str, dict[str, Any]] = {}
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} finished"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("programs", total=len(names))
-        deadline = time.monotonic() + timeout
-        while len(done) < len(names) and time.monotonic() < deadline:
-            phases = []
-            for name in names:
-                if name in done:
-                    continue
-                document = client.get("programs", name)
-                phase = (document.get("status") or {}).get("phase") or "Pending"
-                phases.append(f"{name} {phase}")
-                if phase in ("Succeeded", "Failed"):
-                    done[name] = document
-            progress.update(task, completed=len(done), description=", ".join(phases[:3]))
-            time.sleep(0.3)
-    return [done.get(name) or client.get("programs", name) for name in names]
 
 
 @main.command()

@@ -30,6 +30,7 @@ from rich.table import Table
 from pathways_client.api_client import ApiClient
 from pathways_client.embedded import IslandSpec, down, tokens, up
 from pathways_client.trace_export import plot_timeline, shares
+from pathways_client.watch import wait_programs
 
 WEIGHTS = (1, 2, 4, 8)
 PIPELINE_STEPS = 6
@@ -126,43 +127,13 @@ def _report(client: ApiClient, name: str) -> dict[str, Any]:
 
 
 def _wait(programs: dict[str, tuple[ApiClient, str]], console: Console, what: str) -> None:
-    """Wait for programs (tenant -> its client and program name) to finish, with a progress
-    bar; fail on failure."""
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    done: dict[str, str] = {}
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task(what, total=len(programs))
-        deadline = time.monotonic() + 900
-        while len(done) < len(programs):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what}: programs still running after 15 minutes")
-            phases = []
-            for tenant, (client, name) in programs.items():
-                if tenant in done:
-                    continue
-                status = client.get("programs", name).get("status") or {}
-                phase = status.get("phase") or "Pending"
-                phases.append(f"{tenant}/{name}: {phase}")
-                if phase in ("Succeeded", "Failed"):
-                    done[tenant] = phase
-            progress.update(
-                task, completed=len(done), description=f"{what} ({', '.join(phases[:2])})"
-            )
-            time.sleep(0.3)
-    failed = [tenant for tenant, phase in done.items() if phase != "Succeeded"]
-    if failed:
-        client, name = programs[failed[0]]
-        tail = "\n".join(client.logs(name).splitlines()[-20:])
-        raise RuntimeError(f"program {failed[0]}/{name} failed; its output ends with:\n{tail}")
+    """Wait for programs (tenant -> its client and program name); fail on failure."""
+    finished = wait_programs(programs, console, what, timeout=900)
+    for tenant, document in finished.items():
+        if document["status"]["phase"] != "Succeeded":
+            client, name = programs[tenant]
+            tail = "\n".join(client.logs(name).splitlines()[-20:])
+            raise RuntimeError(f"program {tenant}/{name} failed; its output ends with:\n{tail}")
 
 
 def run_demo(state: Path | None, out: Path, keep: bool, console: Console) -> None:

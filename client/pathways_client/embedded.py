@@ -283,6 +283,8 @@ def _port_free(port: int) -> bool:
     import socket
 
     with socket.socket() as probe:
+        # As the API binds it: connections of the last run lingering in TIME_WAIT are fine.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:

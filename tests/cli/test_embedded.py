@@ -76,8 +76,16 @@ def test_up_submit_trace_cancel_down_and_up_again(state: Path, tmp_path: Path, p
     assert refused.exit_code == 1
     assert "InvalidField" in refused.output and "spec.slicez" in refused.output
 
-    waited = pathways("submit", str(manifest), *api, "--wait")  # already exists
-    assert waited.exit_code == 1 and "already exists" in waited.output
+    again = pathways("submit", str(manifest), *api, "--wait")  # already exists
+    assert again.exit_code == 1 and "already exists" in again.output
+    quick = tmp_path / "quick.yaml"
+    quick.write_text(
+        "kind: PathwaysProgram\nmetadata: {name: quick}\nspec:\n"
+        "  slices: [{name: main, devices: 1}]\n  driver: {source: 'print(6 * 7)'}\n"
+    )
+    waited = pathways("submit", str(quick), *api, "--wait")
+    assert waited.exit_code == 0, waited.output
+    assert "quick: Succeeded" in waited.output and "42" in waited.output
 
     from pathways_client.api_client import ApiClient
     from pathways_client.embedded import tokens
