@@ -38,15 +38,23 @@ class Config:
                 raise ValueError(
                     f'PATHWAYS_QUOTAS: expected JSON like {{"tenant": {{"tpu-v5e": 64}}}} ({error})'
                 ) from None
-        try:
-            return cls(
-                namespace=environ.get("PATHWAYS_NAMESPACE") or cls.namespace,
-                image=environ.get("PATHWAYS_IMAGE") or cls.image,
-                metrics_port=int(environ.get("PATHWAYS_METRICS_PORT", cls.metrics_port)),
-                resync_seconds=float(environ.get("PATHWAYS_RESYNC_SECONDS", cls.resync_seconds)),
-                quotas=quotas,
-            )
-        except ValueError as error:
-            raise ValueError(
-                f"PATHWAYS_METRICS_PORT / PATHWAYS_RESYNC_SECONDS must be numbers ({error})"
-            ) from None
+        return cls(
+            namespace=environ.get("PATHWAYS_NAMESPACE") or cls.namespace,
+            image=environ.get("PATHWAYS_IMAGE") or cls.image,
+            metrics_port=int(_number("PATHWAYS_METRICS_PORT", cls.metrics_port)),
+            resync_seconds=_number("PATHWAYS_RESYNC_SECONDS", cls.resync_seconds),
+            quotas=quotas,
+        )
+
+
+def _number(variable: str, default: float) -> float:
+    raw = os.environ.get(variable, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{variable}: expected a number, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{variable}: expected a number >= 0, got {raw!r}")
+    return value

@@ -46,7 +46,8 @@ from pathways_operator.kube import ApiError, Kube
 GROUP, VERSION = "pathways.dev", "v1alpha1"
 GV = f"{GROUP}/{VERSION}"
 FINALIZER = "pathways.dev/finalizer"
-RESYNC_SECONDS = Config.from_environment().resync_seconds
+# At least a second: a zero interval would spin.
+RESYNC_SECONDS = max(Config.from_environment().resync_seconds, 1.0)
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,53 @@
+"""The operator's settings from its environment: defaults, quotas, and errors naming the
+variable at fault."""
+
+from __future__ import annotations
+
+import pytest
+
+from pathways_core.accelerators import AcceleratorKind
+from pathways_operator.config import Config
+
+
+def test_defaults_follow_the_contracts(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in (
+        "PATHWAYS_NAMESPACE",
+        "PATHWAYS_IMAGE",
+        "PATHWAYS_METRICS_PORT",
+        "PATHWAYS_QUOTAS",
+    ):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.delenv("PATHWAYS_RESYNC_SECONDS", raising=False)
+    config = Config.from_environment()
+    assert (config.namespace, config.metrics_port, config.resync_seconds) == (
+        "pathways-system",
+        9090,
+        60.0,
+    )
+    assert config.quotas == {}
+
+
+def test_quotas_per_tenant_and_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATHWAYS_QUOTAS", '{"research": {"tpu-v5e": 64, "cpu-fake": 8}}')
+    assert Config.from_environment().quotas == {
+        ("research", AcceleratorKind.TPU_V5E): 64,
+        ("research", AcceleratorKind.CPU_FAKE): 8,
+    }
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("PATHWAYS_QUOTAS", "{not json"),
+        ("PATHWAYS_QUOTAS", '{"t": {"tpu-v9": 1}}'),
+        ("PATHWAYS_QUOTAS", '{"t": 5}'),
+        ("PATHWAYS_METRICS_PORT", "ninety"),
+        ("PATHWAYS_RESYNC_SECONDS", "soon"),
+    ],
+)
+def test_bad_settings_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=variable):
+        Config.from_environment()
