@@ -1,0 +1,416 @@
+"""The API in a cluster: objects are custom resources, callers are Kubernetes identities.
+
+- **Authentication**: a bearer token is checked with a TokenReview; the caller must be a
+  service account, whose namespace is its tenant; a SubjectAccessReview then checks that it may
+  ``create pathwaysprograms.pathways.dev`` there (answers are cached for a minute).
+- **Objects** are PathwaysPrograms and VirtualSlices in the tenant's namespace, and the
+  cluster's Islands; the operator reconciles them as if they had been applied with kubectl.
+- **Quotas** (``PATHWAYS_API_QUOTA_DEVICES``, ``PATHWAYS_API_QUOTA_PROGRAMS``, per tenant) are
+  checked against what the namespace holds and the create is made under one lock per tenant,
+  so concurrent submissions to one API replica are never over-admitted (the chart runs one
+  replica; several replicas would need a lease per tenant).
+- **Idempotency keys** are kept on the object (annotations ``pathways.dev/idempotency-key``
+  and ``-fingerprint``).
+- **Logs** are the logs of the pods of the program's Jobs; **traces** are kept only by the
+  embedded mode (an empty list here).
+
+The API server is reached with httpx: in a pod with its service account, elsewhere with the
+current context of ``$KUBECONFIG`` (token, or client certificate, users).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from pathways_api.auth import Quotas, Tenant
+from pathways_api.errors import Conflict, NotFound, Unauthorized, Unavailable
+from pathways_api.store import (
+    ANNOTATION_CANCELLED,
+    ISLAND,
+    PROGRAM,
+    SLICE,
+    TERMINAL,
+    Admission,
+    Page,
+    Usage,
+    check_quota,
+    decode_token,
+    encode_token,
+    is_active,
+)
+from pathways_core.control.common import Document
+from pathways_core.topology import device_count, parse_shape
+
+GV = "pathways.dev/v1alpha1"
+PLURALS = {PROGRAM: "pathwaysprograms", SLICE: "virtualslices", ISLAND: "islands"}
+ANNOTATION_KEY = "pathways.dev/idempotency-key"
+ANNOTATION_FINGERPRINT = "pathways.dev/idempotency-fingerprint"
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+REVIEW_TTL_SECONDS = 60.0
+
+
+class KubernetesStore:
+    """The :class:`~pathways_api.store.Store` of a cluster."""
+
+    def __init__(
+        self, server: str, token: str | Path | None, verify: Any = True, cert: Any = None
+    ) -> None:
+        self.server = server.rstrip("/")
+        self._token = token
+        self.http = httpx.AsyncClient(base_url=self.server, verify=verify, cert=cert, timeout=30)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.quotas = Quotas(
+            devices=int(os.environ.get("PATHWAYS_API_QUOTA_DEVICES", Quotas.devices)),
+            programs=int(os.environ.get("PATHWAYS_API_QUOTA_PROGRAMS", Quotas.programs)),
+        )
+
+    @classmethod
+    def from_environment(cls) -> KubernetesStore:
+        """In a pod: its service account; elsewhere: ``$KUBECONFIG`` or ``~/.kube/config``."""
+        host, port = (
+            os.environ.get("KUBERNETES_SERVICE_HOST"),
+            os.environ.get("KUBERNETES_SERVICE_PORT", "443"),
+        )
+        if host and (SERVICE_ACCOUNT / "token").exists():
+            server = f"https://{host}:{port}" if ":" not in host else f"https://[{host}]:{port}"
+            return cls(server, SERVICE_ACCOUNT / "token", verify=str(SERVICE_ACCOUNT / "ca.crt"))
+        path = Path(os.environ.get("KUBECONFIG") or Path.home() / ".kube" / "config")
+        try:
+            config = yaml.safe_load(path.read_text())
+            context = next(
+                c["context"] for c in config["contexts"] if c["name"] == config["current-context"]
+            )
+            cluster = next(
+                c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"]
+            )
+            user = next(
+                (u["user"] for u in config.get("users") or [] if u["name"] == context.get("user")),
+                {},
+            )
+        except (OSError, KeyError, StopIteration, TypeError, yaml.YAMLError) as error:
+            raise SystemExit(
+                f"kubernetes mode: no service account and no usable {path}: {error}"
+            ) from None
+        verify: Any = not cluster.get("insecure-skip-tls-verify", False)
+        if cluster.get("certificate-authority"):
+            verify = cluster["certificate-authority"]
+        elif cluster.get("certificate-authority-data"):
+            verify = _data_file(cluster["certificate-authority-data"], "ca.crt")
+        cert = None
+        if user.get("client-certificate-data") and user.get("client-key-data"):
+            cert = (
+                _data_file(user["client-certificate-data"], "client.crt"),
+                _data_file(user["client-key-data"], "client.key"),
+            )
+        elif user.get("client-certificate") and user.get("client-key"):
+            cert = (user["client-certificate"], user["client-key"])
+        return cls(cluster["server"], user.get("token"), verify=verify, cert=cert)
+
+    # -- HTTP ----------------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        token = self._token
+        if isinstance(token, Path):  # projected tokens rotate: read it each time
+            token = token.read_text().strip()
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def _call(self, method: str, path: str, **arguments: Any) -> Any:
+        headers = {**self._headers(), **arguments.pop("headers", {})}
+        try:
+            answer = await self.http.request(method, path, headers=headers, **arguments)
+        except httpx.HTTPError as error:
+            raise Unavailable(f"the Kubernetes API server did not answer: {error}") from None
+        if answer.status_code == 404:
+            return None
+        if answer.status_code == 409:
+            name = (arguments.get("json") or {}).get("metadata", {}).get("name")
+            raise Conflict(f"an object named {name!r} already exists", field="metadata.name")
+        if answer.status_code >= 400:
+            try:
+                message = answer.json().get("message") or answer.text
+            except ValueError:
+                message = answer.text
+            raise Unavailable(f"the Kubernetes API server answered {answer.status_code}: {message}")
+        return answer.json() if answer.content else None
+
+    @staticmethod
+    def _path(kind: str, namespace: str | None, name: str | None = None) -> str:
+        parts = [f"/apis/{GV}"]
+        if namespace is not None and kind != ISLAND:
+            parts.append(f"namespaces/{namespace}")
+        parts.append(PLURALS[kind])
+        if name:
+            parts.append(name)
+        return "/".join(parts)
+
+    async def _all(self, kind: str, namespace: str | None) -> list[Document]:
+        body = await self._call("GET", self._path(kind, namespace))
+        items = (body or {}).get("items") or []
+        for item in items:  # list items omit these
+            item.setdefault("apiVersion", GV)
+            item.setdefault("kind", kind)
+        return sorted(
+            items,
+            key=lambda d: (
+                d["metadata"].get("creationTimestamp") or "",
+                d["metadata"].get("name") or "",
+            ),
+        )
+
+    # -- authentication ------------------------------------------------------------------------
+
+    async def review(self, token: str) -> Tenant:
+        """TokenReview, then SubjectAccessReview of the service account's namespace."""
+        answer = await self._call(
+            "POST",
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            json={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenReview",
+                "spec": {"token": token},
+            },
+        )
+        status = (answer or {}).get("status") or {}
+        if not status.get("authenticated"):
+            raise Unauthorized("invalid bearer token (TokenReview)")
+        user = status.get("user") or {}
+        parts = (user.get("username") or "").split(":")
+        if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"]:
+            raise Unauthorized(
+                "only service-account tokens map to a tenant (the service account's namespace)"
+            )
+        namespace = parts[2]
+        access = await self._call(
+            "POST",
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            json={
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": user.get("username"),
+                    "groups": user.get("groups") or [],
+                    "uid": user.get("uid"),
+                    "resourceAttributes": {
+                        "namespace": namespace,
+                        "verb": "create",
+                        "group": "pathways.dev",
+                        "resource": "pathwaysprograms",
+                    },
+                },
+            },
+        )
+        if not ((access or {}).get("status") or {}).get("allowed"):
+            raise Unauthorized(
+                f"{user.get('username')} may not create pathwaysprograms in namespace "
+                f"{namespace!r} (SubjectAccessReview)"
+            )
+        return Tenant(namespace, self.quotas)
+
+    # -- the Store interface -------------------------------------------------------------------
+
+    async def admit(
+        self,
+        tenant: Tenant,
+        document: Document,
+        cost: Admission,
+        idempotency: tuple[str, str] | None,
+    ) -> tuple[Document, bool]:
+        """See :meth:`~pathways_api.store.Store.admit`."""
+        namespace = tenant.name
+        async with self._locks.setdefault(namespace, asyncio.Lock()):
+            programs = await self._all(PROGRAM, namespace)
+            slices = await self._all(SLICE, namespace)
+            if idempotency is not None:
+                key, fingerprint = idempotency
+                for existing in programs if document["kind"] == PROGRAM else slices:
+                    annotations = existing["metadata"].get("annotations") or {}
+                    if annotations.get(ANNOTATION_KEY) == key:
+                        if annotations.get(ANNOTATION_FINGERPRINT) != fingerprint:
+                            raise Conflict(
+                                "this Idempotency-Key was used for a different request body",
+                                field="header Idempotency-Key",
+                            )
+                        return existing, False
+                annotations = document["metadata"].setdefault("annotations", {})
+                annotations.update({ANNOTATION_KEY: key, ANNOTATION_FINGERPRINT: fingerprint})
+            check_quota(tenant, _usage(programs, slices), cost)
+            created = await self._call(
+                "POST", self._path(document["kind"], namespace), json=document
+            )
+            return created, True
+
+    async def get(self, kind: str, namespace: str | None, name: str) -> Document | None:
+        """See :meth:`~pathways_api.store.Store.get`."""
+        document = await self._call("GET", self._path(kind, namespace, name))
+        return document
+
+    async def list(
+        self,
+        kind: str,
+        namespace: str | None,
+        *,
+        limit: int,
+        token: str | None,
+        phase: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> Page:
+        """See :meth:`~pathways_api.store.Store.list`: pages in creation order; the token is
+        the position in that order."""
+        after = decode_token(token) if token else 0
+        items = [
+            item
+            for item in await self._all(kind, namespace)
+            if (phase is None or (item.get("status") or {}).get("phase") == phase)
+            and all(
+                (item["metadata"].get("labels") or {}).get(k) == v
+                for k, v in (labels or {}).items()
+            )
+        ]
+        page = items[after : after + limit]
+        more = after + limit < len(items)
+        return Page(page, encode_token(after + limit) if more else None)
+
+    async def cancel(self, namespace: str, name: str) -> Document:
+        """See :meth:`~pathways_api.store.Store.cancel`."""
+        document = await self.get(PROGRAM, namespace, name)
+        if document is None:
+            raise NotFound(f"no program named {name!r}", field="name")
+        if (document.get("status") or {}).get("phase") in TERMINAL:
+            raise Conflict(
+                f"program {name!r} already {document['status']['phase'].lower()}", field="name"
+            )
+        patch = {
+            "metadata": {"annotations": {ANNOTATION_CANCELLED: "true"}},
+            "spec": {"suspend": True},
+        }
+        return await self._call(
+            "PATCH",
+            self._path(PROGRAM, namespace, name),
+            content=json.dumps(patch),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
+    async def delete(self, kind: str, namespace: str, name: str) -> Document:
+        """See :meth:`~pathways_api.store.Store.delete`."""
+        document = await self.get(kind, namespace, name)
+        if document is None:
+            raise NotFound(f"no {kind} named {name!r}", field="name")
+        await self._call("DELETE", self._path(kind, namespace, name))
+        return document
+
+    async def usage(self, namespace: str) -> Usage:
+        """See :meth:`~pathways_api.store.Store.usage`."""
+        return _usage(await self._all(PROGRAM, namespace), await self._all(SLICE, namespace))
+
+    async def events(self, kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
+        """See :meth:`~pathways_api.store.Store.events`."""
+        body = await self._call("GET", f"/api/v1/namespaces/{namespace}/events")
+        return [
+            {
+                "type": event.get("type") or "Normal",
+                "reason": event.get("reason") or "",
+                "message": event.get("message") or "",
+                "time": event.get("lastTimestamp") or event.get("eventTime") or "",
+            }
+            for event in (body or {}).get("items") or []
+            if (event.get("involvedObject") or {}).get("name") == name
+            and (event.get("involvedObject") or {}).get("kind") == kind
+        ]
+
+    async def logs(self, namespace: str, name: str) -> str | None:
+        """See :meth:`~pathways_api.store.Store.logs`: the logs of its Jobs' pods."""
+        body = await self._call(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods",
+            params={"labelSelector": f"pathways.dev/program={name}"},
+        )
+        parts = []
+        for pod in (body or {}).get("items") or []:
+            labels = pod["metadata"].get("labels") or {}
+            if labels.get("pathways.dev/program") != name:
+                continue  # a server that ignores the selector
+            pod_name = pod["metadata"]["name"]
+            answer = await self.http.get(
+                f"/api/v1/namespaces/{namespace}/pods/{pod_name}/log", headers=self._headers()
+            )
+            if answer.status_code == 200:
+                parts.append(f"--- run {labels.get('pathways.dev/run', '?')} ---\n{answer.text}")
+        return "\n".join(parts)
+
+    async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """See :meth:`~pathways_api.store.Store.trace`: not kept in a cluster."""
+        return []
+
+    async def ready(self) -> bool:
+        """See :meth:`~pathways_api.store.Store.ready`: the API server lists Islands."""
+        try:
+            await self._call("GET", self._path(ISLAND, None))
+        except Unavailable:
+            return False
+        return True
+
+
+class TokenReviewer:
+    """The authenticator of the kubernetes mode, caching answers for a minute."""
+
+    def __init__(self, store: KubernetesStore) -> None:
+        self.store = store
+        self._cache: dict[str, tuple[float, Tenant | Unauthorized]] = {}
+
+    async def authenticate(self, token: str) -> Tenant:
+        """The tenant of a token (TokenReview + SubjectAccessReview)."""
+        cached = self._cache.get(token)
+        if cached is None or time.monotonic() - cached[0] > REVIEW_TTL_SECONDS:
+            try:
+                answer: Tenant | Unauthorized = await self.store.review(token)
+            except Unauthorized as error:
+                answer = error
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            cached = self._cache[token] = (time.monotonic(), answer)
+        if isinstance(cached[1], Unauthorized):
+            raise cached[1]
+        return cached[1]
+
+
+def _usage(programs: list[Document], slices: list[Document]) -> Usage:
+    devices = 0
+    active_programs = 0
+    for program in programs:
+        if not is_active(program):
+            continue
+        active_programs += 1
+        for item in (program.get("spec") or {}).get("slices") or []:
+            if item.get("virtualSliceName"):
+                continue
+            devices += _size(item)
+    for item in slices:
+        labels = item["metadata"].get("labels") or {}
+        # Inline slices of programs are counted with their program.
+        if is_active(item) and "pathways.dev/program" not in labels:
+            devices += _size(item.get("spec") or {})
+    return Usage(devices, active_programs)
+
+
+def _size(spec: dict[str, Any]) -> int:
+    if spec.get("shape"):
+        return device_count(parse_shape(str(spec["shape"])))
+    return int(spec.get("devices") or 0)
+
+
+def _data_file(data: str, name: str) -> str:
+    folder = Path(tempfile.mkdtemp(prefix="pathways-api-"))
+    path = folder / name
+    path.write_bytes(base64.b64decode(data))
+    path.chmod(0o600)
+    return str(path)

@@ -1,0 +1,180 @@
+"""The REST API in kubernetes mode against the emulated API server: tokens checked with
+TokenReview and SubjectAccessReview (tenant = the service account's namespace), programs and
+slices stored as custom resources the operator's decisions see, quotas and idempotency."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import kmock
+import pytest
+from kube_cluster import Cluster
+
+from pathways_api.app import create_app
+from pathways_api.kube_store import KubernetesStore, TokenReviewer
+from pathways_api.service import Service
+
+# Token -> the identity the emulated TokenReview answers, and whether SubjectAccessReview allows.
+IDENTITIES = {
+    "token-a": ("system:serviceaccount:team-a:runner", True),
+    "token-b": ("system:serviceaccount:team-b:runner", True),
+    "token-readonly": ("system:serviceaccount:team-c:viewer", False),
+    "token-human": ("alice@example.com", True),
+}
+
+
+def reviews(cluster: Cluster) -> None:
+    """Answer TokenReviews and SubjectAccessReviews as a real API server would."""
+    for group, plural, kind in (
+        ("authentication.k8s.io/v1", "tokenreviews", "TokenReview"),
+        ("authorization.k8s.io/v1", "subjectaccessreviews", "SubjectAccessReview"),
+    ):
+        cluster.emulator.resources[f"{group}/{plural}"] = kmock.ResourceInfo(
+            kind=kind, namespaced=False, verbs={"create"}
+        )
+
+    async def answer(request: kmock.Request) -> None:
+        plural = getattr(request.resource, "plural", None)
+        if plural not in ("tokenreviews", "subjectaccessreviews"):
+            return
+        data = request.data
+        data["metadata"] = {"generateName": "review-"}
+        if plural == "tokenreviews":
+            known = IDENTITIES.get(data["spec"]["token"])
+            data["status"] = (
+                {"authenticated": True, "user": {"username": known[0], "groups": []}}
+                if known
+                else {"authenticated": False}
+            )
+        else:
+            user = data["spec"]["user"]
+            allowed = any(name == user and ok for name, ok in IDENTITIES.values())
+            attributes = data["spec"]["resourceAttributes"]
+            allowed = allowed and attributes["namespace"] == user.split(":")[2]
+            data["status"] = {"allowed": allowed}
+
+    cluster.call_soon(lambda: cluster.emulator.hooks.append(answer))
+
+
+class Api:
+    """The app on one event loop (its store's connections belong to it), called in-process."""
+
+    def __init__(self, app: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://api"
+        )
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.aclose())
+        self.loop.close()
+
+
+@pytest.fixture
+def api(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Api]:
+    reviews(cluster)
+    monkeypatch.setenv("PATHWAYS_API_QUOTA_PROGRAMS", "3")
+    store = KubernetesStore.from_environment()
+    running = Api(create_app(Service(store, "kubernetes"), TokenReviewer(store)))
+    yield running
+    running.loop.run_until_complete(store.http.aclose())
+    running.close()
+
+
+def call(api: Api, token: str | None, method: str, path: str, **arguments: Any) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return api.loop.run_until_complete(
+        api.client.request(
+            method, path, headers={**headers, **arguments.pop("headers", {})}, **arguments
+        )
+    )
+
+
+def program(name: str, devices: int = 2) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "slices": [{"name": "main", "devices": devices}],
+            "driver": {"source": "print(1)"},
+        },
+    }
+
+
+def test_programs_become_custom_resources_of_the_tenants_namespace(
+    cluster: Cluster, api: Api
+) -> None:
+    created = call(api, "token-a", "POST", "/v1/programs", json=program("train"))
+    assert created.status_code == 201, created.text
+    stored = cluster.get("PathwaysProgram", "train", "team-a")
+    assert stored is not None and stored["spec"]["slices"][0]["devices"] == 2
+    assert (
+        call(api, "token-a", "GET", "/v1/programs/train").json()["metadata"]["uid"]
+        == (stored["metadata"]["uid"])
+    )
+    # Tenant isolation: team-b sees nothing of team-a's.
+    assert call(api, "token-b", "GET", "/v1/programs/train").status_code == 404
+    assert call(api, "token-b", "GET", "/v1/programs").json()["items"] == []
+    assert call(api, "token-b", "POST", "/v1/programs/train/cancel").status_code == 404
+    assert call(api, "token-a", "GET", "/v1/me").json()["usage"] == {"devices": 2, "programs": 1}
+    # Cancel suspends it for good.
+    cancelled = call(api, "token-a", "POST", "/v1/programs/train/cancel")
+    assert cancelled.status_code == 200, cancelled.text
+    stored = cluster.get("PathwaysProgram", "train", "team-a")
+    assert stored["spec"]["suspend"] is True
+    assert stored["metadata"]["annotations"]["pathways.dev/cancelled"] == "true"
+    assert call(api, "token-a", "GET", "/v1/me").json()["usage"]["programs"] == 0
+
+
+def test_quota_and_idempotency(cluster: Cluster, api: Api) -> None:
+    key = {"Idempotency-Key": "once"}
+    first = call(api, "token-a", "POST", "/v1/programs", json=program("p0"), headers=key)
+    again = call(api, "token-a", "POST", "/v1/programs", json=program("p0"), headers=key)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["metadata"]["uid"] == first.json()["metadata"]["uid"]
+    other = call(api, "token-a", "POST", "/v1/programs", json=program("p9", 1), headers=key)
+    assert other.status_code == 409
+    for name in ("p1", "p2"):
+        assert call(api, "token-a", "POST", "/v1/programs", json=program(name)).status_code == 201
+    refused = call(api, "token-a", "POST", "/v1/programs", json=program("p3"))
+    assert refused.status_code == 429, refused.text
+    assert len(cluster.list("PathwaysProgram", "team-a")) == 3
+
+
+@pytest.mark.parametrize(
+    ("token", "message"),
+    [
+        (None, "missing bearer token"),
+        ("nope", "TokenReview"),
+        ("token-human", "service-account"),
+        ("token-readonly", "SubjectAccessReview"),
+    ],
+)
+def test_callers_the_cluster_does_not_vouch_for_are_401(
+    cluster: Cluster, api: Api, token: str | None, message: str
+) -> None:
+    response = call(api, token, "POST", "/v1/programs", json=program("x"))
+    assert response.status_code == 401
+    assert message in response.json()["error"]["message"]
+    assert cluster.list("PathwaysProgram") == []
+
+
+def test_islands_virtual_slices_and_probes(cluster: Cluster, api: Api) -> None:
+    cluster.create(
+        {
+            "apiVersion": "pathways.dev/v1alpha1",
+            "kind": "Island",
+            "metadata": {"name": "isl"},
+            "spec": {"acceleratorKind": "cpu-fake", "topology": "4", "hosts": 1},
+        }
+    )
+    islands = call(api, "token-b", "GET", "/v1/islands").json()["items"]
+    assert [island["metadata"]["name"] for island in islands] == ["isl"]
+    vs = {"metadata": {"name": "held"}, "spec": {"shape": "2x2"}}
+    assert call(api, "token-b", "POST", "/v1/virtualslices", json=vs).status_code == 201
+    assert call(api, "token-b", "GET", "/v1/me").json()["usage"]["devices"] == 4
+    assert call(api, "token-b", "DELETE", "/v1/virtualslices/held").status_code == 200
+    assert cluster.get("VirtualSlice", "held", "team-b") is None
+    assert call(api, None, "GET", "/readyz").json() == {"status": "ok"}
