@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pathways_client.api_client import ApiCallError, ApiClient
+from pathways_client.bench import bench_command
 from pathways_client.crd_files import check_crds, write_crds
 from pathways_client.manifests import Document, manifest_files, read_documents
 from pathways_client.mesh_view import islands_table, slice_styles
@@ -594,3 +595,6 @@ def demo(state: Path | None, out: Path, keep: bool) -> None:
         run_demo(state.expanduser().resolve() if state else None, out, keep, console)
     except Exception as error:  # the demo says what failed, then exits non-zero
         _fail(error)
+
+
+main.add_command(bench_command)
