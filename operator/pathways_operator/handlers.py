@@ -3,7 +3,7 @@
 
 Every handler is idempotent and level-triggered: it reads the current objects, never trusts
 the event that woke it, and writes only what differs. Children have deterministic names, so a
-handler that runs twice finds what the first one created. Timers reconcile islands and
+handler that runs twice finds what the first one created. Daemons reconcile islands and
 programs again every ``PATHWAYS_RESYNC_SECONDS`` in case an event was missed.
 """
 
@@ -93,11 +93,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     memo.locks = {}
     memo.seen = {}
     memo.metrics_server = metrics.serve(config.metrics_port)
+    memo.stopping = asyncio.Event()
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Close connections and the metrics endpoint."""
+    """Stop the resync daemons; close connections and the metrics endpoint."""
+    memo.stopping.set()
     await memo.kube.close()
     if memo.metrics_server is not None:
         memo.metrics_server.shutdown()
@@ -289,11 +291,23 @@ async def executors_event(labels: Any, memo: kopf.Memo, **_: Any) -> None:
     await _guard("island", reconcile_island(memo, labels[LABEL_ISLAND]))
 
 
-@kopf.timer(GROUP, VERSION, "islands", interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+async def _resync_due(memo: kopf.Memo) -> bool:
+    """Wait one resync interval; ``False`` once the operator is stopping."""
+    try:
+        await asyncio.wait_for(memo.stopping.wait(), RESYNC_SECONDS)
+    except TimeoutError:
+        return True
+    return False
+
+
+# Resyncs are daemons rather than kopf timers: a daemon is cancelled when the operator pauses
+# for a peer, and ends by itself when the operator stops (kopf gives lingering tasks 5 s).
+@kopf.daemon(GROUP, VERSION, "islands", cancellation_timeout=0)
 async def island_resync(name: str, memo: kopf.Memo, **_: Any) -> None:
     """Periodic reconcile and binding pass, in case an event was missed."""
-    await _guard("island", reconcile_island(memo, name))
-    await _guard("binding", memo.binder.sync())
+    while await _resync_due(memo):
+        await _guard("island", reconcile_island(memo, name))
+        await _guard("binding", memo.binder.sync())
 
 
 @kopf.on.delete(GROUP, VERSION, "islands")
@@ -420,12 +434,11 @@ async def job_event(namespace: str, labels: Any, memo: kopf.Memo, **_: Any) -> N
     await _guard("program", reconcile(memo, namespace, labels[LABEL_PROGRAM]))
 
 
-@kopf.timer(
-    GROUP, VERSION, "pathwaysprograms", interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS
-)
+@kopf.daemon(GROUP, VERSION, "pathwaysprograms", cancellation_timeout=0)
 async def program_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Periodic reconcile, in case an event was missed."""
-    await _guard("program", reconcile(memo, namespace, name))
+    while await _resync_due(memo):
+        await _guard("program", reconcile(memo, namespace, name))
 
 
 @kopf.on.delete(GROUP, VERSION, "pathwaysprograms")
