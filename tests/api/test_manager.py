@@ -199,3 +199,28 @@ def test_a_restarted_manager_keeps_bindings_and_fails_lost_runs(state: Path) -> 
         assert "lost" in events.fetchone()[1]
     finally:
         second.stop()
+
+
+def test_a_graph_program_runs_the_graph_runner_on_its_mounted_spec(running: Running) -> None:
+    store = running.store
+    store.insert(
+        {
+            "apiVersion": "pathways.dev/v1alpha1",
+            "kind": "PathwaysProgram",
+            "metadata": {"name": "graph", "namespace": "team"},
+            "spec": {
+                "slices": [{"name": "main", "devices": 1}],
+                "graph": {
+                    "functions": [{"name": "f", "uri": "file:///nowhere/f.bin"}],
+                    "nodes": [{"name": "n", "function": "f", "slice": "main"}],
+                },
+            },
+        }
+    )
+    wait_for(lambda: phase(store, "PathwaysProgram", "graph") == "Failed", what="Failed")
+    # The ConfigMap "mount" is a file of the state directory, and the runner read it: it
+    # failed on the function's artifact, not on the spec.
+    spec = running.manager.state / "configmaps" / "team" / "graph-graph" / "program.json"
+    assert json.loads(spec.read_text())["graph"]["nodes"][0]["function"] == "f"
+    log = store.log_path("team", "graph-run-1").read_text()
+    assert "/nowhere/f.bin" in log and "/etc/pathways" not in log
