@@ -1,0 +1,37 @@
+"""API commands without a cluster to talk to: one clear line and exit code 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [("get",), ("status",), ("cancel", "p"), ("logs", "p"), ("trace", "p", "--out", "t.json")],
+)
+def test_without_a_cluster_the_commands_say_how_to_start_one(
+    pathways, tmp_path: Path, arguments: tuple[str, ...]
+) -> None:
+    result = pathways(*arguments, "--state", str(tmp_path / "none"))
+    assert result.exit_code == 1
+    assert "pathways up" in result.output
+
+
+def test_an_unreachable_api_is_named(pathways, tmp_path: Path) -> None:
+    result = pathways("get", "--api", "http://127.0.0.1:9", "--token", "t")
+    assert result.exit_code == 1
+    assert "Unreachable" in result.output and "127.0.0.1:9" in result.output
+
+
+def test_down_without_a_cluster(pathways, tmp_path: Path) -> None:
+    result = pathways("down", "--state", str(tmp_path))
+    assert result.exit_code == 0 and "no embedded cluster is running" in result.output
+
+
+def test_submit_refuses_a_file_that_is_not_yaml(pathways, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [\n")
+    result = pathways("submit", str(bad), "--api", "http://127.0.0.1:9", "--token", "t")
+    assert result.exit_code == 1 and "not valid YAML" in result.output
