@@ -1,4 +1,5 @@
-"""The binding loop: coalesced passes of :func:`pathways_core.control.plan_bindings`.
+"""The binding loop: coalesced passes of :func:`pathways_core.control.plan_bindings` (through
+``plan_bindings_shared``, which binds time-shared slices in groups, as the embedded mode does).
 
 Handlers ask for a pass (``await binder.sync()``) whenever something that may change bindings
 happens; requests that arrive while a pass runs are all answered by the next one, so a burst
@@ -18,8 +19,9 @@ import time
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
-from pathways_core.control import BindingPlan, SliceChange, Stage, plan_bindings
+from pathways_core.control import BindingPlan, SliceChange, Stage
 from pathways_core.control.common import now_utc
+from pathways_core.control.sharing import plan_bindings_shared
 from pathways_operator import metrics
 from pathways_operator.config import Config
 from pathways_operator.kube import ApiError, Kube
@@ -95,7 +97,7 @@ class Binder:
             key = f"{meta.get('namespace')}/{meta['name']}"
             if (document.get("status") or {}).get("phase") != "Bound":
                 self._first_seen.setdefault(key, seen)
-        plan = plan_bindings(islands, slices, now_utc(), self.config.quotas)
+        plan = plan_bindings_shared(islands, slices, now_utc(), self.config.quotas)
         self.last_plan = plan
         again = plan.needs_another_pass
         ordered = plan.ordered()

@@ -190,3 +190,13 @@ def test_a_lost_host_moves_its_slices_to_healthy_devices(cluster: Cluster, opera
 
     wait_for(settled)
     assert_no_device_bound_twice(cluster)
+
+
+def test_time_shared_slices_share_devices_exclusive_ones_do_not(cluster: Cluster, operator) -> None:
+    cluster.create(island("shared", topology="2x4", hosts=2))
+    cluster.create(vslice("tenant-a", devices=4, timeShared=True))
+    cluster.create(vslice("tenant-b", devices=4, timeShared=True))
+    cluster.create(vslice("alone", devices=4))
+    wait_for(lambda: all(phase(cluster, n) == "Bound" for n in ("tenant-a", "tenant-b", "alone")))
+    a, b, alone = (set(status(cluster, n)["devices"]) for n in ("tenant-a", "tenant-b", "alone"))
+    assert a == b and not a & alone
