@@ -349,7 +349,7 @@ class IslandDispatcher:
                 del self._pulling[buffer_id]
                 for executor in self._deferred.pop(buffer_id, frozenset()):
                     released.setdefault(executor, []).append(buffer_id)
-        return self._delete_commands(released) + [self._outcome(seq, flight)]
+        return [*self._delete_commands(released), self._outcome(seq, flight)]
 
     def _outcome(self, seq: int, flight: _InFlight) -> ToClient:
         if flight.errors:
