@@ -1,6 +1,6 @@
 """gRPC plumbing from the method tables of ``pathways_core.wire``.
 
-Re-exports the stream plumbing so servers import one module for their RPC needs.
+Re-exports the message size limits so servers import one module for their gRPC needs.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 
 from pathways_core.wire import Cardinality, Service
-from pathways_core.wire.streams import MESSAGE_OPTIONS, batches
+from pathways_core.wire.streams import MESSAGE_OPTIONS
 
 _HANDLERS = {
     Cardinality.UNARY_UNARY: grpc.unary_unary_rpc_method_handler,
@@ -35,4 +35,4 @@ def generic_handler(service: Service, implementation: Any) -> grpc.GenericRpcHan
     )
 
 
-__all__ = ["MESSAGE_OPTIONS", "batches", "generic_handler"]
+__all__ = ["MESSAGE_OPTIONS", "generic_handler"]

@@ -27,9 +27,10 @@ RECEIVE_BYTES = 1 << 18
 
 
 def batches(pending: queue.Queue, wrap: Callable[[list[Any]], Any]) -> Iterator[Any]:
-    """Messages for a stream: each waits for one item, then takes whatever else is queued
-    (up to ``MAX_BATCH``) so a burst of work crosses the wire in one message. ``None`` ends
-    the stream."""
+    """Messages for a gRPC request stream fed from a queue: each waits for one item, then
+    takes whatever else is queued (up to ``MAX_BATCH``) so a burst of work crosses the wire in
+    one message. ``None`` ends the stream. (The control streams no longer use it; they are
+    framed over raw TCP.)"""
     while (first := pending.get()) is not None:
         batch = [first]
         while len(batch) < MAX_BATCH:
