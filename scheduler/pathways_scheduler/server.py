@@ -207,7 +207,11 @@ class SchedulerService:
             self._apply_batch(client, batch)
             for batch_in in incoming:
                 self._apply_batch(client, batch_in.messages)
-        except (OSError, FrameError):
+        except FrameError as error:  # bytes that are not our frames: say why, then hang up
+            with contextlib.suppress(OSError):
+                peer.queue(pb.ClientEvent(kind=pb.ClientEvent.REJECTED, message=str(error)))
+                peer.flush()
+        except OSError:
             pass
         finally:
             if client:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import socket
 import threading
 from concurrent.futures import Future
 
@@ -14,6 +15,7 @@ from conftest import export, f32
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland
 from pathways_core.wire import pb
+from pathways_core.wire.streams import frame, messages
 
 INCREMENT = export(lambda x: x + 1, f32(4))
 DOUBLE = export(lambda x: x * 2, f32(4))
@@ -240,3 +242,23 @@ def test_a_second_session_with_the_same_name_is_refused(island: LocalIsland) -> 
         # The first session is untouched.
         x = first.put(np.ones(4, np.float32), device=2)
         first.submit(first.register(INCREMENT), [2], [x], 1).wait(30)
+
+
+def test_a_session_that_is_not_ours_is_refused_and_the_island_keeps_serving(
+    island: LocalIsland,
+) -> None:
+    with IslandClient(island.scheduler_endpoint, "witness") as client:
+        host, port = client.info.session_endpoint.rsplit(":", 1)
+        for garbage, reason in [
+            (b"\xff\xff\xff\xff", "exceeds"),  # a frame longer than any message may be
+            (frame(pb.ClientBatch()), "a session starts with hello naming the client"),
+        ]:
+            with socket.create_connection((host, int(port)), timeout=10) as raw:
+                raw.sendall(garbage)
+                events = list(messages(raw.recv, pb.ClientEventBatch.FromString))
+            assert [e.kind for b in events for e in b.events] == [pb.ClientEvent.REJECTED]
+            assert reason in events[0].events[0].message
+        x = client.put(np.ones(4, np.float32), device=1)
+        done = client.submit(client.register(INCREMENT, "increment"), [1], [x], 1)
+        done.wait(30)
+        np.testing.assert_array_equal(client.get(done.outputs[0]), np.full(4, 2.0))
