@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 
 from pathways_core.accelerators import AcceleratorKind
+from pathways_core.control.security import TLS_SECRET_ENV
 from pathways_core.resources.island import DEFAULT_IMAGE
+
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 @dataclass(frozen=True)
@@ -15,13 +19,16 @@ class Config:
     """``PATHWAYS_NAMESPACE``: where island pods run (and Events of islands go);
     ``PATHWAYS_IMAGE``: the image of program Jobs; ``PATHWAYS_METRICS_PORT``: 0 disables
     metrics; ``PATHWAYS_RESYNC_SECONDS``: how often everything is reconciled again even when
-    nothing changed; ``PATHWAYS_QUOTAS``: JSON ``{"tenant": {"tpu-v5e": 64}}``."""
+    nothing changed; ``PATHWAYS_QUOTAS``: JSON ``{"tenant": {"tpu-v5e": 64}}``;
+    ``PATHWAYS_TLS_SECRET``: name of the ``kubernetes.io/tls`` Secret mounted in island and
+    program pods (unset: TLS off)."""
 
     namespace: str = "pathways-system"
     image: str = DEFAULT_IMAGE
     metrics_port: int = 9090
     resync_seconds: float = 60.0
     quotas: dict[tuple[str, AcceleratorKind], int] = field(default_factory=dict)
+    tls_secret: str | None = None
 
     @classmethod
     def from_environment(cls) -> Config:
@@ -44,7 +51,20 @@ class Config:
             metrics_port=int(_number("PATHWAYS_METRICS_PORT", cls.metrics_port)),
             resync_seconds=_number("PATHWAYS_RESYNC_SECONDS", cls.resync_seconds),
             quotas=quotas,
+            tls_secret=_secret_name(TLS_SECRET_ENV),
         )
+
+
+def _secret_name(variable: str) -> str | None:
+    """A Secret's name from the environment, or ``None`` when unset or empty."""
+    raw = os.environ.get(variable, "").strip()
+    if not raw:
+        return None
+    if not DNS_SUBDOMAIN.fullmatch(raw) or len(raw) > 253:
+        raise ValueError(
+            f"{variable}: expected the name of a Secret (a DNS subdomain), got {raw!r}"
+        )
+    return raw
 
 
 def _number(variable: str, default: float) -> float:

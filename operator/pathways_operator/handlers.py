@@ -180,7 +180,10 @@ async def reconcile_island(memo: kopf.Memo, name: str) -> None:
         observed = IslandObservation()
         if isinstance(island, Island) and external_endpoint(document) is None:
             found: dict[str, dict[str, Any]] = {}
-            for child in island_children(document, island, namespace):
+            children = island_children(
+                document, island, namespace, tls_secret=memo.config.tls_secret
+            )
+            for child in children:
                 found[child["kind"]] = await _apply_child(kube, child)
             pods = await kube.list(
                 "v1",
@@ -387,7 +390,9 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
             view = ProgramView(
                 document, slices, job, {k: v for k, v in islands.items() if v is not None}
             )
-            decision = reconcile_program(view, now_utc(), memo.config.image)
+            decision = reconcile_program(
+                view, now_utc(), memo.config.image, tls_secret=memo.config.tls_secret
+            )
             for child in decision.create:
                 await kube.create(child)
             for ref in decision.delete:

@@ -15,6 +15,7 @@ def test_defaults_follow_the_contracts(monkeypatch: pytest.MonkeyPatch) -> None:
         "PATHWAYS_IMAGE",
         "PATHWAYS_METRICS_PORT",
         "PATHWAYS_QUOTAS",
+        "PATHWAYS_TLS_SECRET",
     ):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.delenv("PATHWAYS_RESYNC_SECONDS", raising=False)
@@ -25,6 +26,14 @@ def test_defaults_follow_the_contracts(monkeypatch: pytest.MonkeyPatch) -> None:
         60.0,
     )
     assert config.quotas == {}
+    assert config.tls_secret is None
+
+
+def test_tls_secret_names_the_secret_to_mount(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATHWAYS_TLS_SECRET", "pw-pathways-tls")
+    assert Config.from_environment().tls_secret == "pw-pathways-tls"
+    monkeypatch.setenv("PATHWAYS_TLS_SECRET", "  ")
+    assert Config.from_environment().tls_secret is None
 
 
 def test_quotas_per_tenant_and_kind(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,6 +52,7 @@ def test_quotas_per_tenant_and_kind(monkeypatch: pytest.MonkeyPatch) -> None:
         ("PATHWAYS_QUOTAS", '{"t": 5}'),
         ("PATHWAYS_METRICS_PORT", "ninety"),
         ("PATHWAYS_RESYNC_SECONDS", "soon"),
+        ("PATHWAYS_TLS_SECRET", "Not_A/Secret"),
     ],
 )
 def test_bad_settings_name_the_variable(

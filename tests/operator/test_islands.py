@@ -40,7 +40,7 @@ def test_island_lifecycle_create_ready_scale_degrade_delete(cluster: Cluster, op
     executors = made["StatefulSet/alpha-executor"]
     assert executors["spec"]["replicas"] == 2
     assert made["Service/alpha-executor"]["spec"]["clusterIP"] == "None"
-    script = executors["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    script = executors["spec"]["template"]["spec"]["containers"][0]["args"][-1]
     assert "--fake-devices 4" in script and "--hosts 2" in script
     assert f"--coordinator alpha-executor-0.alpha-executor.{SYSTEM}.svc:8476" in script
     provisioning = wait_for(
@@ -83,7 +83,7 @@ def test_island_lifecycle_create_ready_scale_degrade_delete(cluster: Cluster, op
     deployment = cluster.get("Deployment", "alpha-scheduler", SYSTEM)
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args.count("--executor") == 4
-    assert "--hosts 4" in scaled["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "--hosts 4" in scaled["spec"]["template"]["spec"]["containers"][0]["args"][-1]
     assert wait_for(lambda: status(cluster, "Island", "alpha").get("devicesTotal") == 16)
 
     # Delete: the children go, then the island.
@@ -105,7 +105,7 @@ def test_tpu_island_children_request_tpus_on_matching_nodes(cluster: Cluster, op
     assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]
-    assert "--fake-devices" not in container["command"][-1]
+    assert "--fake-devices" not in container["args"][-1]
 
 
 def test_semantically_wrong_island_gets_a_condition_and_one_event(

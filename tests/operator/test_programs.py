@@ -197,8 +197,14 @@ def test_graph_program_runs_the_graph_runner_with_its_spec_mounted(
     )
     job = wait_for(lambda: cluster.get("Job", "graph-run-1", "team"))
     container = job["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["python", "-m", "pathways_client.run_graph"]
-    assert container["args"] == ["--spec", "/etc/pathways/program.json"]
+    assert "command" not in container  # the image's tini entrypoint runs the args
+    assert container["args"] == [
+        "python",
+        "-m",
+        "pathways_client.run_graph",
+        "--spec",
+        "/etc/pathways/program.json",
+    ]
     assert job["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == "graph-graph"
     config = cluster.get("ConfigMap", "graph-graph", "team")
     assert json.loads(config["data"]["program.json"])["graph"]["nodes"][0]["function"] == "f"

@@ -62,8 +62,8 @@ def test_children_are_named_owned_and_labelled() -> None:
 def test_fake_cpu_executors_get_device_flags_index_and_coordinator() -> None:
     pod = executor_pod(island_document("cpu-fake", "4x4", 4))
     container = pod["containers"][0]
-    script = container["command"][-1]
-    assert container["command"][:2] == ["sh", "-c"]
+    script = container["args"][-1]
+    assert "command" not in container and container["args"][:2] == ["sh", "-c"]
     assert '--index "$POD_INDEX"' in script
     assert '--first-device "$((POD_INDEX * 4))"' in script
     assert "--hosts 4 --coordinator isl-executor-0.isl-executor.ns.svc:8476" in script
@@ -75,7 +75,7 @@ def test_fake_cpu_executors_get_device_flags_index_and_coordinator() -> None:
 
 
 def test_single_host_islands_form_no_distributed_group() -> None:
-    script = executor_pod(island_document("cpu-fake", "8", 1))["containers"][0]["command"][-1]
+    script = executor_pod(island_document("cpu-fake", "8", 1))["containers"][0]["args"][-1]
     assert "--hosts" not in script and "--coordinator" not in script
 
 
@@ -104,7 +104,7 @@ def test_tpu_executors_request_tpus_on_gke_tpu_nodes(
     assert pod["tolerations"] == [
         {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
-    assert "--fake-devices" not in container["command"][-1]
+    assert "--fake-devices" not in container["args"][-1]
     names = {variable["name"] for variable in container["env"]}
     assert ("TPU_WORKER_HOSTNAMES" in names) == (hosts > 1)
 

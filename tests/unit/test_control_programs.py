@@ -109,7 +109,9 @@ def test_ready_program_starts_run_one_with_the_sdk_settings() -> None:
     assert created["kind"] == "Job" and created["metadata"]["name"] == "p-run-1"
     assert created["spec"]["backoffLimit"] == 0 and created["spec"]["activeDeadlineSeconds"] == 60
     container = created["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["python", "-c", "print(1)"] and container["image"] == IMAGE
+    # The Pathways image's tini entrypoint stays: the command is given as args.
+    assert "command" not in container and container["image"] == IMAGE
+    assert container["args"] == ["python", "-c", "print(1)"]
     env = {item["name"]: item["value"] for item in container["env"]}
     assert env["PATHWAYS_PROGRAM"] == "t/p" and env["PATHWAYS_TENANT"] == "t"
     assert env["PATHWAYS_WEIGHT"] == "4" and env["PATHWAYS_PRIORITY"] == "0"
@@ -218,9 +220,16 @@ def test_graph_programs_mount_their_spec_for_the_graph_runner() -> None:
         and json.loads(config_map["data"]["program.json"])["graph"]["nodes"][0]["function"] == "f"
     )
     container = created["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["python", "-m", "pathways_client.run_graph"]
-    assert container["volumeMounts"] == [
-        {"name": "program", "mountPath": "/etc/pathways", "readOnly": True}
+    assert "command" not in container
+    assert container["args"] == [
+        "python",
+        "-m",
+        "pathways_client.run_graph",
+        "--spec",
+        "/etc/pathways/program.json",
+    ]
+    assert {"name": "program", "mountPath": "/etc/pathways", "readOnly": True} in container[
+        "volumeMounts"
     ]
 
 

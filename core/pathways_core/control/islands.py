@@ -10,6 +10,11 @@
 
 Devices are requested per accelerator kind: TPU (``google.com/tpu``, the GKE TPU node selectors
 and toleration), GPU (``nvidia.com/gpu``) or fake CPU devices (``--fake-devices N``).
+
+Every pod is locked down by :func:`pathways_core.control.security.harden` (non-root, read-only
+root, no capability, no service account token) and, with TLS on, mounts the TLS Secret. The
+labels ``pathways.dev/island`` and ``pathways.dev/component`` (scheduler, executor) are stable:
+the chart's NetworkPolicies select pods by them.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from pathways_core.control.common import (
     owner_reference,
     set_condition,
 )
+from pathways_core.control.security import COMPILATION_CACHE_DIR, harden
 from pathways_core.resources import Island
 
 SCHEDULER_PORT = 8470
@@ -130,12 +136,14 @@ def executor_placement(island: Island) -> dict[str, Any]:
 
 
 def executor_command(island: Island, namespace: str) -> list[str]:
-    """The executor's command line: its index comes from the pod's ordinal (the pod-index
-    label, through the downward API), its first device from the index."""
+    """The executor's command line, given as the container's ``args`` (the image's tini runs
+    it): its index comes from the pod's ordinal (the pod-index label, through the downward
+    API), its first device from the index; it compiles into the cache volume."""
     spec = island.spec
     name = island.metadata.name or ""
     devices = spec.host_devices
     flags = ["--host", "0.0.0.0", "--port", str(EXECUTOR_PORT)]
+    flags += ["--compilation-cache", COMPILATION_CACHE_DIR]
     if spec.hosts > 1:
         coordinator = f"{executor_host(name, namespace, 0)}:{COORDINATOR_PORT}"
         flags += ["--hosts", str(spec.hosts), "--coordinator", coordinator]
@@ -148,9 +156,12 @@ def executor_command(island: Island, namespace: str) -> list[str]:
     return ["sh", "-c", script]
 
 
-def island_children(document: Document, island: Island, namespace: str) -> list[Document]:
+def island_children(
+    document: Document, island: Island, namespace: str, *, tls_secret: str | None = None
+) -> list[Document]:
     """The Deployment, Service, StatefulSet and headless Service of an island, owned by it,
-    each with a hash of its content in an annotation."""
+    each with a hash of its content in an annotation. Pods are hardened; ``tls_secret`` (the
+    name of a ``kubernetes.io/tls`` Secret in ``namespace``) is mounted in them when set."""
     name = island.metadata.name or ""
     spec = island.spec
     image = spec.image
@@ -162,6 +173,9 @@ def island_children(document: Document, island: Island, namespace: str) -> list[
         pod_common["serviceAccountName"] = placement.service_account_name
 
     scheduler_args = [
+        "python",
+        "-m",
+        "pathways_scheduler",
         "--island",
         name,
         "--policy",
@@ -187,19 +201,21 @@ def island_children(document: Document, island: Island, namespace: str) -> list[
             "selector": {"matchLabels": _selector(name, "scheduler")},
             "template": {
                 "metadata": {"labels": scheduler_labels},
-                "spec": {
-                    **pod_common,
-                    "containers": [
-                        {
-                            "name": "scheduler",
-                            "image": image,
-                            "command": ["python", "-m", "pathways_scheduler"],
-                            "args": scheduler_args,
-                            "ports": [{"name": "grpc", "containerPort": SCHEDULER_PORT}],
-                            "readinessProbe": {"tcpSocket": {"port": SCHEDULER_PORT}},
-                        }
-                    ],
-                },
+                "spec": harden(
+                    {
+                        **pod_common,
+                        "containers": [
+                            {
+                                "name": "scheduler",
+                                "image": image,
+                                "args": scheduler_args,
+                                "ports": [{"name": "grpc", "containerPort": SCHEDULER_PORT}],
+                                "readinessProbe": {"tcpSocket": {"port": SCHEDULER_PORT}},
+                            }
+                        ],
+                    },
+                    tls_secret,
+                ),
             },
         },
     }
@@ -229,7 +245,7 @@ def island_children(document: Document, island: Island, namespace: str) -> list[
     container: dict[str, Any] = {
         "name": "executor",
         "image": image,
-        "command": executor_command(island, namespace),
+        "args": executor_command(island, namespace),
         "env": env,
         "ports": [
             {"name": "grpc", "containerPort": EXECUTOR_PORT},
@@ -244,6 +260,9 @@ def island_children(document: Document, island: Island, namespace: str) -> list[
         pod_spec["nodeSelector"] = placed["nodeSelector"]
     if placed["tolerations"]:
         pod_spec["tolerations"] = placed["tolerations"]
+    # TPU and GPU devices come from their device plugins, which need no privilege in the pod
+    # (GKE >= 1.28 for TPUs): executors run locked down like every other pod.
+    harden(pod_spec, tls_secret)
     statefulset = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",

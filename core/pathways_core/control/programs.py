@@ -17,6 +17,7 @@ from typing import Any
 
 from pathways_core.allocator import program_slice_name
 from pathways_core.control.common import (
+    LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     LABEL_PROGRAM,
     LABEL_RUN,
@@ -30,9 +31,12 @@ from pathways_core.control.common import (
     set_condition,
     timestamp,
 )
+from pathways_core.control.security import harden
 from pathways_core.resources import GROUP_VERSION, PathwaysProgram
 from pathways_core.topology import parse_shape
 
+COMPONENT = "program"
+"""``pathways.dev/component`` of program pods: NetworkPolicies let them reach islands."""
 GRAPH_KEY = "program.json"
 GRAPH_MOUNT = "/etc/pathways"
 TERMINAL = ("Succeeded", "Failed")
@@ -169,11 +173,19 @@ def program_job(
     view: ProgramView,
     run: int,
     image: str,
+    *,
+    tls_secret: str | None = None,
 ) -> Document:
     """The Job of one run: the driver's container (its image and command, or ``python -c`` for
     inline source), or the graph runner with the program's spec mounted, with the SDK's
     connection settings in its environment. The operator restarts runs itself, so the Job
-    never retries."""
+    never retries.
+
+    The pod is hardened like island pods (non-root user 65532, read-only root with writable
+    ``/tmp`` and cache, no service account token) and mounts ``tls_secret`` when set: the
+    Secret of that name in the program's own namespace. Commands in the Pathways image are
+    ``args`` (its tini entrypoint runs them); a driver's own ``command`` replaces the
+    entrypoint of its own image, as it says."""
     meta = document["metadata"]
     name, namespace = meta["name"], meta.get("namespace") or "default"
     env = [
@@ -185,13 +197,14 @@ def program_job(
     driver = program.spec.driver
     container: dict[str, Any]
     if driver is not None:
-        command = driver.command or ["python", "-c", driver.source or ""]
-        container = {
-            "name": "driver",
-            "image": driver.image or image,
-            "command": command,
-            "args": list(driver.args),
-        }
+        container = {"name": "driver", "image": driver.image or image}
+        if driver.command:
+            container.update(command=list(driver.command), args=list(driver.args))
+        elif container["image"] == image:
+            container["args"] = ["python", "-c", driver.source or "", *driver.args]
+        else:
+            # Inline source in another image: its entrypoint is unknown, run python directly.
+            container.update(command=["python", "-c", driver.source or ""], args=list(driver.args))
         env += [variable.to_wire() for variable in driver.env]
         if driver.resources is not None:
             container["resources"] = driver.resources.to_wire()
@@ -199,18 +212,30 @@ def program_job(
         container = {
             "name": "graph",
             "image": image,
-            "command": ["python", "-m", "pathways_client.run_graph"],
-            "args": ["--spec", f"{GRAPH_MOUNT}/{GRAPH_KEY}"],
+            "args": [
+                "python",
+                "-m",
+                "pathways_client.run_graph",
+                "--spec",
+                f"{GRAPH_MOUNT}/{GRAPH_KEY}",
+            ],
         }
         volumes.append({"name": "program", "configMap": {"name": graph_config_map_name(name)}})
         mounts.append({"name": "program", "mountPath": GRAPH_MOUNT, "readOnly": True})
     container["env"] = env
     if mounts:
         container["volumeMounts"] = mounts
-    labels = {LABEL_PROGRAM: name, LABEL_RUN: str(run), LABEL_MANAGED_BY: MANAGER}
+    labels = {
+        "app.kubernetes.io/name": "pathways",
+        LABEL_COMPONENT: COMPONENT,
+        LABEL_PROGRAM: name,
+        LABEL_RUN: str(run),
+        LABEL_MANAGED_BY: MANAGER,
+    }
     pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
     if volumes:
         pod_spec["volumes"] = volumes
+    harden(pod_spec, tls_secret)
     spec: dict[str, Any] = {
         "backoffLimit": 0,
         "template": {"metadata": {"labels": labels}, "spec": pod_spec},
@@ -245,8 +270,11 @@ def _graph_config_map(document: Document, program: PathwaysProgram) -> Document:
     }
 
 
-def reconcile_program(view: ProgramView, now: datetime, image: str) -> ProgramDecision:
-    """The next step of a program's lifecycle; see the module docstring."""
+def reconcile_program(
+    view: ProgramView, now: datetime, image: str, *, tls_secret: str | None = None
+) -> ProgramDecision:
+    """The next step of a program's lifecycle; see the module docstring. ``tls_secret``: see
+    :func:`program_job`."""
     document = view.program
     meta = document.get("metadata") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace") or "default"
@@ -420,7 +448,7 @@ def reconcile_program(view: ProgramView, now: datetime, image: str) -> ProgramDe
     run = runs + 1
     if program.spec.graph is not None:
         decision.create.append(_graph_config_map(document, program))
-    decision.create.append(program_job(document, program, view, run, image))
+    decision.create.append(program_job(document, program, view, run, image, tls_secret=tls_secret))
     status.update(runs=run)
     status.setdefault("startTime", timestamp(now))
     if not status.get("startTime"):
