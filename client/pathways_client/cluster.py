@@ -9,27 +9,40 @@ Three ways in:
 - inside Kubernetes, from the settings the operator injects into a program's pod
   (``PATHWAYS_SLICES``, ``PATHWAYS_PROGRAM``, ``PATHWAYS_TENANT``, ``PATHWAYS_WEIGHT``,
   ``PATHWAYS_PRIORITY``): the slices are already bound, by name;
-- ``PATHWAYS_ISLANDS`` (``name=host:port,...``) for the direct mode from the environment.
+- ``PATHWAYS_ISLANDS`` (``name=host:port,...``) for the direct mode from the environment;
+- through the REST API (``connect("http://host:port", token=...)``, ``PATHWAYS_API`` and
+  ``PATHWAYS_TOKEN``, or ``connect(state=DIR)`` for the embedded cluster ``pathways up`` started):
+  slices are VirtualSlices the cluster's resource manager binds, charged to the tenant's quota.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from pathways_client.api_client import ApiCallError, ApiClient
 from pathways_client.errors import ConnectError, SliceError
 from pathways_client.island_client import IslandClient
 from pathways_client.slices import Slice
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.allocator import Allocator, Bound, IslandInventory, Request
+from pathways_core.resources.base import GROUP_VERSION
+from pathways_core.topology import format_shape
 
 ENV_SLICES = "PATHWAYS_SLICES"
 ENV_ISLANDS = "PATHWAYS_ISLANDS"
+ENV_API, ENV_TOKEN = "PATHWAYS_API", "PATHWAYS_TOKEN"
+BIND_TIMEOUT_SECONDS = 120.0
+# Pending reasons that no release elsewhere can change: fail at once instead of waiting.
+NEVER_FITS = {"NoMatchingIsland", "ShapeDoesNotFit", "InvalidSpec"}
 
 
 class Cluster:
@@ -44,9 +57,11 @@ class Cluster:
         weight: int = 1,
         priority: int = 0,
         bound: Mapping[str, Slice] | None = None,
+        api: ApiClient | None = None,
     ) -> None:
-        if not islands:
+        if not islands and api is None:
             raise ConnectError("no islands to connect to")
+        self.api = api
         self.islands = dict(islands)
         self.client = client or f"{tenant}-{uuid.uuid4().hex[:8]}"
         self.tenant = tenant
@@ -98,11 +113,14 @@ class Cluster:
         devices: int | None = None,
         shape: Sequence[int] | None = None,
         island: str | None = None,
+        time_shared: bool = False,
+        timeout: float = BIND_TIMEOUT_SECONDS,
     ) -> Slice:
         """A virtual slice: ``name`` alone returns a slice bound for this program (inside
         Kubernetes); otherwise ``devices`` (a count) or ``shape`` (a mesh) requests one, on
-        ``island`` or wherever it fits. Raises ``SliceError`` with the reason when it cannot be
-        bound."""
+        ``island`` or wherever it fits (through the API: a VirtualSlice, ``time_shared`` to
+        share devices with other tenants' time-shared slices, waiting up to ``timeout`` for it
+        to be bound). Raises ``SliceError`` with the reason when it cannot be bound."""
         if devices is None and shape is None:
             if name is not None and name in self._bound:
                 return self._bound[name]
@@ -118,9 +136,15 @@ class Cluster:
             raise SliceError(f"shape {list(shape)} must have positive sides")
         with self._lock:
             self._names += 1
-            name = name or f"slice-{self._names}"
+            # Through the API, names are the tenant's VirtualSlices: keep this session's apart.
+            prefix = f"{self.client}-slice" if self.api is not None else "slice"
+            name = name or f"{prefix}-{self._names}"
             if name in self._bound:
                 raise SliceError(f"this session already holds a slice named {name!r}")
+        if self.api is not None:
+            bound = self._bind_through_api(name, shape, devices, island, time_shared, timeout)
+            self._bound[name] = bound
+            return bound
         # Fake CPU devices have no physical topology: any devices make a mesh of any shape.
         request = Request(
             key=name, tenant=self.tenant, count=math.prod(shape), island=island, priority=0
@@ -134,11 +158,69 @@ class Cluster:
         return bound
 
     def release(self, item: Slice) -> None:
-        """Give a slice's devices back to this session's allocator (idempotent)."""
+        """Give a slice's devices back (idempotent): to this session's allocator, or by
+        deleting its VirtualSlice through the API."""
         if self._bound.get(item.name) is item:
             del self._bound[item.name]
             if self._allocator is not None:
                 self._allocator.release(item.name)
+            if self.api is not None:
+                with contextlib.suppress(ApiCallError):  # already gone
+                    self.api.delete("virtualslices", item.name)
+
+    def _bind_through_api(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        devices: int | None,
+        island: str | None,
+        time_shared: bool,
+        timeout: float,
+    ) -> Slice:
+        assert self.api is not None
+        spec: dict[str, Any] = (
+            {"devices": devices} if devices is not None else {"shape": format_shape(shape)}
+        )
+        if island:
+            spec["island"] = island
+        if time_shared:
+            spec["timeShared"] = True
+        document = {
+            "apiVersion": GROUP_VERSION,
+            "kind": "VirtualSlice",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        try:
+            self.api.submit(document)
+            deadline = time.monotonic() + timeout
+            while True:
+                status = self.api.get("virtualslices", name).get("status") or {}
+                if status.get("phase") == "Bound":
+                    break
+                reason, message = status.get("reason"), status.get("message") or ""
+                if reason in NEVER_FITS or status.get("phase") in ("Preempted", "Released"):
+                    raise SliceError(f"slice {name!r} cannot be bound: {reason}: {message}")
+                if time.monotonic() > deadline:
+                    raise SliceError(
+                        f"slice {name!r} is still not bound after {timeout:.0f} s "
+                        f"({reason or 'Pending'}: {message or 'waiting for the resource manager'})"
+                    )
+                time.sleep(0.1)
+            island_name = status["island"]
+            endpoint = (self.api.get("islands", island_name).get("status") or {}).get(
+                "schedulerEndpoint"
+            )
+        except (ApiCallError, SliceError) as error:
+            with contextlib.suppress(ApiCallError):
+                self.api.delete("virtualslices", name)
+            if isinstance(error, SliceError):
+                raise
+            raise SliceError(f"slice {name!r} was refused: {error}") from None
+        if not endpoint:
+            raise SliceError(f"island {island_name!r} of slice {name!r} has no scheduler yet")
+        self.islands[island_name] = endpoint
+        return Slice(name, island_name, tuple(status["devices"]), shape, cluster=self)
 
     def _direct_allocator(self) -> Allocator:
         if self._allocator is None:
@@ -171,6 +253,10 @@ class Cluster:
             sessions, self._sessions = list(self._sessions.values()), {}
         for session in sessions:
             session.close()
+        if self.api is not None:
+            for item in list(self._bound.values()):
+                self.release(item)
+            self.api.close()
 
     def __enter__(self) -> Cluster:
         return self
@@ -183,6 +269,8 @@ def connect(
     target: Any = None,
     *,
     islands: Mapping[str, str] | None = None,
+    token: str | None = None,
+    state: str | Path | None = None,
     client: str | None = None,
     tenant: str | None = None,
     weight: int | None = None,
@@ -190,11 +278,22 @@ def connect(
 ) -> Cluster:
     """Connect to a cluster's islands.
 
-    ``target`` may be a running ``LocalIsland`` (or a list of them); ``islands`` maps island
-    names to scheduler endpoints. With neither, the settings come from the environment: the
-    ones the operator injects into a program's pod, or ``PATHWAYS_ISLANDS``.
+    ``target`` may be a running ``LocalIsland`` (or a list of them), or the REST API's URL
+    (with ``token``, else ``$PATHWAYS_TOKEN``); ``islands`` maps island names to scheduler
+    endpoints; ``state`` is the folder of an embedded cluster (``pathways up``), reached
+    through its API as ``tenant``. With none of these, the settings come from the environment:
+    the ones the operator injects into a program's pod, ``PATHWAYS_API``, or
+    ``PATHWAYS_ISLANDS``.
     """
     env = os.environ
+    if (
+        state is not None
+        or (isinstance(target, str) and "://" in target)
+        or (target is None and islands is None and not env.get(ENV_SLICES) and env.get(ENV_API))
+    ):
+        return _connect_api(
+            target or env.get(ENV_API), token, state, client, tenant, weight, priority
+        )
     tenant = tenant or env.get("PATHWAYS_TENANT") or "default"
     weight = weight if weight is not None else int(env.get("PATHWAYS_WEIGHT", "1"))
     priority = priority if priority is not None else int(env.get("PATHWAYS_PRIORITY", "0"))
@@ -214,6 +313,51 @@ def connect(
         )
     return Cluster(
         islands, client=client, tenant=tenant, weight=weight, priority=priority, bound=bound
+    )
+
+
+def _connect_api(
+    url: str | None,
+    token: str | None,
+    state: str | Path | None,
+    client: str | None,
+    tenant: str | None,
+    weight: int | None,
+    priority: int | None,
+) -> Cluster:
+    """A session whose slices are VirtualSlices created through the REST API."""
+    if state is not None:
+        from pathways_client.embedded import read_info, tokens
+
+        folder = Path(state).expanduser()
+        info = read_info(folder)
+        if info is None or not info.ready:
+            raise ConnectError(f"no embedded cluster runs from {folder}: run 'pathways up' first")
+        url = url or info.api
+        tenant = tenant or "default"
+        token = token or tokens(folder).get(tenant)
+        if token is None:
+            raise ConnectError(f"{folder}/tokens.yaml has no token for tenant {tenant!r}")
+    token = token or os.environ.get(ENV_TOKEN)
+    api = ApiClient(str(url), token)
+    try:
+        me = api.me()
+        listed = api.list("islands")
+    except ApiCallError as error:
+        api.close()
+        raise ConnectError(f"the API at {url} refused the session: {error}") from None
+    endpoints = {
+        item["metadata"]["name"]: (item.get("status") or {}).get("schedulerEndpoint")
+        for item in listed
+    }
+    tenant = me.get("tenant", tenant or "default")
+    return Cluster(
+        {name: endpoint for name, endpoint in endpoints.items() if endpoint},
+        client=client,
+        tenant=tenant,
+        weight=weight or 1,
+        priority=priority or 0,
+        api=api,
     )
 
 
