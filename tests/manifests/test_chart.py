@@ -298,6 +298,9 @@ API_RULES = (
     expand(PW, "islands", READ)
     | expand(PW, "virtualslices pathwaysprograms", WRITE)
     | expand(PW, STATUS, "get")
+    | expand("", "events", "list")  # a program's Events
+    | expand("", "pods", "get list")  # and its pods' logs
+    | expand("", "pods/log", "get")
     | expand("authentication.k8s.io", "tokenreviews", "create")
     | expand("authorization.k8s.io", "subjectaccessreviews", "create")
 )
