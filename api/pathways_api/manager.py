@@ -51,7 +51,7 @@ from pathways_core.control import (
     reconcile_program,
     slice_names,
 )
-from pathways_core.control.common import LABEL_PROGRAM, Document, now_utc
+from pathways_core.control.common import LABEL_PROGRAM, Document, now_utc, prune
 from pathways_core.control.sharing import plan_bindings_shared
 from pathways_core.resources import GROUP_VERSION, Island, PathwaysProgram
 
@@ -60,15 +60,6 @@ IMAGE = "pathways-embedded"
 LOST = "the driver's process was lost (the embedded cluster stopped)"
 
 logger = logging.getLogger("pathways_api.manager")
-
-
-def prune(value: Any) -> Any:
-    """A status without ``None`` fields (absent means cleared)."""
-    if isinstance(value, dict):
-        return {key: prune(item) for key, item in value.items() if item is not None}
-    if isinstance(value, list):
-        return [prune(item) for item in value]
-    return value
 
 
 def island_document(name: str, entry: dict[str, Any]) -> Document:

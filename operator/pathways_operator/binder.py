@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Iterable
 from typing import Any
 
 from pathways_core.control import BindingPlan, SliceChange, Stage
-from pathways_core.control.common import now_utc
+from pathways_core.control.common import now_utc, prune
 from pathways_core.control.sharing import plan_bindings_shared
 from pathways_operator import metrics
 from pathways_operator.config import Config
@@ -31,15 +31,6 @@ MAX_PASSES = 20
 CONCURRENT_WRITES = 16
 
 logger = logging.getLogger(__name__)
-
-
-def prune(value: Any) -> Any:
-    """A status without ``None`` fields (the whole status is replaced, so absent = cleared)."""
-    if isinstance(value, dict):
-        return {key: prune(item) for key, item in value.items() if item is not None}
-    if isinstance(value, list):
-        return [prune(item) for item in value]
-    return value
 
 
 async def _bounded(calls: Iterable[Awaitable[Any]]) -> list[Any]:

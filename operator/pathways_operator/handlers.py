@@ -35,11 +35,17 @@ from pathways_core.control import (
     scheduler_name,
     slice_names,
 )
-from pathways_core.control.common import ANNOTATION_SPEC_HASH, LABEL_COMPONENT, Event, now_utc
+from pathways_core.control.common import (
+    ANNOTATION_SPEC_HASH,
+    LABEL_COMPONENT,
+    Event,
+    now_utc,
+    prune,
+)
 from pathways_core.control.islands import ready_host_indexes
 from pathways_core.resources import Island, PathwaysProgram
 from pathways_operator import metrics
-from pathways_operator.binder import Binder, prune
+from pathways_operator.binder import Binder
 from pathways_operator.config import Config
 from pathways_operator.kube import ApiError, Kube
 

@@ -160,3 +160,12 @@ def owner_reference(owner: Document) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def prune(value: Any) -> Any:
+    """A status without ``None`` fields (a status is replaced whole, so absent means cleared)."""
+    if isinstance(value, dict):
+        return {key: prune(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [prune(item) for item in value]
+    return value
