@@ -176,6 +176,13 @@ def values_schema() -> dict[str, Any]:
                         **pod_settings(),
                         "enabled": {"type": "boolean"},
                         "port": PORT,
+                        "tokensSecret": obj(
+                            {
+                                "name": string("Secret holding the tokens file."),
+                                "key": string("Its key.", minLength=1),
+                            },
+                            "The API's bearer tokens, from a Secret only.",
+                        ),
                         "service": obj(
                             {
                                 "type": string(enum=["ClusterIP", "NodePort", "LoadBalancer"]),
@@ -202,6 +209,35 @@ def values_schema() -> dict[str, Any]:
                         "scrapeTimeout": string(),
                         "labels": STRING_MAP,
                     }
+                ),
+                "networkPolicy": obj(
+                    {
+                        "enabled": {"type": "boolean"},
+                        "programNamespaceSelector": OPEN_OBJECT,
+                        "crossIslandTransfers": {"type": "boolean"},
+                        "extraEgress": LIST,
+                    },
+                    "NetworkPolicies of the islands, the API and the operator.",
+                ),
+                "tls": obj(
+                    {
+                        "enabled": {"type": "boolean"},
+                        "secretName": string(
+                            "A kubernetes.io/tls Secret (tls.crt, tls.key, ca.crt).",
+                            pattern=f"^$|{DNS_SUBDOMAIN}",
+                        ),
+                        "certManager": obj(
+                            {
+                                "issuerRef": obj(
+                                    {"name": string(), "kind": string(), "group": string()}
+                                ),
+                                "duration": string(),
+                                "renewBefore": string(),
+                            }
+                        ),
+                        "extraDnsNames": {"type": "array", "items": {"type": "string"}},
+                    },
+                    "TLS certificates of the API, schedulers and executors.",
                 ),
                 "islandDefaults": {"$ref": "#/definitions/islandDefaults"},
                 "islands": {

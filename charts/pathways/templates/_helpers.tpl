@@ -83,3 +83,79 @@ points XDG_CACHE_HOME and JAX's compilation cache at.
   emptyDir:
     sizeLimit: 2Gi
 {{- end }}
+
+{{/*
+TLS: the Secret holding tls.crt, tls.key and ca.crt (given, or written by the cert-manager
+Certificate), mounted read-only where the operator mounts it in island and program pods; the
+PATHWAYS_TLS_* variables name its files (see docs/security.md).
+*/}}
+{{- define "pathways.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "pathways.fullname" .)) .Values.tls.secretName }}
+{{- end }}
+
+{{- define "pathways.tlsCheck" -}}
+{{- if and .Values.tls.enabled (not .Values.tls.secretName) (not .Values.tls.certManager.issuerRef.name) }}
+{{- fail "tls.enabled: set tls.secretName (an existing kubernetes.io/tls Secret) or tls.certManager.issuerRef.name (cert-manager writes the Secret)" }}
+{{- end }}
+{{- end }}
+
+{{- define "pathways.tlsEnv" -}}
+- name: PATHWAYS_TLS_CERT
+  value: /var/run/pathways/tls/tls.crt
+- name: PATHWAYS_TLS_KEY
+  value: /var/run/pathways/tls/tls.key
+- name: PATHWAYS_TLS_CA
+  value: /var/run/pathways/tls/ca.crt
+{{- end }}
+
+{{- define "pathways.tlsMount" -}}
+- name: pathways-tls
+  mountPath: /var/run/pathways/tls
+  readOnly: true
+{{- end }}
+
+{{- define "pathways.tlsVolume" -}}
+- name: pathways-tls
+  secret:
+    secretName: {{ include "pathways.tlsSecretName" . }}
+    defaultMode: 0440
+{{- end }}
+
+{{/* Selector of the pods of one island component (the labels the operator sets). */}}
+{{- define "pathways.islandPods" -}}
+app.kubernetes.io/managed-by: pathways-operator
+pathways.dev/component: {{ .component }}
+{{- with .island }}
+pathways.dev/island: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* Egress rules of island pods (NetworkPolicies). */}}
+{{- define "pathways.dnsEgress" -}}
+# DNS, to any resolver (kube-dns, or NodeLocal DNSCache on a link-local address).
+- ports:
+    - {port: 53, protocol: UDP}
+    - {port: 53, protocol: TCP}
+{{- end }}
+{{- define "pathways.islandEgress" -}}
+{{- include "pathways.dnsEgress" . }}
+# Island pods of this namespace (schedulers to executors, executors to executors).
+- to:
+    - podSelector:
+        matchLabels:
+          app.kubernetes.io/managed-by: pathways-operator
+        matchExpressions:
+          - {key: pathways.dev/component, operator: In, values: [scheduler, executor]}
+{{- with .Values.networkPolicy.extraEgress }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Program pods, in the namespaces networkPolicy.programNamespaceSelector admits. */}}
+{{- define "pathways.programPeer" -}}
+- podSelector:
+    matchLabels:
+      pathways.dev/component: program
+  namespaceSelector:
+    {{- toYaml .Values.networkPolicy.programNamespaceSelector | nindent 4 }}
+{{- end }}
