@@ -20,9 +20,17 @@ from pathways_core.resources.island import Island
 # The current Kubernetes release, and the oldest one the chart supports (Chart.yaml kubeVersion).
 KUBERNETES_VERSIONS = ["1.37", "1.30"]
 # Kinds kubernetes-validate has no schema for, and what checks them instead.
-CUSTOM_KINDS = {"Island", "ClusterKopfPeering", "ServiceMonitor"}
+CUSTOM_KINDS = {"Island", "ClusterKopfPeering", "ServiceMonitor", "Certificate"}
 # Everything optional switched on, so that every template is rendered and validated.
-ALL_ON = ("api.ingress.enabled=true", "serviceMonitor.enabled=true", "operator.replicas=3")
+ALL_ON = (
+    "api.ingress.enabled=true",
+    "serviceMonitor.enabled=true",
+    "operator.replicas=3",
+    "tls.enabled=true",
+    "tls.certManager.issuerRef.name=ca",
+    "api.tokensSecret.name=tokens",
+    "networkPolicy.crossIslandTransfers=true",
+)
 RENDERS = [(name, ()) for name in VALUES_FILES] + [("values-kind.yaml", ALL_ON)]
 RENDER_IDS = [*VALUES_FILES, "all-features"]
 
@@ -329,6 +337,7 @@ def test_rbac_is_least_privilege_and_written_out(rendered) -> None:
 def test_optional_parts_are_off_by_default(rendered) -> None:
     run = rendered("values.yaml")
     assert not run.of_kind("Ingress") and not run.of_kind("ServiceMonitor")
+    assert not run.of_kind("Certificate")
     without_api = rendered("values.yaml", "api.enabled=false")
     assert [d["metadata"]["name"] for d in without_api.of_kind("Deployment")] == [
         "pw-pathways-operator"

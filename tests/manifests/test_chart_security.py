@@ -1,0 +1,400 @@
+"""The chart's security parts against the pods the operator really creates: NetworkPolicies
+evaluated on pods built by the pure builders of pathways_core.control, TLS wiring and DNS
+names, and secrets that never reach values, ConfigMaps or env."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from chart_helpers import CHART, VALUES_FILES
+
+from pathways_core.control import island_children, parse, program_job
+from pathways_core.control.islands import EXECUTOR_PORT, SCHEDULER_PORT, executor_host
+from pathways_core.control.programs import ProgramView
+from pathways_core.resources import Island, PathwaysProgram
+
+NAMESPACE = "pathways-system"
+TLS_ON = (
+    "tls.enabled=true",
+    "tls.certManager.issuerRef.name=pathways-ca",
+    "tls.certManager.issuerRef.kind=ClusterIssuer",
+    "api.tokensSecret.name=pathways-api-tokens",
+)
+
+# --- pods -------------------------------------------------------------------------------------
+
+
+def pod(name: str, namespace: str, template: dict[str, Any]) -> dict[str, Any]:
+    """A pod as NetworkPolicies see it: namespace, labels and named container ports."""
+    ports = {
+        port["name"]: port["containerPort"]
+        for container in template["spec"]["containers"]
+        for port in container.get("ports", [])
+        if "name" in port
+    }
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": template["metadata"]["labels"],
+        "ports": ports,
+    }
+
+
+def operator_pods(run) -> dict[str, dict[str, Any]]:
+    """Every island's scheduler and executor pods, and a driver pod in namespace "team", as the
+    operator's pure builders make them for the Islands the chart renders."""
+    pods: dict[str, dict[str, Any]] = {}
+    for document in run.of_kind("Island"):
+        document = {**document, "metadata": {**document["metadata"], "uid": "u"}}
+        island, problem = parse(document)
+        assert isinstance(island, Island), problem
+        name = document["metadata"]["name"]
+        for child in island_children(document, island, NAMESPACE):
+            if child["kind"] in ("Deployment", "StatefulSet"):
+                component = child["spec"]["template"]["metadata"]["labels"][
+                    "pathways.dev/component"
+                ]
+                pods[f"{name}/{component}"] = pod(name, NAMESPACE, child["spec"]["template"])
+    program_document = {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "PathwaysProgram",
+        "metadata": {"name": "p", "namespace": "team", "uid": "u"},
+        "spec": {"slices": [{"name": "main", "devices": 2}], "driver": {"source": "pass"}},
+    }
+    program, problem = parse(program_document)
+    assert isinstance(program, PathwaysProgram), problem
+    job = program_job(program_document, program, ProgramView(program_document), 1, "img")
+    pods["program"] = pod("p-run-1", "team", job["spec"]["template"])
+    return pods
+
+
+def chart_pods(run) -> dict[str, dict[str, Any]]:
+    return {
+        deployment["metadata"]["name"].rsplit("-", 1)[-1]: pod(
+            deployment["metadata"]["name"], NAMESPACE, deployment["spec"]["template"]
+        )
+        for deployment in run.of_kind("Deployment")
+    }
+
+
+STRANGER = {"name": "x", "namespace": "default", "labels": {"app": "x"}, "ports": {}}
+
+# --- NetworkPolicy semantics ------------------------------------------------------------------
+
+
+def selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A LabelSelector against labels (None: matches nothing)."""
+    if selector is None:
+        return False
+    if not all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values")
+        present = key in labels
+        if operator == "In" and not (present and labels[key] in values):
+            return False
+        if operator == "NotIn" and present and labels[key] in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def peer_matches(peer: dict[str, Any], policy_namespace: str, other: dict[str, Any]) -> bool:
+    if "ipBlock" in peer:
+        return False  # pods are not addressed by the link-local blocks the chart allows
+    namespace_labels = {"kubernetes.io/metadata.name": other["namespace"]}
+    if "namespaceSelector" in peer:
+        if not selects(peer["namespaceSelector"] or {}, namespace_labels):
+            return False
+    elif other["namespace"] != policy_namespace:
+        return False
+    return selects(peer.get("podSelector") or {}, other["labels"])
+
+
+def port_matches(rule: dict[str, Any], target: dict[str, Any], port: int) -> bool:
+    if not rule.get("ports"):
+        return True
+    for item in rule["ports"]:
+        wanted = item.get("port")
+        if wanted is None or wanted == port or target["ports"].get(wanted) == port:
+            return True
+    return False
+
+
+def allowed(
+    policies: list[dict[str, Any]], source: dict[str, Any], target: dict[str, Any], port: int
+) -> bool:
+    """Whether a connection from ``source`` to ``target:port`` passes the policies: the target's
+    ingress policies (if any select it) and the source's egress policies (if any)."""
+
+    def side(
+        pod_: dict[str, Any], kind: str, other: dict[str, Any], rules_key: str, peers_key: str
+    ) -> bool:
+        selecting = [
+            p
+            for p in policies
+            if p["metadata"]["namespace"] == pod_["namespace"]
+            and kind in p["spec"]["policyTypes"]
+            and selects(p["spec"]["podSelector"], pod_["labels"])
+        ]
+        if not selecting:
+            return True
+        return any(
+            (
+                not rule.get(peers_key)
+                or any(
+                    peer_matches(peer, p["metadata"]["namespace"], other)
+                    for peer in rule[peers_key]
+                )
+            )
+            and port_matches(rule, target, port)
+            for p in selecting
+            for rule in p["spec"].get(rules_key) or []
+        )
+
+    return side(target, "Ingress", source, "ingress", "from") and side(
+        source, "Egress", target, "egress", "to"
+    )
+
+
+# --- tests ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_network_policies_render_and_validate(rendered, values_file: str) -> None:
+    run = rendered(values_file)
+    policies = run.of_kind("NetworkPolicy")
+    names = {p["metadata"]["name"] for p in policies}
+    assert {"pw-pathways-schedulers", "pw-pathways-executors", "pw-pathways-api"} <= names
+    for island in run.of_kind("Island"):
+        assert f"pw-pathways-executors-{island['metadata']['name']}" in names
+    for policy in policies:
+        for version in ("1.37", "1.30"):
+            kubernetes_validate.validate(policy, version, strict=True)
+    assert not rendered(values_file, "networkPolicy.enabled=false").of_kind("NetworkPolicy")
+
+
+@pytest.mark.parametrize("values_file", ["values-kind.yaml", "values-gke-tpu.yaml"])
+def test_network_policies_select_the_pods_the_operator_creates(rendered, values_file: str) -> None:
+    run = rendered(values_file)
+    policies = run.of_kind("NetworkPolicy")
+    pods = operator_pods(run)
+    chart = chart_pods(run)
+    api, operator, program = chart["api"], chart["operator"], pods["program"]
+    islands = [i["metadata"]["name"] for i in run.of_kind("Island")]
+    assert len(islands) == 2
+    for island in islands:
+        scheduler, executor = pods[f"{island}/scheduler"], pods[f"{island}/executor"]
+        other = next(i for i in islands if i != island)
+        # Schedulers: from programs (any namespace), the API and the operator only.
+        for caller in (program, api, operator):
+            assert allowed(policies, caller, scheduler, SCHEDULER_PORT), (island, caller["name"])
+        for caller in (STRANGER, executor, pods[f"{other}/executor"]):
+            assert not allowed(policies, caller, scheduler, SCHEDULER_PORT), (island, caller)
+        # Executors: gRPC and the data plane (any port) from their island and programs only.
+        for port in (EXECUTOR_PORT, 8476, 41234):
+            for caller in (scheduler, executor, program):
+                assert allowed(policies, caller, executor, port), (island, caller["name"], port)
+        for caller in (
+            STRANGER,
+            api,
+            operator,
+            pods[f"{other}/scheduler"],
+            pods[f"{other}/executor"],
+        ):
+            assert not allowed(policies, caller, executor, EXECUTOR_PORT), (island, caller)
+        # Island pods send DNS and island traffic, nothing else of the cluster.
+        dns = {
+            "name": "dns",
+            "namespace": "kube-system",
+            "labels": {"k8s-app": "kube-dns"},
+            "ports": {},
+        }
+        assert allowed(policies, executor, dns, 53)
+        assert not allowed(policies, executor, api, 8080)
+    # The API from anywhere, on its port.
+    assert allowed(policies, STRANGER, api, 8080)
+    assert not allowed(policies, STRANGER, api, 9999)
+
+
+def test_cross_island_transfers_can_be_allowed(rendered) -> None:
+    run = rendered("values-kind.yaml", "networkPolicy.crossIslandTransfers=true")
+    pods = operator_pods(run)
+    policies = run.of_kind("NetworkPolicy")
+    assert allowed(policies, pods["fake-b/executor"], pods["fake-a/executor"], 41234)
+    assert not allowed(policies, pods["fake-b/scheduler"], pods["fake-a/executor"], EXECUTOR_PORT)
+
+
+def test_executors_of_islands_created_elsewhere_are_still_confined(rendered) -> None:
+    """Islands not in the values (kubectl apply) fall under the shared executors policy."""
+    run = rendered("values.yaml")
+    policies = run.of_kind("NetworkPolicy")
+    document = {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "Island",
+        "metadata": {"name": "adhoc", "uid": "u"},
+        "spec": {"acceleratorKind": "cpu-fake", "topology": "4", "hosts": 1},
+    }
+    island, _ = parse(document)
+    assert isinstance(island, Island)
+    children = {c["kind"]: c for c in island_children(document, island, NAMESPACE)}
+    executor = pod("e", NAMESPACE, children["StatefulSet"]["spec"]["template"])
+    scheduler = pod("s", NAMESPACE, children["Deployment"]["spec"]["template"])
+    assert allowed(policies, scheduler, executor, EXECUTOR_PORT)
+    assert not allowed(policies, STRANGER, executor, EXECUTOR_PORT)
+
+
+def matches_dns(name: str, patterns: list[str]) -> bool:
+    """A certificate name matches: a wildcard covers exactly one label."""
+    return any(
+        fnmatch.fnmatchcase(name, p) and (not p.startswith("*.") or name.count(".") == p.count("."))
+        for p in patterns
+    )
+
+
+def test_tls_with_cert_manager_covers_every_server_and_is_mounted(rendered) -> None:
+    run = rendered("values-gke-tpu.yaml", *TLS_ON)
+    certificate = run.one("Certificate")
+    assert certificate["apiVersion"] == "cert-manager.io/v1"
+    spec = certificate["spec"]
+    assert spec["issuerRef"] == {
+        "name": "pathways-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
+    assert set(spec["usages"]) == {"server auth", "client auth"}
+    names = spec["dnsNames"]
+    assert matches_dns(f"pw-pathways-api.{NAMESPACE}.svc", names)
+    for island in run.of_kind("Island"):
+        name = island["metadata"]["name"]
+        assert matches_dns(f"{name}-scheduler.{NAMESPACE}.svc", names)
+        for index in range(island["spec"].get("hosts", 1)):
+            assert matches_dns(executor_host(name, NAMESPACE, index), names)
+    assert not matches_dns(f"x.y.{NAMESPACE}.svc", names)  # wildcards cover one label only
+    # The operator learns the Secret's name; the API mounts it and serves HTTPS.
+    operator = run.one("Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in operator["env"]}
+    assert env["PATHWAYS_TLS_SECRET"] == spec["secretName"] == "pw-pathways-tls"
+    api_pod = run.one("Deployment", "-api")["spec"]["template"]["spec"]
+    api = api_pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in api["env"]}
+    assert (
+        env["PATHWAYS_TLS_CERT"] == env["UVICORN_SSL_CERTFILE"] == "/var/run/pathways/tls/tls.crt"
+    )
+    assert env["PATHWAYS_TLS_KEY"] == env["UVICORN_SSL_KEYFILE"] == "/var/run/pathways/tls/tls.key"
+    assert env["PATHWAYS_TLS_CA"] == "/var/run/pathways/tls/ca.crt"
+    assert {"name": "pathways-tls", "mountPath": "/var/run/pathways/tls", "readOnly": True} in api[
+        "volumeMounts"
+    ]
+    volume = next(v for v in api_pod["volumes"] if v["name"] == "pathways-tls")
+    assert volume["secret"]["secretName"] == "pw-pathways-tls"
+    assert api["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    for document in run.documents:
+        if document["kind"] not in (
+            "Island",
+            "ClusterKopfPeering",
+            "ServiceMonitor",
+            "Certificate",
+        ):
+            kubernetes_validate.validate(document, "1.30", strict=True)
+
+
+def test_tls_from_an_existing_secret_renders_no_certificate(rendered, helm) -> None:
+    run = rendered("values.yaml", "tls.enabled=true", "tls.secretName=my-tls")
+    assert not run.of_kind("Certificate")
+    operator = run.one("Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in operator["env"]}["PATHWAYS_TLS_SECRET"] == "my-tls"
+    off = rendered("values.yaml")
+    operator = off.one("Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert "PATHWAYS_TLS_SECRET" not in {e["name"] for e in operator["env"]}
+    failed = helm("template", "pw", str(CHART), "--set", "tls.enabled=true")
+    assert failed.returncode != 0
+    assert "tls.enabled: set tls.secretName" in failed.stderr
+
+
+# --- secrets ----------------------------------------------------------------------------------
+
+SECRET_NAME = re.compile(r"token|password|secret|credential|apikey|api_key", re.IGNORECASE)
+TOKEN_LIKE = re.compile(r"^[A-Za-z0-9_\-+/=]{24,}$")
+
+
+def secret_like_values(node: Any, path: str = "") -> set[str]:
+    """String values of a values file that are secrets or look like one: under a key that
+    names a secret, or long opaque strings."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found |= secret_like_values(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found |= secret_like_values(value, f"{path}[{index}]")
+    elif isinstance(node, str) and node:
+        named = SECRET_NAME.search(path) and not path.endswith((".name", ".key"))
+        if TOKEN_LIKE.match(node) or named:
+            found.add(node)
+    return found
+
+
+def leaks(documents: list[dict[str, Any]], secrets: set[str]) -> list[str]:
+    """Places where a secret could be read without access to Secrets: ConfigMap data, literal
+    env values (a secret-named variable must come from a Secret or name a mounted file)."""
+    found = []
+    for document in documents:
+        where = f"{document['kind']}/{document['metadata']['name']}"
+        if document["kind"] == "ConfigMap":
+            for key, value in (document.get("data") or {}).items():
+                found += [f"{where} data.{key}" for secret in secrets if secret in str(value)]
+        template = (document.get("spec") or {}).get("template") or {}
+        for container in (template.get("spec") or {}).get("containers", []):
+            for variable in container.get("env", []):
+                value = variable.get("value")
+                if value is None:
+                    continue
+                if any(secret in value for secret in secrets) or TOKEN_LIKE.match(value):
+                    found.append(f"{where} env {variable['name']}")
+                elif re.search(r"TOKEN|PASSWORD|KEY", variable["name"]) and not value.startswith(
+                    "/"
+                ):
+                    found.append(f"{where} env {variable['name']} is a literal, not a file")
+    return found
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_no_secret_reaches_config_maps_or_env(rendered, values_file: str) -> None:
+    values = yaml.safe_load((CHART / values_file).read_text())
+    secrets = secret_like_values(values) | secret_like_values(
+        yaml.safe_load((CHART / "values.yaml").read_text())
+    )
+    run = rendered(values_file, *TLS_ON)
+    assert leaks(run.documents, secrets) == []
+    # The API's tokens come from the Secret, as a read-only file.
+    api_pod = run.one("Deployment", "-api")["spec"]["template"]["spec"]
+    args = api_pod["containers"][0]["args"]
+    assert args[args.index("--tokens") + 1] == "/var/run/pathways/tokens/tokens.yaml"
+    tokens = next(v for v in api_pod["volumes"] if v["name"] == "tokens")
+    assert tokens["secret"]["secretName"] == "pathways-api-tokens"
+    # The operator's own children: env paths only, even with TLS on.
+    documents = [*run.documents]
+    for island in run.of_kind("Island"):
+        island = {**island, "metadata": {**island["metadata"], "uid": "u"}}
+        parsed, _ = parse(island)
+        assert isinstance(parsed, Island)
+        documents += island_children(island, parsed, NAMESPACE, tls_secret="pw-pathways-tls")
+    assert leaks(documents, secrets) == []
+
+
+def test_the_leak_check_catches_a_token_in_env(rendered) -> None:
+    """The check above can fail: a token put in the API's env through values is reported."""
+    token = "s3cr3t-t0ken-0123456789abcdef"
+    run = rendered("values.yaml", "api.env[0].name=API_TOKEN", f"api.env[0].value={token}")
+    values = {"api": {"env": [{"name": "API_TOKEN", "value": token}]}}
+    assert token in secret_like_values(values)
+    assert leaks(run.documents, {token}) == ["Deployment/pw-pathways-api env API_TOKEN"]
