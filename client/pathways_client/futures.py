@@ -151,19 +151,20 @@ class ArrayFuture(Shaped):
             self._deleted = True
         self._finalizer()
 
-    def buffer_on(self, island: str, device: int) -> str:
-        """The buffer id of this array on ``island``: itself, or a copy moved there from its own
-        island (over the data-centre network) the first time it is needed."""
+    def buffer_on(self, island: str) -> str:
+        """The buffer id of this array on ``island``. On another island it is announced (once)
+        as held by this island's executors, which that island's executors pull it from
+        directly over the data-centre network when a computation needs it: no bytes pass
+        through the client, and nothing waits for the array to be computed."""
         self._check_alive()
         with self._lock:
-            copy = self._copies.get(island)
-        if copy is not None:
-            return copy
-        value = self.result()
-        copy = self.cluster.session(island).put(value, device)
-        with self._lock:
-            self._copies.setdefault(island, copy)
-        return self._copies[island]
+            if island in self._copies:
+                return self._copies[island]
+            here = self.cluster.session(self.slice.island)
+            self._copies[island] = self.cluster.session(island).place_remote(
+                here.holders(self.buffer_id)
+            )
+            return self._copies[island]
 
     def _check_alive(self) -> None:
         if self._deleted:
@@ -218,10 +219,13 @@ def call(
         function_id = function.ids[slice.island] = _register(session, function, slice.island)
     uploads: list[str] = []
     buffer_ids: list[str] = []
+    foreign: list[ArrayFuture] = []  # kept alive until this call has pulled them
     for position, value in enumerate(inputs):
         if isinstance(value, ArrayFuture):
+            if value.slice.island != slice.island:
+                foreign.append(value)
             try:
-                buffer_ids.append(value.buffer_on(slice.island, slice.devices[0]))
+                buffer_ids.append(value.buffer_on(slice.island))
             except DeletedError as error:
                 label = names[position] if position < len(names) else f"input {position}"
                 raise DeletedError(f"{label} of {node!r}: {error}") from None
@@ -234,6 +238,8 @@ def call(
     )
     if uploads:  # freed once the computation has used them
         session.delete(uploads)
+    if foreign:
+        submitted.done.add_done_callback(lambda _, held=foreign: held.clear())
     return [
         ArrayFuture(cluster, slice, buffer_id, aval, node, submitted.done)
         for buffer_id, aval in zip(submitted.outputs, function.out_avals, strict=True)

@@ -25,6 +25,9 @@ from pathways_core.wire.arrays import Assembly, to_chunks
 from pathways_core.wire.streams import FrameError, frame, messages
 
 Event = pb.ClientEvent
+# Ids are unique across all of this process's sessions: a buffer keeps its id when another
+# island pulls it, so two islands' sessions of one client must never mint the same one.
+_IDS = itertools.count()
 
 
 class IslandError(RuntimeError):
@@ -58,7 +61,6 @@ class IslandClient:
             e.index: grpc.insecure_channel(e.endpoint, options=MESSAGE_OPTIONS)
             for e in self.info.executors
         }
-        self._ids = itertools.count()
         self._lock = threading.Lock()
         self._pending: dict[str, Future[None]] = {}
         self._functions: dict[str, Future[None]] = {}
@@ -110,6 +112,27 @@ class IslandClient:
         self._locations[buffer_id] = (executor,)
         self._send(pb.ClientMessage(placed=pb.PlacedBuffer(buffer_id=buffer_id, executor=executor)))
         return buffer_id
+
+    def holders(self, buffer_id: str) -> pb.InputSource:
+        """Where a buffer of this session lives: its executors' endpoints, for another island
+        to pull it from."""
+        executors = {e.index: e for e in self.info.executors}
+        held = [executors[i] for i in self._locations.get(buffer_id, ()) if i in executors]
+        if not held:
+            raise IslandError(f"unknown buffer {buffer_id!r}")
+        return pb.InputSource(
+            buffer_id=buffer_id,
+            executors=[e.endpoint for e in held],
+            data_endpoints=[e.data_endpoint for e in held if e.data_endpoint],
+        )
+
+    def place_remote(self, source: pb.InputSource) -> str:
+        """Make a buffer held on another island usable here: this island's executors pull it
+        from its holders when a computation needs it. Returns its id (the same)."""
+        self._send(
+            pb.ClientMessage(placed=pb.PlacedBuffer(buffer_id=source.buffer_id, remote=source))
+        )
+        return source.buffer_id
 
     def submit(
         self,
@@ -208,7 +231,7 @@ class IslandClient:
     # -- session -----------------------------------------------------------------------------
 
     def _new_id(self, kind: str) -> str:
-        return f"{self.client}/{kind}{next(self._ids)}"
+        return f"{self.client}/{kind}{next(_IDS)}"
 
     def _send(self, message: pb.ClientMessage) -> None:
         pending = getattr(self._batching, "messages", None)

@@ -168,8 +168,36 @@ def test_a_buffer_pulled_by_another_executor_is_deleted_after_the_pull() -> None
     ]
     released = finish(dispatcher, seq, executor=1)
     deletes = [(e, list(c.delete.ids)) for e, c in to_executors(released)]
-    assert deletes == [(0, ["a/x"])]
+    assert deletes == [(0, ["a/x"]), (1, ["a/x"])]  # the holder's and the pulled copy
     assert [e.kind for e in client_events(released)] == [Event.COMPLETED]
+
+
+def test_a_buffer_of_another_island_is_pulled_from_its_holders() -> None:
+    dispatcher = island()
+    remote = pb.InputSource(buffer_id="a/far", executors=["other:1"], data_endpoints=["other:2"])
+    assert dispatcher.placed("a", pb.PlacedBuffer(buffer_id="a/far", remote=remote)) == []
+    sent = to_executors(
+        dispatcher.submit("a", computation("a", 1, devices=(0, 5), inputs=["a/far"]))
+    )
+    runs = [c for _, c in sent if c.WhichOneof("kind") == "run"]
+    assert [list(s.data_endpoints) for c in runs for s in c.sources] == [["other:2"]] * 2
+    # Deleting it frees the copies the executors pulled, after they pulled them.
+    assert to_executors(dispatcher.delete("a", ["a/far"])) == []
+    finish(dispatcher, runs[0].seq, executor=0)
+    released = finish(dispatcher, runs[0].seq, executor=1)
+    assert [(e, list(c.delete.ids)) for e, c in to_executors(released)] == [
+        (0, ["a/far"]),
+        (1, ["a/far"]),
+    ]
+    # A remote buffer needs somewhere to pull from, and ids stay unique.
+    (refused,) = client_events(
+        dispatcher.placed(
+            "a", pb.PlacedBuffer(buffer_id="a/near", remote=pb.InputSource(buffer_id="a/near"))
+        )
+    )
+    assert refused.kind == Event.REJECTED and "no data endpoint" in refused.message
+    (twice,) = client_events(dispatcher.placed("a", pb.PlacedBuffer(buffer_id="a/x", executor=1)))
+    assert "exists already" in twice.message
 
 
 def test_a_lost_executor_fails_its_work_and_the_rest_keeps_serving() -> None:

@@ -107,6 +107,10 @@ class IslandDispatcher:
         # for them (the holder would otherwise free the bytes before the pull).
         self._pulling: dict[str, int] = {}  # buffer id -> computations still reading it
         self._deferred: dict[str, frozenset[int]] = {}  # deleted buffer id -> its holders
+        # Buffers held by another island's executors: pulled from there, never deleted here.
+        self._remote: dict[str, pb.InputSource] = {}
+        # Executors that pulled a copy of a buffer: a deletion frees their copies too.
+        self._copies: dict[str, set[int]] = {}
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -137,13 +141,25 @@ class IslandDispatcher:
         return [ToClient(client, event)]
 
     def placed(self, client: str, message: pb.PlacedBuffer) -> list[Instruction]:
-        """The client uploaded a buffer to an executor."""
+        """The client uploaded a buffer to an executor, or names one held on another island."""
         problem = self._owned(client, message.buffer_id, "buffer")
-        if problem is None and message.executor not in self.executors:
+        remote = message.remote if message.HasField("remote") else None
+        if problem is None and remote is not None and not remote.data_endpoints:
+            problem = f"remote buffer {message.buffer_id!r} names no data endpoint to pull from"
+        elif problem is None and remote is None and message.executor not in self.executors:
             problem = f"there is no executor {message.executor}"
+        if problem is None and message.buffer_id in self._buffers:
+            problem = f"buffer {message.buffer_id!r} exists already"
         if problem is not None:
             return [ToClient(client, Event(kind=Event.REJECTED, message=problem))]
-        self._buffers[message.buffer_id] = frozenset({message.executor})
+        if remote is not None:
+            source = pb.InputSource()
+            source.CopyFrom(remote)
+            source.buffer_id = message.buffer_id
+            self._remote[message.buffer_id] = source
+            self._buffers[message.buffer_id] = frozenset()
+        else:
+            self._buffers[message.buffer_id] = frozenset({message.executor})
         return []
 
     def submit(self, client: str, computation: pb.Computation) -> list[Instruction]:
@@ -305,10 +321,16 @@ class IslandDispatcher:
             command = pb.ExecutorCommand(seq=command_seq, run=computation)
             for buffer_id in computation.inputs:
                 holders = self._buffers.get(buffer_id, frozenset())
-                if executor not in holders:
-                    if buffer_id not in flight.pulls:
-                        flight.pulls.add(buffer_id)
-                        self._pulling[buffer_id] = self._pulling.get(buffer_id, 0) + 1
+                if executor in holders:
+                    continue
+                if buffer_id not in flight.pulls:
+                    flight.pulls.add(buffer_id)
+                    self._pulling[buffer_id] = self._pulling.get(buffer_id, 0) + 1
+                self._copies.setdefault(buffer_id, set()).add(executor)
+                remote = self._remote.get(buffer_id)
+                if remote is not None:
+                    command.sources.append(remote)
+                else:
                     specs = [self.executors[h] for h in sorted(holders)]
                     command.sources.add(
                         buffer_id=buffer_id,
@@ -323,6 +345,8 @@ class IslandDispatcher:
         by_executor: dict[int, list[str]] = {}
         for buffer_id in ids:
             holders = self._buffers.pop(buffer_id, frozenset())
+            holders |= self._copies.pop(buffer_id, set())
+            self._remote.pop(buffer_id, None)
             if self._pulling.get(buffer_id):
                 self._deferred[buffer_id] = holders
                 continue
