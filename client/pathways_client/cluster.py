@@ -28,12 +28,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from pathways_client.api_client import ApiCallError, ApiClient
 from pathways_client.errors import ConnectError, SliceError
 from pathways_client.island_client import IslandClient
 from pathways_client.slices import Slice
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.allocator import Allocator, Bound, IslandInventory, Request
+from pathways_core.resources import SliceRequest
 from pathways_core.resources.base import GROUP_VERSION
 from pathways_core.topology import format_shape
 
@@ -113,12 +116,16 @@ class Cluster:
         devices: int | None = None,
         shape: Sequence[int] | None = None,
         island: str | None = None,
+        accelerator: str | None = None,
+        island_selector: Mapping[str, str] | None = None,
         time_shared: bool = False,
         timeout: float = BIND_TIMEOUT_SECONDS,
     ) -> Slice:
         """A virtual slice: ``name`` alone returns a slice bound for this program (inside
         Kubernetes); otherwise ``devices`` (a count) or ``shape`` (a mesh) requests one, on
-        ``island`` or wherever it fits (through the API: a VirtualSlice, ``time_shared`` to
+        ``island`` or wherever it fits, of an ``accelerator`` kind (``tpu-v5e``, ``cpu-fake``,
+        ...) and on islands whose labels match ``island_selector`` (through the API: a
+        VirtualSlice, ``time_shared`` to
         share devices with other tenants' time-shared slices, waiting up to ``timeout`` for it
         to be bound). Raises ``SliceError`` with the reason when it cannot be bound."""
         if devices is None and shape is None:
@@ -141,13 +148,32 @@ class Cluster:
             name = name or f"{prefix}-{self._names}"
             if name in self._bound:
                 raise SliceError(f"this session already holds a slice named {name!r}")
+        size = {"devices": devices} if devices is not None else {"shape": format_shape(shape)}
+        where: dict[str, Any] = {}
+        if island:
+            where["island"] = island
+        if accelerator:
+            where["acceleratorKind"] = accelerator
+        if island_selector:
+            where["islandSelector"] = {"matchLabels": dict(island_selector)}
+        try:
+            spec = SliceRequest.model_validate(size | where)
+        except ValidationError as error:
+            first = error.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            raise SliceError(f"slice {name!r}: {field}: {first['msg']}") from None
         if self.api is not None:
-            bound = self._bind_through_api(name, shape, devices, island, time_shared, timeout)
+            bound = self._bind_through_api(name, shape, spec.to_wire(), time_shared, timeout)
             self._bound[name] = bound
             return bound
         # Fake CPU devices have no physical topology: any devices make a mesh of any shape.
         request = Request(
-            key=name, tenant=self.tenant, count=math.prod(shape), island=island, priority=0
+            key=name,
+            tenant=self.tenant,
+            count=math.prod(shape),
+            island=island,
+            kind=spec.accelerator_kind,
+            selector=spec.island_selector,
         )
         decision = self._direct_allocator().allocate(request, preempt=False)
         if not isinstance(decision, Bound):
@@ -172,17 +198,11 @@ class Cluster:
         self,
         name: str,
         shape: tuple[int, ...],
-        devices: int | None,
-        island: str | None,
+        spec: dict[str, Any],
         time_shared: bool,
         timeout: float,
     ) -> Slice:
         assert self.api is not None
-        spec: dict[str, Any] = (
-            {"devices": devices} if devices is not None else {"shape": format_shape(shape)}
-        )
-        if island:
-            spec["island"] = island
         if time_shared:
             spec["timeShared"] = True
         document = {

@@ -210,6 +210,14 @@ def test_wrong_shapes_raise_before_dispatch_naming_the_argument(cluster: pw.Clus
 def test_a_slice_that_can_never_fit_fails_fast(cluster: pw.Cluster) -> None:
     with pytest.raises(pw.SliceError, match=r"cannot be bound: .*(8|island)"):
         cluster.slice(devices=64)
+    with pytest.raises(pw.SliceError, match="no island matches kind tpu-v5e"):
+        cluster.slice(devices=1, accelerator="tpu-v5e")
+    with pytest.raises(pw.SliceError, match=r"no island matches .*the island selector"):
+        cluster.slice(devices=1, island_selector={"pool": "research"})
+    with pytest.raises(pw.SliceError, match="acceleratorKind: Input should be"):
+        cluster.slice(devices=1, accelerator="tpu-v99")
+    with cluster.slice(devices=1, accelerator="cpu-fake") as fake:
+        assert fake.size == 1
 
 
 def test_a_deleted_future_raises_clearly(cluster: pw.Cluster) -> None:
