@@ -29,7 +29,7 @@ ALL_ON = (
     "tls.enabled=true",
     "tls.certManager.issuerRef.name=ca",
     "api.tokensSecret.name=tokens",
-    "networkPolicy.crossIslandTransfers=true",
+    "networkPolicy.crossIslandTransfers=false",
 )
 RENDERS = [(name, ()) for name in VALUES_FILES] + [("values-kind.yaml", ALL_ON)]
 RENDER_IDS = [*VALUES_FILES, "all-features"]

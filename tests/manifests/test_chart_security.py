@@ -184,7 +184,7 @@ def test_network_policies_render_and_validate(rendered, values_file: str) -> Non
 
 @pytest.mark.parametrize("values_file", ["values-kind.yaml", "values-gke-tpu.yaml"])
 def test_network_policies_select_the_pods_the_operator_creates(rendered, values_file: str) -> None:
-    run = rendered(values_file)
+    run = rendered(values_file, "networkPolicy.crossIslandTransfers=false")
     policies = run.of_kind("NetworkPolicy")
     pods = operator_pods(run)
     chart = chart_pods(run)
@@ -225,8 +225,9 @@ def test_network_policies_select_the_pods_the_operator_creates(rendered, values_
     assert not allowed(policies, STRANGER, api, 9999)
 
 
-def test_cross_island_transfers_can_be_allowed(rendered) -> None:
-    run = rendered("values-kind.yaml", "networkPolicy.crossIslandTransfers=true")
+def test_cross_island_transfers_are_allowed_by_default(rendered) -> None:
+    """Executors pull arrays from the producing island's executors (programs over DCN)."""
+    run = rendered("values-kind.yaml")
     pods = operator_pods(run)
     policies = run.of_kind("NetworkPolicy")
     assert allowed(policies, pods["fake-b/executor"], pods["fake-a/executor"], 41234)
