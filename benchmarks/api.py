@@ -159,7 +159,11 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--serve", choices=["bare", "embedded"], help=argparse.SUPPRESS)
     parser.add_argument("--state", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="1,000 requests")
+    parser.add_argument("--json", type=Path, help="write the figures to this file")
     arguments = parser.parse_args()
+    if arguments.quick:
+        arguments.requests = min(arguments.requests, 1000)
     if arguments.serve:
         serve(arguments.serve, arguments.state)
         return
@@ -181,6 +185,23 @@ def main() -> None:
         )
     ratio = results["embedded"]["per_second"] / results["bare"]["per_second"]
     print(f"embedded / bare throughput: {ratio:.2f}")
+    if arguments.json:
+        embedded, bare = results["embedded"], results["bare"]
+        record = {
+            "name": "API submissions",
+            "value": embedded["per_second"],
+            "baseline": bare["per_second"],
+            "ratio": ratio,
+            "unit": "submissions/s",
+            "target": 500,
+            "parameters": {
+                "requests": arguments.requests,
+                "connections": arguments.connections,
+                "p99_ms": embedded["p99_ms"],
+                "bare_p99_ms": bare["p99_ms"],
+            },
+        }
+        arguments.json.write_text(json.dumps([record], indent=2))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,10 @@ def test_verdicts_against_targets() -> None:
     share = {**base, "value": 0.26, "baseline": 0.25, "target": "within 3% of its weight"}
     assert verdict({**share, "ratio": 1.02}) == "met"
     assert verdict({**share, "ratio": 1.10}) == "MISSED"
+    smallest = {**base, "ratio": None, "baseline": None, "target": "<= 1 ms"}
+    assert verdict({**smallest, "value": 0.6}) == "met"
+    assert verdict({**smallest, "value": 6.1}) == "MISSED"
+    assert verdict({**smallest, "value": None}) == "MISSED"  # never reached
 
 
 def test_results_section_is_rewritten_in_place(tmp_path: Path) -> None:
