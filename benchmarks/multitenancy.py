@@ -101,7 +101,7 @@ def aggregate_throughput(quick: bool) -> list[dict[str, Any]]:
     return records
 
 
-def shares(quick: bool) -> list[dict[str, Any]]:
+def shares(quick: bool, plots: Path | None = None) -> list[dict[str, Any]]:
     from pathways_client.island_client import IslandClient
     from pathways_client.launcher import LocalIsland
 
@@ -113,6 +113,8 @@ def shares(quick: bool) -> list[dict[str, Any]]:
             run_clients(island.scheduler_endpoint, weights, 4096, 150 if quick else 400)
             with IslandClient(island.scheduler_endpoint, "observer") as observer:
                 trace = sorted(observer.trace(), key=lambda record: record.seq)
+        if plots is not None:
+            _figure_9(trace, weights, plots)
         measured = _shares_by_client(trace, weights, by_time=True)
         counted = _shares_by_client(trace, weights, by_time=False)
         total = sum(weights)
@@ -134,6 +136,35 @@ def shares(quick: bool) -> list[dict[str, Any]]:
                 }
             )
     return records
+
+
+def _figure_9(trace: list[Any], weights: list[int], folder: Path) -> Path:
+    """Devices x time coloured by client over the stretch where all clients were busy (the
+    paper's Figure 9)."""
+    from pathways_client.trace_export import plot_timeline
+
+    busy = [r for r in trace if r.client.startswith("tenant-")]
+    first = max(min(r.seq for r in busy if r.client == c) for c in {r.client for r in busy})
+    window = [r for r in busy if r.seq >= first][:400]
+    records = [
+        {
+            "client": r.client,
+            "name": r.name,
+            "devices": list(r.devices),
+            "executor": r.executor,
+            "start_ns": r.start_ns,
+            "end_ns": r.end_ns,
+            "island": "bench",
+        }
+        for r in window
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    name = "-".join(map(str, weights))
+    return plot_timeline(
+        records,
+        folder / f"figure9-weights-{name}.png",
+        title=f"Device time of four clients with weights {':'.join(map(str, weights))}",
+    )
 
 
 def _shares_by_client(trace: list[Any], weights: list[int], by_time: bool) -> list[float]:
@@ -160,12 +191,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=["throughput", "shares"], action="append")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--plots", type=Path, help="write the device-time pictures here")
     args = parser.parse_args()
     records = []
     if not args.only or "throughput" in args.only:
         records += aggregate_throughput(args.quick)
     if not args.only or "shares" in args.only:
-        records += shares(args.quick)
+        records += shares(args.quick, args.plots)
     for record in records:
         print(
             f"{record['name']} {record['parameters']}: {record['value']:.3f} vs "

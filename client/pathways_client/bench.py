@@ -39,6 +39,7 @@ class Suite:
     full: tuple[str, ...]
     quick: tuple[str, ...]
     description: str
+    draws: bool = False  # takes --plots DIR and draws pictures of its own
 
 
 SUITES = [
@@ -132,7 +133,9 @@ def normalize(raw: Any, suite: Suite) -> list[dict[str, Any]]:
     return normalized
 
 
-def run_suite(suite: Suite, quick: bool, log: Any = None) -> list[dict[str, Any]]:
+def run_suite(
+    suite: Suite, quick: bool, log: Any = None, plots: Path | None = None
+) -> list[dict[str, Any]]:
     """Run one suite's script; its records, or one record saying why it failed."""
     script = BENCHMARKS / suite.script
     if not script.exists():
@@ -342,7 +345,7 @@ def bench_command(
         task = progress.add_task("benchmarks", total=len(chosen))
         for suite in chosen:
             progress.update(task, description=f"{suite.name}: {suite.description}")
-            records += run_suite(suite, quick)
+            records += run_suite(suite, quick, plots=plots)
             progress.advance(task)
     table = Table(title=f"pathways bench{' --quick' if quick else ''}")
     for column in ("suite", "figure", "parameters", "value", "baseline", "ratio", "target", ""):
@@ -368,6 +371,8 @@ def bench_command(
         json_path.write_text(json.dumps(records, indent=2, default=str))
         console.print(f"records: {json_path}")
     written = plot(records, plots) if plots else []
+    if plots:
+        written += sorted(plots.glob("figure9-*.png"))
     for path in written:
         console.print(f"plot: {path}")
     if results:
