@@ -246,7 +246,7 @@ def markdown(
         if missed
         else "Every target with a number was met.",
     ]
-    lines += [f"![{plot.stem}]({plot.name})" for plot in plots]
+    lines += [f"![{plot.stem}]({plot.parent.name}/{plot.name})" for plot in plots]
     lines.append(END)
     return "\n".join(lines) + "\n"
 
