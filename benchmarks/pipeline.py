@@ -14,30 +14,19 @@ interleaved so both sides see the same machine load. ``--json FILE`` writes the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pathways_client as pw
+from pathways_client.examples import load_example
 from pathways_client.launcher import LocalIsland
 
 # Big enough that a stage's computation takes milliseconds, as on real accelerators.
 WIDTH, BATCH = 1024, 64
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def example(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def samples_per_second(train: Callable[[], Any], samples: int) -> float:
@@ -61,7 +50,7 @@ def interleaved(
 
 def pipeline_vs_spmd(quick: bool, cache: Path) -> list[dict[str, Any]]:
     """The paper's Table 2 shape: S stages x M microbatches against SPMD, on 8 devices."""
-    pipeline = example("pipeline_mlp")
+    pipeline = load_example("pipeline_mlp")
     shapes = [(2, 4), (4, 8)] if quick else [(s, m) for s in (2, 4) for m in (4, 8, 16)]
     records = []
     with (
@@ -108,7 +97,7 @@ def pipeline_vs_spmd(quick: bool, cache: Path) -> list[dict[str, Any]]:
 
 
 def two_islands_vs_one(quick: bool, cache: Path) -> list[dict[str, Any]]:
-    islands = example("two_islands")
+    islands = load_example("two_islands")
     config = islands.Config(width=WIDTH, batch=8 * BATCH, steps=3 if quick else 6)
     samples = config.steps * config.batch
     with (

@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
 import pathways_client as pw
+from pathways_client.examples import load_example
 from pathways_client.launcher import LocalIsland
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_spmd_allreduce_in_all_three_modes(island: LocalIsland) -> None:
-    spmd = example("spmd_allreduce")
+    spmd = load_example("spmd_allreduce")
     with pw.connect(island) as cluster:
         results = spmd.run(cluster, steps=6)
     expected = spmd.reference(steps=6)
@@ -36,7 +23,7 @@ def test_spmd_allreduce_in_all_three_modes(island: LocalIsland) -> None:
 
 
 def test_pipeline_trains_like_plain_jax_and_its_loss_falls(island: LocalIsland) -> None:
-    pipeline = example("pipeline_mlp")
+    pipeline = load_example("pipeline_mlp")
     config = pipeline.Config(steps=4, learning_rate=0.5)
     with pw.connect(island) as cluster:
         losses, params = pipeline.run(cluster, config)
@@ -56,7 +43,7 @@ def test_pipeline_trains_like_plain_jax_and_its_loss_falls(island: LocalIsland) 
 def test_two_islands_equal_one_island_and_plain_jax(
     island: LocalIsland, compilation_cache: Path
 ) -> None:
-    two_islands = example("two_islands")
+    two_islands = load_example("two_islands")
     config = two_islands.Config(steps=3)
     with (
         LocalIsland(
@@ -78,7 +65,7 @@ def test_two_islands_equal_one_island_and_plain_jax(
 
 
 def test_multi_tenant_shares_follow_the_weights(compilation_cache: Path) -> None:
-    tenants = example("multi_tenant")
+    tenants = load_example("multi_tenant")
     with LocalIsland(
         hosts=1,
         devices_per_host=1,
