@@ -50,8 +50,7 @@ proto: $(INSTALLED)
 	$(BIN)/python -m grpc_tools.protoc -Icore --python_out=core --pyi_out=core core/pathways_core/wire/pathways.proto
 
 bench: $(INSTALLED)
-	$(BIN)/python benchmarks/allocator.py
-	$(BIN)/python benchmarks/dispatch.py
+	$(BIN)/pathways bench --json benchmarks/results.json --plots benchmarks/plots --results benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .hypothesis .ruff_cache

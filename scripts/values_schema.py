@@ -73,6 +73,17 @@ def integer(description: str = "", **extra: Any) -> dict[str, Any]:
     return {"type": "integer", **({"description": description} if description else {}), **extra}
 
 
+def rate_limit(description: str) -> dict[str, Any]:
+    """A rate limit: "RATE" or "RATE,BURST" (requests per second, largest burst), or a number
+    (``--set`` makes one); 0 disables it."""
+    return {
+        "type": ["string", "number"],
+        "description": f"{description} RATE or RATE,BURST per second; 0 disables.",
+        "pattern": r"^[0-9]+(\.[0-9]+)?(,[1-9][0-9]*)?$",
+        "minimum": 0,
+    }
+
+
 OPEN_OBJECT = {"type": "object"}
 STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 LIST = {"type": "array"}
@@ -168,6 +179,10 @@ def values_schema() -> dict[str, Any]:
                         "healthPort": PORT,
                         "metricsPort": PORT,
                         "childImage": string("Image of the pods the operator creates."),
+                        "controlTokens": {
+                            "type": "boolean",
+                            "description": "A control token per island, in a Secret of its own.",
+                        },
                     },
                     "The operator (global resource manager).",
                 ),
@@ -182,6 +197,20 @@ def values_schema() -> dict[str, Any]:
                                 "key": string("Its key.", minLength=1),
                             },
                             "The API's bearer tokens, from a Secret only.",
+                        ),
+                        "limits": obj(
+                            {
+                                "maxBodyBytes": integer(
+                                    "Largest request body (PATHWAYS_API_MAX_BODY).", minimum=1
+                                ),
+                                "rateLimit": rate_limit(
+                                    "Each tenant's mutating requests (PATHWAYS_API_RATE_LIMIT)."
+                                ),
+                                "readRateLimit": rate_limit(
+                                    "Each tenant's reads (PATHWAYS_API_READ_RATE_LIMIT)."
+                                ),
+                            },
+                            "Limits of each API replica.",
                         ),
                         "service": obj(
                             {
@@ -201,6 +230,55 @@ def values_schema() -> dict[str, Any]:
                         ),
                     },
                     "The multi-tenant REST API.",
+                ),
+                "proxy": obj(
+                    {
+                        **{
+                            key: value
+                            for key, value in pod_settings().items()
+                            if key != "serviceAccount"  # the proxy's pods mount no token
+                        },
+                        "enabled": {"type": "boolean"},
+                        "port": PORT,
+                        "devices": integer("Devices of each session's slice.", minimum=1),
+                        "island": string(
+                            "Bind the sessions' slices on this island.",
+                            pattern=f"^$|{DNS_SUBDOMAIN}",
+                        ),
+                        "tenant": string(
+                            "Tenant of the token (names sessions).", pattern=f"^$|{DNS_SUBDOMAIN}"
+                        ),
+                        "weight": integer("The sessions' share of device time.", minimum=1),
+                        "priority": integer("The sessions' priority."),
+                        "apiUrl": string(
+                            "REST API URL; empty: this release's API Service.",
+                            pattern=r"^$|^https?://",
+                        ),
+                        "tokenSecret": obj(
+                            {
+                                "name": string(
+                                    "Secret holding the tenant's API token.",
+                                    pattern=f"^$|{DNS_SUBDOMAIN}",
+                                ),
+                                "key": string("Its key.", minLength=1),
+                            },
+                            "The tenant's API token, from a Secret only.",
+                        ),
+                        "serveTls": {
+                            "type": "boolean",
+                            "description": "With tls.enabled, serve clients TLS.",
+                        },
+                        "allowedClients": LIST,
+                        "extraEgress": LIST,
+                        "service": obj(
+                            {
+                                "type": string(enum=["ClusterIP", "NodePort", "LoadBalancer"]),
+                                "port": PORT,
+                                "annotations": STRING_MAP,
+                            }
+                        ),
+                    },
+                    "The IFRT proxy: stock JAX programs on virtual slices.",
                 ),
                 "serviceMonitor": obj(
                     {

@@ -1,7 +1,9 @@
-"""Shared fixtures: the repository root and a runner for the ``pathways`` CLI."""
+"""Shared fixtures: the repository root, a runner for the ``pathways`` CLI and an embedded
+cluster."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,3 +28,18 @@ def pathways():
         return runner.invoke(main, list(args), catch_exceptions=False)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def embedded_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The state folder of an embedded cluster (``pathways up``: one island of 1 host x 4 fake
+    CPU devices, a token for tenant ``team-a``), shared by a module's tests."""
+    folder = tmp_path_factory.mktemp("embedded") / "state"
+    runner = CliRunner()
+    arguments = ["--state", str(folder)]
+    started = runner.invoke(
+        main, ["up", *arguments, "--hosts", "1", "--devices", "4", "--tenant", "team-a"]
+    )
+    assert started.exit_code == 0, started.output
+    yield folder
+    runner.invoke(main, ["down", *arguments])

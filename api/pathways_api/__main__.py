@@ -2,6 +2,8 @@
 
 ``PATHWAYS_API_MODE`` chooses the store: ``embedded`` (default; the SQLite file and tokens file
 of ``--state DIR``) or ``kubernetes`` (custom resources; tokens checked with TokenReview).
+With ``PATHWAYS_TLS_CERT`` and ``PATHWAYS_TLS_KEY`` set it serves HTTPS only
+(``pathways_api.tls``).
 """
 
 from __future__ import annotations
@@ -15,11 +17,27 @@ from pathlib import Path
 import uvicorn
 
 from pathways_api.app import MAX_BODY_BYTES, create_app
+from pathways_api.ratelimit import RATE_LIMIT_ENV, READ_RATE_LIMIT_ENV, budgets_from
+from pathways_api.tls import TlsConfigError, https_options
+from pathways_core.control.rate_limit import Budgets
 
 
-def build(mode: str, state: Path | None, tokens: Path | None, max_body: int):
-    """The app of a mode."""
+def build(
+    mode: str,
+    state: Path | None,
+    tokens: Path | None,
+    max_body: int,
+    rate_limits: Budgets | None = None,
+):
+    """The app of a mode; ``rate_limits`` default to the environment's (see
+    :mod:`pathways_api.ratelimit`)."""
     from pathways_api.service import Service
+
+    if rate_limits is None:
+        try:
+            rate_limits = budgets_from(os.environ)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
 
     if mode == "embedded":
         from pathways_api.auth import TokenFile
@@ -33,12 +51,18 @@ def build(mode: str, state: Path | None, tokens: Path | None, max_body: int):
             Service(store, "embedded"),
             TokenFile(tokens or state / "tokens.yaml"),
             max_body=max_body,
+            rate_limits=rate_limits,
         )
     if mode == "kubernetes":
         from pathways_api.kube_store import KubernetesStore, TokenReviewer
 
         store = KubernetesStore.from_environment()
-        return create_app(Service(store, "kubernetes"), TokenReviewer(store), max_body=max_body)
+        return create_app(
+            Service(store, "kubernetes"),
+            TokenReviewer(store),
+            max_body=max_body,
+            rate_limits=rate_limits,
+        )
     raise SystemExit(f"PATHWAYS_API_MODE must be embedded or kubernetes, not {mode!r}")
 
 
@@ -55,9 +79,33 @@ def main(argv: list[str] | None = None) -> None:
         default=int(os.environ.get("PATHWAYS_API_MAX_BODY", MAX_BODY_BYTES)),
         help="Largest request body in bytes.",
     )
+    parser.add_argument(
+        "--rate-limit",
+        default=None,
+        help="Each tenant's mutating requests: RATE[,BURST] per second, 0 for no limit "
+        f"(default: ${RATE_LIMIT_ENV}, else 100,5000).",
+    )
+    parser.add_argument(
+        "--read-rate-limit",
+        default=None,
+        help="Each tenant's reads: RATE[,BURST] per second, 0 for no limit "
+        f"(default: ${READ_RATE_LIMIT_ENV}, else 1000,10000).",
+    )
     arguments = parser.parse_args(argv)
+    if arguments.max_body < 1:
+        parser.error(
+            f"--max-body (or PATHWAYS_API_MAX_BODY) must be >= 1, not {arguments.max_body}"
+        )
+    try:
+        rate_limits = budgets_from(os.environ, arguments.rate_limit, arguments.read_rate_limit)
+    except ValueError as error:
+        parser.error(str(error))
+    try:
+        https = https_options(os.environ)  # HTTPS when PATHWAYS_TLS_CERT and _KEY are set
+    except TlsConfigError as error:
+        parser.error(str(error))
     mode = os.environ.get("PATHWAYS_API_MODE", "embedded")
-    app = build(mode, arguments.state, arguments.tokens, arguments.max_body)
+    app = build(mode, arguments.state, arguments.tokens, arguments.max_body, rate_limits)
     # Bind first, so the port is known (and printed) before serving: callers may ask for 0.
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP,
     # and without it every response written in two parts waits ~40 ms for a delayed ACK.
@@ -67,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     listener.bind((arguments.host, arguments.port))
     listener.listen(2048)  # connections wait in the backlog until uvicorn serves
     print(json.dumps({"port": listener.getsockname()[1], "pid": os.getpid()}), flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, **https)
     uvicorn.Server(config).run(sockets=[listener])
 
 

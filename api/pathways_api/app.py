@@ -5,7 +5,9 @@ reached through dependencies (:func:`service`, :func:`tenant`) that tests may ov
 
 Request bodies are JSON, or YAML with ``Content-Type: application/yaml``; at most
 ``max_body`` bytes (1 MiB by default, ``PATHWAYS_API_MAX_BODY``): larger bodies get 413 and
-are never read further. Errors are JSON ``{"error": {"code", "message", "field"}}``.
+are never read further. Each authenticated tenant is held to its rate limits
+(:mod:`pathways_api.ratelimit`): 429 ``RateLimited`` with ``Retry-After``. Errors are JSON
+``{"error": {"code", "message", "field"}}``.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pathways_api import metrics
 from pathways_api.auth import Authenticator, Tenant, bearer_token
 from pathways_api.errors import ERROR_RESPONSES, ApiError
+from pathways_api.ratelimit import DEFAULT_BUDGETS, ApiRateLimiter
 from pathways_api.service import ListQuery, Service, parse_labels
 from pathways_api.store import ISLAND, PROGRAM, SLICE
+from pathways_core.control.rate_limit import Budgets
 from pathways_core.manifests import format_path, problems_of
 from pathways_core.resources import Island, PathwaysProgram, VirtualSlice
 from pathways_core.resources.base import DNS_SUBDOMAIN_PATTERN
@@ -147,9 +151,13 @@ async def tenant(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Tenant:
-    """The caller, from its bearer token; 401 otherwise."""
+    """The caller, from its bearer token (401 otherwise), within its rate limit (429 with
+    ``Retry-After`` otherwise, before anything is done)."""
     authenticator: Authenticator = request.app.state.authenticator
-    return await authenticator.authenticate(bearer_token(request.headers.get("authorization")))
+    caller = await authenticator.authenticate(bearer_token(request.headers.get("authorization")))
+    limiter: ApiRateLimiter = request.app.state.rate_limiter
+    limiter.check(caller.name, request.method)
+    return caller
 
 
 Caller = Annotated[Tenant, Depends(tenant)]
@@ -213,7 +221,10 @@ async def api_error(request: Request, error: Exception) -> JSONResponse:
 async def http_error(request: Request, error: Exception) -> JSONResponse:
     """Starlette's own errors (unknown route, wrong method) in the API's error format."""
     assert isinstance(error, StarletteHTTPException)
-    code = {404: "NotFound", 405: "MethodNotAllowed"}.get(error.status_code, "HttpError")
+    # FastAPI answers 400 itself for a JSON body it cannot decode (one nested too deeply).
+    code = {400: "MalformedBody", 404: "NotFound", 405: "MethodNotAllowed"}.get(
+        error.status_code, "HttpError"
+    )
     message = {
         404: f"no such route: {request.url.path}",
         405: f"{request.method} is not allowed on {request.url.path}",
@@ -250,6 +261,47 @@ async def validation_error(request: Request, error: Exception) -> JSONResponse:
         return _error(422, "InvalidField", str(first.get("msg")), format_path(location[1:]))
     where = " ".join(str(part) for part in location[:2])
     return _error(422, "InvalidField", str(first.get("msg")), where or None)
+
+
+class _SelfReference(Exception):
+    pass
+
+
+def _expanded_weight(document: Any, limit: int) -> int | None:
+    """About how many bytes ``document`` takes as JSON, every YAML alias expanded (a shared
+    node counts once per use), counting at most to ``limit + 1``; ``None`` if an alias refers
+    to a node containing it (such a document has no JSON form)."""
+    weights: dict[int, int] = {}
+    visiting: set[int] = set()
+
+    def weigh(node: Any) -> int:
+        if isinstance(node, str | bytes):
+            return len(node) + 2
+        if isinstance(node, dict):
+            children: Any = (item for pair in node.items() for item in pair)
+        elif isinstance(node, list):
+            children = node
+        else:
+            return 8  # numbers, booleans, null, dates: a few bytes each
+        key = id(node)
+        if key in weights:
+            return weights[key]
+        if key in visiting:
+            raise _SelfReference
+        visiting.add(key)
+        total = 2
+        for child in children:
+            total += weigh(child) + 1
+            if total > limit:
+                break  # enough to refuse it: never expand further
+        visiting.discard(key)
+        weights[key] = min(total, limit + 1)
+        return weights[key]
+
+    try:
+        return weigh(document)
+    except _SelfReference:
+        return None
 
 
 class BodyLimit:
@@ -313,6 +365,9 @@ class BodyLimit:
         if content_type in YAML_TYPES:
             try:
                 parsed = yaml.safe_load(body) if body else None
+                # Aliases may repeat a node any number of times: bound the document as JSON
+                # (what the API reads) before writing it out, not only the YAML text.
+                weight = _expanded_weight(parsed, self.limit)
             except yaml.YAMLError as error:
                 where = getattr(error, "problem_mark", None)
                 at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
@@ -321,7 +376,31 @@ class BodyLimit:
                     send, 400, "MalformedBody", f"the body is not valid YAML{at}: {problem}"
                 )
                 return None
-            body = json.dumps(parsed, default=str).encode()
+            except (RecursionError, ValueError) as error:  # too deep; a huge integer
+                problem = "nested too deeply" if isinstance(error, RecursionError) else error
+                await self._reject(
+                    send, 400, "MalformedBody", f"the body is not valid YAML: {problem}"
+                )
+                return None
+            if weight is None:
+                await self._reject(
+                    send,
+                    400,
+                    "MalformedBody",
+                    "the body is not valid YAML: an alias refers to itself",
+                )
+                return None
+            if weight <= self.limit:
+                body = json.dumps(parsed, default=str).encode()
+            if weight > self.limit or len(body) > self.limit:
+                await self._reject(
+                    send,
+                    413,
+                    "BodyTooLarge",
+                    f"the body, with its YAML aliases expanded, is larger than the limit of "
+                    f"{self.limit} bytes",
+                )
+                return None
             scope = {
                 **scope,
                 "headers": [
@@ -362,18 +441,27 @@ class BodyLimit:
 
 
 def create_app(
-    api: Service, authenticator: Authenticator, *, max_body: int = MAX_BODY_BYTES
+    api: Service,
+    authenticator: Authenticator,
+    *,
+    max_body: int = MAX_BODY_BYTES,
+    rate_limits: Budgets = DEFAULT_BUDGETS,
 ) -> FastAPI:
-    """The API over ``api`` (its store), authenticating with ``authenticator``."""
+    """The API over ``api`` (its store), authenticating with ``authenticator``; bodies of at
+    most ``max_body`` bytes, each tenant within ``rate_limits``."""
     app = FastAPI(
         title="Pathways on Kubernetes",
         version="v1",
         description="Multi-tenant submission of Pathways programs and virtual slices. Bodies "
-        f"are JSON or YAML (application/yaml), at most {max_body} bytes.",
+        f"are JSON or YAML (application/yaml), at most {max_body} bytes. Each tenant may send "
+        f"{rate_limits.mutating.describe()} of mutating requests and "
+        f"{rate_limits.read.describe()} of reads (per API server); beyond, 429 RateLimited "
+        "with Retry-After.",
         responses=ERROR_RESPONSES,
     )
     app.state.service = api
     app.state.authenticator = authenticator
+    app.state.rate_limiter = ApiRateLimiter(rate_limits)
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)

@@ -79,6 +79,13 @@ class QuotaExceeded(ApiError):
     status, code = 429, "QuotaExceeded"
 
 
+class RateLimited(ApiError):
+    """The tenant sent more requests than its rate limit allows; nothing was done, and the
+    ``Retry-After`` header says when to try again."""
+
+    status, code = 429, "RateLimited"
+
+
 class InvalidField(ApiError):
     status, code = 422, "InvalidField"
 
@@ -91,8 +98,19 @@ class Unavailable(ApiError):
     status, code = 503, "Unavailable"
 
 
+RETRY_AFTER_HEADER = {
+    "Retry-After": {
+        "description": "With RateLimited: whole seconds to wait before retrying.",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": description}
+    status: {
+        "model": ErrorResponse,
+        "description": description,
+        **({"headers": RETRY_AFTER_HEADER} if status == 429 else {}),
+    }
     for status, description in (
         (400, "Malformed request (unparseable JSON or YAML, bad query)"),
         (401, "Missing or invalid bearer token"),
@@ -101,7 +119,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (413, "Request body larger than the limit"),
         (415, "Unsupported content type"),
         (422, "A field is invalid; error.field names it"),
-        (429, "The tenant's quota would be exceeded"),
+        (
+            429,
+            "The tenant's quota would be exceeded (QuotaExceeded), or the tenant is over its "
+            "rate limit (RateLimited: nothing was done; retry after Retry-After seconds)",
+        ),
     )
 }
 """The error responses every route may give, for the OpenAPI schema."""

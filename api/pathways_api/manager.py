@@ -5,20 +5,29 @@ and the cluster's controllers do in Kubernetes, with the same pure decisions of
 ``pathways_core.control``:
 
 - islands: registered from ``DIR/islands.json`` (written by ``pathways up`` once its local
-  islands answer) as Islands whose scheduler runs outside the store
-  (``pathways.dev/scheduler-endpoint``), their status from :func:`island_status`;
+  islands answer, and again by its supervisor while it restarts a lost island: ready hosts,
+  scheduler readiness, the new endpoint) as Islands whose scheduler runs outside the store
+  (``pathways.dev/scheduler-endpoint``), their status from :func:`island_status`: Degraded
+  (``HostsLost``) while the supervisor restarts one, so its slices are bound again elsewhere
+  or wait, Preempted, and Ready again at the new endpoint;
 - slices: binding passes of :func:`plan_bindings_shared` (``plan_bindings`` with
   time-shared groups), applied in stage order with compare-and-set writes;
 - programs: :func:`reconcile_program`, whose children are applied to the store; a Job is run
   as a local subprocess with the Job's command and environment (the contract's
-  ``PATHWAYS_*`` settings), its output in ``DIR/logs``, its outcome written back as the Job
-  controller would, and the island trace of its client kept for the API;
+  ``PATHWAYS_*`` settings, ``PATHWAYS_RUN`` and ``PATHWAYS_CHECKPOINT_DIR``: a directory of
+  the program's that outlives its runs), its output in ``DIR/logs``, its outcome written back
+  as the Job controller would, and the island trace of its client kept for the API;
 - deletion: what a deleted object holds is released before the object is removed.
 
 The loop wakes every ``interval`` seconds and works only when the store changed (its
-resourceVersion moved) or a Job ended, so an idle cluster costs one query per tick. State is
-only the store: after a restart, bindings are restored from the slices' statuses and Jobs whose
-process was lost with the previous manager fail (their program's restart policy decides).
+resourceVersion moved), ``islands.json`` changed or a Job ended, so an idle cluster costs one
+query per tick. State is the store and the run records: every Job runs under
+:mod:`pathways_api.run_job`, in a session of its own, which records its pid and writes its exit
+status to ``DIR/runs``. A manager killed by SIGKILL leaves its runs running; the next one
+restores the bindings from the slices' statuses, *adopts* the runs still running, and takes the
+exit status of those that ended meanwhile. Only a run that left no status (its process was
+killed too) fails as lost, and its program's restart policy decides. Stopped by SIGTERM
+(``pathways down``), the manager stops its runs and records them as lost.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pathways_api.run_job import ALREADY_RUNNING, paths, process_start, read_json
 from pathways_api.store import ISLAND, PROGRAM, SLICE, SqliteStore, now_text
 from pathways_core.control import (
     ANNOTATION_SCHEDULER_ENDPOINT,
@@ -51,13 +62,17 @@ from pathways_core.control import (
     reconcile_program,
     slice_names,
 )
-from pathways_core.control.common import LABEL_PROGRAM, Document, now_utc, prune
+from pathways_core.control.common import LABEL_PROGRAM, Document, now_utc, parse_time, prune
 from pathways_core.control.sharing import plan_bindings_shared
 from pathways_core.resources import GROUP_VERSION, Island, PathwaysProgram
 
 JOB, CONFIG_MAP = "Job", "ConfigMap"
 IMAGE = "pathways-embedded"
 LOST = "the driver's process was lost (the embedded cluster stopped)"
+VANISHED = (
+    "the driver's process ended while no resource manager watched it and left no exit status "
+    "(it was killed)"
+)
 
 logger = logging.getLogger("pathways_api.manager")
 
@@ -84,14 +99,59 @@ def island_document(name: str, entry: dict[str, Any]) -> Document:
     }
 
 
+def island_observation(entry: dict[str, Any]) -> IslandObservation:
+    """What the supervisor reports of a local island: its ready hosts and whether its scheduler
+    answers. An entry that reports nothing is Ready as declared."""
+    if "schedulerReady" not in entry:
+        return IslandObservation()
+    hosts = frozenset(int(host) for host in entry.get("readyHosts") or [])
+    return IslandObservation(
+        scheduler_ready=1 if entry["schedulerReady"] else 0,
+        executors_ready=len(hosts),
+        ready_hosts=hosts,
+    )
+
+
 @dataclass
 class Running:
-    """A Job's process."""
+    """A Job's process: the :mod:`pathways_api.run_job` wrapper this manager started
+    (``popen``), or one a previous manager started and this one adopted (``popen`` is
+    ``None``; ``pid`` and ``start`` tell it from a later process with the same pid)."""
 
     job: Document
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | None
     started: float
     deadline: float | None
+    record: Path | None = None
+    pid: int = 0
+    start: int | None = None
+
+    def alive(self) -> bool:
+        """Whether the run's process still runs."""
+        if self.popen is not None:
+            if self.popen.poll() is None:
+                return True
+            if self.popen.returncode != ALREADY_RUNNING or self.record is None:
+                return False
+            # Another wrapper runs this run (started by a manager that died before it
+            # recorded it): follow that one.
+            self.popen = None
+            found = read_json(paths(self.record)[1]) or {}
+            if found.get("uid") != self.job["metadata"].get("uid"):
+                return False
+            self.pid, self.start = int(found.get("pid") or 0), found.get("start")
+        return self.pid > 0 and self.start is not None and process_start(self.pid) == self.start
+
+    def exit_code(self) -> int | None:
+        """The command's exit status (from the wrapper's exit file), else the wrapper's own,
+        else ``None``: the process left none (it was killed with its wrapper)."""
+        if self.record is not None:
+            found = read_json(paths(self.record)[2]) or {}
+            if found.get("uid") == self.job["metadata"].get("uid") and "code" in found:
+                return int(found["code"])
+        if self.popen is not None and self.popen.returncode is not None:
+            return self.popen.returncode
+        return None
 
 
 class Manager:
@@ -109,13 +169,15 @@ class Manager:
         self._seen_version: int | None = None
         self._finishing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="job-finish")
         self._ended = threading.Event()
+        self._islands_file: tuple[int, int, int] | None = None
+        self._observed: dict[str, IslandObservation] = {}
 
     # -- loop ----------------------------------------------------------------------------------
 
     def run(self) -> None:
         """Reconcile until :meth:`stop`."""
         self.register_islands()
-        self.fail_lost_jobs()
+        self.adopt_jobs()
         while not self._stop.is_set():
             try:
                 self.tick()
@@ -134,9 +196,10 @@ class Manager:
     def tick(self) -> bool:
         """One round if anything changed; whether it did work."""
         self._poll_jobs()
+        islands_changed = self._islands_changed()
         version = self._version()
         ended = self._ended.is_set()
-        if version == self._seen_version and not ended:
+        if version == self._seen_version and not ended and not islands_changed:
             return False
         self._ended.clear()
         for _ in range(20):  # until the decisions settle
@@ -155,13 +218,29 @@ class Manager:
 
     # -- islands -------------------------------------------------------------------------------
 
+    def _islands_changed(self) -> bool:
+        """Register the islands again if ``islands.json`` changed since it was last read."""
+        try:
+            stat = (self.state / "islands.json").stat()
+        except OSError:
+            return False
+        if (stat.st_ino, stat.st_mtime_ns, stat.st_size) == self._islands_file:
+            return False
+        self.register_islands()
+        return True
+
     def register_islands(self) -> None:
         """Create or update the Islands listed in ``islands.json`` (their endpoints change
-        when ``pathways up`` starts them again)."""
+        when an island is started again) and keep what it reports of their health."""
         path = self.state / "islands.json"
-        if not path.exists():
-            return
-        for name, entry in json.loads(path.read_text()).items():
+        try:
+            stat = path.stat()
+            listed = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return  # absent, or read while replaced: the next tick reads it again
+        self._islands_file = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        for name, entry in listed.items():
+            self._observed[name] = island_observation(entry)
             wanted = island_document(name, entry)
             current = self.store.read(ISLAND, None, name)
             if current is None:
@@ -183,7 +262,7 @@ class Manager:
             self.store.replace(current, change)
 
     def reconcile_islands(self) -> None:
-        """Write each island's status (external islands are Ready as declared)."""
+        """Write each island's status: Ready as declared, or as the supervisor reports it."""
         for document in self.store.read_all(ISLAND):
             if is_deleting(document):
                 continue
@@ -192,7 +271,7 @@ class Manager:
                 document,
                 island if isinstance(island, Island) else None,
                 problem,
-                IslandObservation(),
+                self._observed.get(document["metadata"]["name"], IslandObservation()),
                 "embedded",
                 now_utc(),
             )
@@ -305,6 +384,7 @@ class Manager:
             if running is not None:
                 self._kill(running)
             self.store.remove(JOB, namespace, name)
+            self._forget(namespace, name)
         elif kind == SLICE:
             self.store.mark_deleting(SLICE, namespace, name)
         else:
@@ -326,28 +406,76 @@ class Manager:
                     remaining += 1
         if not remaining:
             self.store.remove(PROGRAM, namespace, name)
+            if meta.get("uid"):
+                shutil.rmtree(
+                    self.state / "checkpoints" / (namespace or "") / name / meta["uid"],
+                    ignore_errors=True,
+                )
 
     # -- jobs ----------------------------------------------------------------------------------
 
-    def fail_lost_jobs(self) -> None:
-        """Jobs started by a previous manager whose process is gone fail."""
+    def adopt_jobs(self) -> None:
+        """Runs a previous manager started: adopt those still running, take the outcome of
+        those that ended meanwhile (at the next poll); a run that left no record is lost."""
         for job in self.store.read_all(JOB):
             status = job.get("status") or {}
-            if status.get("active") and not status.get("conditions"):
+            if not status.get("active") or status.get("conditions"):
+                continue
+            meta = job["metadata"]
+            key = f"{meta['namespace']}/{meta['name']}"
+            running = self._adopt(job)
+            if running is None:
                 self._write_job(job, failed=True, message=LOST)
+            else:
+                self.running[key] = running
+                logger.info("adopted run %s (pid %d)", key, running.pid)
+
+    def _forget(self, namespace: str, name: str) -> None:
+        """Remove a run's record files once its outcome is stored (or it is deleted)."""
+        for path in paths(self.state / "runs" / namespace / name):
+            path.unlink(missing_ok=True)
+
+    def _record(self, job: Document) -> Path:
+        """Prefix of a run's record files (see :mod:`pathways_api.run_job`)."""
+        meta = job["metadata"]
+        return self.state / "runs" / meta["namespace"] / meta["name"]
+
+    def _adopt(self, job: Document) -> Running | None:
+        """The run of ``job`` a previous manager started, if it left a record of it."""
+        record = self._record(job)
+        found = read_json(paths(record)[1]) or {}
+        if found.get("uid") != job["metadata"].get("uid") or not found.get("pid"):
+            return None
+        deadline = None
+        seconds = job["spec"].get("activeDeadlineSeconds")
+        started = parse_time((job.get("status") or {}).get("startTime"))
+        if seconds and started is not None:
+            deadline = time.monotonic() + seconds - (now_utc() - started).total_seconds()
+        return Running(
+            job,
+            None,
+            time.monotonic(),
+            deadline,
+            record=record,
+            pid=int(found["pid"]),
+            start=found.get("start"),
+        )
 
     def start_jobs(self) -> None:
-        """Start the process of every new Job."""
+        """Start the process of every new Job (or adopt it, if a manager that died before it
+        recorded the start had started it)."""
         for job in self.store.read_all(JOB):
             meta = job["metadata"]
             key = f"{meta['namespace']}/{meta['name']}"
             if key in self.running or (job.get("status") or {}):
                 continue
-            try:
-                running = self._start(job)
-            except OSError as error:
-                self._write_job(job, failed=True, message=f"could not start: {error}")
-                continue
+            running = self._adopt(job)
+            if running is None:
+                try:
+                    running = self._start(job)
+                except OSError as error:
+                    self._write_job(job, failed=True, message=f"could not start: {error}")
+                    continue
             started = self.store.write_status(job, {"active": 1, "startTime": now_text()})
             if started is None:  # deleted or changed meanwhile: its next state decides
                 self._kill(running)
@@ -378,25 +506,51 @@ class Manager:
                 target = str(mounts[mount["name"]])
                 command = [part.replace(mount["mountPath"], target) for part in command]
         environment = {item["name"]: item.get("value", "") for item in container.get("env", [])}
+        checkpoints = self._checkpoint_dir(job)
+        if checkpoints is not None and "PATHWAYS_CHECKPOINT_DIR" not in environment:
+            checkpoints.mkdir(parents=True, exist_ok=True)
+            environment["PATHWAYS_CHECKPOINT_DIR"] = str(checkpoints)
         log = self.store.log_path(meta["namespace"], meta["name"])
         log.parent.mkdir(parents=True, exist_ok=True)
+        record = self._record(job)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        for stale in paths(record)[1:]:  # a same-named run of a deleted program
+            stale.unlink(missing_ok=True)
+        wrapper = [sys.executable, "-m", "pathways_api.run_job", "--record", str(record)]
+        wrapper += ["--uid", str(meta.get("uid") or ""), "--"]
         with log.open("wb") as output:
             popen = subprocess.Popen(
-                command,
+                [*wrapper, *command],
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.cwd,
                 env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **environment},
-                start_new_session=True,  # its own process group: killed with its children
+                # Its own session: killed with its children, and it outlives a manager killed
+                # by SIGKILL (the next one adopts it).
+                start_new_session=True,
             )
         deadline = job["spec"].get("activeDeadlineSeconds")
         now = time.monotonic()
-        return Running(job, popen, now, now + deadline if deadline else None)
+        return Running(
+            job, popen, now, now + deadline if deadline else None, record=record, pid=popen.pid
+        )
+
+    def _checkpoint_dir(self, job: Document) -> Path | None:
+        """The program's checkpoint directory: the same for all its runs, another for a
+        program of the same name submitted again (it is named after the program's uid)."""
+        meta = job["metadata"]
+        owner = next(
+            (o for o in meta.get("ownerReferences") or [] if o.get("kind") == "PathwaysProgram"),
+            None,
+        )
+        if owner is None or not owner.get("uid"):
+            return None
+        return self.state / "checkpoints" / meta["namespace"] / owner["name"] / owner["uid"]
 
     def _poll_jobs(self) -> None:
         for key, running in list(self.running.items()):
-            if running.popen.poll() is None:
+            if running.alive():
                 if running.deadline is not None and time.monotonic() > running.deadline:
                     self._kill(running)
                     del self.running[key]
@@ -407,10 +561,17 @@ class Manager:
 
     @staticmethod
     def _kill(running: Running) -> None:
-        if running.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(running.popen.pid, signal.SIGKILL)
+        """SIGKILL the run's process group; return once its wrapper is gone."""
+        if not running.alive():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(running.pid, signal.SIGKILL)
+        if running.popen is not None:
             running.popen.wait()
+            return
+        deadline = time.monotonic() + 10
+        while running.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def _finish(
         self, key: str, running: Running, lost: bool = False, reason: str | None = None
@@ -424,14 +585,31 @@ class Manager:
         job = self.store.read(JOB, *key.split("/"))
         if job is None:
             return
-        code = running.popen.returncode
+        code = running.exit_code()
         if reason == "DeadlineExceeded":
             self._write_job(job, failed=True, message="the run exceeded activeDeadlineSeconds")
         elif lost:
             self._write_job(job, failed=True, message=LOST)
+        elif code is None:
+            self._write_job(job, failed=True, message=VANISHED)
         else:
-            self._write_job(job, failed=code != 0, message=f"the driver exited with code {code}")
+            message = f"the driver exited with code {code}"
+            if code != 0:
+                message += self._last_words(job)
+            self._write_job(job, failed=code != 0, message=message)
         self._ended.set()
+
+    def _last_words(self, job: Document) -> str:
+        """``: <the last line of the run's output>`` (usually the exception), or nothing."""
+        meta = job["metadata"]
+        try:
+            with self.store.log_path(meta["namespace"], meta["name"]).open("rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 4096))
+                lines = log.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return f": {lines[-1].strip()[:300]}" if lines else ""
 
     def _write_job(self, job: Document, *, failed: bool, message: str) -> None:
         status = {
@@ -457,6 +635,7 @@ class Manager:
             )
         for _ in range(5):
             if self.store.write_status(job, prune(status)) is not None:
+                self._forget(job["metadata"]["namespace"], job["metadata"]["name"])
                 break
             job = self.store.read(JOB, job["metadata"]["namespace"], job["metadata"]["name"])
             if job is None:
@@ -475,6 +654,14 @@ class Manager:
         if not program or not slices:
             return
         islands = {entry["island"]: entry["scheduler"] for entry in slices.values()}
+        for island, endpoint in list(islands.items()):
+            current = ((self.store.read(ISLAND, None, island) or {}).get("status") or {}).get(
+                "schedulerEndpoint"
+            )
+            if current != endpoint:  # restarted (or down) since: that trace is gone
+                del islands[island]
+        if not islands:
+            return
         arguments = [sys.executable, "-m", "pathways_client.trace_dump"]
         for island, endpoint in sorted(islands.items()):
             arguments += ["--island", f"{island}={endpoint}"]

@@ -21,6 +21,12 @@ LATENCY = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
     registry=REGISTRY,
 )
+RATE_LIMITED = Counter(
+    "pathways_api_rate_limited",
+    "Requests refused because their tenant was over its rate limit, by tenant and budget.",
+    ["tenant", "budget"],
+    registry=REGISTRY,
+)
 
 
 def observe(method: str, route: str, status: int, seconds: float) -> None:
@@ -32,3 +38,8 @@ def observe(method: str, route: str, status: int, seconds: float) -> None:
 def exposition() -> bytes:
     """The metrics in the Prometheus text format."""
     return generate_latest(REGISTRY)
+
+
+def rate_limited(tenant: str, budget: str) -> None:
+    """Count one request refused by a tenant's rate limit (``budget``: mutating or read)."""
+    RATE_LIMITED.labels(tenant, budget).inc()

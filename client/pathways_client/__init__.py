@@ -8,7 +8,7 @@ with pw.connect(islands={"local": "127.0.0.1:8470"}) as cluster:
     loss = step(batch).result()
 """
 
-from pathways_client import elastic
+from pathways_client import checkpoint, elastic
 from pathways_client.cluster import Cluster, connect
 from pathways_client.errors import (
     ConnectError,
@@ -33,6 +33,7 @@ __all__ = [
     "Program",
     "Slice",
     "SliceError",
+    "checkpoint",
     "connect",
     "elastic",
     "function",

@@ -1,29 +1,68 @@
-"""An HTTP client of the REST API (what the CLI and the demo use)."""
+"""An HTTP client of the REST API (what the CLI and the demo use).
+
+A request refused because the tenant is over its rate limit (429 ``RateLimited``, with
+``Retry-After``) was not carried out, so idempotent requests (GET, HEAD, PUT, DELETE, and POST
+with an ``Idempotency-Key``) are sent again after the wait the server asks for, at most
+``max_retries`` times and ``max_retry_wait`` seconds in all; other requests, and requests that
+run out of retries, raise :class:`ApiCallError` with ``code == "RateLimited"`` and
+``retry_after``. Other 429s (``QuotaExceeded``) are never retried.
+"""
 
 from __future__ import annotations
 
 import json
+import ssl
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
+
+from pathways_client import tls
+
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
 class ApiCallError(RuntimeError):
     """The API answered with an error: its status, code, message and field."""
 
-    def __init__(self, status: int, code: str, message: str, field: str | None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None,
+        retry_after: float | None = None,
+    ) -> None:
         where = f" ({field})" if field else ""
         super().__init__(f"{code}: {message}{where}")
         self.status, self.code, self.message, self.field = status, code, message, field
+        self.retry_after = retry_after  # seconds the server asked to wait (Retry-After)
 
 
 class ApiClient:
     """Calls of one tenant (its bearer token) to one API server."""
 
-    def __init__(self, url: str, token: str | None, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        timeout: float = 30.0,
+        *,
+        max_retries: int = 3,
+        max_retry_wait: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+        verify: ssl.SSLContext | bool | None = None,
+    ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        if verify is None:  # an https URL's certificate is checked against PATHWAYS_TLS_CA
+            loaded = tls.load()  # (TlsConfigError when half set), else the system's CAs
+            verify = loaded.client if loaded is not None else True
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, verify=verify)
+        self.max_retries = max_retries
+        self.max_retry_wait = max_retry_wait
+        self._sleep = sleep
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -36,21 +75,28 @@ class ApiClient:
         self.close()
 
     def call(self, method: str, path: str, **arguments: Any) -> Any:
-        """One request; the decoded JSON (or text) answer, or :class:`ApiCallError`."""
-        try:
-            answer = self.http.request(method, path, **arguments)
-        except httpx.HTTPError as error:
-            raise ApiCallError(0, "Unreachable", f"{self.url}: {error}", None) from None
-        if answer.status_code >= 400:
+        """One request; the decoded JSON (or text) answer, or :class:`ApiCallError`.
+        Idempotent requests refused by the rate limit are retried (see the module)."""
+        retries, waited = 0, 0.0
+        while True:
             try:
-                error = answer.json()["error"]
-                raise ApiCallError(
-                    answer.status_code, error["code"], error["message"], error.get("field")
-                )
-            except (ValueError, KeyError, TypeError):
-                raise ApiCallError(
-                    answer.status_code, "HttpError", answer.text[:200], None
-                ) from None
+                answer = self.http.request(method, path, **arguments)
+            except httpx.HTTPError as error:
+                raise ApiCallError(0, "Unreachable", f"{self.url}: {error}", None) from None
+            if answer.status_code < 400:
+                break
+            failure = _error_of(answer)
+            delay = failure.retry_after
+            if (
+                failure.code != "RateLimited"
+                or delay is None
+                or not _idempotent(method, arguments.get("headers"))
+                or retries >= self.max_retries
+                or waited + delay > self.max_retry_wait
+            ):
+                raise failure
+            self._sleep(delay)
+            retries, waited = retries + 1, waited + delay
         if answer.headers.get("content-type", "").startswith("application/json"):
             return answer.json()
         return answer.text
@@ -112,3 +158,35 @@ class ApiClient:
     def me(self) -> dict[str, Any]:
         """The caller's tenant, quotas and usage."""
         return self.call("GET", "/v1/me")
+
+
+def _idempotent(method: str, headers: Any) -> bool:
+    """Whether sending the request twice does what sending it once does."""
+    if method.upper() in IDEMPOTENT_METHODS:
+        return True
+    keys = {str(name).lower() for name in (headers or {})}
+    return method.upper() == "POST" and "idempotency-key" in keys
+
+
+def _retry_after(answer: httpx.Response) -> float | None:
+    """The ``Retry-After`` header in seconds (delay-seconds form), if it has one."""
+    try:
+        value = float(answer.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def _error_of(answer: httpx.Response) -> ApiCallError:
+    """The error an answer of status >= 400 stands for."""
+    try:
+        error = answer.json()["error"]
+        return ApiCallError(
+            answer.status_code,
+            error["code"],
+            error["message"],
+            error.get("field"),
+            _retry_after(answer),
+        )
+    except (ValueError, KeyError, TypeError):
+        return ApiCallError(answer.status_code, "HttpError", answer.text[:200], None)

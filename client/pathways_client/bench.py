@@ -77,6 +77,7 @@ SUITES = [
         (),
         ("--quick",),
         "1-8 clients against one; shares under weights 1:1:1:1 and 1:2:4:8",
+        draws=True,
     ),
     Suite(
         "transfer",
@@ -101,6 +102,13 @@ SUITES = [
     ),
     Suite(
         "control", "api.py", (), ("--quick",), "API submissions/s against a bare FastAPI endpoint"
+    ),
+    Suite(
+        "recovery",
+        "recovery.py",
+        (),
+        ("--quick",),
+        "executor killed -> program running again, against a fresh start",
     ),
 ]
 NAMES = sorted({suite.name for suite in SUITES})
@@ -142,13 +150,7 @@ def run_suite(
         return [_failure(suite, f"{script} is missing (pathways bench runs from a checkout)")]
     with tempfile.TemporaryDirectory() as scratch:
         output = Path(scratch) / "records.json"
-        command = [
-            sys.executable,
-            str(script),
-            *(suite.quick if quick else suite.full),
-            "--json",
-            str(output),
-        ]
+        command = command_line(suite, quick, output, plots)
         done = subprocess.run(
             command,
             stdout=log or subprocess.PIPE,
@@ -160,6 +162,17 @@ def run_suite(
             tail = (done.stdout or "").strip().splitlines()[-3:]
             return [_failure(suite, f"{suite.script} exited {done.returncode}: {' '.join(tail)}")]
         return normalize(json.loads(output.read_text()), suite)
+
+
+def command_line(suite: Suite, quick: bool, output: Path, plots: Path | None) -> list[str]:
+    """How a suite's script is run: its arguments, the JSON file, and the plots folder for the
+    suites that draw pictures of their own."""
+    script = BENCHMARKS / suite.script
+    command = [sys.executable, str(script), *(suite.quick if quick else suite.full)]
+    command += ["--json", str(output)]
+    if suite.draws and plots is not None:
+        command += ["--plots", str(plots)]
+    return command
 
 
 def _failure(suite: Suite, message: str) -> dict[str, Any]:

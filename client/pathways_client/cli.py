@@ -17,6 +17,8 @@ from pathways_client.bench import bench_command
 from pathways_client.crd_files import check_crds, write_crds
 from pathways_client.manifests import Document, manifest_files, read_documents
 from pathways_client.mesh_view import islands_table, slice_styles
+from pathways_client.proxy.command import proxy_command
+from pathways_client.proxy.tunnel import tunnel_command
 from pathways_core.allocator import Allocator, Bound, IslandInventory, slice_requests
 from pathways_core.resources import Island
 from pathways_core.topology import format_shape
@@ -214,7 +216,11 @@ def _api(state: Path | None, api: str | None, token: str | None, tenant: str) ->
             "the tenant with [bold]pathways up --tenant NAME[/]"
         )
         sys.exit(1)
-    return ApiClient(url, token)
+    try:
+        return ApiClient(url, token)
+    except ValueError as error:  # TlsConfigError: the PATHWAYS_TLS_* variables are half set
+        _fail(error)
+        raise
 
 
 def api_options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -354,6 +360,7 @@ def status(state: Path | None, api: str | None, token: str | None, tenant: str) 
     """The cluster's islands and the tenant's programs."""
     from pathways_client.embedded import read_info
 
+    info = None
     if api is None and os.environ.get("PATHWAYS_API") is None:
         info = read_info(_state(state))
         if info is None:
@@ -383,6 +390,12 @@ def status(state: Path | None, api: str | None, token: str | None, tenant: str) 
             status.get("schedulerEndpoint") or "",
         )
     console.print(table)
+    if info is not None and (info.restarts or info.error):
+        # The embedded supervisor starts dead components again; say how often, and why not.
+        restarts = ", ".join(f"{name} {count}" for name, count in sorted(info.restarts.items()))
+        console.print(f"restarts: {restarts or 'none'}")
+        if info.error:
+            console.print(f"[red]error[/]: {info.error}")
     _print_programs(programs)
 
 
@@ -598,3 +611,5 @@ def demo(state: Path | None, out: Path, keep: bool) -> None:
 
 
 main.add_command(bench_command)
+main.add_command(proxy_command)
+main.add_command(tunnel_command)

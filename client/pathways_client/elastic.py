@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from pathways_client import tls
 from pathways_client.cluster import Cluster
 from pathways_client.errors import ConnectError, NodeFailed, PathwaysError
 from pathways_client.rpc import stub
@@ -115,7 +116,7 @@ class Manager:
 
 
 def _answers(endpoint: str) -> bool:
-    channel = grpc.insecure_channel(endpoint)
+    channel = tls.channel(endpoint, [], tls.load())
     try:
         stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=PROBE_TIMEOUT_SECONDS)
         return True

@@ -16,6 +16,24 @@
 and the next ``up`` (the API keeps its port when it is free), so objects, bindings, logs and
 traces are kept across restarts. Default state directory: ``$PATHWAYS_STATE`` or
 ``~/.pathways``.
+
+The supervisor looks at its children every :data:`WATCH_INTERVAL` seconds and starts again
+whichever died, as Kubernetes recreates pods:
+
+- an island whose scheduler or any executor exited is one lost failure domain (its executors
+  form one JAX group): it is reported down in ``islands.json`` (no ready host, no scheduler;
+  the manager marks it Degraded and moves or preempts its slices), whatever still runs of it
+  is stopped, and it is started again whole with the same devices, at new endpoints, then
+  published ready with its ``generation`` counted up;
+- the manager is started again (it adopts the runs still running, see
+  :mod:`pathways_api.manager`); the API is started again on the same port, so the URL in
+  ``cluster.json`` stays valid.
+
+A component that dies soon after each start (within :data:`STABLE_AFTER` seconds) is started
+again after a growing delay (0.5, 1, 2 ... up to :data:`MAX_BACKOFF` seconds), and no more
+after :data:`MAX_QUICK_FAILURES` such failures in a row: ``cluster.json`` then records the
+error. One that ran longer is started again at once.
+``cluster.json`` counts the restarts of each component (``pathways status`` shows them).
 """
 
 from __future__ import annotations
@@ -26,6 +44,7 @@ import json
 import os
 import secrets
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -39,9 +58,19 @@ from typing import Any
 import yaml
 
 from pathways_client.launcher import LocalIsland
+from pathways_client.tls import load as load_tls
 
 DEFAULT_TENANTS = ("default",)
 READY_TIMEOUT = 300.0
+WATCH_INTERVAL = 0.2
+"""Seconds between two looks of the supervisor at its children."""
+STABLE_AFTER = 10.0
+"""A component that ran this many seconds since it was started is healthy: its next failure
+is the first of a new streak (started again at once)."""
+MAX_QUICK_FAILURES = 5
+"""After this many failures in a row, each within STABLE_AFTER seconds of its start, a
+component is not started again: the error is recorded in ``cluster.json``."""
+MAX_BACKOFF = 10.0
 
 
 def default_state() -> Path:
@@ -72,6 +101,8 @@ class ClusterInfo:
     ready: bool = False
     started: float = 0.0
     error: str | None = None
+    restarts: dict[str, int] = field(default_factory=dict)
+    """Times each component was started again: ``manager``, ``api``, ``island/NAME``."""
 
 
 class EmbeddedError(RuntimeError):
@@ -143,34 +174,70 @@ def ensure_tenants(
 # -- the supervisor (runs detached) ------------------------------------------------------------
 
 
+class Restarts:
+    """The crash-loop guard of one component: when it may be started again, if ever."""
+
+    def __init__(self, started: float) -> None:
+        self.count = 0  # restarts so far
+        self.streak = 0  # failures in a row, each soon after its start
+        self.started = started  # when it was last started (monotonic)
+
+    def failed(self, now: float) -> float | None:
+        """Record a failure; the seconds to wait before the next start (none after a healthy
+        run, then 0.5, 1, 2 ... :data:`MAX_BACKOFF`), or ``None`` once it failed more than
+        :data:`MAX_QUICK_FAILURES` times in a row within :data:`STABLE_AFTER` seconds of its
+        start each time."""
+        if now - self.started >= STABLE_AFTER:
+            self.streak = 0
+        self.streak += 1
+        if self.streak > MAX_QUICK_FAILURES:
+            return None
+        return 0.0 if self.streak == 1 else min(MAX_BACKOFF, 0.5 * 2 ** (self.streak - 2))
+
+
 class Supervisor:
-    """Starts and owns the islands, the manager and the API of one state directory."""
+    """Starts and owns the islands, the manager and the API of one state directory, and
+    starts again whichever of them dies (see the module docstring)."""
 
     def __init__(self, state: Path, islands: Sequence[IslandSpec], port: int | None) -> None:
         self.state = state
-        self.specs = list(islands)
+        self.specs = {spec.name: spec for spec in islands}
         self.port = port
-        self.islands: list[LocalIsland] = []
+        self.islands: dict[str, LocalIsland] = {}
         self.children: dict[str, subprocess.Popen[str]] = {}
         self.info = ClusterInfo(supervisor=os.getpid(), started=time.time())
+        self.registered: dict[str, dict[str, Any]] = {}
         self._stop = threading.Event()
+        self._lock = threading.RLock()
+        self._guards: dict[str, Restarts] = {}
+        self._restarting: dict[str, threading.Thread] = {}
+        self._down: set[str] = set()  # components whose last start failed
+        self._gave_up: set[str] = set()
+        self._started_at = time.monotonic()  # when start() ended: every component's first start
 
     def _write(self) -> None:
-        path = self.state / "cluster.json"
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(asdict(self.info), indent=2))
-        temporary.replace(path)
+        with self._lock:
+            _write_json(self.state / "cluster.json", asdict(self.info))
+
+    def _publish(self) -> None:
+        """Write ``islands.json``, which the resource manager reads (atomically: it never
+        sees half a file)."""
+        with self._lock:
+            _write_json(self.state / "islands.json", self.registered)
+
+    def _say(self, message: str) -> None:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}", flush=True)
 
     def _spawn(self, name: str, arguments: list[str]) -> tuple[subprocess.Popen[str], dict]:
-        log = (self.state / f"{name}.log").open("a")
-        popen = subprocess.Popen(
-            [sys.executable, *arguments],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PATHWAYS_API_MODE": "embedded"},
-        )
+        with (self.state / f"{name}.log").open("a") as log:
+            popen = subprocess.Popen(
+                [sys.executable, *arguments],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "PATHWAYS_API_MODE": "embedded"},
+            )
         self.children[name] = popen
         assert popen.stdout is not None
         line = popen.stdout.readline()
@@ -179,50 +246,70 @@ class Supervisor:
         try:
             return popen, json.loads(line)
         except ValueError:
+            if popen.poll() is None:
+                popen.kill()
+                popen.wait()
             raise EmbeddedError(
                 f"the {name} did not start (exit code {popen.poll()}); see "
                 f"{self.state / (name + '.log')}"
             ) from None
 
-    def start(self) -> None:
-        """Start everything, in dependency order; record it in ``cluster.json``."""
-        self._write()
-        cache = self.state / "xla-cache"
-        registered: dict[str, dict[str, Any]] = {}
-        for spec in self.specs:
-            island = LocalIsland(
-                hosts=spec.hosts,
-                devices_per_host=spec.devices_per_host,
-                policy=spec.policy,
-                max_in_flight=spec.max_in_flight,
-                name=spec.name,
-                workdir=self.state / "islands" / spec.name,
-                compilation_cache=cache,
-            )
-            island.workdir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-            island.start()
-            self.islands.append(island)
-            registered[spec.name] = {
-                "endpoint": island.scheduler_endpoint,
-                "hosts": spec.hosts,
-                "devicesPerHost": spec.devices_per_host,
-                "policy": spec.policy,
-            }
+    # -- starting each component -----------------------------------------------------------------
+
+    def _start_island(self, spec: IslandSpec) -> None:
+        island = LocalIsland(
+            hosts=spec.hosts,
+            devices_per_host=spec.devices_per_host,
+            policy=spec.policy,
+            max_in_flight=spec.max_in_flight,
+            name=spec.name,
+            workdir=self.state / "islands" / spec.name,
+            compilation_cache=self.state / "xla-cache",
+        )
+        island.workdir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+        with self._lock:
+            self.islands[spec.name] = island  # so that shutdown stops it, even half started
+        island.start()
+        generation = int(self.registered.get(spec.name, {}).get("generation", 0)) + 1
+        entry = {
+            "endpoint": island.scheduler_endpoint,
+            "hosts": spec.hosts,
+            "devicesPerHost": spec.devices_per_host,
+            "policy": spec.policy,
+            "readyHosts": list(range(spec.hosts)),
+            "schedulerReady": True,
+            "generation": generation,
+        }
+        with self._lock:
+            self.registered[spec.name] = entry
             self.info.islands[spec.name] = {
-                **registered[spec.name],
+                **{k: entry[k] for k in ("endpoint", "hosts", "devicesPerHost", "policy")},
                 "pids": [p.popen.pid for p in [*island.executors, island.scheduler] if p],
+                "executors": [p.popen.pid for p in island.executors],
+                "scheduler": island.scheduler.popen.pid if island.scheduler else 0,
+                "generation": generation,
+                "state": "ready",
+                "startedAt": time.time(),
             }
+
+    def _island_down(self, name: str, why: str) -> None:
+        """Report a lost island to the resource manager: no host, no scheduler."""
+        with self._lock:
+            entry = self.registered.get(name)
+            if entry is not None and entry.get("schedulerReady"):
+                self.registered[name] = {**entry, "readyHosts": [], "schedulerReady": False}
+                self._publish()
+            if name in self.info.islands:
+                self.info.islands[name]["state"] = f"restarting: {why}"
             self._write()
-        (self.state / "islands.json").write_text(json.dumps(registered, indent=2))
-        if not (self.state / "tokens.yaml").exists():
-            ensure_tenants(self.state, DEFAULT_TENANTS)
+
+    def _start_manager(self) -> None:
         manager, _ = self._spawn(
             "manager", ["-m", "pathways_api.manager", "--state", str(self.state)]
         )
         self.info.manager_pid = manager.pid
-        port = self.port if self.port is not None else 0
-        if port and not _port_free(port):
-            port = 0
+
+    def _start_api(self, port: int) -> int:
         api, ready = self._spawn(
             "api",
             [
@@ -237,13 +324,133 @@ class Supervisor:
             ],
         )
         self.info.api_pid = api.pid
-        self.info.api = f"http://127.0.0.1:{ready['port']}"
-        _wait_healthy(self.info.api, api)
+        # The API serves HTTPS when the PATHWAYS_TLS_* variables give it a certificate.
+        tls = load_tls()
+        scheme = "https" if tls is not None and tls.settings.identity else "http"
+        self.info.api = f"{scheme}://127.0.0.1:{ready['port']}"
+        _wait_healthy(self.info.api, api, tls.client if tls is not None else None)
+        return int(ready["port"])
+
+    def start(self) -> None:
+        """Start everything, in dependency order; record it in ``cluster.json``."""
+        self._write()
+        for spec in self.specs.values():
+            self._start_island(spec)
+            self._write()
+        self._publish()
+        if not (self.state / "tokens.yaml").exists():
+            ensure_tenants(self.state, DEFAULT_TENANTS)
+        self._start_manager()
+        port = self.port if self.port is not None else 0
+        if port and not _port_free(port):
+            port = 0
+        # Restarts reuse the port: the URL in cluster.json stays valid for clients.
+        self.port = self._start_api(port)
+        self._started_at = time.monotonic()
         self.info.ready = True
         self._write()
 
+    # -- watching and restarting -----------------------------------------------------------------
+
+    def watch(self) -> None:
+        """One look at every component; start a restart of each one found dead."""
+        for name, island in list(self.islands.items()):
+            component = f"island/{name}"
+            if component in self._restarting or component in self._gave_up:
+                continue
+            process = island.exited() if component not in self._down else None
+            if component in self._down or process is not None:
+                why = (
+                    f"{process.name} exited with code {process.popen.returncode}"
+                    if process is not None
+                    else "its last start failed"
+                )
+                self._island_down(name, why)
+                self._failed(component, f"island {name}: {why}", self._restart_island, name)
+                if component in self._gave_up:
+                    island.stop(grace=2.0)
+        for name, restart in (("manager", self._restart_manager), ("api", self._restart_api)):
+            child = self.children.get(name)
+            if name in self._restarting or name in self._gave_up or child is None:
+                continue
+            if name in self._down or child.poll() is not None:
+                why = f"the {name} exited with code {child.returncode}"
+                self._failed(name, why, restart)
+
+    def _failed(self, component: str, why: str, restart: Callable[..., None], *args: Any) -> None:
+        guard = self._guards.setdefault(component, Restarts(self._started_at))
+        delay = guard.failed(time.monotonic())
+        if delay is None:
+            message = (
+                f"{why}; it failed {guard.streak} times in a row, each within "
+                f"{STABLE_AFTER:.0f} s of its start, so it is not started again (see "
+                f"{self.state}/supervisor.log)"
+            )
+            self._say(message)
+            self._gave_up.add(component)
+            with self._lock:
+                self.info.error = message
+                self._write()
+            return
+        self._say(f"{why}; starting it again in {delay:.1f} s")
+        thread = threading.Thread(
+            target=self._restart,
+            args=(component, guard, delay, restart, args),
+            name=f"restart-{component}",
+            daemon=True,
+        )
+        self._restarting[component] = thread
+        thread.start()
+
+    def _restart(
+        self,
+        component: str,
+        guard: Restarts,
+        delay: float,
+        restart: Callable[..., None],
+        args: tuple[Any, ...],
+    ) -> None:
+        try:
+            if self._stop.wait(delay):
+                return
+            started = time.monotonic()
+            restart(*args)
+            guard.count += 1
+            guard.started = time.monotonic()
+            self._down.discard(component)
+            with self._lock:
+                self.info.restarts[component] = guard.count
+                self._write()
+            self._say(f"{component} started again in {time.monotonic() - started:.1f} s")
+        except Exception as error:  # counted as another failure by the next watch
+            self._down.add(component)
+            self._say(f"{component} could not be started again: {error}")
+        finally:
+            self._restarting.pop(component, None)
+
+    def _restart_island(self, name: str) -> None:
+        old = self.islands[name]
+        # One failure domain: whatever still runs of it goes (a restarted executor could not
+        # rejoin the island's JAX group), and it starts again whole, at new endpoints.
+        old.stop(grace=2.0)
+        if self._stop.is_set():
+            return
+        self._start_island(self.specs[name])
+        if self._stop.is_set():
+            self.islands[name].stop()
+            return
+        self._publish()
+
+    def _restart_manager(self) -> None:
+        if not self._stop.is_set():
+            self._start_manager()
+
+    def _restart_api(self) -> None:
+        if not self._stop.is_set():
+            self._start_api(self.port or 0)
+
     def serve(self) -> None:
-        """Run until SIGTERM, then stop everything."""
+        """Run until SIGTERM, restarting what dies, then stop everything."""
         signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
         try:
@@ -253,16 +460,21 @@ class Supervisor:
             self._write()
             self.shutdown()
             raise
-        while not self._stop.wait(1.0):
-            for name, child in self.children.items():
-                if child.poll() is not None and not self.info.error:
-                    self.info.error = f"the {name} exited with code {child.returncode}"
-                    self._write()
+        while not self._stop.wait(WATCH_INTERVAL):
+            try:
+                self.watch()
+            except Exception as error:  # a bug must not leave the cluster unwatched
+                self._say(f"watching failed: {error!r}")
         self.shutdown()
 
     def shutdown(self) -> None:
         """API first (no new work), then the manager (it records running Jobs as lost),
         then the islands."""
+        self._stop.set()
+        for name in ("api", "manager"):
+            thread = self._restarting.get(name)
+            if thread is not None:
+                thread.join(timeout=90)  # a restart under way ends before its child stops
         for name in ("api", "manager"):
             child = self.children.get(name)
             if child is not None and child.poll() is None:
@@ -272,11 +484,21 @@ class Supervisor:
                 except subprocess.TimeoutExpired:
                     child.kill()
                     child.wait()
-        for island in self.islands:
+        for island in list(self.islands.values()):
             island.stop()
+        for thread in list(self._restarting.values()):
+            thread.join(timeout=30)
+        for island in list(self.islands.values()):
+            island.stop()  # what a restart under way started meanwhile
         self.info.ready = False
         self.info.api_pid = self.info.manager_pid = 0
         self._write()
+
+
+def _write_json(path: Path, value: Any) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(value, indent=2))
+    temporary.replace(path)
 
 
 def _port_free(port: int) -> bool:
@@ -292,14 +514,19 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _wait_healthy(url: str, process: subprocess.Popen[str], timeout: float = 60.0) -> None:
+def _wait_healthy(
+    url: str,
+    process: subprocess.Popen[str],
+    context: ssl.SSLContext | None = None,
+    timeout: float = 60.0,
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise EmbeddedError(f"the API exited with code {process.returncode}")
         with (
             contextlib.suppress(OSError),
-            urllib.request.urlopen(f"{url}/healthz", timeout=2) as answer,
+            urllib.request.urlopen(f"{url}/healthz", timeout=2, context=context) as answer,
         ):
             if answer.status == 200:
                 return

@@ -3,26 +3,38 @@ and fetches results. The SDK's programs are built on it.
 
 The session with the scheduler (registrations, computations, deletions out; events back) is a
 control stream of framed protobuf over raw TCP at the island's session endpoint (see
-``pathways_core.wire.streams``); arrays and the island's information go over gRPC."""
+``pathways_core.wire.streams``); arrays and the island's information go over gRPC. With the
+``PATHWAYS_TLS_*`` variables set, both are mutual TLS (``pathways_client.tls``)."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import itertools
+import os
 import socket
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Literal
 
 import grpc
 import numpy as np
 
 from pathways_client.rpc import MESSAGE_OPTIONS, stub
+from pathways_client.tls import Tls, channel, load
+from pathways_core.scheduling.limits import artifact_limit_from, artifact_problem, is_busy
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
 from pathways_core.wire.arrays import Assembly, to_chunks
-from pathways_core.wire.streams import FrameError, frame, messages
+from pathways_core.wire.streams import (
+    FRAME_LENGTH,
+    MAX_FRAME_BYTES,
+    FrameError,
+    frame,
+    frames,
+    messages,
+)
 
 Event = pb.ClientEvent
 # Ids are unique across all of this process's sessions: a buffer keeps its id when another
@@ -32,6 +44,11 @@ _IDS = itertools.count()
 
 class IslandError(RuntimeError):
     """The island refused or failed a request; the message says why."""
+
+
+class IslandBusy(IslandError):
+    """The island's queue (or this client's share of it) is full: the computation was refused
+    and nothing of it kept; the message names the island and the limit. Retry later."""
 
 
 @dataclass(frozen=True)
@@ -48,18 +65,44 @@ class Submitted:
 
 
 class IslandClient:
-    """One client session with an island's scheduler."""
+    """One client session with an island's scheduler.
 
-    def __init__(self, endpoint: str, client: str, weight: int = 1, priority: int = 0) -> None:
-        self.client = client
-        self._channel = grpc.insecure_channel(endpoint, options=MESSAGE_OPTIONS)
-        self.info: pb.IslandInfo = stub(self._channel, SCHEDULER, "Info")(
-            pb.Empty(), timeout=60, wait_for_ready=True
-        )
+    ``tls``: the ``PATHWAYS_TLS_*`` variables' by default (``TlsConfigError`` when they are
+    half set), ``None`` for plaintext, or a ``pathways_client.tls.Tls``. ``connect_timeout``:
+    how long to wait for the scheduler to answer (``IslandError`` then). A client's ids are
+    ``<client>/...``, so islands refuse names holding '/': a program's ``namespace/name``
+    (``PATHWAYS_PROGRAM``) is sent as ``namespace-name``, as the trace collector expects."""
+
+    # Largest artifact ``register`` sends; None: $PATHWAYS_MAX_ARTIFACT_BYTES, else the default.
+    max_artifact_bytes: int | None = None
+
+    def __init__(
+        self,
+        endpoint: str,
+        client: str,
+        weight: int = 1,
+        priority: int = 0,
+        *,
+        tls: Tls | Literal["environment"] | None = "environment",
+        connect_timeout: float = 60.0,
+    ) -> None:
+        self.client = client.replace("/", "-")
+        self._tls = load() if tls == "environment" else tls
+        self._channel = channel(endpoint, MESSAGE_OPTIONS, self._tls)
+        info = stub(self._channel, SCHEDULER, "Info")
+        try:
+            self.info: pb.IslandInfo = info(
+                pb.Empty(), timeout=connect_timeout, wait_for_ready=True
+            )
+        except grpc.RpcError:
+            try:  # once more, not waiting for readiness: the error then says why (refused, ...)
+                self.info = info(pb.Empty(), timeout=10)
+            except grpc.RpcError as error:
+                self._channel.close()
+                raise IslandError(_unanswered(endpoint, error, self._tls)) from None
         self.device_owner = {d: e.index for e in self.info.executors for d in e.devices}
         self._executors = {
-            e.index: grpc.insecure_channel(e.endpoint, options=MESSAGE_OPTIONS)
-            for e in self.info.executors
+            e.index: channel(e.endpoint, MESSAGE_OPTIONS, self._tls) for e in self.info.executors
         }
         self._lock = threading.Lock()
         self._pending: dict[str, Future[None]] = {}
@@ -69,23 +112,42 @@ class IslandClient:
         self._batching = threading.local()
         self._rejected = ""
         self._ended = ""
-        self._session = socket.create_connection(
-            _reachable(self.info.session_endpoint, endpoint), timeout=60
-        )
+        host, port = _reachable(self.info.session_endpoint, endpoint)
+        self._session = socket.create_connection((host, port), timeout=connect_timeout)
+        if self._tls is not None:
+            try:
+                self._session = self._tls.connect_stream(self._session, host)
+            except OSError as error:
+                self._session.close()
+                self.close_channels()
+                raise IslandError(
+                    f"the TLS handshake with the scheduler's session endpoint {host}:{port} "
+                    f"failed: {error}"
+                ) from None
         self._session.settimeout(None)
         self._session.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._send(
-            pb.ClientMessage(hello=pb.Hello(client=client, weight=weight, priority=priority))
+            pb.ClientMessage(hello=pb.Hello(client=self.client, weight=weight, priority=priority))
         )
         self._reader = threading.Thread(target=self._read, name=f"session-{client}", daemon=True)
         self._reader.start()
 
     # -- requests ----------------------------------------------------------------------------
 
-    def register(self, artifact: bytes, name: str = "", timeout: float = 60.0) -> str:
-        """Register a serialized ``jax.export`` artifact; returns its function id."""
+    def register(
+        self, artifact: bytes, name: str = "", timeout: float = 60.0, kind: int = 0
+    ) -> str:
+        """Register a serialized ``jax.export`` artifact (or, with ``kind``
+        ``pb.FunctionRegistration.STABLEHLO``, a serialized ``pb.StableHloProgram``); returns
+        its function id. An artifact over :attr:`max_artifact_bytes` raises ``IslandError``
+        before anything is sent (the island may have a lower limit of its own, and then refuses
+        it the same way)."""
         artifact = bytes(artifact)
         function_id = hashlib.sha256(artifact).hexdigest()
+        limit = self.max_artifact_bytes or artifact_limit_from(os.environ)
+        too_large = artifact_problem(name or function_id[:12], len(artifact), limit, "the SDK")
+        if too_large is not None:
+            raise IslandError(too_large)
         with self._lock:
             future = self._functions.get(function_id)
             if future is None:
@@ -95,7 +157,7 @@ class IslandClient:
                 self._send(
                     pb.ClientMessage(
                         function=pb.FunctionRegistration(
-                            function_id=function_id, artifact=artifact, name=name
+                            function_id=function_id, artifact=artifact, name=name, kind=kind
                         )
                     )
                 )
@@ -141,8 +203,12 @@ class IslandClient:
         inputs: Sequence[str],
         outputs: int,
         name: str = "",
+        *,
+        describe: bool = False,
     ) -> Submitted:
-        """Queue a computation; returns at once with its future outputs."""
+        """Queue a computation; returns at once with its future outputs. ``describe``: compile
+        a STABLEHLO function for ``devices`` and output its ``pb.CompiledProgram`` (as uint8)
+        instead of running it."""
         computation_id = self._new_id("c")
         output_ids = tuple(self._new_id("b") for _ in range(outputs))
         done: Future[None] = Future()
@@ -164,6 +230,7 @@ class IslandClient:
                     inputs=list(inputs),
                     outputs=list(output_ids),
                     name=name,
+                    describe=describe,
                 )
             )
         )
@@ -219,8 +286,12 @@ class IslandClient:
             self._session.shutdown(socket.SHUT_WR)
         self._reader.join(timeout=10)
         self._session.close()
-        for channel in [self._channel, *self._executors.values()]:
-            channel.close()
+        self.close_channels()
+
+    def close_channels(self) -> None:
+        """Close the gRPC channels (``close`` does, after the session)."""
+        for open_channel in [self._channel, *self._executors.values()]:
+            open_channel.close()
 
     def __enter__(self) -> IslandClient:
         return self
@@ -245,6 +316,10 @@ class IslandClient:
         if not batch:
             return
         data = frame(pb.ClientBatch(messages=batch))
+        if len(data) > MAX_FRAME_BYTES + FRAME_LENGTH.size:
+            # A batch of large registrations: in several frames, none the scheduler must
+            # refuse (it would end the session).
+            data = frames(batch, lambda group: pb.ClientBatch(messages=group))
         # A failed write means the session ended: the reader fails what is pending.
         with self._send_lock, contextlib.suppress(OSError):
             self._session.sendall(data)
@@ -279,8 +354,33 @@ class IslandClient:
             return
         if event.kind in (Event.COMPLETED, Event.REGISTERED):
             future.set_result(None)
+        elif event.kind == Event.REJECTED and is_busy(event.message):
+            future.set_exception(IslandBusy(event.message))
         else:
             future.set_exception(IslandError(event.message))
+
+
+def _unanswered(endpoint: str, error: grpc.RpcError, tls: Tls | None) -> str:
+    """Why the scheduler did not answer, with what to check about TLS: to gRPC, a refused
+    handshake looks like a closed connection."""
+    details = error.details() if isinstance(error, grpc.Call) else str(error)
+    message = f"the scheduler at {endpoint} did not answer: {details}"
+    if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return message
+    if tls is None:
+        hint = "if the island serves TLS, set PATHWAYS_TLS_CERT, PATHWAYS_TLS_KEY, PATHWAYS_TLS_CA"
+    elif not tls.settings.identity:
+        hint = (
+            "an island with TLS requires a client certificate: set PATHWAYS_TLS_CERT and "
+            "PATHWAYS_TLS_KEY"
+        )
+    else:
+        hint = (
+            "with TLS, the island and this client must each hold a certificate signed by the "
+            "other's CA (PATHWAYS_TLS_CA), and the island's must name the host it is reached "
+            "at (or PATHWAYS_TLS_SERVER_NAME)"
+        )
+    return f"{message} ({hint})"
 
 
 def _reachable(advertised: str, contacted: str) -> tuple[str, int]:

@@ -1,11 +1,17 @@
 """Start one island on this machine: a gang scheduler and executors with fake CPU devices, as
-real processes talking gRPC on loopback. Used by the tests and the embedded mode."""
+real processes talking gRPC on loopback. Used by the tests and the embedded mode.
+
+Each start gives the island's processes a fresh random control token (``PATHWAYS_CONTROL_TOKEN``:
+executors take the command stream only from a scheduler presenting it), unless the caller
+gives one, in ``environment`` or in this process's own environment.
+"""
 
 from __future__ import annotations
 
 import atexit
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -14,6 +20,8 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pathways_core.wire.streams import CONTROL_TOKEN_ENV
 
 READY_TIMEOUT_SECONDS = 120.0
 
@@ -56,13 +64,23 @@ class LocalIsland:
     policy: str = "fifo"
     max_in_flight: int = 16
     name: str = "local"
+    # The scheduler's limits (see pathways_core.scheduling.limits); None: its defaults.
+    max_queued: int | None = None
+    max_queued_per_client: int | None = None
+    max_artifact_bytes: int | None = None
     # Multi-host islands form one JAX distributed group so slices may span executors; the
     # island is then one failure domain (the group aborts when an executor stays silent).
     distributed: bool = True
     workdir: Path | None = None
     compilation_cache: Path | None = None
+    # Variables for the island's processes over this process's own (e.g. the PATHWAYS_TLS_*
+    # files: the scheduler and executors then serve mutual TLS only; a PATHWAYS_CONTROL_TOKEN
+    # here or in this process's environment is the island's, instead of a random one).
+    environment: dict[str, str] = field(default_factory=dict)
     executors: list[Process] = field(default_factory=list)
     scheduler: Process | None = None
+    # The running island's control token: kept out of repr and logs.
+    _control_token: str = field(default="", repr=False, init=False)
 
     @property
     def scheduler_endpoint(self) -> str:
@@ -78,6 +96,14 @@ class LocalIsland:
         # A launcher that exits without stopping its island leaves no processes behind.
         atexit.register(self.stop)
         cache = self.compilation_cache or self.workdir / "xla-cache"
+        # One token per start, shared by the scheduler (it sends it) and the executors (they
+        # check it): a caller without it, such as another user's process on this machine,
+        # cannot take their streams over (the user's own processes can read it in /proc).
+        self._control_token = (
+            self.environment.get(CONTROL_TOKEN_ENV)
+            or os.environ.get(CONTROL_TOKEN_ENV)
+            or secrets.token_urlsafe(32)
+        )
         group = []
         if self.distributed and self.hosts > 1:
             group = ["--hosts", str(self.hosts), "--coordinator", f"127.0.0.1:{free_port()}"]
@@ -113,6 +139,13 @@ class LocalIsland:
                 "--max-in-flight",
                 str(self.max_in_flight),
             ]
+            for flag, limit in (
+                ("--max-queued", self.max_queued),
+                ("--max-queued-per-client", self.max_queued_per_client),
+                ("--max-artifact-bytes", self.max_artifact_bytes),
+            ):
+                if limit is not None:
+                    arguments += [flag, str(limit)]
             for process in self.executors:
                 arguments += ["--executor", process.endpoint]
             self.scheduler = self._spawn("scheduler", arguments)
@@ -122,21 +155,29 @@ class LocalIsland:
             raise
         return self
 
-    def stop(self) -> None:
-        """Stop every process: SIGTERM, then SIGKILL after a grace period."""
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop every process: SIGTERM, then SIGKILL after ``grace`` seconds."""
         processes = [*self.executors, *([self.scheduler] if self.scheduler else [])]
         for process in processes:
             if process.popen.poll() is None:
                 process.popen.send_signal(signal.SIGTERM)
         for process in processes:
             try:
-                process.popen.wait(timeout=10)
+                process.popen.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 process.popen.kill()
                 process.popen.wait()
             if process.popen.stdout:
                 process.popen.stdout.close()
         self.executors, self.scheduler = [], None
+
+    def exited(self) -> Process | None:
+        """A process of the island that has exited, if one has (the island is one failure
+        domain: its executors form one JAX group, so it is restarted whole)."""
+        for process in [*self.executors, *([self.scheduler] if self.scheduler else [])]:
+            if process.popen.poll() is not None:
+                return process
+        return None
 
     def kill_executor(self, index: int) -> None:
         """SIGKILL one executor (fault injection)."""
@@ -152,7 +193,13 @@ class LocalIsland:
     def _spawn(self, name: str, arguments: list[str]) -> Process:
         assert self.workdir is not None
         log = self.workdir / f"{name}.log"
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
+        environment = {
+            **os.environ,
+            **self.environment,
+            CONTROL_TOKEN_ENV: self._control_token,
+            "PYTHONUNBUFFERED": "1",
+            "JAX_PLATFORMS": "cpu",
+        }
         environment.pop("XLA_FLAGS", None)  # each executor sets its own device count
         with log.open("w") as stderr:
             popen = subprocess.Popen(

@@ -7,8 +7,7 @@ import argparse
 import json
 from typing import Any
 
-import grpc
-
+from pathways_client import tls
 from pathways_client.rpc import MESSAGE_OPTIONS, stub
 from pathways_core.wire import SCHEDULER, pb
 
@@ -17,7 +16,7 @@ def records_of(
     island: str, endpoint: str, clients: set[str], timeout: float = 20.0
 ) -> list[dict[str, Any]]:
     """The records of ``clients`` (all clients when empty) in one island's trace."""
-    with grpc.insecure_channel(endpoint, options=MESSAGE_OPTIONS) as channel:
+    with tls.channel(endpoint, MESSAGE_OPTIONS, tls.load()) as channel:
         records = stub(channel, SCHEDULER, "GetTrace")(pb.Empty(), timeout=timeout).records
     return [
         {

@@ -42,6 +42,17 @@ class BufferStore:
         with self._lock:
             return buffer_id in self._entries
 
+    def usage(self) -> tuple[int, int]:
+        """How many buffers are held (pending, ready or failed) and the bytes of the ready
+        ones' values held by this process (every addressable shard of a device array)."""
+        with self._lock:
+            futures = [entry.future for entry in self._entries.values()]
+        held = 0
+        for future in futures:
+            if future.done() and future.exception() is None:
+                held += _bytes_held(future.result())
+        return len(futures), held
+
     def expect(self, buffer_id: str) -> Future[Any]:
         """The future of a buffer, created pending if it does not exist yet."""
         with self._lock:
@@ -109,3 +120,15 @@ class BufferStore:
             raise
         except Exception as error:  # the producer's failure
             raise BufferError(f"buffer {buffer_id!r} failed: {error}") from error
+
+
+def _bytes_held(value: Any) -> int:
+    """Bytes of a buffer's value in this process: a device array's addressable shards (each
+    device's copy counts), a host array's bytes."""
+    try:
+        shards = getattr(value, "addressable_shards", None)
+        if shards is not None:
+            return sum(int(shard.data.nbytes) for shard in shards)
+        return int(getattr(value, "nbytes", 0))
+    except Exception:  # a deleted array: it holds nothing
+        return 0

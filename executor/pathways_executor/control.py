@@ -8,20 +8,37 @@ thread); a lock keeps frames whole.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from pathways_core.wire import pb
-from pathways_core.wire.streams import FrameError, frame, messages
+from pathways_core.wire.streams import HANDSHAKE_TIMEOUT_SECONDS, FrameError, frames, messages
 from pathways_executor.data_plane import accept_forever
+from pathways_executor.tls import Tls
+
+# An event whose message would make it larger than this is cut (its frame must stay under the
+# scheduler's cap, or the whole stream would end).
+MAX_EVENT_BYTES = 1 << 20
 
 
 class ControlServer:
-    """Accepts the scheduler's command stream; a new connection replaces the previous one."""
+    """Accepts the scheduler's command stream. A connection becomes the stream only once its
+    first frame, within ``HANDSHAKE_TIMEOUT_SECONDS``, is a ``ControlHello`` with this
+    executor's control token; it then replaces the previous stream (a restarted scheduler
+    reconnects). Anything else is dropped without touching the current stream."""
 
-    def __init__(self, submit: Callable[[pb.ExecutorCommand], None], host: str) -> None:
+    def __init__(
+        self,
+        submit: Callable[[pb.ExecutorCommand], None],
+        host: str,
+        tls: Tls | None = None,
+        token: str = "",
+    ) -> None:
         self._submit = submit
+        self._tls = tls
+        self._token = token.encode()
         self._listener = socket.create_server((host, 0), backlog=8)
         self.endpoint = f"{host}:{self._listener.getsockname()[1]}"
         self._connection: socket.socket | None = None
@@ -36,27 +53,60 @@ class ControlServer:
         connection = self._connection
         if connection is None or not events:
             return
-        data = frame(pb.EventBatch(events=events))
+        for event in events:
+            if event.ByteSize() > MAX_EVENT_BYTES:
+                event.message = event.message[: MAX_EVENT_BYTES // 8] + " ... (cut)"
+        try:
+            data = frames(list(events), lambda batch: pb.EventBatch(events=batch))
+        except FrameError:  # an id too long for any frame: drop it rather than end the stream
+            return
         # A failed write means the scheduler went away; its next connection starts afresh.
         with self._send_lock, contextlib.suppress(OSError):
             connection.sendall(data)
 
     def _open(self, connection: socket.socket) -> None:
         """A scheduler's stream, read on this thread; it replaces the previous one."""
+        if self._tls is not None:
+            try:  # before it may replace anything: a peer without our CA's certificate
+                connection = self._tls.accept_stream(connection)
+            except OSError:
+                connection.close()
+                return
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        incoming = messages(connection.recv, pb.CommandBatch.FromString)
+        if not self._hello(connection, incoming):
+            connection.close()
+            return
         previous, self._connection = self._connection, connection
         if previous is not None:
             with contextlib.suppress(OSError):  # ends its reader's recv
                 previous.shutdown(socket.SHUT_RDWR)
         try:
-            for batch in messages(connection.recv, pb.CommandBatch.FromString):
+            for batch in incoming:
                 for command in batch.commands:
-                    self._submit(command)
+                    if command.WhichOneof("kind") != "hello":
+                        self._submit(command)
         except (OSError, FrameError):
             pass
         if self._connection is connection:
             self._connection = None
         connection.close()
+
+    def _hello(self, connection: socket.socket, incoming: Iterator[pb.CommandBatch]) -> bool:
+        """Whether the connection's first frame, within the handshake timeout, is a hello with
+        this executor's token (compared in constant time). A stranger learns nothing."""
+        connection.settimeout(HANDSHAKE_TIMEOUT_SECONDS)
+        try:
+            first = next(incoming, None)
+        except (OSError, FrameError):  # silent, garbled or oversized: not our scheduler
+            return False
+        connection.settimeout(None)
+        if first is None or len(first.commands) != 1:
+            return False
+        command = first.commands[0]
+        if command.WhichOneof("kind") != "hello":
+            return False
+        return hmac.compare_digest(command.hello.token.encode(), self._token)
 
     def close(self) -> None:
         self._listener.close()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -11,17 +13,31 @@ import numpy as np
 
 from pathways_core.wire import bulk
 from pathways_core.wire.arrays import Assembly
+from pathways_core.wire.streams import HANDSHAKE_TIMEOUT_SECONDS
 from pathways_executor.arrays import local_regions
+from pathways_executor.tls import Tls
 
 # Replies up to this size are sent in one write, header and bytes together.
 SMALL_REPLY_BYTES = 64 << 10
+# A connection's first request must come this soon; a kept connection may idle this long
+# between requests (a peer whose kept connection was closed reconnects); a request's rest must
+# follow its length prefix this soon; a reply stalled this long without progress is dropped.
+IDLE_TIMEOUT_SECONDS = 300.0
+REQUEST_TIMEOUT_SECONDS = 10.0
+SEND_TIMEOUT_SECONDS = 60
+# A request may ask to wait at most this long for a buffer.
+MAX_LOOKUP_SECONDS = 600.0
+MAX_BUFFER_ID = 4096
 
 
 class DataPlaneServer:
     """Answers one request per connection with the regions of a buffer this host holds."""
 
-    def __init__(self, lookup: Callable[[str, float], Any], host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, lookup: Callable[[str, float], Any], host: str = "127.0.0.1", tls: Tls | None = None
+    ) -> None:
         self._lookup = lookup
+        self._tls = tls
         self._listener = socket.create_server((host, 0), backlog=64)
         self.endpoint = f"{host}:{self._listener.getsockname()[1]}"
         threading.Thread(
@@ -35,14 +51,38 @@ class DataPlaneServer:
         """Answer requests on a connection, one after the other, until the peer closes it: a
         peer keeps its connections, so a transfer on the critical path of a pipeline pays
         neither a connection nor a thread of its own."""
+        if self._tls is not None:
+            try:  # a peer without our CA's certificate gets nothing
+                connection = self._tls.accept(connection)
+            except OSError:
+                connection.close()
+                return
         with connection:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            connection.setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", SEND_TIMEOUT_SECONDS, 0)
+            )
+            # A peer asks at once after connecting, and a kept connection idles a while: a
+            # connection that sends nothing (or half a request) holds its thread briefly.
+            wait = HANDSHAKE_TIMEOUT_SECONDS
             try:
-                while prefix := _receive_prefix(connection):
-                    length = bulk.header_length(prefix)
-                    buffer_id, timeout = bulk.parse_request(_receive_exactly(connection, length))
+                while True:
+                    connection.settimeout(wait)
+                    prefix = _receive_prefix(connection)
+                    if not prefix:
+                        return
+                    connection.settimeout(REQUEST_TIMEOUT_SECONDS)
+                    try:
+                        length = bulk.header_length(prefix)
+                        buffer_id, timeout = _parse_request(_receive_exactly(connection, length))
+                    except (ValueError, KeyError, TypeError) as error:
+                        # Not our peer's request: say why, then hang up (out of step).
+                        connection.sendall(bulk.error(f"bad data-plane request: {error}"))
+                        return
+                    connection.settimeout(None)  # replies: SO_SNDTIMEO bounds a stalled peer
                     self._reply(connection, buffer_id, timeout)
-            except (OSError, ValueError):
+                    wait = IDLE_TIMEOUT_SECONDS
+            except OSError:
                 return
 
     def _reply(self, connection: socket.socket, buffer_id: str, timeout: float) -> None:
@@ -75,6 +115,19 @@ class DataPlaneServer:
         self._listener.close()
 
 
+def _parse_request(data: bytes) -> tuple[str, float]:
+    """A request's buffer id and timeout; ``ValueError`` naming what is wrong."""
+    try:
+        buffer_id, timeout = bulk.parse_request(data)
+    except (KeyError, TypeError, AttributeError, RecursionError) as error:
+        raise ValueError(f"expected {{'buffer': id, 'timeout': seconds}}: {error!r}") from None
+    if not buffer_id or len(buffer_id) > MAX_BUFFER_ID:
+        raise ValueError(f"buffer must hold 1 to {MAX_BUFFER_ID} characters")
+    if not math.isfinite(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be a finite number >= 0, not {timeout}")
+    return buffer_id, min(timeout, MAX_LOOKUP_SECONDS)
+
+
 def accept_forever(listener: socket.socket, serve: Callable[[socket.socket], None]) -> None:
     """Serve each connection of ``listener`` on a thread of its own until it is closed."""
     while True:
@@ -85,10 +138,12 @@ def accept_forever(listener: socket.socket, serve: Callable[[socket.socket], Non
         threading.Thread(target=serve, args=(connection,), daemon=True).start()
 
 
-def pull(endpoint: str, buffer_id: str, timeout: float, assembly: Assembly) -> None:
+def pull(
+    endpoint: str, buffer_id: str, timeout: float, assembly: Assembly, tls: Tls | None = None
+) -> None:
     """Receive the regions of a buffer held at ``endpoint`` into ``assembly``, straight from
     the socket into the destination's memory, over a connection of its own."""
-    with _connect(endpoint, timeout) as connection:
+    with _connect(endpoint, timeout, tls) as connection:
         _request(connection, buffer_id, timeout, assembly)
 
 
@@ -96,7 +151,8 @@ class Puller:
     """Pulls over kept connections, one per pull in progress and peer, opened when none is
     idle: connecting (and the peer starting a thread) is then off the critical path."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: Tls | None = None) -> None:
+        self._tls = tls
         self._lock = threading.Lock()
         self._idle: dict[str, list[socket.socket]] = {}
 
@@ -111,7 +167,8 @@ class Puller:
                 return
             except _Stale:
                 pass  # the peer closed the kept connection before replying: once more, fresh
-        self._pull_on(endpoint, _connect(endpoint, timeout), buffer_id, timeout, assembly)
+        connection = _connect(endpoint, timeout, self._tls)
+        self._pull_on(endpoint, connection, buffer_id, timeout, assembly)
 
     def _pull_on(
         self,
@@ -147,10 +204,16 @@ class _Stale(ConnectionError):
     """A kept connection failed before any byte of the reply arrived."""
 
 
-def _connect(endpoint: str, timeout: float) -> socket.socket:
+def _connect(endpoint: str, timeout: float, tls: Tls | None = None) -> socket.socket:
     host, port = endpoint.rsplit(":", 1)
     connection = socket.create_connection((host, int(port)), timeout=timeout + 30)
     connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if tls is not None:
+        try:
+            return tls.connect(connection, host)
+        except OSError:
+            connection.close()
+            raise
     return connection
 
 

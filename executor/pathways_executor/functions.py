@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,13 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from pathways_core.scheduling.limits import artifact_limit_from, artifact_problem
+from pathways_core.wire import pb
+from pathways_executor import stablehlo
+from pathways_executor.artifact_check import ArtifactChecker
+
+STABLEHLO = pb.FunctionRegistration.STABLEHLO
 
 
 class FunctionError(Exception):
@@ -25,34 +33,65 @@ class Callable:
     in_shardings: tuple[Any, ...]
     in_avals: tuple[Any, ...]
     out_count: int
+    # STABLEHLO functions: what the program compiled to (a serialized pb.CompiledProgram).
+    description: bytes = b""
 
 
 class FunctionCache:
     """Loaded artifacts by function id, and their compiled forms by device set."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, max_artifact_bytes: int | None = None, checker: ArtifactChecker | None = None
+    ) -> None:
+        # Parses artifacts' modules in a helper process before they are loaded here.
+        self._checker = checker
+        # The scheduler enforces the island's limit; checked again here (same setting).
+        self.max_artifact_bytes = max_artifact_bytes or artifact_limit_from(os.environ)
         self._lock = threading.Lock()
         self._exported: dict[str, tuple[str, Any]] = {}
         self._failed: dict[str, str] = {}
         self._callables: dict[tuple[str, tuple[int, ...]], Callable] = {}
 
-    def register(self, function_id: str, artifact: bytes, name: str = "") -> None:
-        """Load an artifact; raises ``FunctionError`` (and remembers why) if it is corrupt."""
+    def register(self, function_id: str, artifact: bytes, name: str = "", kind: int = 0) -> None:
+        """Load an artifact (``kind``: a ``pb.FunctionRegistration.Kind``, jax.export by
+        default); raises ``FunctionError`` (and remembers why) if it is corrupt."""
         label = name or function_id[:12]
+        with self._lock:
+            if function_id in self._exported:
+                # Loaded already (an id is its artifact's hash): a later copy, even a corrupt
+                # one, changes nothing.
+                return
         try:
+            too_large = artifact_problem(
+                label, len(artifact), self.max_artifact_bytes, "this executor"
+            )
+            if too_large is not None:
+                raise FunctionError(too_large)
             digest = hashlib.sha256(artifact).hexdigest()
             if digest != function_id:
                 raise FunctionError(
                     f"function {label!r}: artifact digest {digest[:12]} does not match its id "
                     f"{function_id[:12]} (corrupted in transit or storage)"
                 )
+            # A STABLEHLO artifact is parsed (and checked) by the stablehlo module instead.
+            loaded = self._stablehlo(label, artifact) if kind == STABLEHLO else None
             try:
-                exported = jax.export.deserialize(bytearray(artifact))
+                exported = loaded or jax.export.deserialize(bytearray(artifact))
             except Exception as error:
                 raise FunctionError(
                     f"function {label!r} is not a jax.export artifact this executor can load "
                     f"(jax {jax.__version__}): {type(error).__name__}: {error}"
                 ) from None
+            if self._checker is not None and loaded is None:
+                try:
+                    problem = self._checker.check(bytes(exported.mlir_module_serialized))
+                except RuntimeError as error:
+                    problem = str(error)
+                if problem is not None:
+                    raise FunctionError(
+                        f"function {label!r} is not a jax.export artifact this executor can "
+                        f"load: {problem}"
+                    )
         except FunctionError as error:
             with self._lock:
                 self._failed[function_id] = str(error)
@@ -73,6 +112,8 @@ class FunctionCache:
             if function_id not in self._exported:
                 raise FunctionError(f"function {function_id[:12]} was never registered")
             name, exported = self._exported[function_id]
+        if isinstance(exported, stablehlo.Program):
+            return self._stablehlo_callable(key, name, exported, devices)
         if exported.nr_devices != len(devices):
             raise FunctionError(
                 f"function {name!r} was exported for {exported.nr_devices} device(s) but the "
@@ -90,6 +131,42 @@ class FunctionCache:
             in_shardings=shardings,
             in_avals=tuple(exported.in_avals),
             out_count=len(exported.out_avals),
+        )
+        with self._lock:
+            self._callables[key] = built
+        return built
+
+    def _stablehlo(self, label: str, artifact: bytes) -> stablehlo.Program:
+        """Load a STABLEHLO artifact, its module parsed by the checker's helper first."""
+
+        def check(module: bytes) -> str | None:
+            if self._checker is None:
+                return None
+            try:
+                return self._checker.check(module)
+            except RuntimeError as error:
+                return str(error)
+
+        try:
+            return stablehlo.load(label, artifact, check)
+        except stablehlo.ProgramError as error:
+            raise FunctionError(str(error)) from None
+
+    def _stablehlo_callable(
+        self, key: tuple[str, tuple[int, ...]], name: str, program: Any, devices: list[jax.Device]
+    ) -> Callable:
+        """A STABLEHLO program compiled on this executor for ``devices``; cached."""
+        try:
+            compiled = stablehlo.compile_for(program, devices)
+        except stablehlo.ProgramError as error:
+            raise FunctionError(str(error)) from None
+        built = Callable(
+            name=name,
+            run=compiled.run,
+            in_shardings=compiled.in_shardings,
+            in_avals=program.in_avals,
+            out_count=len(program.out_avals),
+            description=compiled.description,
         )
         with self._lock:
             self._callables[key] = built

@@ -25,6 +25,7 @@ from jax._src.lib import xla_client as xc
 from jax.sharding import SingleDeviceSharding
 
 from pathways_core.wire import pb
+from pathways_executor.artifact_check import ArtifactChecker
 from pathways_executor.buffers import BufferError, BufferStore
 from pathways_executor.functions import FunctionCache, FunctionError, check_inputs
 
@@ -38,6 +39,7 @@ MAX_OUTSTANDING = 8
 LINGER_SECONDS = 0.002
 MAX_HELD = 256
 _IDLE: Any = object()  # the runner ran out of work
+EXECUTED_KEPT = 10_000
 
 
 def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
@@ -93,7 +95,10 @@ class Runner:
         self.index = index
         self.devices = island_devices
         self.buffers = BufferStore()
-        self.functions = FunctionCache()
+        # Artifacts come from clients: their modules are parsed in a helper process first.
+        checker = ArtifactChecker()
+        checker.start_soon()
+        self.functions = FunctionCache(checker=checker)
         self._fetch = fetch
         self._emit = emit
         self._commands: queue.Queue[pb.ExecutorCommand | None] = queue.Queue()
@@ -103,7 +108,9 @@ class Runner:
         self._last_end_ns = 0
         self._idle = True  # the run loop has no command in hand
         self._outstanding: deque[list[Any]] = deque()
-        self.executed: list[str] = []  # computation ids in execution order, for tests and traces
+        # The latest computation ids in execution order, for tests and traces (bounded: an
+        # executor runs for weeks).
+        self.executed: deque[str] = deque(maxlen=EXECUTED_KEPT)
         self._threads = [
             threading.Thread(target=self._run_loop, name="runner", daemon=True),
             threading.Thread(target=self._completion_loop, name="completions", daemon=True),
@@ -166,7 +173,10 @@ class Runner:
         registration = command.register
         try:
             self.functions.register(
-                registration.function_id, registration.artifact, registration.name
+                registration.function_id,
+                registration.artifact,
+                registration.name,
+                kind=registration.kind,
             )
         except FunctionError as error:
             failed = pb.ExecutorEvent(
@@ -181,6 +191,9 @@ class Runner:
         try:
             devices = self._slice_devices(computation)
             function = self.functions.callable(computation.function_id, devices)
+            if computation.describe:
+                self._describe(command, function.description, dispatched)
+                return
             values = []
             for buffer_id in computation.inputs:
                 if not self.buffers.acquire(buffer_id):
@@ -216,6 +229,22 @@ class Runner:
             self._outstanding.append(outputs)
         self.executed.append(computation.id)
         self._completions.put((command, outputs, dispatched))
+
+    def _describe(self, command: pb.ExecutorCommand, description: bytes, dispatched: int) -> None:
+        """A computation asking what its function compiled to (compiled above, on these
+        devices): its one output is the serialized ``pb.CompiledProgram``, as uint8."""
+        computation = command.run
+        if not description:
+            raise ComputationError(
+                f"function {computation.function_id[:12]!r} is not a STABLEHLO function: only "
+                "those can be described"
+            )
+        if computation.inputs or len(computation.outputs) != 1:
+            raise ComputationError("a describe computation takes no inputs and names one output")
+        value = np.frombuffer(description, dtype=np.uint8)
+        self.buffers.set(computation.outputs[0], value)
+        self.executed.append(computation.id)
+        self._completions.put((command, [], dispatched))
 
     def _bound_outstanding(self) -> None:
         while len(self._outstanding) >= MAX_OUTSTANDING:

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from concurrent import futures
+from typing import Any
 
 import grpc
 import jax
@@ -16,22 +21,37 @@ import numpy as np
 
 from pathways_core.wire import EXECUTOR, pb
 from pathways_core.wire.arrays import Assembly, from_chunks, region_chunks
+from pathways_core.wire.streams import CONTROL_TOKEN_ENV
 from pathways_executor.arrays import local_regions
 from pathways_executor.buffers import BufferError
 from pathways_executor.control import ControlServer
 from pathways_executor.data_plane import DataPlaneServer, Puller
 from pathways_executor.rpc import MESSAGE_OPTIONS, generic_handler
 from pathways_executor.runner import INPUT_TIMEOUT_SECONDS, Runner
+from pathways_executor.tls import Tls, TlsConfigError, load
 
 # How long a requested buffer may take to be announced by the island's command stream.
 APPEAR_WITHIN_SECONDS = 30.0
+# gRPC worker threads, and how many of them GetArray calls may hold while they wait for a
+# buffer: the rest stay free for Info, PutArray and ready buffers, whoever asks for what.
+GRPC_WORKERS = 64
+MAX_WAITING_GETS = 48
+# A waiting GetArray looks this often whether its caller is still there (a cancelled call or
+# one past its deadline frees its thread).
+POLL_SECONDS = 0.5
+MAX_BUFFER_ID = 4096
 
 
 class ExecutorService:
     """Implements ``pathways.v1.Executor``."""
 
     def __init__(
-        self, index: int, first_device: int, endpoint: str = "", host: str = "127.0.0.1"
+        self,
+        index: int,
+        first_device: int,
+        endpoint: str = "",
+        host: str = "127.0.0.1",
+        tls: Tls | None = None,
     ) -> None:
         self.index = index
         self.endpoint = endpoint
@@ -46,14 +66,18 @@ class ExecutorService:
             for i, device in self.island_devices.items()
             if device.process_index == jax.process_index()
         }
-        self._puller = Puller()
+        self._puller = Puller(tls)
         self.runner = Runner(index, self.island_devices, self._fetch, self._emit)
-        self.control = ControlServer(self.runner.submit, host)
+        self.control = ControlServer(
+            self.runner.submit, host, tls, token=os.environ.get(CONTROL_TOKEN_ENV, "")
+        )
+        self._waiting = threading.BoundedSemaphore(MAX_WAITING_GETS)
         self.data_plane = DataPlaneServer(
             lambda buffer_id, timeout: self.runner.buffers.get(
                 buffer_id, timeout, APPEAR_WITHIN_SECONDS
             ),
             host,
+            tls,
         )
 
     def _emit(self, events: list[pb.ExecutorEvent]) -> None:
@@ -63,17 +87,24 @@ class ExecutorService:
 
     def PutArray(self, chunks, context):
         try:
-            buffer_id, array = from_chunks(chunks)
-        except ValueError as error:
+            buffer_id, array = from_chunks(_checked_upload(chunks))
+            if buffer_id in self.runner.buffers:
+                context.abort(
+                    grpc.StatusCode.ALREADY_EXISTS, f"buffer {buffer_id!r} exists already"
+                )
+        except (ValueError, TypeError, OverflowError, MemoryError) as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad array upload: {error}")
         self.runner.put_array(buffer_id, array)
         return pb.Ack(message=f"stored {buffer_id}")
 
     def GetArray(self, request, context):
-        timeout = request.timeout_seconds or None
         try:
-            value = self.runner.buffers.get(request.buffer_id, timeout, APPEAR_WITHIN_SECONDS)
+            value = self._wait_for(request, context)
             regions = local_regions(value)
+        except _Gone:
+            return
+        except _Refused as refused:
+            context.abort(refused.code, refused.message)
         except BufferError as error:
             code = (
                 grpc.StatusCode.NOT_FOUND
@@ -85,7 +116,62 @@ class ExecutorService:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{type(error).__name__}: {error}")
         yield from region_chunks(request.buffer_id, value.dtype, value.shape, regions)
 
+    def _wait_for(self, request: pb.ArrayRequest, context: grpc.ServicerContext) -> Any:
+        """A buffer's value, waiting at most ``timeout_seconds`` (0: no limit) and the call's
+        deadline, and only while the caller is there; raises ``BufferError`` naming why not."""
+        buffer_id, timeout = request.buffer_id, request.timeout_seconds
+        if not buffer_id or len(buffer_id) > MAX_BUFFER_ID:
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"buffer_id must hold 1 to {MAX_BUFFER_ID} characters, not {len(buffer_id)}",
+            )
+        if not math.isfinite(timeout) or timeout < 0:
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"timeout_seconds must be a finite number >= 0 (0: no limit), not {timeout}",
+            )
+        store = self.runner.buffers
+        try:  # a ready buffer needs no waiting, hence no waiting slot
+            return store.get(buffer_id, 0.0, 0.0)
+        except BufferError as error:
+            if not _not_yet(error, buffer_id):
+                raise
+        if not self._waiting.acquire(blocking=False):
+            raise _Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{MAX_WAITING_GETS} GetArray calls already wait for buffers on executor "
+                f"{self.index}; retry later",
+            )
+        try:
+            start = time.monotonic()
+            remaining = context.time_remaining()  # 0 once past the deadline
+            limits = [timeout or math.inf, math.inf if remaining is None else remaining]
+            end, appear_end = start + min(limits), start + APPEAR_WITHIN_SECONDS
+            while True:
+                now = time.monotonic()
+                step = max(0.0, min(POLL_SECONDS, end - now))
+                try:
+                    return store.get(buffer_id, step, max(0.0, min(step, appear_end - now)))
+                except BufferError as error:
+                    if not _not_yet(error, buffer_id):
+                        raise
+                now = time.monotonic()
+                known = buffer_id in store
+                if not known and now >= min(end, appear_end):
+                    raise BufferError(
+                        f"unknown buffer {buffer_id!r} (not announced within {now - start:.1f} s)"
+                    )
+                if now >= end:
+                    raise BufferError(
+                        f"buffer {buffer_id!r} was not ready within {now - start:.1f} s"
+                    )
+                if not context.is_active():
+                    raise _Gone
+        finally:
+            self._waiting.release()
+
     def Info(self, request, context):
+        buffers, buffer_bytes = self.runner.buffers.usage()
         return pb.ExecutorInfo(
             index=self.index,
             endpoint=self.endpoint,
@@ -93,6 +179,8 @@ class ExecutorService:
             data_endpoint=self.data_plane.endpoint,
             control_endpoint=self.control.endpoint,
             platform=jax.default_backend(),
+            buffers=buffers,
+            buffer_bytes=buffer_bytes,
         )
 
     # -- data plane --------------------------------------------------------------------------
@@ -114,19 +202,98 @@ class ExecutorService:
         raise BufferError(f"cannot fetch buffer {source.buffer_id!r}: {problem}")
 
 
-def serve(index: int, first_device: int, host: str, port: int) -> tuple[grpc.Server, int]:
-    """Start the executor's server; returns it and the port it listens on."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=MESSAGE_OPTIONS)
-    service = ExecutorService(index, first_device, host=host)
+class _Gone(Exception):
+    """The caller of a waiting call went away (cancelled, or past its deadline)."""
+
+
+class _Refused(Exception):
+    """A call refused with a status code (raised where ``context.abort`` would be caught)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _not_yet(error: BufferError, buffer_id: str) -> bool:
+    """Whether ``error`` only says the buffer is not there or not ready yet (rather than that
+    it failed): the store's own words for those two."""
+    message = str(error)
+    return message.startswith(
+        (f"unknown buffer {buffer_id!r}", f"buffer {buffer_id!r} was not ready within")
+    )
+
+
+def _checked_upload(chunks: Iterable[pb.ArrayChunk]) -> Iterator[pb.ArrayChunk]:
+    """An upload's chunks, refused (``ValueError`` naming the field) as soon as they describe
+    something other than one whole array whose bytes match its dtype and shape, so that no
+    memory is set aside for sizes the bytes sent do not back."""
+    expected = received = 0
+    started = False
+    for chunk in chunks:
+        if chunk.begin:
+            if started:
+                raise ValueError("an upload holds one region (the whole array), not several")
+            started = True
+            if not chunk.buffer_id or len(chunk.buffer_id) > MAX_BUFFER_ID:
+                raise ValueError(
+                    f"buffer_id must hold 1 to {MAX_BUFFER_ID} characters, "
+                    f"not {len(chunk.buffer_id)}"
+                )
+            try:
+                dtype = np.dtype(chunk.dtype)
+            except Exception:  # numpy's TypeError, or SyntaxError for odd spellings
+                raise ValueError(f"dtype {chunk.dtype[:64]!r} is not a dtype") from None
+            plain = dtype.names is None and dtype.subdtype is None and not dtype.hasobject
+            if not plain or dtype.kind not in "biufcV" or dtype.itemsize == 0:
+                # (kind V: bfloat16 and the other ml_dtypes types)
+                raise ValueError(f"dtype {chunk.dtype[:64]!r} is not a numeric dtype")
+            shape = list(chunk.shape)
+            if len(shape) > 64 or any(n < 0 for n in shape):
+                raise ValueError(f"shape {shape[:8]} must be at most 64 sizes, each >= 0")
+            whole = [0] * len(shape)
+            starts, stops = list(chunk.region_start), list(chunk.region_stop)
+            if (starts or stops) and (starts != whole or stops != shape):
+                raise ValueError("region_start and region_stop must cover the whole array")
+            expected = math.prod(shape) * dtype.itemsize
+            if chunk.total_bytes != expected:
+                raise ValueError(
+                    f"total_bytes {chunk.total_bytes} does not match dtype {dtype.name} and "
+                    f"shape {shape} ({expected} bytes)"
+                )
+        elif not started:
+            raise ValueError("array data arrived before its header")
+        received += len(chunk.data)
+        if received > expected:
+            raise ValueError(f"more than the {expected} bytes announced in total_bytes arrived")
+        yield chunk
+
+
+def serve(
+    index: int, first_device: int, host: str, port: int, tls: Tls | None = None
+) -> tuple[grpc.Server, int]:
+    """Start the executor's server (mutual TLS on every endpoint with ``tls``); returns it
+    and the port it listens on."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS), options=MESSAGE_OPTIONS
+    )
+    service = ExecutorService(index, first_device, host=host, tls=tls)
     server.add_generic_rpc_handlers([generic_handler(EXECUTOR, service)])
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if tls is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, tls.server_credentials())
     service.endpoint = f"{host}:{bound}"
     server.start()
     return server, bound
 
 
 def main(args: argparse.Namespace) -> None:
-    server, port = serve(args.index, args.first_device, args.host, args.port)
+    try:
+        tls = load()
+    except TlsConfigError as error:
+        raise SystemExit(f"pathways_executor: {error}") from None
+    server, port = serve(args.index, args.first_device, args.host, args.port, tls)
     # The launcher reads this line to learn the port.
     print(
         json.dumps({"ready": True, "port": port, "devices": len(jax.local_devices())}), flush=True

@@ -12,6 +12,8 @@ API calls the operator makes (its RBAC, as verbs per resource):
   ``pathwaysprograms/status``: get, patch
 - ``apps`` ``deployments``, ``statefulsets``: get, list, watch, create, patch, delete
 - ``""`` (core) ``services``, ``configmaps``: get, create, patch, delete
+- ``""`` (core) ``secrets``: create only, in the islands' namespace, with
+  ``PATHWAYS_CONTROL_TOKENS`` (each island's control token; never read, patched or listed)
 - ``""`` (core) ``pods``: list (which executor hosts are ready)
 - ``batch`` ``jobs``: get, list, watch, create, delete
 - ``""`` (core) ``events``: create, patch; ``events.k8s.io`` ``events``: create, patch (kopf)
@@ -21,7 +23,7 @@ API calls the operator makes (its RBAC, as verbs per resource):
   peering CRDs must be installed)
 
 ``patch`` on the watched resources covers kopf's finalizer (``pathways.dev/finalizer``) and its
-progress annotations (``pathways.dev/*``). Everything is cluster-wide: islands are
+progress annotations (``pathways.dev/*``). Everything else is cluster-wide: islands are
 cluster-scoped, and slices and programs live in tenants' namespaces.
 """
 

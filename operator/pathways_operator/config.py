@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from pathways_core.accelerators import AcceleratorKind
-from pathways_core.control.security import TLS_SECRET_ENV
+from pathways_core.control.security import CONTROL_TOKENS_ENV, TLS_SECRET_ENV
 from pathways_core.resources.island import DEFAULT_IMAGE
 
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -21,7 +21,9 @@ class Config:
     metrics; ``PATHWAYS_RESYNC_SECONDS``: how often everything is reconciled again even when
     nothing changed; ``PATHWAYS_QUOTAS``: JSON ``{"tenant": {"tpu-v5e": 64}}``;
     ``PATHWAYS_TLS_SECRET``: name of the ``kubernetes.io/tls`` Secret mounted in island and
-    program pods (unset: TLS off)."""
+    program pods (unset: TLS off); ``PATHWAYS_CONTROL_TOKENS``: ``true`` gives each island a
+    random control token in a Secret of its own, read by its scheduler and executors (unset or
+    ``false``: no token, for dev clusters)."""
 
     namespace: str = "pathways-system"
     image: str = DEFAULT_IMAGE
@@ -29,6 +31,7 @@ class Config:
     resync_seconds: float = 60.0
     quotas: dict[tuple[str, AcceleratorKind], int] = field(default_factory=dict)
     tls_secret: str | None = None
+    control_tokens: bool = False
 
     @classmethod
     def from_environment(cls) -> Config:
@@ -52,7 +55,19 @@ class Config:
             resync_seconds=_number("PATHWAYS_RESYNC_SECONDS", cls.resync_seconds),
             quotas=quotas,
             tls_secret=_secret_name(TLS_SECRET_ENV),
+            control_tokens=_flag(CONTROL_TOKENS_ENV),
         )
+
+
+def _flag(variable: str) -> bool:
+    """A boolean setting: ``true``/``1``/``yes``/``on`` or ``false``/``0``/``no``/``off``
+    (any case); unset or empty is false."""
+    raw = os.environ.get(variable, "").strip().lower()
+    if raw in ("", "false", "0", "no", "off"):
+        return False
+    if raw in ("true", "1", "yes", "on"):
+        return True
+    raise ValueError(f"{variable}: expected true or false, got {raw!r}")
 
 
 def _secret_name(variable: str) -> str | None:

@@ -42,7 +42,7 @@ from pathways_core.control.common import (
     now_utc,
     prune,
 )
-from pathways_core.control.islands import ready_host_indexes
+from pathways_core.control.islands import control_token_secret, ready_host_indexes
 from pathways_core.resources import Island, PathwaysProgram
 from pathways_operator import metrics
 from pathways_operator.binder import Binder
@@ -53,7 +53,7 @@ GROUP, VERSION = "pathways.dev", "v1alpha1"
 GV = f"{GROUP}/{VERSION}"
 FINALIZER = "pathways.dev/finalizer"
 # At least a second: a zero interval would spin.
-RESYNC_SECONDS = max(Config.from_environment().resync_seconds, 1.0)
+MIN_RESYNC_SECONDS = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +186,19 @@ async def reconcile_island(memo: kopf.Memo, name: str) -> None:
         observed = IslandObservation()
         if isinstance(island, Island) and external_endpoint(document) is None:
             found: dict[str, dict[str, Any]] = {}
+            control_secret = None
+            if memo.config.control_tokens:
+                # Created before the pods that read it; an existing one is kept (409), since
+                # running executors hold its token. The token drawn here is never logged.
+                secret = control_token_secret(document, namespace, secrets.token_urlsafe(32))
+                await kube.create(secret)
+                control_secret = secret["metadata"]["name"]
             children = island_children(
-                document, island, namespace, tls_secret=memo.config.tls_secret
+                document,
+                island,
+                namespace,
+                tls_secret=memo.config.tls_secret,
+                control_secret=control_secret,
             )
             for child in children:
                 found[child["kind"]] = await _apply_child(kube, child)
@@ -303,7 +314,10 @@ async def executors_event(labels: Any, memo: kopf.Memo, **_: Any) -> None:
 async def _resync_due(memo: kopf.Memo) -> bool:
     """Wait one resync interval; ``False`` once the operator is stopping."""
     try:
-        await asyncio.wait_for(memo.stopping.wait(), RESYNC_SECONDS)
+        # The operator's settings of this start (not of import time: the module may be
+        # imported long before the operator runs).
+        interval = max(memo.config.resync_seconds, MIN_RESYNC_SECONDS)
+        await asyncio.wait_for(memo.stopping.wait(), interval)
     except TimeoutError:
         return True
     return False

@@ -40,6 +40,7 @@ KINDS: dict[tuple[str, str], Kind] = {
         "StatefulSet": Kind("apps/v1", "statefulsets", True),
         "Service": Kind("v1", "services", True),
         "ConfigMap": Kind("v1", "configmaps", True),
+        "Secret": Kind("v1", "secrets", True),
         "Event": Kind("v1", "events", True),
         "Job": Kind("batch/v1", "jobs", True),
         "Pod": Kind("v1", "pods", True),

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import select
 import socket
 import struct
 import sys
@@ -25,36 +27,72 @@ from typing import Any
 import grpc
 
 from pathways_core.scheduling import (
+    ARTIFACT_LIMIT_ENV,
+    DEFAULT_MAX_ARTIFACT_BYTES,
+    DEFAULT_MAX_QUEUED,
     ExecutorSpec,
     Instruction,
     IslandDispatcher,
     Policy,
     ToClient,
     ToExecutor,
+    artifact_limit_from,
+    check_artifact_limit,
 )
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
-from pathways_core.wire.streams import FrameError, frame, messages
+from pathways_core.wire.streams import (
+    CONTROL_TOKEN_ENV,
+    HANDSHAKE_TIMEOUT_SECONDS,
+    MAX_FRAME_BYTES,
+    FrameError,
+    frame,
+    frames,
+    messages,
+)
 from pathways_scheduler.rpc import MESSAGE_OPTIONS, generic_handler, stub
+from pathways_scheduler.tls import Tls, TlsConfigError, channel, load
 
 # A peer that takes no bytes for this long is considered gone (its stream is closed), so one
 # stuck client cannot stall the island.
 SEND_TIMEOUT_SECONDS = 60
+# A client's events not yet taken by it: beyond this its session is ended (it stopped reading).
+MAX_BACKLOG_BYTES = 64 << 20
+# Writes of at most this many bytes to a TLS stream go out at once when its socket has room.
+SMALL_WRITE_BYTES = 16 << 10
+# Limits on what one client message may hold (beyond, it is refused, naming the limit): what a
+# client sends is echoed in commands to executors and events to clients, whose frames are capped.
+MAX_REQUEST_BYTES = 1 << 20
+MAX_CLIENT_NAME = 256
+# Deletions of many buffers are sent to executors in pieces of this many ids.
+DELETE_PIECE = 4096
 
 
 class Peer:
     """The sending side of one control stream. Messages are queued under the dispatcher's lock,
-    so they are in dispatch order, and written by whichever thread flushes first."""
+    so they are in dispatch order, and written by whichever thread flushes first.
 
-    def __init__(self, connection: socket.socket, wrap: Callable[[list[Any]], Any]) -> None:
+    A client's peer (``hand_off``) never makes the flushing thread wait on its socket: what the
+    socket cannot take at once is handed to a writer thread of the peer's own, so a client that
+    stops reading holds up no executor's events and no other client; past
+    ``MAX_BACKLOG_BYTES`` it is dropped. An executor's peer writes in the caller (the executor
+    is the island's own; waiting on it is back-pressure)."""
+
+    def __init__(
+        self, connection: socket.socket, wrap: Callable[[list[Any]], Any], hand_off: bool = False
+    ) -> None:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         connection.setsockopt(
             socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", SEND_TIMEOUT_SECONDS, 0)
         )
         self.connection = connection
         self._wrap = wrap
+        self._hand_off = hand_off
         self._pending: list[Any] = []
         self._pending_lock = threading.Lock()
         self._send_lock = threading.Lock()
+        self._backlog: list[bytes] | None = None  # a writer thread is sending these
+        self._backlog_bytes = 0
+        self._closed = False
 
     def queue(self, message: Any) -> None:
         with self._pending_lock:
@@ -65,12 +103,79 @@ class Peer:
         with self._send_lock:
             with self._pending_lock:
                 items, self._pending = self._pending, []
-            if not items:
+            if not items or self._closed:
                 return
             try:
-                self.connection.sendall(frame(self._wrap(items)))
+                data = frames(items, self._wrap)
+            except FrameError:  # one message over the cap: the peer could not take it
+                self._close_locked()
+                return
+            if not self._hand_off:
+                try:
+                    self.connection.sendall(data)
+                except OSError:
+                    self._close_locked()  # its reader sees the stream end, reports it gone
+                return
+            if self._backlog is not None:  # the writer has more to send: behind it
+                self._add_backlog(data)
+                return
+            try:
+                sent = self._send_now(data)
             except OSError:
-                self.close()  # its reader sees the stream end and reports the peer gone
+                self._close_locked()
+                return
+            if sent < len(data):
+                self._backlog = []
+                self._add_backlog(data[sent:])
+                threading.Thread(
+                    target=self._write_backlog, name="client-writer", daemon=True
+                ).start()
+
+    def _send_now(self, data: bytes) -> int:
+        """As many bytes of ``data`` as the socket takes without waiting."""
+        connection = self.connection
+        if isinstance(connection, socket.socket):
+            sent = 0
+            while sent < len(data):
+                try:
+                    sent += connection.send(memoryview(data)[sent:], socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    break
+            return sent
+        # A TLS stream encrypts whole writes: one goes out now if it is small and there is room.
+        if len(data) <= SMALL_WRITE_BYTES:
+            _, writable, _ = select.select([], [connection], [], 0)
+            if writable:
+                connection.sendall(data)
+                return len(data)
+        return 0
+
+    def _add_backlog(self, data: bytes) -> None:
+        assert self._backlog is not None
+        self._backlog.append(data)
+        self._backlog_bytes += len(data)
+        if self._backlog_bytes > MAX_BACKLOG_BYTES:
+            self._close_locked()  # it stopped reading its events
+
+    def _write_backlog(self) -> None:
+        while True:
+            with self._send_lock:
+                backlog = self._backlog or []
+                if not backlog or self._closed:
+                    self._backlog, self._backlog_bytes = None, 0
+                    return
+                self._backlog, self._backlog_bytes = [], 0
+            try:
+                self.connection.sendall(b"".join(backlog))
+            except OSError:
+                with self._send_lock:
+                    self._backlog, self._backlog_bytes = None, 0
+                    self._close_locked()
+                return
+
+    def _close_locked(self) -> None:
+        self._closed = True
+        self.close()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -90,8 +195,13 @@ class SchedulerService:
         max_queued: int,
         host: str = "127.0.0.1",
         session_port: int = 0,
+        tls: Tls | None = None,
+        *,
+        max_queued_per_client: int | None = None,
+        max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
     ) -> None:
         self.island = island
+        self._tls = tls
         self._lock = threading.Lock()
         self._clients: dict[str, Peer] = {}
         self._executors: dict[int, Peer] = {}
@@ -99,20 +209,29 @@ class SchedulerService:
         controls = []
         self._channels = []
         for index, endpoint in enumerate(executor_endpoints):
-            channel = grpc.insecure_channel(endpoint, options=MESSAGE_OPTIONS)
-            self._channels.append(channel)
-            info = stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=60, wait_for_ready=True)
+            executor = channel(endpoint, MESSAGE_OPTIONS, tls)
+            self._channels.append(executor)
+            info = stub(executor, EXECUTOR, "Info")(pb.Empty(), timeout=60, wait_for_ready=True)
             if info.index != index:
                 raise SystemExit(
                     f"executor {endpoint} says it is host {info.index}, but it is listed as "
                     f"host {index}: pass --executor once per host, in host order"
                 )
-            specs.append(ExecutorSpec(index, endpoint, tuple(info.devices), info.data_endpoint))
-            host, port = info.control_endpoint.rsplit(":", 1)
-            if host in ("", "0.0.0.0", "::", "[::]"):  # listening everywhere: reach it where
-                host = endpoint.rsplit(":", 1)[0]  # its gRPC server was reached
-            controls.append((host.strip("[]"), int(port)))
-        self.dispatcher = IslandDispatcher(specs, Policy(policy), max_queued, max_in_flight)
+            # Peers pull from the data plane at the name the executor was reached at (which
+            # its certificate carries), not at the wildcard it listens on.
+            data_endpoint = _reachable(info.data_endpoint, endpoint) if info.data_endpoint else ""
+            specs.append(ExecutorSpec(index, endpoint, tuple(info.devices), data_endpoint))
+            control_host, port = _reachable(info.control_endpoint, endpoint).rsplit(":", 1)
+            controls.append((control_host.strip("[]"), int(port)))
+        self.dispatcher = IslandDispatcher(
+            specs,
+            Policy(policy),
+            max_queued,
+            max_in_flight,
+            island=island,
+            max_queued_per_client=max_queued_per_client,
+            max_artifact_bytes=max_artifact_bytes,
+        )
         for spec, control in zip(specs, controls, strict=True):
             self._open_executor_stream(spec, control)
         self._listener = socket.create_server((host, session_port), backlog=64)
@@ -123,7 +242,12 @@ class SchedulerService:
 
     def _open_executor_stream(self, spec: ExecutorSpec, control: tuple[str, int]) -> None:
         connection = socket.create_connection(control, timeout=60)
+        if self._tls is not None:  # the executor's certificate is checked, ours presented
+            connection = self._tls.connect_stream(connection, control[0])
         connection.settimeout(None)
+        # The executor takes this stream as its scheduler's only after this hello.
+        hello = pb.ControlHello(island=self.island, token=os.environ.get(CONTROL_TOKEN_ENV, ""))
+        connection.sendall(frame(pb.CommandBatch(commands=[pb.ExecutorCommand(hello=hello)])))
         self._executors[spec.index] = Peer(
             connection, lambda commands: pb.CommandBatch(commands=commands)
         )
@@ -143,12 +267,14 @@ class SchedulerService:
 
     def _handle(self, stimulus: Callable[[IslandDispatcher], list[Instruction]]) -> None:
         touched: dict[int, Peer] = {}
+        refused: list[pb.ExecutorEvent] = []
         with self._lock:
             instructions = stimulus(self.dispatcher)
             for instruction in instructions:
                 if isinstance(instruction, ToExecutor):
                     peer = self._executors[instruction.executor]
-                    peer.queue(instruction.command)
+                    for command in _sendable(instruction.command, instruction.executor, refused):
+                        peer.queue(command)
                 elif isinstance(instruction, ToClient):
                     peer = self._clients.get(instruction.client)
                     if peer is None:
@@ -157,6 +283,8 @@ class SchedulerService:
                 touched[id(peer)] = peer
         for peer in touched.values():
             peer.flush()
+        if refused:  # commands too large for a frame were not sent: their computations fail
+            self._handle(lambda d: [i for e in refused for i in d.executor_event(e)])
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -177,20 +305,41 @@ class SchedulerService:
             except OSError:
                 return
             threading.Thread(
-                target=self._session, args=(connection,), name="session", daemon=True
+                target=self._secure_session, args=(connection,), name="session", daemon=True
             ).start()
+
+    def _secure_session(self, connection: socket.socket) -> None:
+        """With TLS, a session's handshake first (on its own thread: a silent peer holds no
+        one else up); a client without a certificate of our CA is refused by it."""
+        if self._tls is not None:
+            try:
+                connection = self._tls.accept_stream(connection)
+            except OSError:
+                connection.close()
+                return
+        self._session(connection)
 
     def _session(self, connection: socket.socket) -> None:
         """One client's session: a hello naming the client, then its requests; events back."""
-        peer = Peer(connection, lambda events: pb.ClientEventBatch(events=events))
+        peer = Peer(connection, lambda events: pb.ClientEventBatch(events=events), hand_off=True)
         incoming = messages(connection.recv, pb.ClientBatch.FromString)
         client = ""
         try:
-            first = next(incoming, None)
+            # The hello must come soon: a peer that sends nothing holds its thread briefly.
+            connection.settimeout(HANDSHAKE_TIMEOUT_SECONDS)
+            try:
+                first = next(incoming, None)
+            except TimeoutError:
+                raise FrameError(
+                    f"no hello within {HANDSHAKE_TIMEOUT_SECONDS:.0f} s of connecting"
+                ) from None
+            connection.settimeout(None)  # a session may then stay idle as long as it likes
             batch = list(first.messages) if first is not None else []
             problem = None
             if not batch or batch[0].WhichOneof("kind") != "hello" or not batch[0].hello.client:
                 problem = "a session starts with hello naming the client"
+            elif (name_problem := _client_name_problem(batch[0].hello.client)) is not None:
+                problem = name_problem
             else:
                 hello = batch.pop(0).hello
                 with self._lock:
@@ -213,6 +362,12 @@ class SchedulerService:
                 peer.flush()
         except OSError:
             pass
+        except Exception as error:  # a bug of ours: end this session only, saying why
+            message = f"the scheduler failed on this session: {type(error).__name__}: {error}"
+            print(message, file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):
+                peer.queue(pb.ClientEvent(kind=pb.ClientEvent.REJECTED, message=message))
+                peer.flush()
         finally:
             if client:
                 with self._lock:
@@ -259,12 +414,88 @@ class SchedulerService:
         )
 
 
+def _reachable(advertised: str, contacted: str) -> str:
+    """Where to reach an executor's advertised ``host:port``: one listening on every interface
+    is reached at the host its gRPC server was reached at."""
+    host, port = advertised.rsplit(":", 1)
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = contacted.rsplit(":", 1)[0]
+    return f"{host}:{port}"
+
+
+def _client_name_problem(name: str) -> str | None:
+    """Why a hello's client name is refused, or None. Ids are owned by the prefix
+    ``<client>/``, so a name holding '/' would own another client's ids."""
+    if len(name) > MAX_CLIENT_NAME:
+        return f"hello.client is {len(name)} characters long; at most {MAX_CLIENT_NAME}"
+    if "/" in name or not name.isprintable():
+        return f"hello.client {name[:64]!r} must be printable and hold no '/'"
+    return None
+
+
+def _request_problem(message: pb.ClientMessage, kind: str | None) -> pb.ClientEvent | None:
+    """A refusal of a message too large to pass on (``None`` when it is fine); the rest is
+    checked by the dispatcher. A function's artifact is bounded by the artifact limit."""
+    if kind == "function":
+        size = message.function.ByteSize() - len(message.function.artifact)
+    elif kind in ("computation", "placed"):
+        size = message.ByteSize()
+    else:
+        return None
+    if size <= MAX_REQUEST_BYTES:
+        return None
+    event = pb.ClientEvent(
+        kind=pb.ClientEvent.REJECTED,
+        message=f"a {kind} message of {size} bytes is larger than the {MAX_REQUEST_BYTES} "
+        f"bytes a scheduler accepts",
+    )
+    if kind == "computation" and len(message.computation.id) <= MAX_CLIENT_NAME * 2:
+        event.computation_id = message.computation.id
+    if kind == "function" and len(message.function.function_id) <= 64:
+        event.function_id = message.function.function_id
+    return event
+
+
+def _sendable(
+    command: pb.ExecutorCommand, executor: int, refused: list[pb.ExecutorEvent]
+) -> list[pb.ExecutorCommand]:
+    """``command`` as commands that fit in a frame: a deletion of many buffers in pieces; a
+    command still too large is not sent, and a computation's is reported failed (``refused``)
+    rather than breaking the executor's stream."""
+    if command.WhichOneof("kind") == "delete" and len(command.delete.ids) > DELETE_PIECE:
+        ids = list(command.delete.ids)
+        return [
+            pb.ExecutorCommand(
+                seq=command.seq, delete=pb.DeleteBuffers(ids=ids[i : i + DELETE_PIECE])
+            )
+            for i in range(0, len(ids), DELETE_PIECE)
+        ]
+    size = command.ByteSize()
+    if size <= MAX_FRAME_BYTES - 64:
+        return [command]
+    if command.WhichOneof("kind") == "run":
+        refused.append(
+            pb.ExecutorEvent(
+                seq=command.seq,
+                computation_id=command.run.id,
+                ok=False,
+                message=f"its command to executor {executor} would be {size} bytes, more than "
+                f"a control frame holds ({MAX_FRAME_BYTES})",
+                executor=executor,
+            )
+        )
+    return []
+
+
 def _apply(dispatcher: IslandDispatcher, client: str, batch: Any) -> list[Instruction]:
     """A client's batch of messages, in order."""
     instructions: list[Instruction] = []
     for message in batch:
         kind = message.WhichOneof("kind")
-        if kind == "computation":
+        refusal = _request_problem(message, kind)
+        if refusal is not None:
+            instructions.append(ToClient(client, refusal))
+        elif kind == "computation":
             instructions += dispatcher.submit(client, message.computation)
         elif kind == "function":
             instructions += dispatcher.register(client, message.function)
@@ -273,6 +504,23 @@ def _apply(dispatcher: IslandDispatcher, client: str, batch: Any) -> list[Instru
         elif kind == "delete":
             instructions += dispatcher.delete(client, message.delete.ids)
     return instructions
+
+
+def _limit_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the queue and artifact limits of the command line, if anything
+    (``args.max_artifact_bytes`` is resolved from the environment when not given)."""
+    if args.max_queued < 1:
+        return f"--max-queued must be >= 1, not {args.max_queued}"
+    if args.max_queued_per_client is not None and args.max_queued_per_client < 1:
+        return f"--max-queued-per-client must be >= 1, not {args.max_queued_per_client}"
+    try:
+        if args.max_artifact_bytes is None:
+            args.max_artifact_bytes = artifact_limit_from(os.environ)
+        else:
+            check_artifact_limit(args.max_artifact_bytes, "--max-artifact-bytes")
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def main() -> None:
@@ -288,13 +536,38 @@ def main() -> None:
     )
     parser.add_argument("--policy", default=Policy.FIFO.value, choices=[p.value for p in Policy])
     parser.add_argument("--max-in-flight", type=int, default=16)
-    parser.add_argument("--max-queued", type=int, default=4096)
+    parser.add_argument(
+        "--max-queued",
+        type=int,
+        default=DEFAULT_MAX_QUEUED,
+        help="computations the island queues in all; beyond, clients are told it is busy",
+    )
+    parser.add_argument(
+        "--max-queued-per-client",
+        type=int,
+        default=None,
+        help="computations one client may queue (default: a quarter of --max-queued)",
+    )
+    parser.add_argument(
+        "--max-artifact-bytes",
+        type=int,
+        default=None,
+        help=f"largest function artifact accepted (default: ${ARTIFACT_LIMIT_ENV}, else "
+        f"{DEFAULT_MAX_ARTIFACT_BYTES})",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0 picks a free one)")
     parser.add_argument(
         "--session-port", type=int, default=0, help="client sessions' port (0 picks a free one)"
     )
     args = parser.parse_args()
+    limit_problem = _limit_problem(args)
+    if limit_problem:
+        parser.error(limit_problem)
+    try:
+        tls = load()
+    except TlsConfigError as error:
+        parser.exit(2, f"pathways_scheduler: {error}\n")
     service = SchedulerService(
         args.island,
         args.executor,
@@ -303,10 +576,17 @@ def main() -> None:
         args.max_queued,
         args.host,
         args.session_port,
+        tls,
+        max_queued_per_client=args.max_queued_per_client,
+        max_artifact_bytes=args.max_artifact_bytes,
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=MESSAGE_OPTIONS)
     server.add_generic_rpc_handlers([generic_handler(SCHEDULER, service)])
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    address = f"{args.host}:{args.port}"
+    if tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, tls.server_credentials())
     server.start()
     print(json.dumps({"ready": True, "port": port}), flush=True)
     try:

@@ -16,8 +16,10 @@ import uvicorn
 
 from pathways_api.app import create_app
 from pathways_api.auth import TokenFile, write_tokens_file
+from pathways_api.ratelimit import DEFAULT_BUDGETS
 from pathways_api.service import Service
 from pathways_api.store import SqliteStore
+from pathways_core.control.rate_limit import Budgets
 
 TENANTS = {
     "team-a": {"tokens": ["token-a"], "quotas": {"devices": 16, "programs": 10}},
@@ -34,19 +36,20 @@ class Server:
     url: str
     store: SqliteStore
     stop: Callable[[], None]
+    app: Any = None  # the FastAPI app, served in this process
 
     def client(self, token: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
 
-def serve(state: Path) -> Server:
+def serve(state: Path, rate_limits: Budgets = DEFAULT_BUDGETS, max_body: int = MAX_BODY) -> Server:
     """Start an API server on a free loopback port over ``state``."""
     tokens = state / "tokens.yaml"
     if not tokens.exists():
         write_tokens_file(tokens, TENANTS)
     store = SqliteStore(state / "pathways.db")
-    app = create_app(Service(store), TokenFile(tokens), max_body=MAX_BODY)
+    app = create_app(Service(store), TokenFile(tokens), max_body=max_body, rate_limits=rate_limits)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
@@ -63,7 +66,7 @@ def serve(state: Path) -> Server:
         thread.join(timeout=10)
         listener.close()
 
-    return Server(f"http://127.0.0.1:{port}", store, stop)
+    return Server(f"http://127.0.0.1:{port}", store, stop, app)
 
 
 def program(name: str | None = "p", devices: int = 1, **spec: Any) -> dict[str, Any]:

@@ -6,15 +6,21 @@ endpoint answers nothing): these drivers never connect to it."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+from unittest.mock import ANY
 
 import pytest
 
 from pathways_api.manager import Manager
+from pathways_api.run_job import ALREADY_RUNNING, process_start, read_json
 from pathways_api.store import SqliteStore
 
 T = TypeVar("T")
@@ -97,6 +103,14 @@ def test_a_program_runs_with_the_contract_environment_and_gives_its_devices_back
     settings = json.loads(log.strip().splitlines()[-1])
     assert settings["PATHWAYS_PROGRAM"] == "team/hello"
     assert settings["PATHWAYS_WEIGHT"] == "3"
+    assert settings["PATHWAYS_RUN"] == "1"
+    program = store.read("PathwaysProgram", "team", "hello")
+    checkpoints = Path(settings["PATHWAYS_CHECKPOINT_DIR"])
+    assert (
+        checkpoints
+        == running.manager.state / "checkpoints" / "team" / "hello" / (program["metadata"]["uid"])
+    )
+    assert checkpoints.is_dir()
     assert json.loads(settings["PATHWAYS_SLICES"]) == {
         "main": {
             "virtualSlice": "hello-main",
@@ -170,13 +184,13 @@ def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running)
     assert store.read("Job", "team", "doomed-run-1") is None
 
 
-def test_a_restarted_manager_keeps_bindings_and_fails_lost_runs(state: Path) -> None:
+def test_a_stopped_manager_keeps_bindings_and_fails_its_runs_as_lost(state: Path) -> None:
     first = Running(state)
     store = first.store
     submit(store, "survivor", "import time; time.sleep(600)", restartPolicy="OnFailure")
     wait_for(lambda: phase(store, "PathwaysProgram", "survivor") == "Running")
     before = store.read("VirtualSlice", "team", "survivor-main")["status"]
-    first.stop()  # the cluster stops: the run is lost
+    first.stop()  # the cluster stops (SIGTERM, `pathways down`): the run is stopped, lost
     second = Running(state)
     try:
         # OnFailure: the lost run counts as a failure and the program runs again, on the
@@ -224,3 +238,112 @@ def test_a_graph_program_runs_the_graph_runner_on_its_mounted_spec(running: Runn
     assert json.loads(spec.read_text())["graph"]["nodes"][0]["function"] == "f"
     log = store.log_path("team", "graph-run-1").read_text()
     assert "/nowhere/f.bin" in log and "/etc/pathways" not in log
+
+
+def wait_for_file(path: Path) -> str:
+    """Driver source that waits until ``path`` exists."""
+    return (
+        f"import pathlib, time\nwhile not pathlib.Path({str(path)!r}).exists(): time.sleep(0.02)\n"
+    )
+
+
+def start_manager(state: Path) -> subprocess.Popen[bytes]:
+    manager = subprocess.Popen(
+        [sys.executable, "-m", "pathways_api.manager", "--state", str(state), "--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=(state / "manager.log").open("ab"),
+    )
+    assert manager.stdout is not None and b"manager" in manager.stdout.readline()
+    return manager
+
+
+def test_a_manager_killed_mid_run_leaves_its_runs_to_the_next_one(state: Path) -> None:
+    """SIGKILL the manager with three runs under way; meanwhile one run ends with an exit
+    code and one is killed with its wrapper. The next manager adopts the running one (it is
+    not started again and succeeds), takes the exit code of the ended one, and counts only
+    the killed one as lost (OnFailure: it runs again, as run 2)."""
+    store = SqliteStore(state / "pathways.db")
+    release, go = state / "release", state / "go"
+    one = [{"name": "main", "devices": 1}]
+    submit(store, "survivor", wait_for_file(release) + "print('SURVIVED')", slices=one)
+    submit(store, "ended", wait_for_file(go) + "raise SystemExit('no data: 4')", slices=one)
+    submit(
+        store,
+        "killed",
+        "import os, time\nif os.environ['PATHWAYS_RUN'] == '1': time.sleep(600)\n",
+        restartPolicy="OnFailure",
+        slices=one,
+    )
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        processes.append(start_manager(state))
+        names = ("survivor", "ended", "killed")
+        for name in names:
+            wait_for(lambda name=name: phase(store, "PathwaysProgram", name) == "Running")
+        records = {
+            name: wait_for(
+                lambda name=name: read_json(state / "runs" / "team" / f"{name}-run-1.json"),
+                what=f"the record of {name}",
+            )
+            for name in names
+        }
+        processes[0].kill()  # the manager dies; its runs do not
+        processes[0].wait()
+        assert all(process_start(r["pid"]) == r["start"] for r in records.values())
+        os.killpg(records["killed"]["pid"], signal.SIGKILL)  # this one leaves no exit status
+        go.touch()
+        wait_for(lambda: (state / "runs" / "team" / "ended-run-1.exit").exists(), what="exit")
+
+        processes.append(start_manager(state))
+        wait_for(lambda: phase(store, "PathwaysProgram", "ended") == "Failed", what="ended")
+        ended = store.read("PathwaysProgram", "team", "ended")["status"]
+        # The exit status, with the driver's last words.
+        assert "the driver exited with code 1: no data: 4" in ended["message"], ended
+        wait_for(lambda: phase(store, "PathwaysProgram", "killed") == "Succeeded", what="rerun")
+        killed = store.read("PathwaysProgram", "team", "killed")["status"]
+        assert (killed["runs"], killed["restarts"]) == (2, 1)
+        events = store._db().execute(
+            "SELECT message FROM events WHERE name = 'killed' AND reason = 'Restarting'"
+        )
+        assert "left no exit status" in events.fetchone()[0]
+        # The adopted run was never started again: still run 1, still the same process.
+        assert phase(store, "PathwaysProgram", "survivor") == "Running"
+        survivor = records["survivor"]
+        assert process_start(survivor["pid"]) == survivor["start"]
+        release.touch()
+        wait_for(lambda: phase(store, "PathwaysProgram", "survivor") == "Succeeded")
+        assert store.read("PathwaysProgram", "team", "survivor")["status"]["runs"] == 1
+        assert "SURVIVED" in store.log_path("team", "survivor-run-1").read_text()
+        wait_for(
+            lambda: (
+                (store.read("Island", None, "local") or {}).get("status", {}).get("devicesFree")
+                == 4
+            ),
+            what="devices free",
+        )
+    finally:
+        release.touch()
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=30)
+
+
+def test_a_run_started_twice_runs_once(tmp_path: Path) -> None:
+    """Two wrappers of the same run (a manager that died before it recorded the start, and
+    the next one): exactly one runs the command, the other exits at once."""
+    marker = tmp_path / "ran"
+    command = [
+        sys.executable,
+        "-c",
+        f"import pathlib, time; p = pathlib.Path({str(marker)!r}); "
+        "p.write_text(p.read_text() + 'x' if p.exists() else 'x'); time.sleep(1)",
+    ]
+    wrapper = [sys.executable, "-m", "pathways_api.run_job", "--record", str(tmp_path / "job")]
+    first = subprocess.Popen([*wrapper, "--uid", "u", "--", *command])
+    wait_for(lambda: read_json(tmp_path / "job.json"), what="the first wrapper's record")
+    second = subprocess.run([*wrapper, "--uid", "u", "--", *command], check=False, timeout=60)
+    assert second.returncode == ALREADY_RUNNING
+    assert first.wait(timeout=60) == 0
+    assert marker.read_text() == "x"
+    assert read_json(tmp_path / "job.exit") == {"uid": "u", "code": 0, "ended": ANY}

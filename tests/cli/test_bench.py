@@ -8,7 +8,9 @@ from pathlib import Path
 from pathways_client.bench import (
     BEGIN,
     END,
+    SUITES,
     Suite,
+    command_line,
     markdown,
     normalize,
     plot,
@@ -27,6 +29,14 @@ def test_a_real_benchmark_gives_records_in_the_one_format() -> None:
     assert record["ratio"] == record["value"] / record["baseline"]
     # Fields beyond the format are kept as parameters.
     assert {"p99_us", "decisions"} <= set(record["parameters"])
+
+
+def test_suites_that_draw_get_the_plots_folder(tmp_path: Path) -> None:
+    """The multitenancy suite draws the paper's Figure 9 itself: it must be told where."""
+    (multitenancy,) = [suite for suite in SUITES if suite.name == "multitenancy"]
+    command = command_line(multitenancy, True, tmp_path / "r.json", tmp_path / "plots")
+    assert command[-2:] == ["--plots", str(tmp_path / "plots")]
+    assert "--plots" not in command_line(ALLOCATOR, True, tmp_path / "r.json", tmp_path)
 
 
 def test_a_failing_script_becomes_a_failed_record() -> None:

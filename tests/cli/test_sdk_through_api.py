@@ -4,7 +4,6 @@ resource manager, charged to the tenant, released on exit."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,25 +14,8 @@ from pathways_client.api_client import ApiCallError
 from pathways_client.embedded import read_info
 
 
-@pytest.fixture(scope="module")
-def state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    from click.testing import CliRunner
-
-    from pathways_client.cli import main
-
-    folder = tmp_path_factory.mktemp("embedded") / "state"
-    runner = CliRunner()
-    arguments = ["--state", str(folder)]
-    started = runner.invoke(
-        main, ["up", *arguments, "--hosts", "1", "--devices", "4", "--tenant", "team-a"]
-    )
-    assert started.exit_code == 0, started.output
-    yield folder
-    runner.invoke(main, ["down", *arguments])
-
-
-def test_slices_are_virtual_slices_of_the_tenant(state: Path) -> None:
-    with pw.connect(state=state, tenant="team-a") as cluster:
+def test_slices_are_virtual_slices_of_the_tenant(embedded_state: Path) -> None:
+    with pw.connect(state=embedded_state, tenant="team-a") as cluster:
         assert cluster.tenant == "team-a"
         with cluster.slice(devices=2) as devices:
             stored = cluster.api.get("virtualslices", devices.name)
@@ -54,8 +36,8 @@ def test_slices_are_virtual_slices_of_the_tenant(state: Path) -> None:
             pytest.fail(f"slice {devices.name} was not released")
 
 
-def test_a_slice_that_can_never_fit_fails_fast(state: Path) -> None:
-    with pw.connect(state=state, tenant="team-a") as cluster:
+def test_a_slice_that_can_never_fit_fails_fast(embedded_state: Path) -> None:
+    with pw.connect(state=embedded_state, tenant="team-a") as cluster:
         with pytest.raises(pw.SliceError, match="cannot be bound: ShapeDoesNotFit"):
             cluster.slice(devices=64, timeout=60)
         pending = [
@@ -64,8 +46,8 @@ def test_a_slice_that_can_never_fit_fails_fast(state: Path) -> None:
         assert pending == []  # nothing left behind
 
 
-def test_a_bad_token_is_refused(state: Path) -> None:
-    info = read_info(state)
+def test_a_bad_token_is_refused(embedded_state: Path) -> None:
+    info = read_info(embedded_state)
     assert info is not None
     with pytest.raises(pw.ConnectError, match="refused the session"):
         pw.connect(info.api, token="not-a-token")

@@ -11,6 +11,7 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_platforms", "cpu")
 
+import functools  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -19,6 +20,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
+from pathways_client.island_client import IslandClient  # noqa: E402
 from pathways_client.launcher import LocalIsland  # noqa: E402
 
 
@@ -36,6 +38,25 @@ def export(function, *avals, devices: int = 1, sharded: bool = False) -> bytes:
 
 def f32(*shape: int) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+@functools.cache
+def increment() -> bytes:
+    """``x + 1`` on four float32 values, exported."""
+    return export(lambda x: x + 1, f32(4))
+
+
+def assert_chain_runs(island: LocalIsland, client_name: str) -> None:
+    """A chain across two executors gives the right result: the second (device 2) pulls the
+    first's output (device 0) over the data plane, and the result comes back over gRPC."""
+    with IslandClient(island.scheduler_endpoint, client_name) as client:
+        function = client.register(increment(), "increment")
+        x = client.put(np.arange(4, dtype=np.float32), device=0)
+        first = client.submit(function, [0], [x], 1)
+        second = client.submit(function, [2], [first.outputs[0]], 1)
+        second.wait(60)
+        np.testing.assert_array_equal(client.get(second.outputs[0], timeout=60), np.arange(4) + 2)
+        client.delete([x, *first.outputs, *second.outputs])
 
 
 @pytest.fixture(scope="session")

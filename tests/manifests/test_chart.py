@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from chart_helpers import CHART, ROOT, VALUES_FILES, values_args
+from chart_helpers import render as chart_render
 
 from pathways_core.accelerators import accelerator_info
 from pathways_core.crds import all_crds
@@ -21,8 +22,11 @@ from pathways_core.resources.island import Island
 KUBERNETES_VERSIONS = ["1.37", "1.30"]
 # Kinds kubernetes-validate has no schema for, and what checks them instead.
 CUSTOM_KINDS = {"Island", "ClusterKopfPeering", "ServiceMonitor", "Certificate"}
+# The IFRT proxy switched on (it needs the Secret of its tenant's API token).
+PROXY_ON = ("proxy.enabled=true", "proxy.tokenSecret.name=proxy-token")
 # Everything optional switched on, so that every template is rendered and validated.
 ALL_ON = (
+    *PROXY_ON,
     "api.ingress.enabled=true",
     "serviceMonitor.enabled=true",
     "operator.replicas=3",
@@ -191,25 +195,31 @@ def containers(run) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     ]
 
 
+def assert_locked_down(name: str, pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """The hardening every pod of the chart carries (docs/security.md, "Pods")."""
+    assert pod["securityContext"]["runAsNonRoot"] is True, name
+    assert pod["securityContext"]["runAsUser"] != 0, name
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True, name
+    assert security["allowPrivilegeEscalation"] is False, name
+    assert security["capabilities"]["drop"] == ["ALL"], name
+    assert "command" not in container, name  # args only: tini stays PID 1
+    # The read-only root needs writable scratch space at the paths the image uses.
+    mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+    assert {"/tmp", "/var/cache/pathways"} <= mounts, name
+    assert container["resources"]["requests"], name
+
+
 @pytest.mark.parametrize("values_file", VALUES_FILES)
 def test_pods_are_locked_down(rendered, values_file: str) -> None:
     run = rendered(values_file)
     found = containers(run)
     assert {name for name, _, _ in found} == {"pw-pathways-operator", "pw-pathways-api"}
     for name, pod, container in found:
-        assert pod["securityContext"]["runAsNonRoot"] is True, name
-        assert pod["securityContext"]["runAsUser"] != 0, name
-        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
-        security = container["securityContext"]
-        assert security["readOnlyRootFilesystem"] is True, name
-        assert security["allowPrivilegeEscalation"] is False, name
-        assert security["capabilities"]["drop"] == ["ALL"], name
-        # The read-only root needs writable scratch space at the paths the image uses.
-        mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
-        assert {"/tmp", "/var/cache/pathways"} <= mounts, name
+        assert_locked_down(name, pod, container)
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", name
         assert container["readinessProbe"]["httpGet"]["path"] in ("/healthz", "/readyz"), name
-        assert container["resources"]["requests"], name
 
 
 def test_entrypoints_follow_the_contracts(rendered) -> None:
@@ -238,6 +248,28 @@ def test_entrypoints_follow_the_contracts(rendered) -> None:
         "kubernetes"
     )
     assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_api_limits_reach_the_api_pods(rendered) -> None:
+    def limits(*sets: str) -> dict[str, str]:
+        api = rendered("values.yaml", *sets).one("Deployment", "-api")
+        env = api["spec"]["template"]["spec"]["containers"][0]["env"]
+        return {
+            item["name"]: item.get("value")
+            for item in env
+            if "LIMIT" in item["name"] or item["name"] == "PATHWAYS_API_MAX_BODY"
+        }
+
+    assert limits() == {
+        "PATHWAYS_API_MAX_BODY": "1048576",
+        "PATHWAYS_API_RATE_LIMIT": "100,5000",
+        "PATHWAYS_API_READ_RATE_LIMIT": "1000,10000",
+    }
+    assert limits("api.limits.rateLimit=0", "api.limits.maxBodyBytes=4194304") == {
+        "PATHWAYS_API_MAX_BODY": "4194304",
+        "PATHWAYS_API_RATE_LIMIT": "0",
+        "PATHWAYS_API_READ_RATE_LIMIT": "1000,10000",
+    }
 
 
 def test_services_reach_the_pods(rendered) -> None:
@@ -322,8 +354,16 @@ def test_rbac_is_least_privilege_and_written_out(rendered) -> None:
         for rule in role["rules"]:
             for key in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule[key], (role["metadata"]["name"], rule)
-            # Pods are never written, secrets never touched.
-            assert "secrets" not in rule["resources"]
+            # Pods are never written; secrets never read, and created only by the Role below.
+            if role["metadata"]["name"] != "pw-pathways-operator-control-tokens":
+                assert "secrets" not in rule["resources"]
+    # The islands' control tokens: the operator creates Secrets in its own namespace, only.
+    (tokens,) = run.of_kind("Role")
+    assert tokens["metadata"]["namespace"] == "pathways-system"
+    assert tokens["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+    (binding,) = run.of_kind("RoleBinding")
+    assert binding["roleRef"]["name"] == tokens["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == "pw-pathways-operator"
     subjects = {
         binding["roleRef"]["name"]: binding["subjects"][0]
         for binding in run.of_kind("ClusterRoleBinding")
@@ -343,6 +383,166 @@ def test_optional_parts_are_off_by_default(rendered) -> None:
         "pw-pathways-operator"
     ]
     assert len(without_api.of_kind("ClusterRole")) == 1
+
+
+# --- the IFRT proxy ----------------------------------------------------------------------------
+
+PROXY_KINDS = ("Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget")
+
+
+def proxy_objects(run) -> dict[str, dict[str, Any]]:
+    """The proxy's objects by kind (``pw-pathways-proxy``)."""
+    found = [doc for doc in run.documents if doc["metadata"]["name"] == "pw-pathways-proxy"]
+    assert len({doc["kind"] for doc in found}) == len(found)
+    return {doc["kind"]: doc for doc in found}
+
+
+def proxy_container(run) -> dict[str, Any]:
+    return proxy_objects(run)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+
+
+def option(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_proxy_is_absent_by_default(rendered, values_file: str) -> None:
+    run = rendered(values_file, "tls.enabled=true", "tls.certManager.issuerRef.name=ca")
+    assert proxy_objects(run) == {}
+    # Nor a peer in the islands' policies, nor a name in the certificate.
+    objects = [doc for doc in run.documents if doc["kind"] != "CustomResourceDefinition"]
+    assert "proxy" not in yaml.safe_dump(objects)
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_proxy_when_enabled_is_valid_hardened_and_follows_its_command(
+    rendered, values_file: str
+) -> None:
+    run = rendered(values_file, *PROXY_ON)
+    objects = proxy_objects(run)
+    assert set(objects) == set(PROXY_KINDS)
+    for document in objects.values():
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(document, version, strict=True)
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert_locked_down("pw-pathways-proxy", pod, container)
+    assert pod["automountServiceAccountToken"] is False  # it never calls the Kubernetes API
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["tcpSocket"] == {"port": "grpc"}, probe
+    args = container["args"]
+    assert args[:4] == ["python", "-m", "pathways_client", "proxy"]
+    assert option(args, "--host") == "0.0.0.0"
+    assert option(args, "--port") == "8476"
+    # Slices through this release's API Service (plain HTTP: TLS is off).
+    assert option(args, "--api") == "http://pw-pathways-api.pathways-system.svc:80"
+    assert option(args, "--devices") == "4"
+    assert "--tls-cert" not in args and "--islands" not in args
+    # The arguments are the real command's: click parses them (without running it).
+    from pathways_client.proxy.command import proxy_command
+
+    parsed = proxy_command.make_context("proxy", args[4:]).params
+    assert parsed["port"] == 8476 and parsed["devices"] == 4 and parsed["weight"] == 1
+    assert parsed["api"] == "http://pw-pathways-api.pathways-system.svc:80"
+    # The Service reaches the container's port; the budget never blocks a drain.
+    service = objects["Service"]["spec"]
+    assert service["ports"][0]["targetPort"] == "grpc"
+    # A session's two connections (its stream, its host buffers) reach the same replica.
+    assert service["sessionAffinity"] == "ClientIP"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"grpc": 8476}
+    assert service["selector"].items() <= pod_labels(objects["Deployment"]).items()
+    assert objects["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+    # More settings reach the command line.
+    more = rendered(
+        values_file,
+        *PROXY_ON,
+        "proxy.port=9000",
+        "proxy.devices=8",
+        "proxy.island=fake-a",
+        "proxy.tenant=team-a",
+        "proxy.weight=4",
+        "proxy.priority=2",
+        "proxy.apiUrl=https://api.example.com",
+    )
+    args = proxy_container(more)["args"]
+    parsed = proxy_command.make_context("proxy", args[4:]).params
+    assert (parsed["port"], parsed["devices"], parsed["weight"], parsed["priority"]) == (
+        9000,
+        8,
+        4,
+        2,
+    )
+    assert (parsed["island_name"], parsed["tenant"]) == ("fake-a", "team-a")
+    assert parsed["api"] == "https://api.example.com"
+
+
+def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def test_proxy_token_comes_from_its_secret_only(rendered) -> None:
+    run = rendered("values.yaml", *PROXY_ON, "proxy.tokenSecret.key=tenant-token")
+    env = proxy_container(run)["env"]
+    (token,) = [item for item in env if item["name"] == "PATHWAYS_TOKEN"]
+    assert token == {
+        "name": "PATHWAYS_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "proxy-token", "key": "tenant-token"}},
+    }
+    assert "--token" not in proxy_container(run)["args"]
+    # No token, no proxy: the render fails naming the value to set.
+    failed = render_failure("proxy.enabled=true")
+    assert "proxy.tokenSecret.name" in failed
+
+
+def render_failure(*sets: str) -> str:
+    """The error of a ``helm template`` that must fail."""
+    run = chart_render("values.yaml", *sets)
+    assert run.returncode != 0, run.stdout[:2000]
+    return run.stderr
+
+
+@pytest.mark.parametrize("serve_tls", [True, False])
+def test_proxy_with_tls_mounts_the_chart_secret(rendered, serve_tls: bool) -> None:
+    run = rendered(
+        "values-kind.yaml",
+        *PROXY_ON,
+        "tls.enabled=true",
+        "tls.certManager.issuerRef.name=ca",
+        f"proxy.serveTls={str(serve_tls).lower()}",
+    )
+    container = proxy_container(run)
+    pod = proxy_objects(run)["Deployment"]["spec"]["template"]["spec"]
+    # Its own hops (API over HTTPS checked against the CA, mutual TLS to the islands) are TLS
+    # whether or not it serves TLS to its clients.
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["PATHWAYS_TLS_CERT"] == "/var/run/pathways/tls/tls.crt"
+    assert env["PATHWAYS_TLS_KEY"] == "/var/run/pathways/tls/tls.key"
+    assert env["PATHWAYS_TLS_CA"] == "/var/run/pathways/tls/ca.crt"
+    assert {
+        "name": "pathways-tls",
+        "mountPath": "/var/run/pathways/tls",
+        "readOnly": True,
+    } in container["volumeMounts"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "pathways-tls")
+    assert volume["secret"]["secretName"] == "pw-pathways-tls"
+    args = container["args"]
+    assert option(args, "--api") == "https://pw-pathways-api.pathways-system.svc:80"
+    if serve_tls:
+        assert option(args, "--tls-cert") == "/var/run/pathways/tls/tls.crt"
+        assert option(args, "--tls-key") == "/var/run/pathways/tls/tls.key"
+    else:
+        assert "--tls-cert" not in args and "--tls-key" not in args
+    # The certificate names the proxy's Service, short and qualified.
+    names = run.one("Certificate")["spec"]["dnsNames"]
+    for name in (
+        "pw-pathways-proxy",
+        "pw-pathways-proxy.pathways-system",
+        "pw-pathways-proxy.pathways-system.svc",
+        "pw-pathways-proxy.pathways-system.svc.cluster.local",
+    ):
+        assert name in names
+    for document in proxy_objects(run).values():
+        kubernetes_validate.validate(document, KUBERNETES_VERSIONS[-1], strict=True)
 
 
 def test_notes_render(helm) -> None:
@@ -407,6 +607,25 @@ BAD_VALUES = [
     ),
     pytest.param(
         ("api.service.type=Ingress",), ["/api/service/type", "value must be one of"], id="svc-type"
+    ),
+    pytest.param(
+        ("proxy.enabled=true",),
+        ["proxy.tokenSecret.name: the proxy needs a Secret holding the API token"],
+        id="proxy-without-token",
+    ),
+    pytest.param(
+        ("proxy.enabled=true", "proxy.tokenSecret.name=t", "api.enabled=false"),
+        ["proxy.apiUrl: api.enabled is false"],
+        id="proxy-without-api",
+    ),
+    pytest.param(
+        ("proxy.apiUrl=grpc://x",), ["/proxy/apiUrl", "does not match pattern"], id="proxy-url"
+    ),
+    pytest.param(("proxy.devices=0",), ["/proxy/devices", "minimum: got 0, want 1"], id="devices"),
+    pytest.param(
+        ("api.limits.rateLimit=fast",),
+        ["/api/limits/rateLimit", "does not match pattern"],
+        id="rate-limit",
     ),
     # What a JSON Schema cannot say, the island template checks, with the model's wording.
     pytest.param(

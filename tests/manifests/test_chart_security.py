@@ -11,12 +11,19 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from chart_helpers import CHART, VALUES_FILES
+from chart_helpers import CHART, VALUES_FILES, Run
 
 from pathways_core.control import island_children, parse, program_job
-from pathways_core.control.islands import EXECUTOR_PORT, SCHEDULER_PORT, executor_host
+from pathways_core.control.islands import (
+    EXECUTOR_PORT,
+    SCHEDULER_PORT,
+    control_secret_name,
+    control_token_secret,
+    executor_host,
+)
 from pathways_core.control.programs import ProgramView
 from pathways_core.resources import Island, PathwaysProgram
+from pathways_operator.config import Config
 
 NAMESPACE = "pathways-system"
 TLS_ON = (
@@ -253,6 +260,68 @@ def test_executors_of_islands_created_elsewhere_are_still_confined(rendered) -> 
     assert not allowed(policies, STRANGER, executor, EXECUTOR_PORT)
 
 
+PROXY_ON = ("proxy.enabled=true", "proxy.tokenSecret.name=proxy-token")
+NOTEBOOK = {
+    "name": "nb",
+    "namespace": "notebooks",
+    "labels": {"app": "notebook"},
+    "ports": {},
+}
+
+
+def test_the_proxy_reaches_the_islands_and_only_admitted_clients_reach_it(rendered) -> None:
+    run = rendered(
+        "values-kind.yaml",
+        *PROXY_ON,
+        "networkPolicy.crossIslandTransfers=false",
+        "proxy.allowedClients[0].podSelector.matchLabels.app=notebook",
+        r"proxy.allowedClients[0].namespaceSelector.matchLabels.kubernetes\.io/metadata\.name"
+        "=notebooks",
+    )
+    policies = run.of_kind("NetworkPolicy")
+    for policy in policies:
+        kubernetes_validate.validate(policy, "1.30", strict=True)
+    pods = operator_pods(run)
+    chart = chart_pods(run)
+    proxy, api, program = chart["proxy"], chart["api"], pods["program"]
+    port = proxy["ports"]["grpc"]
+    # The proxy is a client of every island: scheduler sessions, executor transfers, the API.
+    for island in ("fake-a", "fake-b"):
+        assert allowed(policies, proxy, pods[f"{island}/scheduler"], SCHEDULER_PORT), island
+        for executor_port in (EXECUTOR_PORT, 41234):
+            assert allowed(policies, proxy, pods[f"{island}/executor"], executor_port), island
+    assert allowed(policies, proxy, api, 8080)
+    dns = {"name": "dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}}
+    assert allowed(policies, proxy, {**dns, "ports": {}}, 53)
+    # ... and sends nothing else.
+    assert not allowed(policies, proxy, STRANGER, 443)
+    assert not allowed(policies, proxy, chart["operator"], 9090)
+    # Its clients: program pods and proxy.allowedClients, on its port only.
+    assert allowed(policies, program, proxy, port)
+    assert allowed(policies, NOTEBOOK, proxy, port)
+    assert not allowed(policies, NOTEBOOK, proxy, 9999)
+    for stranger in (STRANGER, {**NOTEBOOK, "namespace": "other"}, api):
+        assert not allowed(policies, stranger, proxy, port), stranger["name"]
+    # Without the proxy, pods carrying its labels are not admitted by the islands.
+    off = rendered("values-kind.yaml", "networkPolicy.crossIslandTransfers=false")
+    off_pods = operator_pods(off)
+    off_policies = off.of_kind("NetworkPolicy")
+    assert not allowed(off_policies, proxy, off_pods["fake-a/scheduler"], SCHEDULER_PORT)
+    assert not allowed(off_policies, proxy, off_pods["fake-a/executor"], EXECUTOR_PORT)
+
+
+def test_the_proxy_token_is_never_a_literal(rendered) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    run = rendered("values.yaml", *PROXY_ON, *TLS_ON)
+    assert leaks(run.documents, secret_like_values(values)) == []
+    # The check would catch a token given to the proxy through values.
+    token = "pr0xy-t0ken-0123456789abcdefgh"
+    leaked = rendered(
+        "values.yaml", *PROXY_ON, "proxy.env[0].name=PATHWAYS_TOKEN", f"proxy.env[0].value={token}"
+    )
+    assert leaks(leaked.documents, {token}) == ["Deployment/pw-pathways-proxy env PATHWAYS_TOKEN"]
+
+
 def matches_dns(name: str, patterns: list[str]) -> bool:
     """A certificate name matches: a wildcard covers exactly one label."""
     return any(
@@ -287,10 +356,8 @@ def test_tls_with_cert_manager_covers_every_server_and_is_mounted(rendered) -> N
     api_pod = run.one("Deployment", "-api")["spec"]["template"]["spec"]
     api = api_pod["containers"][0]
     env = {e["name"]: e.get("value") for e in api["env"]}
-    assert (
-        env["PATHWAYS_TLS_CERT"] == env["UVICORN_SSL_CERTFILE"] == "/var/run/pathways/tls/tls.crt"
-    )
-    assert env["PATHWAYS_TLS_KEY"] == env["UVICORN_SSL_KEYFILE"] == "/var/run/pathways/tls/tls.key"
+    assert env["PATHWAYS_TLS_CERT"] == "/var/run/pathways/tls/tls.crt"
+    assert env["PATHWAYS_TLS_KEY"] == "/var/run/pathways/tls/tls.key"
     assert env["PATHWAYS_TLS_CA"] == "/var/run/pathways/tls/ca.crt"
     assert {"name": "pathways-tls", "mountPath": "/var/run/pathways/tls", "readOnly": True} in api[
         "volumeMounts"
@@ -361,8 +428,11 @@ def leaks(documents: list[dict[str, Any]], secrets: set[str]) -> list[str]:
                     continue
                 if any(secret in value for secret in secrets) or TOKEN_LIKE.match(value):
                     found.append(f"{where} env {variable['name']}")
-                elif re.search(r"TOKEN|PASSWORD|KEY", variable["name"]) and not value.startswith(
-                    "/"
+                elif (
+                    re.search(r"TOKEN|PASSWORD|KEY", variable["name"])
+                    and not value.startswith("/")
+                    # A switch (PATHWAYS_CONTROL_TOKENS: "true") holds no secret.
+                    and value not in ("true", "false")
                 ):
                     found.append(f"{where} env {variable['name']} is a literal, not a file")
     return found
@@ -388,7 +458,13 @@ def test_no_secret_reaches_config_maps_or_env(rendered, values_file: str) -> Non
         island = {**island, "metadata": {**island["metadata"], "uid": "u"}}
         parsed, _ = parse(island)
         assert isinstance(parsed, Island)
-        documents += island_children(island, parsed, NAMESPACE, tls_secret="pw-pathways-tls")
+        documents += island_children(
+            island,
+            parsed,
+            NAMESPACE,
+            tls_secret="pw-pathways-tls",
+            control_secret=control_secret_name(island),
+        )
     assert leaks(documents, secrets) == []
 
 
@@ -399,3 +475,65 @@ def test_the_leak_check_catches_a_token_in_env(rendered) -> None:
     values = {"api": {"env": [{"name": "API_TOKEN", "value": token}]}}
     assert token in secret_like_values(values)
     assert leaks(run.documents, {token}) == ["Deployment/pw-pathways-api env API_TOKEN"]
+
+
+# --- control tokens ---------------------------------------------------------------------------
+
+
+def operator_env(run: Run) -> dict[str, str | None]:
+    container = run.one("Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_control_tokens_are_on_by_default_with_create_only_rbac(
+    rendered, values_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every values file turns the islands' control tokens on: the operator reads the flag the
+    chart sets, and may create Secrets (only that) in the islands' namespace."""
+    run = rendered(values_file)
+    env = operator_env(run)
+    monkeypatch.setenv("PATHWAYS_CONTROL_TOKENS", env["PATHWAYS_CONTROL_TOKENS"] or "")
+    assert Config.from_environment().control_tokens is True
+    (role,) = run.of_kind("Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+    (binding,) = run.of_kind("RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    account = run.one("ServiceAccount", "-operator")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+    ]
+    for document in (role, binding):
+        kubernetes_validate.validate(document, "1.30", strict=True)
+    # The island pods the operator then builds read the token from their island's Secret.
+    for island in run.of_kind("Island"):
+        island = {**island, "metadata": {**island["metadata"], "uid": "0123abcd-ffff"}}
+        parsed, _ = parse(island)
+        assert isinstance(parsed, Island)
+        secret = control_token_secret(island, NAMESPACE, "t" * 43)
+        kubernetes_validate.validate(secret, "1.30", strict=True)
+        children = island_children(
+            island, parsed, NAMESPACE, control_secret=secret["metadata"]["name"]
+        )
+        for workload in children:
+            if workload["kind"] in ("Deployment", "StatefulSet"):
+                container = workload["spec"]["template"]["spec"]["containers"][0]
+                (token,) = [e for e in container["env"] if e["name"] == "PATHWAYS_CONTROL_TOKEN"]
+                assert token["valueFrom"]["secretKeyRef"] == {
+                    "name": secret["metadata"]["name"],
+                    "key": "token",
+                }
+
+
+def test_control_tokens_off_grants_nothing_on_secrets(rendered) -> None:
+    """operator.controlTokens=false (dev clusters): no flag, so no token, and no Role."""
+    run = rendered("values.yaml", "operator.controlTokens=false")
+    assert "PATHWAYS_CONTROL_TOKENS" not in operator_env(run)
+    assert not run.of_kind("Role") and not run.of_kind("RoleBinding")
+    for role in run.of_kind("ClusterRole"):
+        assert all("secrets" not in rule["resources"] for rule in role["rules"])

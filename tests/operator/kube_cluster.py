@@ -38,6 +38,7 @@ PLURALS = {
     "StatefulSet": ("apps/v1", "statefulsets", True),
     "Service": ("v1", "services", True),
     "ConfigMap": ("v1", "configmaps", True),
+    "Secret": ("v1", "secrets", True),
     "Event": ("v1", "events", True),
     "Job": ("batch/v1", "jobs", True),
     "Pod": ("v1", "pods", True),

@@ -370,6 +370,7 @@ def declare(emulator: Emulator) -> None:
         ("batch/v1/jobs", "Job", True),
         ("v1/services", "Service", True),
         ("v1/configmaps", "ConfigMap", True),
+        ("v1/secrets", "Secret", True),
         ("v1/events", "Event", True),
         ("v1/pods", "Pod", True),
         ("v1/namespaces", "Namespace", False),

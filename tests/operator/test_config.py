@@ -16,6 +16,7 @@ def test_defaults_follow_the_contracts(monkeypatch: pytest.MonkeyPatch) -> None:
         "PATHWAYS_METRICS_PORT",
         "PATHWAYS_QUOTAS",
         "PATHWAYS_TLS_SECRET",
+        "PATHWAYS_CONTROL_TOKENS",
     ):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.delenv("PATHWAYS_RESYNC_SECONDS", raising=False)
@@ -27,6 +28,7 @@ def test_defaults_follow_the_contracts(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert config.quotas == {}
     assert config.tls_secret is None
+    assert config.control_tokens is False  # dev clusters: no token unless asked for
 
 
 def test_tls_secret_names_the_secret_to_mount(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,6 +36,17 @@ def test_tls_secret_names_the_secret_to_mount(monkeypatch: pytest.MonkeyPatch) -
     assert Config.from_environment().tls_secret == "pw-pathways-tls"
     monkeypatch.setenv("PATHWAYS_TLS_SECRET", "  ")
     assert Config.from_environment().tls_secret is None
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("true", True), ("TRUE", True), ("1", True), ("on", True), ("false", False), ("0", False)],
+)
+def test_control_tokens_is_a_flag(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: bool
+) -> None:
+    monkeypatch.setenv("PATHWAYS_CONTROL_TOKENS", value)
+    assert Config.from_environment().control_tokens is expected
 
 
 def test_quotas_per_tenant_and_kind(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,6 +66,7 @@ def test_quotas_per_tenant_and_kind(monkeypatch: pytest.MonkeyPatch) -> None:
         ("PATHWAYS_METRICS_PORT", "ninety"),
         ("PATHWAYS_RESYNC_SECONDS", "soon"),
         ("PATHWAYS_TLS_SECRET", "Not_A/Secret"),
+        ("PATHWAYS_CONTROL_TOKENS", "per-island"),
     ],
 )
 def test_bad_settings_name_the_variable(

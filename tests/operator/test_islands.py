@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from kube_cluster import NAMESPACE, Cluster, wait_for
+import base64
+
+import kmock
+from kube_cluster import NAMESPACE, Cluster, running_operator, wait_for
 from kube_harness import mark_ready
 from kube_manifests import island, vslice
 
@@ -169,3 +172,69 @@ def test_deleting_an_island_moves_its_slices_with_a_reason(cluster: Cluster, ope
     )
     assert moved["phase"] == "Bound"
     assert cluster.events("work", "IslandDeleted")
+
+
+def test_each_island_gets_its_own_control_token_secret(cluster: Cluster) -> None:
+    """With PATHWAYS_CONTROL_TOKENS, the operator creates one Secret per island, owned by it,
+    before its pods; the scheduler and executors read the token from it; resyncs keep the same
+    token (the operator creates and never patches it); the Secret goes with its island. Without
+    the setting, no Secret and no token."""
+
+    def is_secret_post(request: kmock.Request) -> bool:
+        return str(request.method).upper().endswith("POST") and "/secrets" in str(request.url)
+
+    def is_secret_write(request: kmock.Request) -> bool:
+        method = str(request.method).upper()
+        return "/secrets" in str(request.url) and not method.endswith(("POST", "GET"))
+
+    with running_operator(PATHWAYS_CONTROL_TOKENS="true"):
+        alpha = cluster.create(island("alpha", topology="2x4", hosts=2))
+        beta = cluster.create(island("beta", topology="4", hosts=1))
+        made = {
+            name: wait_for(
+                lambda name=name: cluster.list("Secret", SYSTEM, f"pathways.dev/island={name}"),
+                what=f"{name}'s control Secret",
+            )
+            for name in ("alpha", "beta")
+        }
+        tokens = {}
+        for name, document in (("alpha", alpha), ("beta", beta)):
+            (secret,) = made[name]
+            uid = document["metadata"]["uid"]
+            assert secret["metadata"]["name"] == f"{name}-control-{uid.replace('-', '')[:8]}"
+            owner = secret["metadata"]["ownerReferences"][0]
+            assert (owner["kind"], owner["name"], owner["uid"]) == ("Island", name, uid)
+            assert secret["immutable"] is True
+            tokens[name] = base64.b64decode(secret["data"]["token"]).decode()
+            assert len(tokens[name]) >= 43  # secrets.token_urlsafe(32)
+            reference = {"name": secret["metadata"]["name"], "key": "token"}
+            pods = wait_for(
+                lambda name=name: len(children(cluster, name)) == 4 and children(cluster, name)
+            )
+            for kind in (f"Deployment/{name}-scheduler", f"StatefulSet/{name}-executor"):
+                env = pods[kind]["spec"]["template"]["spec"]["containers"][0]["env"]
+                found = [e for e in env if e["name"] == "PATHWAYS_CONTROL_TOKEN"]
+                assert found == [
+                    {"name": "PATHWAYS_CONTROL_TOKEN", "valueFrom": {"secretKeyRef": reference}}
+                ]
+        assert tokens["alpha"] != tokens["beta"]  # one island's token opens no other island
+
+        # Resyncs (every 2 s here) try to create it again and keep the first token.
+        posts = cluster.requests_to(is_secret_post)
+        wait_for(lambda: cluster.requests_to(is_secret_post) >= posts + 4, what="two resyncs")
+        (kept,) = cluster.list("Secret", SYSTEM, "pathways.dev/island=alpha")
+        assert base64.b64decode(kept["data"]["token"]).decode() == tokens["alpha"]
+        assert cluster.requests_to(is_secret_write) == 0  # never patched, replaced or deleted
+
+        cluster.delete("Island", "alpha")
+        wait_for(lambda: cluster.get("Island", "alpha") is None, what="the island to go")
+        assert cluster.list("Secret", SYSTEM, "pathways.dev/island=alpha") == []
+        assert len(cluster.list("Secret", SYSTEM, "pathways.dev/island=beta")) == 1
+
+    with running_operator():
+        cluster.create(island("gamma", topology="4", hosts=1))
+        pods = wait_for(lambda: len(children(cluster, "gamma")) == 4 and children(cluster, "gamma"))
+        for kind in ("Deployment/gamma-scheduler", "StatefulSet/gamma-executor"):
+            env = pods[kind]["spec"]["template"]["spec"]["containers"][0].get("env", [])
+            assert all(e["name"] != "PATHWAYS_CONTROL_TOKEN" for e in env)
+        assert cluster.list("Secret", SYSTEM, "pathways.dev/island=gamma") == []

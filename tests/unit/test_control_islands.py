@@ -214,6 +214,30 @@ def test_external_island_is_ready_at_its_annotated_endpoint() -> None:
     assert decision.status["readyHosts"] == 1
 
 
+def test_external_island_reported_down_goes_degraded_then_ready_at_its_new_endpoint() -> None:
+    # The embedded supervisor reports an island it is restarting: no host and no scheduler.
+    document = island_document("cpu-fake", "2x2", 2)
+    document["metadata"]["annotations"] = {"pathways.dev/scheduler-endpoint": "127.0.0.1:1000"}
+    document["status"] = decide(document, IslandObservation()).status
+    down = decide(document, IslandObservation(0, 0, frozenset()))
+    assert down.external and down.phase == "Degraded"
+    assert down.status["unhealthyHosts"] == [0, 1] and down.status["devicesUnhealthy"] == 4
+    assert down.status["schedulerEndpoint"] is None  # programs wait: nothing answers there
+    assert [(e.type, e.reason) for e in down.events] == [("Warning", "Degraded")]
+    degraded = next(c for c in down.status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "HostsLost")
+    # Restarted at a new endpoint: Ready there, with an Event, its hosts healthy again.
+    document["status"] = down.status
+    document["metadata"]["annotations"] = {"pathways.dev/scheduler-endpoint": "127.0.0.1:2000"}
+    back = decide(document, IslandObservation(1, 2, frozenset({0, 1})))
+    assert back.phase == "Ready" and back.status["schedulerEndpoint"] == "127.0.0.1:2000"
+    assert back.status["unhealthyHosts"] == [] and back.status["readyHosts"] == 2
+    assert [(e.type, e.reason) for e in back.events] == [("Normal", "Ready")]
+    # With nothing reported it stays Ready as declared (the operator's external islands).
+    document["status"] = back.status
+    assert decide(document, IslandObservation()).phase == "Ready"
+
+
 def test_hosts_lost_after_ready_are_named_by_ordinal() -> None:
     document = island_document("cpu-fake", "4x4", 4)
     document["status"] = {"phase": "Ready"}

@@ -236,3 +236,29 @@ def test_graph_programs_mount_their_spec_for_the_graph_runner() -> None:
 def test_decisions_are_deterministic() -> None:
     view = ({"p-main": bound_slice()}, None, READY_ISLAND)
     assert decide(program(), *view) == decide(program(), *view)
+
+
+def test_a_slice_bound_again_elsewhere_under_a_running_job_stops_that_run() -> None:
+    # Run 1 started on devices [2, 3] of isl; between two looks the slice was released (its
+    # host was lost) and bound again on another island: the run talks to devices it no longer
+    # holds, so it stops and the next run starts on the new binding (not counted a restart).
+    started = decide(program(), {"p-main": bound_slice()}, islands=READY_ISLAND)
+    (created,) = started.create
+    running = program(status=started.status, restartPolicy="Never")
+    islands = {**READY_ISLAND, "other": {"status": {"schedulerEndpoint": "other:8470"}}}
+    moved = {"p-main": bound_slice("other", (0, 1))}
+    decision = decide(running, moved, dict(created, status={"active": 1}), islands)
+    assert decision.delete == [ChildRef("batch/v1", "Job", "t", "p-run-1")]
+    assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "SlicesMoved")
+    assert "main" in decision.status["message"] and decision.status["restarts"] == 0
+    # With the Job gone, run 2 starts at once on the new binding.
+    after = decide(program(status=decision.status, restartPolicy="Never"), moved, None, islands)
+    (second,) = after.create
+    env = {
+        e["name"]: e["value"] for e in second["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert json.loads(env["PATHWAYS_SLICES"])["main"]["island"] == "other"
+    assert env["PATHWAYS_RUN"] == "2" and after.status["runs"] == 2
+    # The same binding at the same endpoint: the run goes on.
+    same = decide(running, {"p-main": bound_slice()}, dict(created, status={"active": 1}), islands)
+    assert same.delete == [] and same.status is None

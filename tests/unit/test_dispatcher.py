@@ -15,13 +15,14 @@ ARTIFACT = b"not a real artifact, the dispatcher only hashes it"
 FUNCTION = hashlib.sha256(ARTIFACT).hexdigest()
 
 
-def island(max_in_flight: int = 16, policy: str = "fifo") -> IslandDispatcher:
+def island(max_in_flight: int = 16, policy: str = "fifo", **limits) -> IslandDispatcher:
     dispatcher = IslandDispatcher(
         [ExecutorSpec(0, "h:1", (0, 1, 2, 3)), ExecutorSpec(1, "h:2", (4, 5, 6, 7))],
         policy=policy,
         max_in_flight=max_in_flight,
+        **limits,
     )
-    for client in ("a", "b"):
+    for client in ("a", "b", "c"):
         dispatcher.connect(client)
         dispatcher.register(
             client, pb.FunctionRegistration(function_id=FUNCTION, artifact=ARTIFACT, name="f")
@@ -232,3 +233,100 @@ def test_disconnect_deletes_the_clients_buffers() -> None:
     dispatcher.submit("a", computation("a", 1, devices=(4,)))
     deleted = to_executors(dispatcher.disconnect("a"))
     assert sorted((e, sorted(c.delete.ids)) for e, c in deleted) == [(0, ["a/x"]), (1, ["a/out1"])]
+
+
+def submitted(dispatcher: IslandDispatcher, client: str, numbers) -> dict[int, pb.ClientEvent]:
+    """Submit computations; the rejections by number."""
+    rejected = {}
+    for n in numbers:
+        for event in client_events(dispatcher.submit(client, computation(client, n))):
+            if event.kind == Event.REJECTED:
+                rejected[n] = event
+    return rejected
+
+
+def test_a_flooding_client_is_told_busy_at_its_own_bound_and_others_still_get_in() -> None:
+    dispatcher = island(max_in_flight=1, island="isl-a", max_queued=8, max_queued_per_client=3)
+    # One computation in flight, three queued: the fifth and later are refused.
+    rejected = submitted(dispatcher, "a", range(10))
+    assert sorted(rejected) == [4, 5, 6, 7, 8, 9]
+    message = rejected[4].message
+    assert rejected[4].computation_id == "a/c4"
+    assert message.startswith("island busy:") and message.endswith("retry later")
+    assert "client 'a'" in message and "island 'isl-a'" in message
+    assert "max-queued-per-client 3" in message
+    # Nothing of a refused computation is kept: its outputs do not exist.
+    events = client_events(dispatcher.submit("a", computation("a", 20, inputs=["a/out5"])))
+    assert "unknown buffer 'a/out5'" in events[0].message
+    # Another client still gets in: the island's queue has room.
+    assert submitted(dispatcher, "b", range(3)) == {}
+
+
+def test_the_island_bound_holds_over_all_clients() -> None:
+    dispatcher = island(max_in_flight=1, island="isl-a", max_queued=4, max_queued_per_client=2)
+    assert submitted(dispatcher, "a", range(3)) == {}  # one in flight, two queued
+    assert submitted(dispatcher, "b", range(2)) == {}
+    rejected = submitted(dispatcher, "c", [0])
+    assert "island 'isl-a' already queues 4 computations" in rejected[0].message
+    assert "max-queued 4" in rejected[0].message and "retry later" in rejected[0].message
+
+
+def test_busy_clients_get_in_again_once_work_completes() -> None:
+    dispatcher = island(max_in_flight=1, max_queued=8, max_queued_per_client=1)
+    first = to_executors(dispatcher.submit("a", computation("a", 0)))
+    assert submitted(dispatcher, "a", [1]) == {}
+    assert 2 in submitted(dispatcher, "a", [2])
+    instructions = finish(dispatcher, first[-1][1].seq, 0)  # a/c1 goes in flight
+    assert [c.run.id for _, c in to_executors(instructions)] == ["a/c1"]
+    assert submitted(dispatcher, "a", [3]) == {}
+
+
+def test_the_per_client_bound_defaults_to_a_quarter_of_the_queue() -> None:
+    dispatcher = island(max_queued=100)
+    assert dispatcher.queue.max_queued_per_client == 25
+    assert island(max_queued=2).queue.max_queued_per_client == 1
+
+
+def test_deletions_are_never_refused_and_merge_while_they_wait() -> None:
+    dispatcher = island(max_in_flight=1, max_queued=4, max_queued_per_client=2)
+    first = to_executors(dispatcher.submit("a", computation("a", 0, inputs=["a/x"])))
+    dispatcher.submit("a", computation("a", 1))
+    dispatcher.submit("a", computation("a", 2))
+    assert 3 in submitted(dispatcher, "a", [3])  # the client is at its bound
+    queued = dispatcher.queue.queued
+    for _ in range(50):  # a deletion storm, repeated ids included, queues one deletion
+        assert dispatcher.delete("a", ["a/x", "a/out1", "a/out1"]) == []
+    dispatcher.delete("a", ["a/out2"])
+    assert dispatcher.queue.queued == queued + 1
+    # Once the computations before them ran, every buffer is deleted, once.
+    deleted = []
+    instructions = finish(dispatcher, first[-1][1].seq, 0)
+    for _ in range(2):
+        run = next(c for _, c in to_executors(instructions) if c.HasField("run"))
+        instructions = finish(dispatcher, run.seq, 0)
+        deleted += [i for _, c in to_executors(instructions) for i in c.delete.ids]
+    assert sorted(deleted) == ["a/out1", "a/out2", "a/x"]
+    assert dispatcher.queue.queued == 0
+
+
+def test_an_artifact_over_the_limit_is_refused_naming_the_limit() -> None:
+    dispatcher = island(island="isl-a", max_artifact_bytes=len(ARTIFACT))  # the fixture's fits
+    big = ARTIFACT + b"more"
+    events = client_events(
+        dispatcher.register(
+            "a",
+            pb.FunctionRegistration(
+                function_id=hashlib.sha256(big).hexdigest(), artifact=big, name="big"
+            ),
+        )
+    )
+    assert events[0].kind == Event.REJECTED
+    assert events[0].message == (
+        f"function 'big': its artifact is {len(big)} bytes, larger than island 'isl-a' accepts "
+        f"({len(ARTIFACT)} bytes, max-artifact-bytes / PATHWAYS_MAX_ARTIFACT_BYTES)"
+    )
+    # Not stored: computations calling it are refused, and the island keeps serving.
+    call = computation("a", 1)
+    call.function_id = hashlib.sha256(big).hexdigest()
+    assert "never registered" in client_events(dispatcher.submit("a", call))[0].message
+    assert to_executors(dispatcher.submit("a", computation("a", 2)))

@@ -116,3 +116,84 @@ def test_every_item_comes_out_once_and_each_client_keeps_its_order(
     # Priority is strict: no lower-priority item precedes a higher-priority one.
     priorities = [clients[owner][1] for owner, _ in taken]
     assert priorities == sorted(priorities, reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("max_queued", "per_client", "submissions", "refused"),
+    [
+        # one client floods: it stops at its own bound, well before the island's
+        (8, 2, ["a", "a", "a", "a"], [(2, True), (3, True)]),
+        # others still get in while one client is at its bound
+        (8, 2, ["a", "a", "a", "b", "b", "c"], [(2, True)]),
+        # the island's bound holds over all clients together
+        (3, 2, ["a", "a", "b", "b", "c"], [(3, False), (4, False)]),
+        # no per-client bound given: the island's bound only
+        (3, None, ["a", "a", "a", "a"], [(3, False)]),
+    ],
+    ids=["one-floods", "others-get-in", "island-full", "island-bound-only"],
+)
+def test_per_client_and_island_bounds(max_queued, per_client, submissions, refused) -> None:
+    queue: IslandQueue[int] = IslandQueue(Policy.FIFO, max_queued, per_client)
+    for client in "abc":
+        queue.add_client(client)
+    seen = []
+    for index, client in enumerate(submissions):
+        try:
+            queue.submit(client, index)
+        except QueueFull as full:
+            seen.append((index, full.per_client))
+            assert full.client == client
+            assert full.limit == (queue.max_queued_per_client if full.per_client else max_queued)
+    assert seen == refused
+    assert queue.queued == len(submissions) - len(refused)
+
+
+def test_unbounded_items_are_never_refused_and_do_not_count() -> None:
+    queue: IslandQueue[str] = IslandQueue(Policy.FIFO, max_queued=2, max_queued_per_client=1)
+    queue.add_client("a")
+    queue.submit("a", "c1")
+    for n in range(5):
+        queue.submit("a", f"delete{n}", cost=0.0, bounded=False)
+    assert queue.queued == 6 and queue.queued_by("a") == 1
+    assert queue.last("a") == "delete4"
+    with pytest.raises(QueueFull):
+        queue.submit("a", "c2")
+    assert [item for _, item in drain(queue)][:2] == ["c1", "delete0"]
+    queue.submit("a", "c2")  # room again once taken
+
+
+@pytest.mark.parametrize(("max_queued", "per_client"), [(0, None), (4, 0)])
+def test_bounds_must_be_positive(max_queued, per_client) -> None:
+    with pytest.raises(ValueError, match="must be >= 1"):
+        IslandQueue(Policy.FIFO, max_queued, per_client)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    max_queued=st.integers(1, 12),
+    per_client=st.integers(1, 12),
+    steps=st.lists(st.tuples(st.sampled_from("abc"), st.booleans()), max_size=80),
+)
+def test_bounds_hold_and_refusals_change_nothing(max_queued, per_client, steps) -> None:
+    """Random submissions (True) and takes (False): neither bound is ever exceeded, a refusal
+    leaves the queue as it was, and a client is refused only when it or the island is full."""
+    queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE, max_queued, per_client)
+    for client in "abc":
+        queue.add_client(client)
+    bound = min(per_client, max_queued)
+    held = {client: 0 for client in "abc"}
+    for number, (client, submit) in enumerate(steps):
+        if submit:
+            before = queue.queued
+            try:
+                queue.submit(client, number)
+                held[client] += 1
+            except QueueFull as full:
+                assert queue.queued == before
+                assert (
+                    held[client] >= bound if full.per_client else sum(held.values()) >= max_queued
+                )
+        elif (taken := queue.next()) is not None:
+            held[taken[0]] -= 1
+        assert all(queue.queued_by(c) == held[c] <= bound for c in "abc")
+        assert queue.queued == sum(held.values()) <= max_queued

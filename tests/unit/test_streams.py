@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pathways_core.wire import pb
-from pathways_core.wire.streams import FrameDecoder, FrameError, frame, messages
+from pathways_core.wire.streams import FrameDecoder, FrameError, frame, frames, messages
 
 
 def batch(count: int) -> pb.ClientBatch:
@@ -56,3 +56,18 @@ def test_oversized_and_garbled_frames_are_refused() -> None:
         FrameDecoder(pb.ClientBatch.FromString, max_bytes=100).feed(b"\x00\x00\x10\x00")
     with pytest.raises(FrameError, match="does not parse"):
         FrameDecoder(pb.ClientBatch.FromString).feed(b"\x00\x00\x00\x03\xff\xff\xff")
+
+
+@given(sizes=st.lists(st.integers(0, 300), max_size=30), cap=st.integers(320, 2000))
+def test_bursts_are_split_into_frames_under_the_cap(sizes, cap) -> None:
+    items = [pb.ClientEvent(message="m" * size) for size in sizes]
+    data = frames(items, lambda events: pb.ClientEventBatch(events=events), max_bytes=cap)
+    decoder = FrameDecoder(pb.ClientEventBatch.FromString, max_bytes=cap)
+    received = decoder.feed(data)
+    assert [e for batch in received for e in batch.events] == items
+    assert not decoder.partial
+
+
+def test_a_message_over_the_cap_on_its_own_is_refused_by_the_sender() -> None:
+    with pytest.raises(FrameError, match="exceeds the frame cap of 100"):
+        frames([pb.ClientEvent(message="m" * 200)], lambda e: pb.ClientEventBatch(events=e), 100)

@@ -159,3 +159,10 @@ pathways.dev/island: {{ . }}
   namespaceSelector:
     {{- toYaml .Values.networkPolicy.programNamespaceSelector | nindent 4 }}
 {{- end }}
+
+{{/* The IFRT proxy's pods: a client of the islands, like program pods (with proxy.enabled). */}}
+{{- define "pathways.proxyPeer" -}}
+- podSelector:
+    matchLabels:
+      {{- include "pathways.selectorLabels" (dict "root" . "component" "proxy") | nindent 6 }}
+{{- end }}

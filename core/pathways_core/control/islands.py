@@ -12,13 +12,16 @@ Devices are requested per accelerator kind: TPU (``google.com/tpu``, the GKE TPU
 and toleration), GPU (``nvidia.com/gpu``) or fake CPU devices (``--fake-devices N``).
 
 Every pod is locked down by :func:`pathways_core.control.security.harden` (non-root, read-only
-root, no capability, no service account token) and, with TLS on, mounts the TLS Secret. The
+root, no capability, no service account token) and, with TLS on, mounts the TLS Secret. With
+control tokens on, the scheduler and executors read ``PATHWAYS_CONTROL_TOKEN`` from the island's
+own Secret (:func:`control_token_secret`, created by the operator, never patched). The
 labels ``pathways.dev/island`` and ``pathways.dev/component`` (scheduler, executor) are stable:
 the chart's NetworkPolicies select pods by them.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -45,7 +48,12 @@ from pathways_core.control.common import (
     owner_reference,
     set_condition,
 )
-from pathways_core.control.security import COMPILATION_CACHE_DIR, harden
+from pathways_core.control.security import (
+    COMPILATION_CACHE_DIR,
+    CONTROL_TOKEN_KEY,
+    control_token_env,
+    harden,
+)
 from pathways_core.resources import Island
 
 SCHEDULER_PORT = 8470
@@ -72,6 +80,33 @@ def executor_host(island: str, namespace: str, index: int) -> str:
 def scheduler_endpoint(island: str, namespace: str) -> str:
     """``host:port`` of the island's scheduler Service."""
     return f"{scheduler_name(island)}.{namespace}.svc:{SCHEDULER_PORT}"
+
+
+def control_secret_name(document: Document) -> str:
+    """Name of the island's control-token Secret: ``<island>-control-<uid prefix>``. The
+    Island's uid is part of it, so an Island deleted and created again under the same name gets
+    a new Secret (and pods that name it, which roll), never the old one on its way to garbage
+    collection."""
+    meta = document.get("metadata") or {}
+    uid = "".join(c for c in str(meta.get("uid") or "").lower() if c.isalnum())[:8]
+    return f"{meta.get('name')}-control" + (f"-{uid}" if uid else "")
+
+
+def control_token_secret(document: Document, namespace: str, token: str) -> Document:
+    """The Secret holding an island's control token (key ``token``), owned by the Island
+    (garbage-collected with it) and immutable: the operator creates it once with a random
+    ``token`` it draws, and never replaces it, since running executors keep the token they
+    started with. No spec hash: the content differs at every draw."""
+    if not token:
+        raise ValueError("token: an island's control token must not be empty")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(document, control_secret_name(document), namespace, "control"),
+        "type": "Opaque",
+        "immutable": True,
+        "data": {CONTROL_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
 
 
 def with_spec_hash(child: Document) -> Document:
@@ -157,11 +192,18 @@ def executor_command(island: Island, namespace: str) -> list[str]:
 
 
 def island_children(
-    document: Document, island: Island, namespace: str, *, tls_secret: str | None = None
+    document: Document,
+    island: Island,
+    namespace: str,
+    *,
+    tls_secret: str | None = None,
+    control_secret: str | None = None,
 ) -> list[Document]:
     """The Deployment, Service, StatefulSet and headless Service of an island, owned by it,
     each with a hash of its content in an annotation. Pods are hardened; ``tls_secret`` (the
-    name of a ``kubernetes.io/tls`` Secret in ``namespace``) is mounted in them when set."""
+    name of a ``kubernetes.io/tls`` Secret in ``namespace``) is mounted in them when set;
+    ``control_secret`` (the island's :func:`control_token_secret`) gives the scheduler and the
+    executors their ``PATHWAYS_CONTROL_TOKEN`` when set (unset: no token)."""
     name = island.metadata.name or ""
     spec = island.spec
     image = spec.image
@@ -190,6 +232,8 @@ def island_children(
     for index in range(spec.hosts):
         scheduler_args += ["--executor", f"{executor_host(name, namespace, index)}:{EXECUTOR_PORT}"]
     scheduler_labels = _labels(name, "scheduler")
+    # The same token in the scheduler (it sends it) and the executors (they check it).
+    token_env = [control_token_env(control_secret)] if control_secret else []
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -209,6 +253,7 @@ def island_children(
                                 "name": "scheduler",
                                 "image": image,
                                 "args": scheduler_args,
+                                **({"env": token_env} if token_env else {}),
                                 "ports": [{"name": "grpc", "containerPort": SCHEDULER_PORT}],
                                 "readinessProbe": {"tcpSocket": {"port": SCHEDULER_PORT}},
                             }
@@ -242,6 +287,7 @@ def island_children(
             {"name": "TPU_WORKER_HOSTNAMES", "value": hosts},
             {"name": "TPU_WORKER_ID", "valueFrom": env[0]["valueFrom"]},
         ]
+    env += token_env
     container: dict[str, Any] = {
         "name": "executor",
         "image": image,
@@ -367,7 +413,9 @@ def island_status(
 
     Pending until its pods exist, Provisioning until the scheduler and every executor are
     ready, Ready, then Degraded when a host is lost. An island whose scheduler endpoint is
-    given by annotation runs elsewhere and is Ready as declared.
+    given by annotation runs elsewhere and is Ready as declared, unless ``observed`` reports
+    its hosts (the embedded mode's supervisor does): then it goes Degraded and Ready again
+    like any island, at the annotated endpoint.
     """
     old = document.get("status") or {}
     conditions = list(old.get("conditions") or [])
@@ -390,7 +438,10 @@ def island_status(
     endpoint = external_endpoint(document)
     external = endpoint is not None
     known: frozenset[int] | None = None
-    if external:
+    # An external island is Ready as declared, unless whoever runs it reports what it sees
+    # (the embedded supervisor does, while it restarts a lost island).
+    reported = observed != IslandObservation()
+    if external and not reported:
         ready_hosts, scheduler_ready = hosts, True
     else:
         ready_hosts = min(observed.executors_ready or 0, hosts)
@@ -398,7 +449,8 @@ def island_status(
             known = frozenset(h for h in observed.ready_hosts if 0 <= h < hosts)
             ready_hosts = len(known)
         scheduler_ready = bool(observed.scheduler_ready)
-        endpoint = scheduler_endpoint(island.metadata.name or "", namespace)
+        if not external:
+            endpoint = scheduler_endpoint(island.metadata.name or "", namespace)
     all_ready = scheduler_ready and ready_hosts == hosts
     was_ready = old.get("phase") in ("Ready", "Degraded")
     # Hosts lost after the island was Ready: their devices must not be bound.
@@ -420,7 +472,7 @@ def island_status(
             f"{ready_hosts}/{hosts} executors ready, scheduler "
             f"{'ready' if scheduler_ready else 'not ready'}"
         )
-    if external:
+    if external and phase == "Ready":
         reason, message = "External", f"the island runs outside the cluster at {endpoint}"
     status.update(
         phase=phase,

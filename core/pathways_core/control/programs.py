@@ -115,6 +115,30 @@ def _job_outcome(job: Document) -> tuple[str | None, str]:
     return None, ""
 
 
+def _moved_slices(job: Document, wanted: dict[str, str]) -> list[str]:
+    """Slices the running Job was started on that are now bound elsewhere (another island,
+    other devices, or a scheduler at another endpoint: a restarted island): its driver talks
+    to devices its slices no longer hold. A Job without the settings is never stale."""
+    containers = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+        "containers"
+    ) or [{}]
+    env = {item.get("name"): item.get("value") for item in containers[0].get("env") or []}
+    try:
+        started = json.loads(env.get("PATHWAYS_SLICES") or "null")
+        now = json.loads(wanted["PATHWAYS_SLICES"])
+    except ValueError:
+        return []
+    if not isinstance(started, dict):
+        return []
+    keys = ("island", "devices", "scheduler")
+    return sorted(
+        name
+        for name, entry in now.items()
+        if isinstance(started.get(name), dict)
+        and any(started[name].get(key) != entry.get(key) for key in keys)
+    )
+
+
 def _inline_slice(document: Document, program: PathwaysProgram, slice_name: str) -> Document:
     item = next(s for s in program.spec.slices if s.name == slice_name)
     # What the manifest says, not the defaults: the slice's own defaults apply.
@@ -178,8 +202,8 @@ def program_job(
 ) -> Document:
     """The Job of one run: the driver's container (its image and command, or ``python -c`` for
     inline source), or the graph runner with the program's spec mounted, with the SDK's
-    connection settings in its environment. The operator restarts runs itself, so the Job
-    never retries.
+    connection settings and ``PATHWAYS_RUN`` (the run's number) in its environment. The operator
+    restarts runs itself, so the Job never retries.
 
     The pod is hardened like island pods (non-root user 65532, read-only root with writable
     ``/tmp`` and cache, no service account token) and mounts ``tls_secret`` when set: the
@@ -188,7 +212,9 @@ def program_job(
     entrypoint of its own image, as it says."""
     meta = document["metadata"]
     name, namespace = meta["name"], meta.get("namespace") or "default"
-    env = [
+    # PATHWAYS_RUN: which attempt this is (1-based): a driver resumes from its checkpoint
+    # when it is > 1.
+    env = [{"name": "PATHWAYS_RUN", "value": str(run)}] + [
         {"name": key, "value": value}
         for key, value in connection_settings(program, view, namespace).items()
     ]
@@ -415,6 +441,17 @@ def reconcile_program(
         if not endpoint:
             waiting.append(f"{item}: island {island!r} has no scheduler ready")
     ready = not waiting and not missing
+
+    if job_active and not retry and ready and job is not None:
+        moved = _moved_slices(job, connection_settings(program, view, namespace))
+        if moved:
+            # Released and bound again elsewhere between two looks (a lost host or island):
+            # the run is stopped and the next one starts on the new binding at once.
+            decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
+            message = f"run {runs} stopped: slice(s) {', '.join(moved)} were bound again elsewhere"
+            conditions = set_condition(conditions, "Running", False, "SlicesMoved", message, now)
+            finish("Pending", "SlicesMoved", message, "Warning")
+            return decision
 
     if job_active and not retry:
         if ready:

@@ -11,11 +11,20 @@ TLS (see docs/security.md and the contracts): when the operator knows the name o
 type ``kubernetes.io/tls`` (``PATHWAYS_TLS_SECRET``), it mounts it read-only at
 :data:`TLS_MOUNT` in every scheduler, executor and program pod and points the
 ``PATHWAYS_TLS_CERT``, ``PATHWAYS_TLS_KEY`` and ``PATHWAYS_TLS_CA`` variables at its files.
+
+Control tokens: an executor takes the command stream only from a scheduler whose first frame
+carries the token in ``PATHWAYS_CONTROL_TOKEN``. With ``PATHWAYS_CONTROL_TOKENS`` on, the operator
+gives each island a Secret of its own holding a random token (see
+:func:`pathways_core.control.islands.control_token_secret`), and the island's scheduler and
+executor containers read it with :func:`control_token_env`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from pathways_core.wire.streams import CONTROL_TOKEN_ENV
+from pathways_core.wire.tls import CA_ENV, CERT_ENV, KEY_ENV
 
 USER_ID = 65532
 """The image's non-root user and group (Dockerfile ``USER 65532:65532``)."""
@@ -27,13 +36,19 @@ TLS_MOUNT = "/var/run/pathways/tls"
 """Where the TLS Secret is mounted (not under ``/etc/pathways``: that is a graph program's
 ConfigMap, and a mount inside a read-only ConfigMap volume cannot be created)."""
 TLS_VOLUME = "pathways-tls"
-TLS_CERT_ENV = "PATHWAYS_TLS_CERT"
-TLS_KEY_ENV = "PATHWAYS_TLS_KEY"
-TLS_CA_ENV = "PATHWAYS_TLS_CA"
+# The variables the servers and clients read (pathways_core.wire.tls parses them).
+TLS_CERT_ENV = CERT_ENV
+TLS_KEY_ENV = KEY_ENV
+TLS_CA_ENV = CA_ENV
 TLS_SECRET_ENV = "PATHWAYS_TLS_SECRET"
 """The operator's own setting: the Secret to mount (unset: TLS off)."""
 # The keys of a kubernetes.io/tls Secret, and the CA key cert-manager adds.
 TLS_FILES = {TLS_CERT_ENV: "tls.crt", TLS_KEY_ENV: "tls.key", TLS_CA_ENV: "ca.crt"}
+CONTROL_TOKENS_ENV = "PATHWAYS_CONTROL_TOKENS"
+"""The operator's own setting: ``true`` gives each island a control token from a Secret of its
+own (unset or ``false``: no token, any caller's hello is taken; for dev clusters)."""
+CONTROL_TOKEN_KEY = "token"
+"""The key of the token in an island's control Secret."""
 
 
 def pod_security_context() -> dict[str, Any]:
@@ -78,6 +93,15 @@ def scratch_mounts() -> list[dict[str, Any]]:
 def tls_env() -> list[dict[str, Any]]:
     """The variables naming the mounted certificate, key and CA files."""
     return [{"name": env, "value": f"{TLS_MOUNT}/{file}"} for env, file in TLS_FILES.items()]
+
+
+def control_token_env(secret_name: str) -> dict[str, Any]:
+    """The ``PATHWAYS_CONTROL_TOKEN`` variable of a scheduler or executor container, read from
+    the island's Secret (never a literal: pod specs are readable by many more than Secrets)."""
+    return {
+        "name": CONTROL_TOKEN_ENV,
+        "valueFrom": {"secretKeyRef": {"name": secret_name, "key": CONTROL_TOKEN_KEY}},
+    }
 
 
 def harden(pod_spec: dict[str, Any], tls_secret: str | None = None) -> dict[str, Any]:

@@ -8,6 +8,18 @@ from pathways_core.scheduling.island import (
     ToExecutor,
     TraceRecord,
 )
+from pathways_core.scheduling.limits import (
+    ARTIFACT_LIMIT_ENV,
+    BUSY_PREFIX,
+    DEFAULT_MAX_ARTIFACT_BYTES,
+    DEFAULT_MAX_QUEUED,
+    MAX_ARTIFACT_BYTES_CEILING,
+    artifact_limit_from,
+    artifact_problem,
+    check_artifact_limit,
+    default_max_queued_per_client,
+    is_busy,
+)
 from pathways_core.scheduling.queue import (
     ClientState,
     IslandQueue,
@@ -17,6 +29,11 @@ from pathways_core.scheduling.queue import (
 )
 
 __all__ = [
+    "ARTIFACT_LIMIT_ENV",
+    "BUSY_PREFIX",
+    "DEFAULT_MAX_ARTIFACT_BYTES",
+    "DEFAULT_MAX_QUEUED",
+    "MAX_ARTIFACT_BYTES_CEILING",
     "ClientState",
     "ExecutorSpec",
     "Instruction",
@@ -28,4 +45,9 @@ __all__ = [
     "ToExecutor",
     "TraceRecord",
     "UnknownClient",
+    "artifact_limit_from",
+    "artifact_problem",
+    "check_artifact_limit",
+    "default_max_queued_per_client",
+    "is_busy",
 ]

@@ -10,7 +10,12 @@ around it only moves messages. Guarantees:
   the computations queued before it);
 - at most ``max_in_flight`` computations are dispatched and unfinished, which is where the policy
   (FIFO or proportional share) decides who goes next; the rest wait in the queue, bounded by
-  ``max_queued`` (clients are told the island is busy beyond it);
+  ``max_queued`` in all and ``max_queued_per_client`` per client (beyond either, the
+  computation is refused with an ``island busy: ...; retry later`` message naming the island
+  and the limit; see :mod:`pathways_core.scheduling.limits`);
+- deletions are never refused: they are merged into the client's last queued deletion, so they
+  never grow the queue by more than one per queued computation;
+- function artifacts larger than ``max_artifact_bytes`` are refused at registration;
 - bad requests are rejected at once with a message naming what is wrong.
 """
 
@@ -20,6 +25,13 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pathways_core.scheduling.limits import (
+    DEFAULT_MAX_ARTIFACT_BYTES,
+    DEFAULT_MAX_QUEUED,
+    artifact_problem,
+    busy_message,
+    default_max_queued_per_client,
+)
 from pathways_core.scheduling.queue import IslandQueue, Policy, QueueFull
 from pathways_core.wire import pb
 
@@ -75,9 +87,9 @@ class _InFlight:
     pulls: set[str] = field(default_factory=set)  # inputs read from another executor
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Delete:
-    ids: tuple[str, ...]
+    ids: list[str]  # grows while it waits: later deletions of the client join it
 
 
 class IslandDispatcher:
@@ -87,14 +99,25 @@ class IslandDispatcher:
         self,
         executors: Sequence[ExecutorSpec],
         policy: Policy | str = Policy.FIFO,
-        max_queued: int = 4096,
+        max_queued: int = DEFAULT_MAX_QUEUED,
         max_in_flight: int = 16,
         trace_limit: int = 200_000,
+        *,
+        island: str = "local",
+        max_queued_per_client: int | None = None,
+        max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
     ) -> None:
+        self.island = island
         self.executors = {spec.index: spec for spec in executors}
         self.device_owner = {d: spec.index for spec in executors for d in spec.devices}
-        self.queue: IslandQueue[pb.Computation | _Delete] = IslandQueue(policy, max_queued)
+        if max_queued_per_client is None:
+            max_queued_per_client = default_max_queued_per_client(max_queued)
+        self.queue: IslandQueue[pb.Computation | _Delete] = IslandQueue(
+            policy, max_queued, max_queued_per_client
+        )
         self.max_in_flight = max_in_flight
+        self.max_artifact_bytes = max_artifact_bytes
+        self._deleting: set[str] = set()  # buffer ids whose deletion is queued
         self.trace: list[TraceRecord] = []
         self._trace_limit = trace_limit
         self._seq = 0
@@ -123,12 +146,20 @@ class IslandDispatcher:
         """A client's session ends: its queued work is dropped and its buffers deleted."""
         self.queue.remove_client(client)
         prefix = f"{client}/"
+        self._deleting = {i for i in self._deleting if not i.startswith(prefix)}
         gone = [buffer_id for buffer_id in self._buffers if buffer_id.startswith(prefix)]
         return self._delete_now(gone) + self._dispatch()
 
     def register(self, client: str, function: pb.FunctionRegistration) -> list[Instruction]:
         """Store a compiled function; executors get it before its first use."""
         event = Event(kind=Event.REGISTERED, function_id=function.function_id)
+        label = function.name or function.function_id[:12]
+        too_large = artifact_problem(
+            label, len(function.artifact), self.max_artifact_bytes, f"island {self.island!r}"
+        )
+        if too_large is not None:
+            event.kind, event.message = Event.REJECTED, too_large
+            return [ToClient(client, event)]
         digest = hashlib.sha256(function.artifact).hexdigest()
         if digest != function.function_id:
             event.kind = Event.REJECTED
@@ -169,7 +200,9 @@ class IslandDispatcher:
             try:
                 self.queue.submit(client, computation, cost=float(len(computation.devices)))
             except QueueFull as full:
-                problem = f"island busy: {full}; retry later"
+                problem = busy_message(
+                    self.island, client, full.queued, full.limit, full.per_client
+                )
         if problem is not None:
             return [
                 ToClient(
@@ -185,14 +218,22 @@ class IslandDispatcher:
 
     def delete(self, client: str, ids: Sequence[str]) -> list[Instruction]:
         """Delete buffers once the client's computations queued before have been dispatched."""
-        mine = tuple(i for i in ids if i.startswith(f"{client}/") and i in self._buffers)
+        prefix = f"{client}/"
+        mine = [
+            i
+            for i in dict.fromkeys(ids)
+            if i.startswith(prefix) and i in self._buffers and i not in self._deleting
+        ]
         if not mine:
             return []
-        try:
-            self.queue.submit(client, _Delete(mine), cost=0.0)
-        except QueueFull:
-            # Never lose a deletion: run it behind what is already dispatched.
-            return self._delete_now(list(mine))
+        self._deleting.update(mine)
+        last = self.queue.last(client)
+        if isinstance(last, _Delete):
+            # Nothing of the client's was queued since: the waiting deletion takes these too.
+            last.ids.extend(mine)
+            return []
+        # Never refused (refusing would leak the buffers): bounded by the computations queued.
+        self.queue.submit(client, _Delete(mine), cost=0.0, bounded=False)
         return self._dispatch()
 
     # -- executors ---------------------------------------------------------------------------
@@ -290,6 +331,7 @@ class IslandDispatcher:
                 break
             client, item = taken
             if isinstance(item, _Delete):
+                self._deleting.difference_update(item.ids)
                 instructions += self._delete_now(list(item.ids))
             else:
                 instructions += self._run(client, item)

@@ -12,6 +12,12 @@ point backwards in the island order and gang scheduling cannot deadlock). Betwee
 
 Strictly higher priority always goes first, under both policies. The queue only orders: the
 scheduler server decides when to take the next item (it bounds the work in flight).
+
+The queue is bounded twice: at most ``max_queued`` items in all, and at most
+``max_queued_per_client`` of one client (so one client flooding the island cannot fill the whole
+queue); beyond either, ``submit`` raises :class:`QueueFull` and takes nothing. Items submitted
+with ``bounded=False`` (buffer deletions: tiny, and refusing them would leak memory) are never
+refused and do not count against the bounds.
 """
 
 from __future__ import annotations
@@ -30,7 +36,14 @@ class Policy(StrEnum):
 
 
 class QueueFull(Exception):
-    """The island holds as many queued computations as it may; the client should retry."""
+    """The island (``per_client`` false) or this client (``per_client`` true) holds as many
+    queued items as it may (``limit``); the client should retry later."""
+
+    def __init__(self, client: str, queued: int, limit: int, per_client: bool) -> None:
+        whose = f"client {client!r} already queues" if per_client else "the island already queues"
+        which = "the per-client limit" if per_client else "the limit"
+        super().__init__(f"{whose} {queued} items, {which}")
+        self.client, self.queued, self.limit, self.per_client = client, queued, limit, per_client
 
 
 class UnknownClient(KeyError):
@@ -42,25 +55,48 @@ class ClientState(Generic[Item]):
     name: str
     weight: int
     priority: int
-    pending: deque[tuple[int, Item, float]] = field(default_factory=deque)  # arrival, item, cost
+    # arrival, item, cost, bounded
+    pending: deque[tuple[int, Item, float, bool]] = field(default_factory=deque)
     pass_value: float = 0.0
+    bounded: int = 0  # pending items that count against the bounds
 
 
 class IslandQueue(Generic[Item]):
     """Orders items of many clients by a policy; see the module docstring."""
 
-    def __init__(self, policy: Policy | str = Policy.FIFO, max_queued: int = 4096) -> None:
+    def __init__(
+        self,
+        policy: Policy | str = Policy.FIFO,
+        max_queued: int = 4096,
+        max_queued_per_client: int | None = None,
+    ) -> None:
+        if max_queued < 1:
+            raise ValueError(f"max_queued must be >= 1 (got {max_queued})")
+        if max_queued_per_client is not None and max_queued_per_client < 1:
+            raise ValueError(f"max_queued_per_client must be >= 1 (got {max_queued_per_client})")
         self.policy = Policy(policy)
         self.max_queued = max_queued
+        self.max_queued_per_client = min(max_queued, max_queued_per_client or max_queued)
         self._clients: dict[str, ClientState[Item]] = {}
         self._arrivals = 0
         self._queued = 0
+        self._bounded = 0
         self._virtual_time = 0.0
 
     @property
     def queued(self) -> int:
         """Items waiting."""
         return self._queued
+
+    def queued_by(self, client: str) -> int:
+        """Items of ``client`` waiting that count against the bounds."""
+        state = self._clients.get(client)
+        return 0 if state is None else state.bounded
+
+    def last(self, client: str) -> Item | None:
+        """The client's most recently submitted item still waiting, if any."""
+        state = self._clients.get(client)
+        return state.pending[-1][1] if state is not None and state.pending else None
 
     def add_client(self, name: str, weight: int = 1, priority: int = 0) -> None:
         """Register a client (or update its weight and priority)."""
@@ -78,22 +114,30 @@ class IslandQueue(Generic[Item]):
         if state is None:
             return []
         self._queued -= len(state.pending)
-        return [item for _, item, _ in state.pending]
+        self._bounded -= state.bounded
+        return [item for _, item, _, _ in state.pending]
 
-    def submit(self, client: str, item: Item, cost: float = 1.0) -> None:
-        """Queue an item behind the client's earlier ones. Raises ``QueueFull`` when the island
-        holds ``max_queued`` items, ``UnknownClient`` before ``add_client``."""
+    def submit(self, client: str, item: Item, cost: float = 1.0, bounded: bool = True) -> None:
+        """Queue an item behind the client's earlier ones. Raises ``QueueFull`` when the client
+        holds ``max_queued_per_client`` items or the island ``max_queued`` (unless ``bounded``
+        is false), ``UnknownClient`` before ``add_client``."""
         state = self._clients.get(client)
         if state is None:
             raise UnknownClient(client)
-        if self._queued >= self.max_queued:
-            raise QueueFull(f"the island already queues {self._queued} computations")
+        if bounded:
+            if self._bounded >= self.max_queued:
+                raise QueueFull(client, self._bounded, self.max_queued, False)
+            if state.bounded >= self.max_queued_per_client:
+                raise QueueFull(client, state.bounded, self.max_queued_per_client, True)
         if not state.pending:
             # An idle client rejoins at the current virtual time.
             state.pass_value = max(state.pass_value, self._virtual_time)
-        state.pending.append((self._arrivals, item, cost))
+        state.pending.append((self._arrivals, item, cost, bounded))
         self._arrivals += 1
         self._queued += 1
+        if bounded:
+            state.bounded += 1
+            self._bounded += 1
 
     def next(self) -> tuple[str, Item] | None:
         """Take the item that runs next, or ``None`` when nothing is queued."""
@@ -106,8 +150,11 @@ class IslandQueue(Generic[Item]):
             chosen = min(ready, key=lambda s: s.pending[0][0])
         else:
             chosen = min(ready, key=lambda s: (s.pass_value, s.pending[0][0]))
-        _, item, cost = chosen.pending.popleft()
+        _, item, cost, bounded = chosen.pending.popleft()
         self._virtual_time = max(self._virtual_time, chosen.pass_value)
         chosen.pass_value += cost / chosen.weight
         self._queued -= 1
+        if bounded:
+            chosen.bounded -= 1
+            self._bounded -= 1
         return chosen.name, item

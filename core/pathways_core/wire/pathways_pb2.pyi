@@ -8,17 +8,76 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class FunctionRegistration(_message.Message):
-    __slots__ = ("function_id", "artifact", "name")
+    __slots__ = ("function_id", "artifact", "name", "kind")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        JAX_EXPORT: _ClassVar[FunctionRegistration.Kind]
+        STABLEHLO: _ClassVar[FunctionRegistration.Kind]
+    JAX_EXPORT: FunctionRegistration.Kind
+    STABLEHLO: FunctionRegistration.Kind
     FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     function_id: str
     artifact: bytes
     name: str
-    def __init__(self, function_id: _Optional[str] = ..., artifact: _Optional[bytes] = ..., name: _Optional[str] = ...) -> None: ...
+    kind: FunctionRegistration.Kind
+    def __init__(self, function_id: _Optional[str] = ..., artifact: _Optional[bytes] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[FunctionRegistration.Kind, str]] = ...) -> None: ...
+
+class StableHloProgram(_message.Message):
+    __slots__ = ("module", "compile_options")
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    module: bytes
+    compile_options: bytes
+    def __init__(self, module: _Optional[bytes] = ..., compile_options: _Optional[bytes] = ...) -> None: ...
+
+class CompiledArray(_message.Message):
+    __slots__ = ("dtype", "shape", "sharding", "minor_to_major", "memory_kind")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SHARDING_FIELD_NUMBER: _ClassVar[int]
+    MINOR_TO_MAJOR_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_KIND_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    sharding: bytes
+    minor_to_major: _containers.RepeatedScalarFieldContainer[int]
+    memory_kind: str
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., sharding: _Optional[bytes] = ..., minor_to_major: _Optional[_Iterable[int]] = ..., memory_kind: _Optional[str] = ...) -> None: ...
+
+class CompiledProgram(_message.Message):
+    __slots__ = ("name", "fingerprint", "parameters", "results", "parameter_shardings", "result_shardings", "generated_code_bytes", "cost_analysis", "hlo_text")
+    class CostAnalysisEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_SHARDINGS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_SHARDINGS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_CODE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COST_ANALYSIS_FIELD_NUMBER: _ClassVar[int]
+    HLO_TEXT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    fingerprint: bytes
+    parameters: _containers.RepeatedCompositeFieldContainer[CompiledArray]
+    results: _containers.RepeatedCompositeFieldContainer[CompiledArray]
+    parameter_shardings: bool
+    result_shardings: bool
+    generated_code_bytes: int
+    cost_analysis: _containers.ScalarMap[str, float]
+    hlo_text: str
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[bytes] = ..., parameters: _Optional[_Iterable[_Union[CompiledArray, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[CompiledArray, _Mapping]]] = ..., parameter_shardings: _Optional[bool] = ..., result_shardings: _Optional[bool] = ..., generated_code_bytes: _Optional[int] = ..., cost_analysis: _Optional[_Mapping[str, float]] = ..., hlo_text: _Optional[str] = ...) -> None: ...
 
 class Computation(_message.Message):
-    __slots__ = ("id", "client", "function_id", "devices", "inputs", "outputs", "name")
+    __slots__ = ("id", "client", "function_id", "devices", "inputs", "outputs", "name", "describe")
     ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +85,7 @@ class Computation(_message.Message):
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIBE_FIELD_NUMBER: _ClassVar[int]
     id: str
     client: str
     function_id: str
@@ -33,7 +93,8 @@ class Computation(_message.Message):
     inputs: _containers.RepeatedScalarFieldContainer[str]
     outputs: _containers.RepeatedScalarFieldContainer[str]
     name: str
-    def __init__(self, id: _Optional[str] = ..., client: _Optional[str] = ..., function_id: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ...) -> None: ...
+    describe: bool
+    def __init__(self, id: _Optional[str] = ..., client: _Optional[str] = ..., function_id: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., describe: _Optional[bool] = ...) -> None: ...
 
 class DeleteBuffers(_message.Message):
     __slots__ = ("ids",)
@@ -114,18 +175,28 @@ class InputSource(_message.Message):
     def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ..., data_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExecutorCommand(_message.Message):
-    __slots__ = ("seq", "run", "register", "delete", "sources")
+    __slots__ = ("seq", "run", "register", "delete", "hello", "sources")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     run: Computation
     register: FunctionRegistration
     delete: DeleteBuffers
+    hello: ControlHello
     sources: _containers.RepeatedCompositeFieldContainer[InputSource]
-    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+
+class ControlHello(_message.Message):
+    __slots__ = ("island", "token")
+    ISLAND_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    island: str
+    token: str
+    def __init__(self, island: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class ExecutorEvent(_message.Message):
     __slots__ = ("seq", "computation_id", "ok", "message", "start_ns", "end_ns", "executor")
@@ -180,20 +251,24 @@ class Ack(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint", "control_endpoint")
+    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint", "control_endpoint", "buffers", "buffer_bytes")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     CONTROL_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     index: int
     endpoint: str
     devices: _containers.RepeatedScalarFieldContainer[int]
     platform: str
     data_endpoint: str
     control_endpoint: str
-    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ...) -> None: ...
+    buffers: int
+    buffer_bytes: int
+    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., buffers: _Optional[int] = ..., buffer_bytes: _Optional[int] = ...) -> None: ...
 
 class IslandInfo(_message.Message):
     __slots__ = ("island", "shape", "executors", "policy", "session_endpoint")

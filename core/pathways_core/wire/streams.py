@@ -21,8 +21,19 @@ MESSAGE_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
 MAX_BATCH = 512
-# A control frame: u32 length (network order), then a serialized protobuf message.
+# A control frame: u32 length (network order), then a serialized protobuf message. Receivers
+# refuse a frame announcing more than MAX_FRAME_BYTES (FrameError) before reading its body, so
+# an absurd length prefix costs nothing; senders split bursts to stay within it (``frames``).
 FRAME_LENGTH = struct.Struct("!I")
+MAX_FRAME_BYTES = MAX_MESSAGE_BYTES
+# A control-stream peer must send its first frame (the hello) within this many seconds of
+# connecting, else it is dropped: connections that send nothing hold no server thread for long.
+HANDSHAKE_TIMEOUT_SECONDS = 10.0
+# An executor takes a connection to its control endpoint as the scheduler's command stream only
+# when its first frame is a ``ControlHello`` carrying this variable's value (the same in the
+# island's scheduler and executors; empty when unset). Anything else is dropped without touching
+# the current stream, so a stranger cannot cut the island off its executor.
+CONTROL_TOKEN_ENV = "PATHWAYS_CONTROL_TOKEN"
 RECEIVE_BYTES = 1 << 18
 
 
@@ -51,6 +62,31 @@ def frame(message: Any) -> bytes:
     return FRAME_LENGTH.pack(len(data)) + data
 
 
+def frames(
+    items: list[Any], wrap: Callable[[list[Any]], Any], max_bytes: int = MAX_FRAME_BYTES
+) -> bytes:
+    """``items`` wrapped into as few frames as keep each within ``max_bytes`` (the receiver's
+    cap), back to back: a burst of large messages (function artifacts, long error messages)
+    never makes a frame its receiver must refuse, which would end the whole stream. An item
+    larger than the cap on its own raises ``FrameError`` (senders bound their items)."""
+    out: list[bytes] = []
+    group: list[Any] = []
+    size = 0
+    for item in items:
+        # A repeated field's element costs its size plus a tag and a length of at most 11 bytes.
+        cost = item.ByteSize() + 11
+        if cost > max_bytes:
+            raise FrameError(f"a message of {cost} bytes exceeds the frame cap of {max_bytes}")
+        if group and size + cost > max_bytes:
+            out.append(frame(wrap(group)))
+            group, size = [], 0
+        group.append(item)
+        size += cost
+    if group or not out:
+        out.append(frame(wrap(group)))
+    return b"".join(out)
+
+
 class FrameError(ValueError):
     """A control stream carried bytes that are not a frame."""
 
@@ -58,7 +94,7 @@ class FrameError(ValueError):
 class FrameDecoder:
     """Splits the bytes of a control stream, in whatever pieces they arrive, into frames."""
 
-    def __init__(self, parse: Callable[[bytes], Any], max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, parse: Callable[[bytes], Any], max_bytes: int = MAX_FRAME_BYTES) -> None:
         self._parse = parse
         self._max = max_bytes
         self._pending = bytearray()
@@ -73,7 +109,9 @@ class FrameDecoder:
         while size - start >= FRAME_LENGTH.size:
             (length,) = FRAME_LENGTH.unpack_from(pending, start)
             if length > self._max:
-                raise FrameError(f"a control frame of {length} bytes exceeds {self._max}")
+                raise FrameError(
+                    f"a control frame of {length} bytes exceeds {self._max}, the cap on one frame"
+                )
             end = start + FRAME_LENGTH.size + length
             if end > size:
                 break

@@ -1,0 +1,130 @@
+"""Run one Job's command so that its outcome survives the resource manager.
+
+``python -m pathways_api.run_job --record PREFIX --uid UID -- COMMAND...`` is what the embedded
+resource manager starts for every run (in a session of its own, so a manager killed by SIGKILL
+leaves it running). It
+
+1. takes an exclusive ``flock`` on ``PREFIX.lock`` for its whole life: a second wrapper of the
+   same run (a restarted manager that started it again before it saw the first) exits at once
+   with :data:`ALREADY_RUNNING` and runs nothing, so a run's command runs at most once;
+2. writes ``PREFIX.json``: the Job's uid, its own pid and the start time of that pid (from
+   ``/proc``), so a restarted manager can tell this process from a later one with the same pid
+   and *adopt* the run;
+3. runs the command as its child and waits, passing SIGTERM and SIGINT on;
+4. writes the exit status to ``PREFIX.exit`` (atomically, with the uid) and exits with it (a
+   command killed by signal N exits 128 + N, as a shell says it).
+
+A manager that finds the run's pid gone reads ``PREFIX.exit``; no such file means the wrapper
+itself was killed, and the run was lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ALREADY_RUNNING = 75
+"""Exit code of a wrapper that found another one running the same run (EX_TEMPFAIL)."""
+
+
+def paths(prefix: Path) -> tuple[Path, Path, Path]:
+    """The lock, record and exit files of a run."""
+    return (
+        prefix.with_name(prefix.name + ".lock"),
+        prefix.with_name(prefix.name + ".json"),
+        prefix.with_name(prefix.name + ".exit"),
+    )
+
+
+def process_start(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, field 22 of ``/proc/PID/stat``), or
+    ``None`` if no such process runs (a zombie counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def write_json(path: Path, value: dict[str, Any]) -> None:
+    """Write ``value`` to ``path`` atomically (a reader sees the old file or the new one)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with temporary.open("w") as handle:
+        json.dump(value, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    temporary.replace(path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object written by :func:`write_json`, or ``None``."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command once; return its exit status."""
+    parser = argparse.ArgumentParser(prog="python -m pathways_api.run_job", description=__doc__)
+    parser.add_argument("--record", type=Path, required=True, help="Prefix of the run's files.")
+    parser.add_argument("--uid", required=True, help="The Job's uid.")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+    arguments = parser.parse_args(argv)
+    command = arguments.command[1:] if arguments.command[:1] == ["--"] else arguments.command
+    if not command:
+        parser.error("no command given after --")
+    lock_path, record_path, exit_path = paths(arguments.record)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = lock_path.open("a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"run_job: {arguments.record} already runs in another process", file=sys.stderr)
+        return ALREADY_RUNNING
+    record = read_json(exit_path)
+    if record is not None and record.get("uid") == arguments.uid:
+        # This run already ran to its end (a manager started it again after it finished).
+        return ALREADY_RUNNING
+    write_json(
+        record_path,
+        {
+            "uid": arguments.uid,
+            "pid": os.getpid(),
+            "start": process_start(os.getpid()),
+            "started": time.time(),
+        },
+    )
+    try:
+        child = subprocess.Popen(command)
+    except OSError as error:
+        print(f"run_job: could not start {command[0]!r}: {error}", file=sys.stderr)
+        write_json(exit_path, {"uid": arguments.uid, "code": 127, "error": str(error)})
+        return 127
+
+    def forward(signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = child.wait()
+    write_json(exit_path, {"uid": arguments.uid, "code": code, "ended": time.time()})
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

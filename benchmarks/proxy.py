@@ -1,0 +1,161 @@
+"""Step time of a small jitted training loop through the IFRT proxy, against plain local JAX.
+
+    .venv/bin/python benchmarks/proxy.py [--steps 200] [--rounds 3] [--devices 4]
+
+All sides run the same unmodified JAX program on the same number of fake CPU devices: as plain
+JAX, and with ``jax_platforms='proxy'`` against two ``pathways proxy`` processes on loopback: one
+running the work on its own devices (``--backend local``), one whose sessions are clients of an
+island it starts (``--backend island``: 2 executors x 4 fake CPU devices, the session's slice on
+one executor; compiles and steps go through the island scheduler and the executors). Each round
+runs them in turn, in fresh processes; the medians and their ratios to plain JAX are printed.
+Two step modes: ``pipelined`` (steps dispatched back to back, at most four in flight: JAX's usual
+asynchronous dispatch) and ``synchronous`` (the loss fetched to the host every step: one round
+trip per step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WINDOW = 4
+
+
+def client(mode: str, where: str, steps: int) -> None:
+    """One measured run (in its own process): prints a JSON line of seconds per step."""
+    if mode == "proxy":
+        os.environ["IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS"] = "true"
+        import jax
+        from jax.extend import backend
+
+        options = backend.ifrt_proxy.ClientConnectionOptions()
+        options.connection_timeout_in_seconds = 30
+        backend.register_backend_factory(
+            "proxy", lambda: backend.ifrt_proxy.get_client(f"grpc://{where}", options), priority=-1
+        )
+        jax.config.update("jax_platforms", "proxy")
+    else:
+        import jax
+
+        jax.config.update("jax_num_cpu_devices", int(where))
+        jax.config.update("jax_platforms", "cpu")
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    rows = 64 * len(jax.devices())
+
+    def loss_fn(params, xs, ys):
+        w1, w2 = params
+        return jnp.mean((jnp.tanh(xs @ w1) @ w2 - ys) ** 2)
+
+    @jax.jit
+    def step(params, xs, ys):
+        loss, grads = jax.value_and_grad(loss_fn)(params, xs, ys)
+        return jax.tree.map(lambda p, g: p - 0.05 * g, params, grads), loss
+
+    rng = np.random.default_rng(0)
+    xs = jax.device_put(rng.normal(size=(rows, 32)).astype(np.float32), NamedSharding(mesh, P("x")))
+    ys = jax.device_put(rng.normal(size=(rows, 1)).astype(np.float32), NamedSharding(mesh, P("x")))
+    params = (
+        jnp.asarray(rng.normal(size=(32, 64)).astype(np.float32) * 0.1),
+        jnp.asarray(rng.normal(size=(64, 1)).astype(np.float32) * 0.1),
+    )
+    for _ in range(5):  # compile and warm up
+        params, loss = step(params, xs, ys)
+    jax.block_until_ready(loss)
+    # At most WINDOW steps in flight: plain JAX on fake CPU devices deadlocks in its collectives
+    # (and aborts) with hundreds of multi-device steps queued on 2 cores.
+    start = time.perf_counter()
+    losses = []
+    for i in range(steps):
+        params, loss = step(params, xs, ys)
+        losses.append(loss)
+        if i >= WINDOW:
+            losses[i - WINDOW].block_until_ready()
+    jax.block_until_ready((params, loss))
+    pipelined = (time.perf_counter() - start) / steps
+    start = time.perf_counter()
+    for _ in range(steps):
+        params, loss = step(params, xs, ys)
+        float(loss)
+    synchronous = (time.perf_counter() - start) / steps
+    print(json.dumps({"pipelined": pipelined, "synchronous": synchronous, "loss": float(loss)}))
+
+
+def _run(args: list[str], timeout: float = 600) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    run = subprocess.run(
+        [sys.executable, __file__, "client", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    if run.returncode != 0:
+        raise RuntimeError(f"client {args} failed ({run.returncode}):\n{run.stderr[-4000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--devices", type=int, default=4)
+    args = parser.parse_args()
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "proxy"))
+    from proxy_harness import start_proxy, stop_proxy  # the tests' launcher
+
+    n = str(args.devices)
+    # name -> the proxy's arguments (None: plain JAX, no proxy).
+    setups: dict[str, list[str] | None] = {
+        "plain JAX": None,
+        "proxy, local backend": ["--backend", "local", "--devices", n],
+        # One executor: XLA's in-process collectives, as in plain JAX.
+        "proxy, island 1 x 4": ["--backend", "island", "--devices", n, "--hosts", "1"],
+        # The standard island: its executors form one JAX group, collectives go through gloo.
+        "proxy, island 2 x 4": ["--backend", "island", "--devices", n, "--hosts", "2"],
+    }
+    proxies = {}
+    measured: dict[str, list[dict[str, float]]] = {name: [] for name in setups}
+    try:
+        for name, proxy_args in setups.items():
+            if proxy_args is not None:
+                proxies[name] = start_proxy(*proxy_args, timeout=180)
+        for _ in range(args.rounds):
+            for name in setups:
+                where = ["local", n] if name not in proxies else ["proxy", proxies[name].address]
+                measured[name].append(_run([*where, str(args.steps)]))
+    finally:
+        for running in proxies.values():
+            stop_proxy(running)
+    print(f"{args.devices} fake CPU devices, {args.steps} steps x {args.rounds} rounds (medians)")
+    print("| setup | pipelined ms/step | / plain | synchronous ms/step | / plain |")
+    print("|---|---:|---:|---:|---:|")
+    plain = {
+        mode: statistics.median(r[mode] for r in measured["plain JAX"]) * 1e3
+        for mode in ("pipelined", "synchronous")
+    }
+    for name in setups:
+        cells = []
+        for mode in ("pipelined", "synchronous"):
+            value = statistics.median(r[mode] for r in measured[name]) * 1e3
+            cells += [f"{value:.3f}", f"{value / plain[mode]:.2f}"]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    same = {round(r["loss"], 5) for runs in measured.values() for r in runs}
+    print(f"final losses identical across all runs: {len(same) == 1}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "client":
+        client(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        main()

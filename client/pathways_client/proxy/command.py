@@ -1,0 +1,285 @@
+"""``pathways proxy``: serve the IFRT proxy protocol to stock JAX programs.
+
+Where the work goes (``--backend``):
+
+- ``island`` (default): every IFRT session is a client of an island scheduler, on a virtual
+  slice of ``--devices`` devices. The islands are ``--islands name=host:port,...`` (island
+  schedulers, slices bound by the proxy), ``--state DIR`` (the embedded cluster ``pathways up``
+  started, through its REST API: VirtualSlices charged to ``--tenant``'s quota), ``--api URL``
+  (a REST API, with ``--token`` or ``$PATHWAYS_TOKEN``), the ``PATHWAYS_SLICES`` /
+  ``PATHWAYS_ISLANDS`` / ``PATHWAYS_API`` settings of the environment, or, with none of
+  these, a local island the command starts itself (``--hosts`` x ``--devices-per-host`` fake
+  CPU devices) and stops on exit;
+- ``local``: the proxy process's own ``--devices`` fake CPU devices (the reference backend).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+ENV_SETTINGS = ("PATHWAYS_SLICES", "PATHWAYS_ISLANDS", "PATHWAYS_API")
+
+
+def _protocol_range(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        low, high = (int(part) for part in value.split("-", 1))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not MIN-MAX (e.g. 16-25)") from None
+    if low > high:
+        raise click.BadParameter(f"{value!r}: MIN is above MAX")
+    return low, high
+
+
+def _islands(value: str | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    islands = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, endpoint = item.partition("=")
+        if not sep or not name or not endpoint or ":" not in endpoint:
+            raise click.BadParameter(f"expected name=host:port, got {item!r}")
+        islands[name] = endpoint
+    if not islands:
+        raise click.BadParameter("names no island")
+    return islands
+
+
+@click.command("proxy")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8476, show_default=True, help="Port to listen on (0: any free).")
+@click.option(
+    "--backend",
+    type=click.Choice(["island", "local"]),
+    default="island",
+    show_default=True,
+    help="island: sessions run on virtual slices of islands; local: on this process's fake "
+    "CPU devices.",
+)
+@click.option(
+    "--devices",
+    type=click.IntRange(1, 4096),
+    default=None,
+    help="Devices each session sees: its slice's size (island, default 4), or this process's "
+    "fake CPU devices (local, default 8).",
+)
+@click.option("--islands", "islands_value", help="Island schedulers: name=host:port,...")
+@click.option(
+    "--state",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder of the embedded cluster 'pathways up' started (through its REST API).",
+)
+@click.option("--api", help="URL of a Pathways REST API (token: --token or $PATHWAYS_TOKEN).")
+@click.option("--token", help="API token of the tenant (with --api).")
+@click.option("--island", "island_name", help="Bind the sessions' slices on this island.")
+@click.option(
+    "--slice",
+    "slice_name",
+    help="Run every session on this slice, already bound (PATHWAYS_SLICES, in Kubernetes).",
+)
+@click.option("--tenant", default=None, help="Tenant of the sessions (default: the API's).")
+@click.option("--weight", type=click.IntRange(1), default=None, help="Share of device time.")
+@click.option("--priority", type=int, default=None, help="Strictly higher priority runs first.")
+@click.option(
+    "--hosts", default=2, show_default=True, type=click.IntRange(1, 64), help="Started island."
+)
+@click.option(
+    "--devices-per-host",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 512),
+    help="Started island.",
+)
+@click.option(
+    "--policy",
+    type=click.Choice(["fifo", "proportional-share"]),
+    default="proportional-share",
+    show_default=True,
+    help="Scheduling policy of the started island.",
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Serve TLS with this PEM certificate chain (with --tls-key).",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The PEM private key of --tls-cert.",
+)
+@click.option(
+    "--protocol-range",
+    default=None,
+    help="Accept only these IFRT proxy protocol versions, MIN-MAX (default: all implemented).",
+)
+def proxy_command(
+    host: str,
+    port: int,
+    backend: str,
+    devices: int | None,
+    islands_value: str | None,
+    state: Path | None,
+    api: str | None,
+    token: str | None,
+    island_name: str | None,
+    slice_name: str | None,
+    tenant: str | None,
+    weight: int | None,
+    priority: int | None,
+    hosts: int,
+    devices_per_host: int,
+    policy: str,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    protocol_range: str | None,
+) -> None:
+    """Serve stock JAX programs over the IFRT proxy protocol (jax_platforms='proxy').
+
+    See docs/proxy.md for the lines a program adds to use it."""
+    versions = _protocol_range(protocol_range)
+    islands = _islands(islands_value)
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    chosen = [
+        name
+        for name, value in (("--islands", islands), ("--state", state), ("--api", api))
+        if value
+    ]
+    if len(chosen) > 1:
+        raise click.UsageError(f"{' and '.join(chosen)}: give one way to reach the islands")
+    if backend == "local" and (chosen or slice_name or island_name):
+        given = chosen[0] if chosen else "--slice/--island"
+        raise click.UsageError(f"--backend local runs on this process: {given} does not apply")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # Before JAX creates its CPU client: the device count is fixed then.
+    import grpc
+    import jax
+
+    if backend == "local":
+        jax.config.update("jax_num_cpu_devices", devices or 8)
+    jax.config.update("jax_platforms", "cpu")  # the island backend only parses programs here
+    from pathways_client.proxy.protocol import ProtocolUnavailable
+    from pathways_client.proxy.server import PROTOCOL_MAX, PROTOCOL_MIN, ProxyConfig, serve
+
+    low, high = versions or (PROTOCOL_MIN, PROTOCOL_MAX)
+    credentials = None
+    if tls_cert is not None and tls_key is not None:
+        credentials = grpc.ssl_server_credentials([(tls_key.read_bytes(), tls_cert.read_bytes())])
+    with contextlib.ExitStack() as stack:
+        if backend == "local":
+            from pathways_client.proxy.local import LocalBackend
+
+            served: Any = LocalBackend()
+            where = f"{devices or 8} cpu devices of this process"
+        else:
+            served, where = _island_backend(
+                stack,
+                devices=devices or 4,
+                islands=islands,
+                state=state,
+                api=api,
+                token=token,
+                island=island_name,
+                slice_name=slice_name,
+                tenant=tenant,
+                weight=weight,
+                priority=priority,
+                hosts=hosts,
+                devices_per_host=devices_per_host,
+                policy=policy,
+            )
+        try:
+            server, bound, _ = serve(
+                ProxyConfig(served, protocol_min=low, protocol_max=high),
+                f"{host}:{port}",
+                credentials=credentials,
+            )
+        except ProtocolUnavailable as exc:
+            raise click.ClickException(str(exc)) from exc
+        except OSError as exc:
+            raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
+        click.echo(
+            # Tests and scripts read the address from this line: it follows "listening on".
+            f"pathways proxy: listening on {host}:{bound} ({where}, IFRT proxy protocol "
+            f"{low}-{high}, {'TLS' if credentials else 'insecure'})"
+        )
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        stop.wait()
+        server.stop(grace=2).wait()
+
+
+def _island_backend(
+    stack: contextlib.ExitStack,
+    *,
+    devices: int,
+    islands: dict[str, str] | None,
+    state: Path | None,
+    api: str | None,
+    token: str | None,
+    island: str | None,
+    slice_name: str | None,
+    tenant: str | None,
+    weight: int | None,
+    priority: int | None,
+    hosts: int,
+    devices_per_host: int,
+    policy: str,
+) -> tuple[Any, str]:
+    """The island backend and a description of where its sessions run."""
+    from pathways_client.cluster import connect
+    from pathways_client.errors import PathwaysError
+    from pathways_client.proxy.island import IslandBackend
+
+    target: Any = api
+    if not (islands or state or api) and not any(os.environ.get(v) for v in ENV_SETTINGS):
+        from pathways_client.launcher import LaunchError, LocalIsland
+
+        started = LocalIsland(hosts=hosts, devices_per_host=devices_per_host, policy=policy)
+        click.echo(
+            f"pathways proxy: starting a local island of {hosts} x {devices_per_host} devices"
+        )
+        try:
+            started.start()
+        except LaunchError as exc:
+            raise click.ClickException(str(exc)) from exc
+        stack.callback(started.stop)
+        target = started
+
+    def connector(client: str) -> Any:
+        return connect(
+            target,
+            islands=islands,
+            token=token,
+            state=state,
+            client=client,
+            tenant=tenant,
+            weight=weight,
+            priority=priority,
+        )
+
+    backend = IslandBackend(
+        connector,
+        devices,
+        island=island,
+        slice_name=slice_name,
+        tenant=tenant or os.environ.get("PATHWAYS_TENANT") or "default",
+    )
+    try:
+        found = backend.probe()
+    except PathwaysError as exc:
+        raise click.ClickException(f"the island backend cannot start: {exc}") from exc
+    return backend, (
+        f"sessions on slices of {backend.size} {found['platform']} devices of island "
+        f"{found['island']!r}"
+    )

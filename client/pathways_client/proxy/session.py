@@ -1,0 +1,213 @@
+"""One IFRT proxy session: a client's requests, handled in order, and its host buffers.
+
+Requests arrive on the session's stream and are handled strictly in arrival order on one thread
+(the client relies on it: it names the arrays it creates, then uses those names in its next
+requests without waiting). A handler answers at once, or with a future for requests whose answer
+waits on the devices (``CheckFuture``, ``CheckValueReady``, ``CopyToHostBuffer``, ...); those
+replies are sent when ready, possibly out of order, matched by ``op_id``.
+
+A request that fails is answered with its ``op_id`` and a status naming what was wrong; the
+session and the server go on serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from pathways_client.proxy.backend import Backend
+from pathways_client.proxy.errors import ProxyError, code_number
+
+log = logging.getLogger(__name__)
+_STOP = object()
+
+
+class HostBuffers:
+    """A session's host buffer store: bytes by client-chosen handle; lookups wait for stores."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._data: dict[int, bytes] = {}
+        # Handles deleted: a lookup of one fails at once instead of waiting for a store.
+        self._deleted: set[int] = set()
+        self._closed = ""
+
+    def store(self, handle: int, data: bytes) -> str:
+        """Keep ``data`` under ``handle``; returns an error message, or "" when stored."""
+        with self._cond:
+            if self._closed:
+                return self._closed
+            if handle in self._data or handle in self._deleted:
+                return f"host buffer handle {handle} already exists"
+            self._data[handle] = data
+            self._cond.notify_all()
+        return ""
+
+    def lookup(self, handle: int, timeout: float) -> bytes | str:
+        """The bytes under ``handle``, waiting up to ``timeout`` for a store still in flight."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: handle in self._data or handle in self._deleted or self._closed, timeout
+            )
+            if handle in self._data:
+                return self._data[handle]
+            if self._closed:
+                return self._closed
+            if handle in self._deleted:
+                return f"host buffer handle {handle} was deleted"
+            return f"host buffer handle {handle} not found (waited {timeout:.0f} s)"
+
+    def take(self, handle: int, timeout: float) -> bytes:
+        """Look up and delete ``handle`` (a buffer consumed by an array); raise if missing."""
+        data = self.lookup(handle, timeout)
+        if isinstance(data, str):
+            raise ProxyError("NOT_FOUND", data)
+        self.delete(handle)
+        return data
+
+    def delete(self, handle: int) -> str:
+        """Forget ``handle``; returns an error message, or "" when deleted."""
+        with self._cond:
+            if self._data.pop(handle, None) is None:
+                return f"host buffer handle {handle} not found"
+            self._deleted.add(handle)
+            self._cond.notify_all()
+        return ""
+
+    def close(self, reason: str) -> None:
+        """Drop every buffer; pending and later lookups fail with ``reason``."""
+        with self._cond:
+            self._closed = reason
+            self._data.clear()
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._data)
+
+
+class Session:
+    """The server side of one ``IfrtSession`` stream."""
+
+    def __init__(
+        self,
+        session_id: int,
+        protocol: Any,
+        version: Any,
+        backend: Backend,
+        reply: Callable[[Any], None],
+        peer: str = "",
+        lookup_timeout: float = 120.0,
+        number: int = 0,
+    ) -> None:
+        self.session_id = session_id
+        # The id is the session's only credential on the host buffer calls (the stock client
+        # presents nothing else): logs, thread and client names show this ordinal instead.
+        self.number = number or session_id
+        self.protocol = protocol
+        self.protocol_version = version.protocol_version
+        self.serdes_version = version.ifrt_serdes_version_number
+        self.peer = peer
+        self.host_buffers = HostBuffers()
+        self.lookup_timeout = lookup_timeout
+        self._reply = reply
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._pending = 0
+        self._pending_cond = threading.Condition()
+        self.state = backend.open_session(self)
+        self._worker = threading.Thread(
+            target=self._loop, name=f"proxy-session-{self.number}-worker", daemon=True
+        )
+        self._worker.start()
+
+    # -- the stream side -----------------------------------------------------------------------
+
+    def submit(self, request: Any) -> None:
+        """Queue a request read from the stream."""
+        with self._pending_cond:
+            self._pending += 1
+        self._queue.put(request)
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Wait until every queued request was answered (the stream's end)."""
+        with self._pending_cond:
+            self._pending_cond.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self) -> None:
+        """End the session: stop the worker, free the backend's arrays and the host buffers."""
+        self._queue.put(_STOP)
+        self.host_buffers.close(f"session {self.number} has ended")
+        try:
+            self.state.close()
+        except Exception:
+            log.exception("session %d: backend close failed", self.number)
+
+    # -- processing ----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            request = self._queue.get()
+            if request is _STOP:
+                return
+            self._handle(request)
+
+    def _handle(self, request: Any) -> None:
+        op_id = request.request_metadata.op_id
+        kind = request.WhichOneof("request")
+        try:
+            if kind is None:
+                raise ProxyError("INVALID_ARGUMENT", "IfrtRequest has no request set")
+            handler = getattr(self.state, f"handle_{kind}", None)
+            if handler is None:
+                raise ProxyError(
+                    "UNIMPLEMENTED", f"{kind} is not supported by the Pathways proxy yet"
+                )
+            result = handler(getattr(request, kind))
+        except ProxyError as exc:
+            self._send_error(op_id, kind, exc.code, exc.message)
+            return
+        except Exception as exc:
+            log.exception("session %d: %s failed", self.number, kind)
+            self._send_error(op_id, kind, "INTERNAL", f"{type(exc).__name__}: {exc}")
+            return
+        if isinstance(result, Future):
+            result.add_done_callback(lambda f: self._finish_future(op_id, kind, f))
+        else:
+            self._send(op_id, kind, result)
+
+    def _finish_future(self, op_id: int, kind: str | None, future: Future) -> None:
+        try:
+            result = future.result()
+        except ProxyError as exc:
+            self._send_error(op_id, kind, exc.code, exc.message)
+            return
+        except Exception as exc:
+            self._send_error(op_id, kind, "INTERNAL", f"{type(exc).__name__}: {exc}")
+            return
+        self._send(op_id, kind, result)
+
+    def _send(self, op_id: int, kind: str | None, message: Any) -> None:
+        response = self.protocol.IfrtResponse()
+        response.response_metadata.op_id = op_id
+        assert kind is not None
+        getattr(response, kind.removesuffix("_request") + "_response").CopyFrom(message)
+        self._emit(response)
+
+    def _send_error(self, op_id: int, kind: str | None, code: str, message: str) -> None:
+        if kind:
+            log.info("session %d: %s (op %d) failed: %s", self.session_id, kind, op_id, message)
+        response = self.protocol.IfrtResponse()
+        response.response_metadata.op_id = op_id
+        response.response_metadata.status.code = code_number(code)
+        response.response_metadata.status.message = message
+        self._emit(response)
+
+    def _emit(self, response: Any) -> None:
+        self._reply(response)
+        with self._pending_cond:
+            self._pending -= 1
+            self._pending_cond.notify_all()

@@ -1,0 +1,343 @@
+"""The API's limits over real HTTP: per-tenant rate limits (429 RateLimited with Retry-After,
+nothing done, separate budgets for mutating requests and reads, tenants independent), the SDK's
+API client retrying what is safe to retry, and body and program spec sizes (YAML aliases
+included). Every refusal is a clear JSON error, stores nothing, and the server keeps serving."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from api_server import MAX_BODY, Server, error_of, program, serve
+
+from pathways_api.app import MAX_BODY_BYTES
+from pathways_api.ratelimit import DEFAULT_BUDGETS, ApiRateLimiter, budgets_from
+from pathways_client.api_client import ApiCallError, ApiClient
+from pathways_core.control.rate_limit import Budgets, Limit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Clock:
+    """A clock the test moves: the rate limiter's time, so no test depends on how fast the
+    machine is."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def stored(server: Server) -> int:
+    row = server.store._db().execute("SELECT COUNT(*) FROM objects").fetchone()
+    return int(row[0])
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def limited(tmp_path: Path, clock: Clock) -> Iterator[Server]:
+    """A server allowing each tenant 3 mutating requests at once then 1/s, 5 reads then 2/s,
+    on the test's clock."""
+    budgets = Budgets(mutating=Limit(1, 3), read=Limit(2, 5))
+    running = serve(tmp_path, rate_limits=budgets)
+    running.app.state.rate_limiter = ApiRateLimiter(budgets, clock=clock)
+    yield running
+    running.stop()
+
+
+def test_a_tenant_over_its_rate_limit_gets_429_with_retry_after_and_nothing_is_done(
+    limited: Server, clock: Clock
+) -> None:
+    with limited.client("token-a") as a, limited.client("token-b") as b:
+        answers = [a.post("/v1/programs", json=program(f"p{n}")) for n in range(5)]
+        assert [r.status_code for r in answers] == [201, 201, 201, 429, 429]
+        refused = answers[3]
+        assert refused.headers["Retry-After"] == "1"
+        assert error_of(refused) == {
+            "code": "RateLimited",
+            "message": "tenant 'team-a' is over its rate limit for mutating requests (POST, PUT, "
+            "PATCH, DELETE) of 1 requests/s (bursts of 3); nothing was done: retry after 1.00 s",
+            "field": None,
+        }
+        # Nothing of the refused requests was stored; what was accepted is intact.
+        assert stored(limited) == 3
+        assert [p["metadata"]["name"] for p in a.get("/v1/programs").json()["items"]] == [
+            "p0",
+            "p1",
+            "p2",
+        ]
+        # Reads have their own budget; other tenants their own buckets; probes none.
+        assert b.post("/v1/programs", json=program("b0")).status_code == 201
+        assert a.get("/healthz").status_code == 200
+        # Waiting what Retry-After said is enough.
+        clock.advance(float(refused.headers["Retry-After"]))
+        assert a.post("/v1/programs", json=program("p3")).status_code == 201
+        assert a.post("/v1/programs", json=program("p4")).status_code == 429
+
+
+def test_reads_are_limited_apart_from_mutating_requests(limited: Server, clock: Clock) -> None:
+    with limited.client("token-a") as a:
+        codes = [a.get("/v1/programs").status_code for _ in range(7)]
+        assert codes == [200] * 5 + [429] * 2
+        refused = a.get("/v1/me")
+        assert error_of(refused)["code"] == "RateLimited"
+        assert "for reads of 2 requests/s (bursts of 5)" in error_of(refused)["message"]
+        assert refused.headers["Retry-After"] == "1"
+        # Polling that is refused does not stop submissions.
+        assert a.post("/v1/programs", json=program()).status_code == 201
+        clock.advance(0.5)
+        assert a.get("/v1/programs").status_code == 200
+        metrics = a.get("/metrics").text
+        assert 'pathways_api_rate_limited_total{budget="read",tenant="team-a"} 3.0' in metrics
+
+
+def test_an_unauthenticated_request_is_401_not_rate_limited(limited: Server) -> None:
+    with limited.client("wrong-token") as stranger:
+        codes = {stranger.get("/v1/programs").status_code for _ in range(10)}
+    assert codes == {401}
+
+
+def test_the_rate_limit_is_real_time_by_default(tmp_path: Path) -> None:
+    running = serve(tmp_path, rate_limits=Budgets(mutating=Limit(5, 1), read=Limit(0)))
+    try:
+        with running.client("token-a") as a:
+            assert a.post("/v1/programs", json=program("p0")).status_code == 201
+            refused = a.post("/v1/programs", json=program("p1"))
+            if refused.status_code == 429:  # unless 0.2 s passed between the two requests
+                time.sleep(float(refused.headers["Retry-After"]))
+            assert a.post("/v1/programs", json=program("p1")).status_code == 201
+            assert all(a.get("/v1/programs").status_code == 200 for _ in range(50))  # 0: off
+    finally:
+        running.stop()
+
+
+def test_the_openapi_schema_documents_429_with_retry_after(server: Server) -> None:
+    schema = httpx.get(f"{server.url}/openapi.json").json()
+    for path, methods in schema["paths"].items():
+        if not path.startswith("/v1/"):
+            continue
+        for method, operation in methods.items():
+            answer = operation["responses"]["429"]
+            assert "RateLimited" in answer["description"], (path, method)
+            assert answer["headers"]["Retry-After"]["schema"]["type"] == "integer"
+
+
+# -- the SDK's API client ----------------------------------------------------------------------
+
+
+def test_the_client_retries_idempotent_requests_after_retry_after(
+    limited: Server, clock: Clock
+) -> None:
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        clock.advance(seconds)
+
+    with ApiClient(limited.url, "token-a", sleep=sleep) as client:
+        for _ in range(5):
+            client.list("programs")
+        assert client.list("programs") == []  # refused once, then served
+        assert waits == [1.0]
+        # A submission with an Idempotency-Key is safe to send again: created once.
+        for n in range(3):
+            client.submit(program(f"p{n}"))
+        created = client.submit(program("keyed"), idempotency_key="key-1")
+        assert created["metadata"]["name"] == "keyed"
+        assert waits == [1.0, 1.0]
+        assert stored(limited) == 4
+
+
+def test_the_client_does_not_retry_a_submission_without_a_key(limited: Server) -> None:
+    with ApiClient(limited.url, "token-a", sleep=pytest.fail) as client:
+        for n in range(3):
+            client.submit(program(f"p{n}"))
+        with pytest.raises(ApiCallError) as raised:
+            client.submit(program("p3"))
+    error = raised.value
+    assert (error.status, error.code, error.retry_after) == (429, "RateLimited", 1.0)
+    assert "tenant 'team-a' is over its rate limit" in str(error)
+    assert stored(limited) == 3
+
+
+def test_the_client_gives_up_after_its_retries(limited: Server, clock: Clock) -> None:
+    waits: list[float] = []
+    with ApiClient(limited.url, "token-a", sleep=waits.append, max_retries=2) as client:
+        for _ in range(5):
+            client.list("programs")
+        with pytest.raises(ApiCallError, match="RateLimited") as raised:
+            client.list("programs")  # the clock never moves: every retry is refused
+    assert waits == [1.0, 1.0]
+    assert raised.value.retry_after == 1.0
+
+
+def test_the_client_never_retries_a_quota_refusal(server: Server) -> None:
+    with ApiClient(server.url, "token-c", sleep=pytest.fail) as client:
+        for n in range(4):
+            client.submit(program(f"p{n}"), idempotency_key=f"k{n}")
+        with pytest.raises(ApiCallError) as raised:
+            client.submit(program("p4"), idempotency_key="k4")
+    assert (raised.value.code, raised.value.retry_after) == ("QuotaExceeded", None)
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environment", "flags", "budgets"),
+    [
+        ({}, (None, None), DEFAULT_BUDGETS),
+        (
+            {"PATHWAYS_API_RATE_LIMIT": "10,20", "PATHWAYS_API_READ_RATE_LIMIT": "0"},
+            (None, None),
+            Budgets(Limit(10, 20), Limit(0)),
+        ),
+        (
+            {"PATHWAYS_API_RATE_LIMIT": "10,20"},
+            ("5", None),
+            Budgets(Limit(5, 5), DEFAULT_BUDGETS.read),
+        ),
+    ],
+)
+def test_budgets_come_from_flags_then_the_environment(environment, flags, budgets) -> None:
+    assert budgets_from(environment, *flags) == budgets
+
+
+def test_the_defaults_do_not_throttle_the_api_benchmark() -> None:
+    """benchmarks/api.py sends 3000 submissions as fast as it can from one tenant."""
+    assert DEFAULT_BUDGETS.mutating.burst >= 3000
+    assert DEFAULT_BUDGETS.read.burst >= DEFAULT_BUDGETS.mutating.burst
+
+
+@pytest.mark.parametrize(
+    ("arguments", "environment", "message"),
+    [
+        (["--rate-limit", "lots"], {}, "--rate-limit: the rate 'lots' is not a number"),
+        ([], {"PATHWAYS_API_READ_RATE_LIMIT": "5,0"}, "PATHWAYS_API_READ_RATE_LIMIT: a burst"),
+        (["--max-body", "0"], {}, "--max-body (or PATHWAYS_API_MAX_BODY) must be >= 1"),
+    ],
+)
+def test_the_server_refuses_bad_limits_naming_the_setting(
+    tmp_path: Path, arguments: list[str], environment: dict[str, str], message: str
+) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "pathways_api", "--state", str(tmp_path), "--port", "0", *arguments],
+        env={**os.environ, **environment},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert message in run.stderr
+
+
+# -- body and program spec sizes ---------------------------------------------------------------
+
+
+def inline_program(characters: int) -> dict:
+    """A graph program whose one function is inline, ``characters`` of base64 long."""
+    return {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "PathwaysProgram",
+        "metadata": {"name": "inline"},
+        "spec": {
+            "slices": [{"name": "main", "devices": 1}],
+            "graph": {
+                "functions": [{"name": "f", "inline": "A" * characters}],
+                "nodes": [{"name": "n", "function": "f", "slice": "main"}],
+            },
+        },
+    }
+
+
+@pytest.fixture
+def default_sized(tmp_path: Path) -> Iterator[Server]:
+    """A server with the default body limit (1 MiB)."""
+    running = serve(tmp_path, max_body=MAX_BODY_BYTES)
+    yield running
+    running.stop()
+
+
+@pytest.mark.parametrize(
+    ("characters", "status", "code", "field"),
+    [
+        (1_000_000, 201, None, None),
+        (1_000_004, 422, "InvalidField", "spec.graph.functions[0].inline"),
+        (MAX_BODY_BYTES, 413, "BodyTooLarge", "body"),
+    ],
+    ids=["at-the-inline-limit", "over-the-inline-limit", "over-the-body-limit"],
+)
+def test_inline_artifacts_are_bounded_by_the_spec_and_the_body_limit(
+    default_sized: Server, characters: int, status: int, code: str | None, field: str | None
+) -> None:
+    with default_sized.client("token-a") as a:
+        answer = a.post("/v1/programs", json=inline_program(characters))
+        assert answer.status_code == status, answer.text[:300]
+        if code is not None:
+            assert error_of(answer)["code"] == code
+            assert error_of(answer)["field"] == field
+            assert stored(default_sized) == 0
+        assert a.post("/v1/programs", json=program()).status_code == 201
+
+
+def alias_bomb(levels: int) -> str:
+    """YAML of a few hundred bytes whose aliases expand to 9**levels strings."""
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for n in range(1, levels):
+        lines.append(f"a{n}: &a{n} [" + ",".join([f"*a{n - 1}"] * 9) + "]")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (
+            alias_bomb(12),
+            413,
+            f"with its YAML aliases expanded, is larger than the limit of {MAX_BODY}",
+        ),
+        (
+            'x: &s "' + "y" * 4000 + '"\nz: [' + ", ".join(["*s"] * 20) + "]",
+            413,
+            "with its YAML aliases expanded",
+        ),
+        ("a: &a [*a]", 400, "an alias refers to itself"),
+        ("[" * 20_000 + "]" * 20_000, 400, "nested too deeply"),
+        ("a: " + "1" * 5000, 400, "not valid YAML"),
+    ],
+    ids=["billion-laughs", "repeated-string", "self-alias", "deep", "huge-integer"],
+)
+def test_yaml_bodies_are_bounded_once_expanded(
+    server: Server, a: httpx.Client, body: str, status: int, message: str
+) -> None:
+    assert len(body.encode()) <= MAX_BODY
+    answer = a.post("/v1/programs", content=body, headers={"Content-Type": "application/yaml"})
+    assert answer.status_code == status, answer.text[:300]
+    assert message in error_of(answer)["message"]
+    assert stored(server) == 0
+    assert a.post("/v1/programs", json=program()).status_code == 201
+
+
+def test_deeply_nested_json_is_a_clear_400(server: Server, a: httpx.Client) -> None:
+    answer = a.post(
+        "/v1/programs",
+        content="[" * 20_000 + "]" * 20_000,
+        headers={"Content-Type": "application/json"},
+    )
+    assert answer.status_code == 400
+    assert error_of(answer)["code"] == "MalformedBody"
+    assert a.post("/v1/programs", json=program()).status_code == 201

@@ -1,0 +1,29 @@
+"""The embedded supervisor's crash-loop guard: restarts at once after a healthy run, backs off
+while a component keeps dying soon after its start, and gives up after a streak."""
+
+from __future__ import annotations
+
+from pathways_client.embedded import MAX_QUICK_FAILURES, STABLE_AFTER, Restarts
+
+
+def test_quick_failures_back_off_then_give_up() -> None:
+    guard = Restarts(started=100.0)
+    delays = []
+    now = 100.0
+    for _ in range(MAX_QUICK_FAILURES):
+        now += 1.0  # dies a second after each start
+        delays.append(guard.failed(now))
+        guard.started = now
+    assert delays == [0.0, 0.5, 1.0, 2.0, 4.0]
+    assert guard.failed(now + 1.0) is None  # a crash loop: left down
+
+
+def test_a_healthy_run_starts_a_new_streak() -> None:
+    guard = Restarts(started=0.0)
+    assert guard.failed(1.0) == 0.0
+    guard.started = 1.0
+    assert guard.failed(2.0) == 0.5
+    guard.started = 2.0
+    # It ran long enough this time: the next failure is restarted at once again.
+    assert guard.failed(2.0 + STABLE_AFTER) == 0.0
+    assert guard.streak == 1

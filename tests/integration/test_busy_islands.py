@@ -1,0 +1,194 @@
+"""An island's limits with real processes: a client flooding the island is told it is busy (at
+its own bound, or the island's) with the island, the limit and "retry later", while other
+clients' work still runs and the accepted work completes intact; artifacts over the limit are
+refused by the SDK before sending and by the scheduler, and the session keeps serving."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import export, f32
+
+from pathways_client.island_client import IslandBusy, IslandClient, IslandError, Submitted
+from pathways_client.launcher import LocalIsland
+from pathways_core.scheduling import DEFAULT_MAX_ARTIFACT_BYTES
+from pathways_core.wire import pb
+
+
+def _slow(x):
+    # ~0.2 s on these machines: long enough that a flood arrives while work is queued.
+    return jax.lax.fori_loop(0, 200, lambda _, v: jnp.tanh(v @ v), x)
+
+
+SLOW = export(_slow, f32(256, 256))
+INPUT = (np.eye(256, dtype=np.float32) * 0.5 + 0.01).astype(np.float32)
+EXPECTED = np.asarray(jax.jit(_slow)(INPUT))
+ISLAND = "limits"
+MAX_QUEUED, PER_CLIENT, MAX_ARTIFACT = 8, 3, 64 << 10
+
+
+@pytest.fixture(scope="module")
+def island(compilation_cache: Path) -> Iterator[LocalIsland]:
+    """One executor of 2 devices, one computation in flight at a time, a queue of 8 (3 per
+    client) and artifacts of at most 64 KiB."""
+    with LocalIsland(
+        hosts=1,
+        devices_per_host=2,
+        name=ISLAND,
+        max_in_flight=1,
+        max_queued=MAX_QUEUED,
+        max_queued_per_client=PER_CLIENT,
+        max_artifact_bytes=MAX_ARTIFACT,
+        compilation_cache=compilation_cache,
+    ) as running:
+        yield running
+
+
+def flood(client: IslandClient, count: int) -> list[Submitted]:
+    """``count`` computations sent at once (one message), none awaited."""
+    function = client.register(SLOW, "slow")
+    x = client.put(INPUT, device=0)
+    with client.batch():
+        return [client.submit(function, [0], [x], 1, name=f"n{n}") for n in range(count)]
+
+
+def outcomes(calls: list[Submitted]) -> tuple[list[Submitted], list[IslandBusy]]:
+    """The computations that completed, and the busy refusals (anything else fails the test)."""
+    done, busy = [], []
+    for call in calls:
+        try:
+            call.wait(timeout=300)
+            done.append(call)
+        except IslandBusy as error:
+            busy.append(error)
+    return done, busy
+
+
+def test_a_flooding_client_is_told_busy_and_another_clients_work_still_runs(
+    island: LocalIsland,
+) -> None:
+    endpoint = island.scheduler_endpoint
+    with IslandClient(endpoint, "flood") as flooder, IslandClient(endpoint, "other") as other:
+        flooded = flood(flooder, 30)
+        # The flooder holds at most its share of the queue: the other client gets in at once.
+        work = flood(other, PER_CLIENT)
+        done, busy = outcomes(flooded)
+        assert busy, "a flood of 30 onto a queue of 3 per client was never refused"
+        message = str(busy[0])
+        assert message.startswith("island busy:") and message.endswith("retry later")
+        assert "client 'flood'" in message and f"island '{ISLAND}'" in message
+        assert f"max-queued-per-client {PER_CLIENT}" in message
+        assert outcomes(work) == (work, [])
+        # The accepted work completed intact.
+        for call in [*done, *work]:
+            client = flooder if call in done else other
+            np.testing.assert_allclose(client.get(call.outputs[0]), EXPECTED, rtol=1e-5)
+        # Once its work drained, the flooder is served again: "retry later" means it.
+        again = flood(flooder, 1)
+        assert outcomes(again) == (again, [])
+
+
+def test_the_island_bound_holds_over_all_clients(island: LocalIsland) -> None:
+    endpoint = island.scheduler_endpoint
+    clients = [IslandClient(endpoint, f"tenant-{n}") for n in range(3)]
+    try:
+        # Three clients of 3 each would queue 9: the island takes 8.
+        floods = [flood(client, 30) for client in clients]
+        messages = [str(e) for calls in floods for e in outcomes(calls)[1]]
+        island_full = [m for m in messages if "max-queued 8" in m]
+        assert island_full, messages[:3]
+        assert f"island '{ISLAND}' already queues {MAX_QUEUED} computations" in island_full[0]
+        assert island_full[0].endswith("retry later")
+        late = flood(clients[2], 1)
+        assert outcomes(late) == (late, [])
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_the_sdk_refuses_an_artifact_over_its_limit_before_sending(island: LocalIsland) -> None:
+    with IslandClient(island.scheduler_endpoint, "sdk-limit") as client:
+        client.max_artifact_bytes = len(SLOW) - 1
+        with pytest.raises(IslandError, match=f"larger than the SDK accepts \\({len(SLOW) - 1}"):
+            client.register(SLOW, "slow")
+        client.max_artifact_bytes = None  # the default: 32 MiB
+        huge = bytes(DEFAULT_MAX_ARTIFACT_BYTES + 1)
+        with pytest.raises(IslandError, match="PATHWAYS_MAX_ARTIFACT_BYTES") as raised:
+            client.register(huge, "huge")
+        assert f"its artifact is {len(huge)} bytes" in str(raised.value)
+        # Nothing was sent: the session is intact and serves the next request.
+        calls = flood(client, 1)
+        assert outcomes(calls) == (calls, [])
+
+
+def test_the_island_refuses_an_artifact_over_its_limit(island: LocalIsland) -> None:
+    with IslandClient(island.scheduler_endpoint, "island-limit") as client:
+        padded = bytes(MAX_ARTIFACT + 1)  # under the SDK's limit, over the island's
+        with pytest.raises(IslandError) as raised:
+            client.register(padded, "padded")
+        assert str(raised.value) == (
+            f"function 'padded': its artifact is {MAX_ARTIFACT + 1} bytes, larger than island "
+            f"'{ISLAND}' accepts ({MAX_ARTIFACT} bytes, max-artifact-bytes / "
+            "PATHWAYS_MAX_ARTIFACT_BYTES)"
+        )
+        calls = flood(client, 1)
+        assert outcomes(calls) == (calls, [])
+
+
+def test_a_burst_larger_than_one_frame_is_split_and_the_session_survives(
+    island: LocalIsland,
+) -> None:
+    """Two registrations of 33 MiB sent together (as a batch would): the client splits them
+    into frames the scheduler accepts; the island refuses both by size, and serves on."""
+    with IslandClient(island.scheduler_endpoint, "big-burst") as client:
+        artifacts = [bytes([n]) * (33 << 20) for n in range(2)]
+        registrations = []
+        for n, artifact in enumerate(artifacts):
+            function_id = hashlib.sha256(artifact).hexdigest()
+            client._functions[function_id] = Future()  # what register() would wait on
+            registrations.append(
+                pb.ClientMessage(
+                    function=pb.FunctionRegistration(
+                        function_id=function_id, artifact=artifact, name=f"big{n}"
+                    )
+                )
+            )
+        client._write(registrations)
+        for function_id in list(client._functions)[-2:]:
+            with pytest.raises(IslandError, match=f"larger than island '{ISLAND}' accepts"):
+                client._functions[function_id].result(timeout=120)
+        calls = flood(client, 1)
+        assert outcomes(calls) == (calls, [])
+
+
+@pytest.mark.parametrize(
+    ("arguments", "environment", "message"),
+    [
+        (["--max-artifact-bytes", "0"], {}, "--max-artifact-bytes must be between 1 and"),
+        ([], {"PATHWAYS_MAX_ARTIFACT_BYTES": "1GiB"}, "PATHWAYS_MAX_ARTIFACT_BYTES must be a"),
+        (["--max-queued", "0"], {}, "--max-queued must be >= 1"),
+        (["--max-queued-per-client", "-1"], {}, "--max-queued-per-client must be >= 1"),
+    ],
+)
+def test_the_scheduler_refuses_bad_limits_naming_the_setting(
+    arguments: list[str], environment: dict[str, str], message: str
+) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "pathways_scheduler", "--executor", "127.0.0.1:1", *arguments],
+        env={**os.environ, **environment},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert message in run.stderr

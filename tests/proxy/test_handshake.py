@@ -1,0 +1,113 @@
+"""Version negotiation, sessions and host buffers, with stock JAX and a bare client."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from proxy_harness import (
+    ProxyProcess,
+    connect_snippet,
+    run_client,
+    run_program,
+    start_proxy,
+    stop_proxy,
+)
+from raw_client import RawSession, get_version
+
+
+def test_stock_jax_sees_the_proxy_devices(proxy: ProxyProcess) -> None:
+    seen = run_program(
+        proxy.address,
+        "import json\n"
+        "ds = jax.devices()\n"
+        "print(json.dumps({'ids': [d.id for d in ds], 'kinds': [d.device_kind for d in ds],\n"
+        "  'platform': ds[0].platform, 'backend': jax.default_backend(),\n"
+        "  'memories': [m.kind for m in ds[0].addressable_memories()]}))\n",
+    )
+    assert seen["ids"] == [0, 1, 2, 3]
+    assert seen["kinds"] == ["cpu"] * 4
+    assert seen["platform"] == "cpu"
+    assert set(seen["memories"]) == {"device", "pinned_host", "unpinned_host"}
+
+
+def test_a_client_outside_our_versions_gets_a_clear_error_and_the_server_goes_on() -> None:
+    # This proxy accepts only versions 30-40; the installed jaxlib speaks 16-25.
+    picky = start_proxy("--backend", "local", "--devices", "2", "--protocol-range", "30-40")
+    try:
+        script = connect_snippet(picky.address, timeout=3) + (
+            "try:\n    jax.devices()\nexcept RuntimeError as e:\n    print('REFUSED', e)\n"
+        )
+        result = run_client(["-c", script])
+        # The client process was not aborted: it got a Python exception saying why.
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "REFUSED" in result.stdout
+        assert "[16, 25]" in result.stdout and "[30, 40]" in result.stdout
+        assert picky.alive()
+        with grpc.insecure_channel(picky.address) as channel:
+            assert get_version(channel, 28, 33).version.protocol_version == 33
+    finally:
+        stop_proxy(picky)
+
+
+def test_version_negotiation_with_a_bare_client(proxy: ProxyProcess) -> None:
+    with grpc.insecure_channel(proxy.address) as channel:
+        assert get_version(channel, 16, 25).version.protocol_version == 25
+        assert get_version(channel, 10, 18).version.protocol_version == 18
+        assert get_version(channel, 16, 99).version.protocol_version == 25
+        for low, high in [(1, 5), (40, 50)]:
+            with pytest.raises(grpc.RpcError) as refused:
+                get_version(channel, low, high)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert f"[{low}, {high}]" in refused.value.details()
+        with pytest.raises(grpc.RpcError) as backwards:
+            get_version(channel, 25, 16)
+        assert "min_version.protocol_version 25 is above" in backwards.value.details()
+        # A session must carry its negotiated version.
+        bare = RawSession(channel, metadata=False)
+        with pytest.raises(AssertionError, match="ifrt-session-metadata"):
+            bare.call("init_request", timeout=10)
+        old = RawSession(channel, version=3)
+        with pytest.raises(AssertionError, match="protocol version 3"):
+            old.call("init_request", timeout=10)
+        assert proxy.alive()
+
+
+def test_host_buffers_store_lookup_delete(proxy: ProxyProcess) -> None:
+    with grpc.insecure_channel(proxy.address) as channel:
+        session = RawSession(channel)
+        init = session.init()
+        assert [d.id for d in init.all_devices] == [0, 1, 2, 3]
+        assert init.session_id > 0
+        data = bytes(range(256)) * (3 * 4096 + 7)  # a little over 3 MiB
+        session.store(7, data, chunk=300_000)
+        chunks = session.lookup(7)
+        assert b"".join(chunks) == data
+        assert len(chunks) == 4 and max(len(c) for c in chunks) <= 1 << 20
+        session.store(8, b"")
+        assert session.lookup(8) == [b""]
+        session.delete(7)
+        with pytest.raises(grpc.RpcError) as gone:
+            session.lookup(7)
+        assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "7 was deleted" in gone.value.details()
+        with pytest.raises(grpc.RpcError) as short:
+            session.store(9, b"abc", size=10)
+        assert short.value.code() == grpc.StatusCode.DATA_LOSS
+        assert "expected buffer_size 10 bytes but got 3" in short.value.details()
+        with pytest.raises(grpc.RpcError) as twice:
+            session.store(8, b"x")
+        assert twice.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        # Another session's buffers are out of reach: the id (the host buffer calls' only
+        # credential) is random, so the next session's is not the next number, and a guess
+        # learns nothing from the error.
+        other = RawSession(channel)
+        second = other.init().session_id
+        assert abs(second - init.session_id) > 1_000_000
+        guess = RawSession(channel)
+        guess.session_id = init.session_id + 1
+        with pytest.raises(grpc.RpcError) as unknown:
+            guess.lookup(8)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        assert str(guess.session_id) not in unknown.value.details()
+        other.close()
+        session.close()

@@ -1,0 +1,45 @@
+"""Unmodified JAX programs through the proxy give exactly what plain JAX gives."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+from proxy_harness import HERE, PYTHON, ProxyProcess, client_env, run_client
+
+
+def _load(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+def test_unmodified_jax_program_matches_plain_jax(proxy: ProxyProcess, tmp_path: Path) -> None:
+    local = run_client(["jax_program.py", "local", "4", str(tmp_path / "local.npz")])
+    assert local.returncode == 0, local.stderr[-3000:]
+    # Two copies of the program at once: two sessions, each with its own arrays.
+    runs = [
+        subprocess.Popen(
+            [PYTHON, "jax_program.py", "proxy", proxy.address, str(tmp_path / f"proxy{i}.npz")],
+            cwd=HERE,
+            env=client_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for run in runs:
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+        assert "done" in out
+    expected = _load(tmp_path / "local.npz")
+    assert set(expected) >= {"sharded_collective", "losses", "weights"}
+    for i in range(2):
+        got = _load(tmp_path / f"proxy{i}.npz")
+        assert set(got) == set(expected)
+        for name, value in expected.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+    # The training loop trained: the loss fell by orders of magnitude.
+    assert expected["losses"][-1] < expected["losses"][0] / 10
+    assert proxy.alive()

@@ -1,0 +1,70 @@
+"""An island's limits as settings: the artifact limit from the environment, its ceiling (one
+control frame), and the shape of the busy message clients recognise."""
+
+from __future__ import annotations
+
+import pytest
+
+from pathways_core.scheduling import (
+    DEFAULT_MAX_ARTIFACT_BYTES,
+    MAX_ARTIFACT_BYTES_CEILING,
+    artifact_limit_from,
+    check_artifact_limit,
+    is_busy,
+)
+from pathways_core.scheduling.limits import busy_message
+from pathways_core.wire.streams import MAX_MESSAGE_BYTES
+
+
+@pytest.mark.parametrize(
+    ("environment", "limit"),
+    [
+        ({}, DEFAULT_MAX_ARTIFACT_BYTES),
+        ({"PATHWAYS_MAX_ARTIFACT_BYTES": ""}, DEFAULT_MAX_ARTIFACT_BYTES),
+        ({"PATHWAYS_MAX_ARTIFACT_BYTES": " 1024 "}, 1024),
+        (
+            {"PATHWAYS_MAX_ARTIFACT_BYTES": str(MAX_ARTIFACT_BYTES_CEILING)},
+            MAX_ARTIFACT_BYTES_CEILING,
+        ),
+    ],
+)
+def test_the_artifact_limit_comes_from_the_environment(environment, limit) -> None:
+    assert artifact_limit_from(environment) == limit
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("32MiB", "must be a number of bytes, not '32MiB'"),
+        ("0", "between 1 and"),
+        (str(MAX_MESSAGE_BYTES), "one control frame"),
+    ],
+)
+def test_an_unusable_artifact_limit_names_the_variable(value, message) -> None:
+    with pytest.raises(ValueError, match=message) as raised:
+        artifact_limit_from({"PATHWAYS_MAX_ARTIFACT_BYTES": value})
+    assert str(raised.value).startswith("PATHWAYS_MAX_ARTIFACT_BYTES")
+
+
+def test_the_ceiling_leaves_room_in_a_frame() -> None:
+    assert DEFAULT_MAX_ARTIFACT_BYTES <= MAX_ARTIFACT_BYTES_CEILING < MAX_MESSAGE_BYTES
+    with pytest.raises(ValueError, match="--max-artifact-bytes must be between"):
+        check_artifact_limit(MAX_ARTIFACT_BYTES_CEILING + 1, "--max-artifact-bytes")
+
+
+@pytest.mark.parametrize("per_client", [True, False])
+def test_busy_messages_are_recognised(per_client: bool) -> None:
+    message = busy_message("isl", "alice", 8, 8, per_client)
+    assert is_busy(message) and message.endswith("retry later")
+    assert not is_busy("computation 'x' names no devices")
+
+
+def test_the_executor_checks_the_artifact_limit_again() -> None:
+    from pathways_executor.functions import FunctionCache, FunctionError
+
+    cache = FunctionCache(max_artifact_bytes=10)
+    with pytest.raises(FunctionError, match="larger than this executor accepts \\(10 bytes"):
+        cache.register("0" * 64, b"x" * 11, "big")
+    # Remembered: a computation calling it fails with the same reason.
+    with pytest.raises(FunctionError, match="its artifact is 11 bytes"):
+        cache.callable("0" * 64, [])
