@@ -2,9 +2,9 @@
 
 Each stage is a dense layer on its own 2-device slice (data parallel inside the slice). One
 training step is a traced program: forward passes of every microbatch through the stages,
-backward passes accumulating each stage's gradients where its parameters live, then an update
-on every stage. The whole step is dispatched at once; activations move between slices as
-futures, never through the client.
+backward passes of the activation gradients, then an update on every stage that computes its
+weight gradient over all microbatches at once where its parameters live. The whole step is
+dispatched at once; activations move between slices as futures, never through the client.
 
     python examples/pipeline_mlp.py              # starts a local island of 2 x 4 fake devices
 """
@@ -64,29 +64,41 @@ def init(config: Config) -> tuple[list[Params], np.ndarray, np.ndarray]:
 
 
 class Pipeline:
-    """The model's stages placed on slices, and its training step as a program."""
+    """The model's stages placed on slices, and its training step as a program.
+
+    The backward pass is split in two, as in zero-bubble pipeline schedules: per microbatch a
+    stage computes only the gradient its predecessor waits for (and keeps the gradient at its
+    own pre-activation); its weight gradient is computed once a step, over all microbatches
+    together, in the update. The pipeline's critical path then carries no weight-gradient
+    work, and that work runs as one large matmul instead of M small ones (on these CPU devices
+    a 32-row matmul runs at a fraction of the speed of a 512-row one), with no per-microbatch
+    accumulation through memory."""
 
     def __init__(self, slices: list[pw.Slice], config: Config) -> None:
         self.config = config
         last = config.stages - 1
         batch, replicated = P("x"), P()
-        self.forward, self.backward = [], []
+        self.forward, self.backward, self.update = [], [], []
         for stage, devices in enumerate(slices):
             is_last = stage == last
 
             def forward(params, x, is_last=is_last):
                 return layer(params, x, is_last)
 
-            def backward(params, x, y, dy, accumulated, is_last=is_last):
-                # From the stored input and output: no recomputation of the forward pass.
-                # Gradients stay partial sums, one per device of the slice (leading axis),
-                # so a microbatch costs no collective; the update reduces them once a step.
+            def backward(params, y, dy, is_last=is_last, is_first=stage == 0):
+                # From the stored output: no recomputation of the forward pass. The first
+                # stage's input gradient has no consumer, so it is not computed.
                 weights, _ = params
                 dz = dy if is_last else dy * (1.0 - y * y)
-                parts = (config.devices_per_stage, -1, config.width)
-                xs, dzs = x.reshape(parts), dz.reshape(parts)
-                grads = (jnp.einsum("dbi,dbj->dij", xs, dzs), jnp.sum(dzs, axis=1))
-                return jax.tree.map(jnp.add, accumulated, grads), dz @ weights.T
+                return dz, (None if is_first else dz @ weights.T)
+
+            def update(params, xs, dzs):
+                # The weight gradient over every microbatch of the step at once (rows of the
+                # stacked inputs stay on their devices; one reduction across the slice).
+                x, dz = jnp.stack(xs), jnp.stack(dzs)
+                grads = (jnp.einsum("mbi,mbj->ij", x, dz), jnp.sum(dz, axis=(0, 1)))
+                scale = config.learning_rate / config.microbatches
+                return jax.tree.map(lambda p, g: p - scale * g, params, grads)
 
             self.forward.append(
                 pw.function(
@@ -101,19 +113,23 @@ class Pipeline:
                 pw.function(
                     backward,
                     slice=devices,
-                    in_shardings=(replicated, batch, batch, batch, batch),
+                    in_shardings=(replicated, batch, batch),
                     out_shardings=batch,
                     name=f"backward-{stage}",
+                )
+            )
+            self.update.append(
+                pw.function(
+                    update,
+                    slice=devices,
+                    in_shardings=(replicated, batch, batch),
+                    out_shardings=replicated,
+                    name=f"update-{stage}",
                 )
             )
 
         def loss_and_grad(prediction, target):
             return mse(prediction, target), jax.grad(mse)(prediction, target)
-
-        def update(params, accumulated):
-            scale = config.learning_rate / config.microbatches
-            new = jax.tree.map(lambda p, g: p - scale * jnp.sum(g, axis=0), params, accumulated)
-            return new, jax.tree.map(jnp.zeros_like, accumulated)
 
         self.loss = pw.function(
             loss_and_grad,
@@ -122,22 +138,11 @@ class Pipeline:
             out_shardings=(replicated, batch),
             name="loss",
         )
-        self.update = [
-            pw.function(
-                update,
-                slice=devices,
-                in_shardings=(replicated, batch),
-                out_shardings=(replicated, batch),
-                name=f"update-{stage}",
-            )
-            for stage, devices in enumerate(slices)
-        ]
         self.step = pw.program(self._step, name="train-step")
 
-    def _step(self, params, accumulated, inputs, targets):
+    def _step(self, params, inputs, targets):
         """One GPipe step: all forwards, then all backwards, then the updates."""
         stages = self.config.stages
-        accumulated = list(accumulated)
         activations = []
         for x in inputs:
             seen = [x]
@@ -145,27 +150,26 @@ class Pipeline:
                 seen.append(self.forward[stage](params[stage], seen[-1]))
             activations.append(seen)
         losses = []
+        pre_activation_grads: list[list] = [[] for _ in range(stages)]
         for seen, target in zip(activations, targets, strict=True):
             loss, dy = self.loss(seen[-1], target)
             losses.append(loss)
             for stage in reversed(range(stages)):
-                accumulated[stage], dy = self.backward[stage](
-                    params[stage], seen[stage], seen[stage + 1], dy, accumulated[stage]
-                )
-        updated = [self.update[s](params[s], accumulated[s]) for s in range(stages)]
-        return [u[0] for u in updated], [u[1] for u in updated], losses
+                dz, dy = self.backward[stage](params[stage], seen[stage + 1], dy)
+                pre_activation_grads[stage].append(dz)
+        updated = [
+            self.update[stage](
+                params[stage], [seen[stage] for seen in activations], pre_activation_grads[stage]
+            )
+            for stage in range(stages)
+        ]
+        return updated, losses
 
     def train(self, params, inputs, targets) -> tuple[list[float], list[Params]]:
         """Train for ``len(inputs)`` steps; returns each step's mean loss and the parameters."""
-        per_device = self.config.devices_per_stage
-        accumulated = [
-            jax.tree.map(lambda a: np.zeros((per_device, *a.shape), a.dtype), p) for p in params
-        ]
         step_losses = []
         for step_inputs, step_targets in zip(inputs, targets, strict=True):
-            params, accumulated, losses = self.step(
-                params, accumulated, list(step_inputs), list(step_targets)
-            )
+            params, losses = self.step(params, list(step_inputs), list(step_targets))
             step_losses.append(losses)
         mean_losses = [float(np.mean([loss.result() for loss in step])) for step in step_losses]
         return mean_losses, [tuple(leaf.result() for leaf in p) for p in params]

@@ -24,7 +24,13 @@ import numpy as np
 
 from pathways_client.rpc import MESSAGE_OPTIONS, stub
 from pathways_client.tls import Tls, channel, load
-from pathways_core.scheduling.limits import artifact_limit_from, artifact_problem, is_busy
+from pathways_core.scheduling.limits import (
+    DEFAULT_MAX_QUEUED,
+    artifact_limit_from,
+    artifact_problem,
+    default_max_queued_per_client,
+    is_busy,
+)
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
 from pathways_core.wire.arrays import Assembly, to_chunks
 from pathways_core.wire.streams import (
@@ -106,6 +112,12 @@ class IslandClient:
         }
         self._lock = threading.Lock()
         self._pending: dict[str, Future[None]] = {}
+        # Flow control: at most this many computations outstanding, so a long chain of
+        # submissions waits for room instead of running into the island's per-client bound.
+        self.window = self.info.max_queued_per_client or default_max_queued_per_client(
+            DEFAULT_MAX_QUEUED
+        )
+        self._room = threading.Condition(self._lock)
         self._functions: dict[str, Future[None]] = {}
         self._locations: dict[str, tuple[int, ...]] = {}  # buffer id -> executors holding it
         self._send_lock = threading.Lock()
@@ -212,6 +224,7 @@ class IslandClient:
         computation_id = self._new_id("c")
         output_ids = tuple(self._new_id("b") for _ in range(outputs))
         done: Future[None] = Future()
+        self._wait_for_room()
         with self._lock:
             if self._ended:
                 done.set_exception(IslandError(self._ended))
@@ -301,6 +314,20 @@ class IslandClient:
 
     # -- session -----------------------------------------------------------------------------
 
+    def _wait_for_room(self) -> None:
+        """Block while ``window`` computations are outstanding. What this thread batched so
+        far is sent first: its completions are what makes room."""
+        with self._lock:
+            if len(self._pending) < self.window or self._ended:
+                return
+        batched = getattr(self._batching, "messages", None)
+        if batched:
+            self._batching.messages = []
+            self._write(batched)
+        with self._room:
+            while len(self._pending) >= self.window and not self._ended:
+                self._room.wait()
+
     def _new_id(self, kind: str) -> str:
         return f"{self.client}/{kind}{next(_IDS)}"
 
@@ -336,6 +363,7 @@ class IslandClient:
             waiting = [*self._pending.values(), *self._functions.values()]
             self._pending.clear()
             self._ended = reason  # later requests fail at once with the same reason
+            self._room.notify_all()
         for future in waiting:
             if not future.done():
                 future.set_exception(IslandError(reason))
@@ -350,6 +378,8 @@ class IslandClient:
                     self._functions.pop(event.function_id, None)
             else:
                 future = self._pending.pop(event.computation_id, None)
+                if future is not None and len(self._pending) == self.window - 1:
+                    self._room.notify_all()
         if future is None or future.done():
             return
         if event.kind in (Event.COMPLETED, Event.REGISTERED):

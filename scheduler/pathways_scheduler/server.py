@@ -382,6 +382,8 @@ class SchedulerService:
             island=self.island,
             policy=dispatcher.queue.policy.value,
             session_endpoint=self.session_endpoint,
+            max_queued=dispatcher.queue.max_queued,
+            max_queued_per_client=dispatcher.queue.max_queued_per_client,
             executors=[
                 pb.ExecutorInfo(
                     index=s.index,

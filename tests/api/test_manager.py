@@ -167,8 +167,13 @@ def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running)
     submit(store, "doomed", "import time; time.sleep(600)")
     for name in ("long", "doomed"):
         wait_for(lambda name=name: phase(store, "PathwaysProgram", name) == "Running")
-    processes = dict(running.manager.running)
-    assert set(processes) == {"team/long-run-1", "team/doomed-run-1"}
+    # A tick writes the programs' Running status, then starts their Jobs' processes.
+    expected = {"team/long-run-1", "team/doomed-run-1"}
+    processes = wait_for(
+        lambda: (found := dict(running.manager.running)).keys() >= expected and found,
+        what="both runs' processes",
+    )
+    assert set(processes) == expected
 
     def cancel(document: dict[str, Any]) -> dict[str, Any]:
         document["spec"]["suspend"] = True
@@ -207,10 +212,19 @@ def test_a_stopped_manager_keeps_bindings_and_fails_its_runs_as_lost(state: Path
         after = second.store.read("VirtualSlice", "team", "survivor-main")["status"]
         assert after["devices"] == before["devices"]
         assert after["boundTime"] == before["boundTime"]
-        events = second.store._db().execute(
-            "SELECT reason, message FROM events WHERE name = 'survivor' AND reason = 'Restarting'"
+        # The Events of a decision are recorded just after the status it wrote.
+        restarting = wait_for(
+            lambda: (
+                second.store._db()
+                .execute(
+                    "SELECT reason, message FROM events "
+                    "WHERE name = 'survivor' AND reason = 'Restarting'"
+                )
+                .fetchone()
+            ),
+            what="the Restarting event",
         )
-        assert "lost" in events.fetchone()[1]
+        assert "lost" in restarting[1]
     finally:
         second.stop()
 

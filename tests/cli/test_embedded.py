@@ -101,7 +101,11 @@ def test_up_submit_trace_cancel_down_and_up_again(state: Path, tmp_path: Path, p
     document = yaml.safe_load(pathways("get", "double", *api, "-o", "yaml").output)
     assert document["status"]["phase"] == "Succeeded"
     assert document["metadata"]["namespace"] == "team-a"
-    assert "JobSucceeded" in pathways("get", "double", *api, "--events").output
+    # The resource manager records a transition's Events just after the status that reports it.
+    deadline = time.monotonic() + 30
+    while "JobSucceeded" not in (shown := pathways("get", "double", *api, "--events").output):
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.2)
 
     listed = pathways("get", *api)
     assert "double" in listed.output and "sleeper" in listed.output

@@ -54,12 +54,24 @@ def island(compilation_cache: Path) -> Iterator[LocalIsland]:
         yield running
 
 
-def flood(client: IslandClient, count: int) -> list[Submitted]:
+def prepare(client: IslandClient) -> tuple[str, str]:
+    """The slow function registered and its input put on device 0 (round trips a flood
+    should not wait for). The client then ignores the SDK's flow control, as a hostile or
+    foreign client would: the island's own bounds are what is tested."""
+    client.window = 1 << 30
+    return client.register(SLOW, "slow"), client.put(INPUT, device=0)
+
+
+def send(client: IslandClient, prepared: tuple[str, str], count: int) -> list[Submitted]:
     """``count`` computations sent at once (one message), none awaited."""
-    function = client.register(SLOW, "slow")
-    x = client.put(INPUT, device=0)
+    function, x = prepared
     with client.batch():
         return [client.submit(function, [0], [x], 1, name=f"n{n}") for n in range(count)]
+
+
+def flood(client: IslandClient, count: int) -> list[Submitted]:
+    """``count`` computations of a freshly prepared client sent at once, none awaited."""
+    return send(client, prepare(client), count)
 
 
 def outcomes(calls: list[Submitted]) -> tuple[list[Submitted], list[IslandBusy]]:
@@ -98,12 +110,28 @@ def test_a_flooding_client_is_told_busy_and_another_clients_work_still_runs(
         assert outcomes(again) == (again, [])
 
 
+def test_the_sdk_waits_for_room_instead_of_overrunning_its_bound(island: LocalIsland) -> None:
+    """A chain three times the per-client bound, sent as one batch by a client keeping the
+    SDK's flow control: it sends what fits, waits for completions to make room, and every
+    computation runs; none is refused."""
+    with IslandClient(island.scheduler_endpoint, "patient") as client:
+        assert client.window == PER_CLIENT  # the island told the client its bound
+        function, x = client.register(SLOW, "slow"), client.put(INPUT, device=0)
+        with client.batch():
+            calls = [client.submit(function, [0], [x], 1) for _ in range(3 * PER_CLIENT)]
+        assert outcomes(calls) == (calls, [])
+        np.testing.assert_allclose(client.get(calls[-1].outputs[0]), EXPECTED, rtol=1e-5)
+
+
 def test_the_island_bound_holds_over_all_clients(island: LocalIsland) -> None:
     endpoint = island.scheduler_endpoint
     clients = [IslandClient(endpoint, f"tenant-{n}") for n in range(3)]
     try:
-        # Three clients of 3 each would queue 9: the island takes 8.
-        floods = [flood(client, 30) for client in clients]
+        # Three clients of 3 each would queue 9: the island takes 8. Every client is prepared
+        # first, so that the floods arrive together, before the computation in flight (~0.2 s)
+        # ends and makes room in the queue.
+        prepared = [prepare(client) for client in clients]
+        floods = [send(client, p, 30) for client, p in zip(clients, prepared, strict=True)]
         messages = [str(e) for calls in floods for e in outcomes(calls)[1]]
         island_full = [m for m in messages if "max-queued 8" in m]
         assert island_full, messages[:3]

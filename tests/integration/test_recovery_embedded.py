@@ -199,6 +199,20 @@ def run_with_fault(cluster: Cluster, tag: str, fault: Callable[[dict[str, str]],
     return {"documents": documents, "placed": placed, "submitted": submitted}
 
 
+def restarted(cluster: Cluster, before: Any, component: str) -> Any:
+    """The cluster's record once it counts a restart of ``component`` since ``before``: the
+    supervisor writes it just after the component is back, which may be after the programs
+    that needed it ended."""
+    return wait_for(
+        lambda: (
+            (info := cluster.info()).restarts.get(component, 0) > before.restarts.get(component, 0)
+            and info
+        ),
+        60,
+        f"the restart of {component} to be recorded in cluster.json",
+    )
+
+
 def resumed(cluster: Cluster, tenant: str, name: str) -> bool:
     """Whether the program's last run started from a checkpoint past step 0."""
     runs = cluster.runs(tenant, name)
@@ -223,13 +237,21 @@ def test_a_killed_island_process_restarts_the_island_and_its_programs_resume(
 
     outcome = run_with_fault(cluster, which, fault)
     island = killed[0]
-    info = cluster.info()
     key = f"island/{island}"
+    info = restarted(cluster, before, key)
     # The supervisor restarted the whole island (one failure domain): new processes.
     assert info.restarts.get(key, 0) == before.restarts.get(key, 0) + 1
     assert not set(info.islands[island]["pids"]) & set(before.islands[island]["pids"])
     assert info.islands[island]["generation"] == before.islands[island]["generation"] + 1
-    # It went Degraded (hosts lost), then Ready again at its new endpoint.
+    # It went Degraded (hosts lost), then Ready again at its new endpoint. The Ready event is
+    # recorded just after the status run_with_fault saw: wait for it (the assertions below
+    # say what is wrong if it never comes).
+    with contextlib.suppress(AssertionError):
+        wait_for(
+            lambda: (events := cluster.events(island)) and events[-1][1] != "Degraded",
+            30,
+            f"the event of {island} after its Degraded one",
+        )
     reasons = [(kind, reason) for kind, reason, _ in cluster.events(island)]
     assert reasons.count(("Warning", "Degraded")) == before.restarts.get(key, 0) + 1, reasons
     assert reasons[-2:] == [("Warning", "Degraded"), ("Normal", "Ready")], reasons
@@ -254,7 +276,7 @@ def test_a_killed_resource_manager_loses_no_run(cluster: Cluster) -> None:
         os.kill(before.manager_pid, signal.SIGKILL)
 
     outcome = run_with_fault(cluster, "manager", fault)
-    info = cluster.info()
+    info = restarted(cluster, before, "manager")
     assert info.restarts.get("manager", 0) == before.restarts.get("manager", 0) + 1
     assert info.manager_pid != before.manager_pid
     # The next manager adopted the runs: none was lost or started twice.
@@ -274,7 +296,7 @@ def test_a_killed_api_comes_back_on_the_same_url(cluster: Cluster, pathways) -> 
         answered.append(wait_for(lambda: cluster.clients[TENANTS[1]].me(), 60, "the API"))
 
     outcome = run_with_fault(cluster, "api", fault)
-    info = cluster.info()
+    info = restarted(cluster, before, "api")
     assert answered[0]["tenant"] == TENANTS[1]
     assert info.api == cluster.api and info.api_pid != before.api_pid
     assert info.restarts.get("api", 0) == before.restarts.get("api", 0) + 1

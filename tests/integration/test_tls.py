@@ -152,7 +152,8 @@ def test_plaintext_connections_to_every_port_are_refused(
         for executor in info.executors:
             with grpc.insecure_channel(executor.endpoint) as channel:
                 with pytest.raises(grpc.RpcError) as refused:
-                    stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=5)
+                    # Refused at once; the deadline only bounds a loaded machine's delay.
+                    stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=30)
                 assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
         # The scheduler's command streams and the data plane are untouched.
         np.testing.assert_array_equal(chain(client), (np.arange(4) + 1) * 2 + 1)

@@ -54,8 +54,13 @@ def test_island_lifecycle_create_ready_scale_degrade_delete(cluster: Cluster, op
 
     # kubelet's part: the pods become ready.
     mark_ready(cluster, "alpha", SYSTEM, scheduler=1, executors=2)
+    # devicesFree is written by the binding pass, apart from the island's own status patch.
     ready = wait_for(
-        lambda: (s := status(cluster, "Island", "alpha")).get("phase") == "Ready" and s
+        lambda: (
+            (s := status(cluster, "Island", "alpha")).get("phase") == "Ready"
+            and "devicesFree" in s
+            and s
+        )
     )
     assert ready["readyHosts"] == 2 and ready["devicesTotal"] == 8 and ready["devicesFree"] == 8
     assert ready["schedulerEndpoint"] == f"alpha-scheduler.{SYSTEM}.svc:8470"
@@ -171,7 +176,8 @@ def test_deleting_an_island_moves_its_slices_with_a_reason(cluster: Cluster, ope
         )
     )
     assert moved["phase"] == "Bound"
-    assert cluster.events("work", "IslandDeleted")
+    # The binding pass posts its Events after it has stored every status.
+    wait_for(lambda: cluster.events("work", "IslandDeleted"), what="the IslandDeleted Event")
 
 
 def test_each_island_gets_its_own_control_token_secret(cluster: Cluster) -> None:

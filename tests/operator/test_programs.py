@@ -87,7 +87,8 @@ def test_driver_program_runs_to_succeeded_on_a_real_island(
     # The program's inline slice was owned by it and is released once it is done.
     wait_for(lambda: cluster.get("VirtualSlice", "prog-main", "team") is None)
     assert [e["reason"] for e in cluster.events("prog")][:2] == ["WaitingForSlices", "Running"]
-    assert cluster.events("prog", "JobSucceeded")
+    # Events are posted after the status patch that reports the transition.
+    wait_for(lambda: cluster.events("prog", "JobSucceeded"), what="the JobSucceeded Event")
 
 
 def test_missing_slice_then_restarts_until_failed(
@@ -106,7 +107,8 @@ def test_missing_slice_then_restarts_until_failed(
     waiting = wait_for(lambda: (s := pstatus(cluster, "flaky")).get("reason") and s)
     assert waiting["phase"] == "Pending" and waiting["reason"] == "VirtualSliceNotFound"
     assert "VirtualSlice 'shared' not found in namespace team" in waiting["message"]
-    assert cluster.events("flaky", "VirtualSliceNotFound")[0]["type"] == "Warning"
+    # The Event is posted after the status patch that reports it.
+    assert wait_for(lambda: cluster.events("flaky", "VirtualSliceNotFound"))[0]["type"] == "Warning"
     assert cluster.list("Job", "team") == []
 
     with JobRunner(cluster, tmp_path) as jobs:

@@ -58,7 +58,8 @@ def test_bound_pending_preempted_released(cluster: Cluster, operator) -> None:
     victim = status(cluster, victims[0])
     assert victim["reason"] == "Preempted" and "team/urgent" in victim["message"]
     assert victim["devices"] == []
-    assert cluster.events(victims[0], "Preempted")
+    # The binding pass posts its Events after it has stored every status.
+    wait_for(lambda: cluster.events(victims[0], "Preempted"), what="the Preempted Event")
     assert phase(cluster, "waiter") == "Pending"
     assert_no_device_bound_twice(cluster)
 
@@ -145,9 +146,19 @@ def test_metrics_endpoint_reports_slices_devices_and_time_to_bind(cluster: Clust
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
                 return answer.read().decode()
 
-        text = wait_for(
-            lambda: 'pathways_island_devices_free{island="m"} 2.0' in (t := scrape()) and t
+        # A pass sets the island's gauges, then patches the island, then sets the slice
+        # gauges (process-wide: stale from earlier tests until then): wait for all of them.
+        wanted = (
+            'pathways_island_devices_free{island="m"} 2.0',
+            'pathways_virtual_slices{phase="Bound"} 1.0',
+            'pathways_virtual_slices{phase="Pending"} 1.0',
         )
+
+        def scraped() -> str:
+            text = scrape()
+            return text if all(line in text for line in wanted) else ""
+
+        text = wait_for(scraped, what=f"the metrics {wanted}")
     assert 'pathways_virtual_slices{phase="Bound"} 1.0' in text
     assert 'pathways_virtual_slices{phase="Pending"} 1.0' in text
     assert 'pathways_island_devices_total{island="m"} 8.0' in text

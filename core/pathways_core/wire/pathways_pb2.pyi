@@ -271,18 +271,22 @@ class ExecutorInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., buffers: _Optional[int] = ..., buffer_bytes: _Optional[int] = ...) -> None: ...
 
 class IslandInfo(_message.Message):
-    __slots__ = ("island", "shape", "executors", "policy", "session_endpoint")
+    __slots__ = ("island", "shape", "executors", "policy", "session_endpoint", "max_queued", "max_queued_per_client")
     ISLAND_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     EXECUTORS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     SESSION_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUED_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
     island: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     executors: _containers.RepeatedCompositeFieldContainer[ExecutorInfo]
     policy: str
     session_endpoint: str
-    def __init__(self, island: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., executors: _Optional[_Iterable[_Union[ExecutorInfo, _Mapping]]] = ..., policy: _Optional[str] = ..., session_endpoint: _Optional[str] = ...) -> None: ...
+    max_queued: int
+    max_queued_per_client: int
+    def __init__(self, island: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., executors: _Optional[_Iterable[_Union[ExecutorInfo, _Mapping]]] = ..., policy: _Optional[str] = ..., session_endpoint: _Optional[str] = ..., max_queued: _Optional[int] = ..., max_queued_per_client: _Optional[int] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()
