@@ -3,7 +3,10 @@ and 9), measured side by side in one run.
 
 1. Aggregate throughput: 1, 2, 4 and 8 client processes each submit a chain of the same
    gang-scheduled computation on all of one island's devices; computations per second over all
-   clients, against one client alone, at several computation sizes.
+   clients, against one client alone, at several computation sizes. Beside it, the most
+   clients against one client running as many chains in turn: the same data on the host,
+   without tenancy, so the cost of tenancy shows apart from the cost of a larger working set
+   in the host's caches (fake devices are host memory).
 2. Shares: four clients with weights 1:1:1:1 and 1:2:4:8 under proportional share submit the
    same computation; each one's share of the computations run while all have work queued
    (past their warm-up), against its weight; the measured device time beside it.
@@ -23,9 +26,17 @@ from typing import Any
 
 
 def client_process(
-    endpoint: str, name: str, weight: int, width: int, calls: int, start: Any, out: Any
+    endpoint: str,
+    name: str,
+    weight: int,
+    width: int,
+    calls: int,
+    start: Any,
+    out: Any,
+    chains: int = 1,
 ) -> None:
-    """One tenant: connect, warm up, wait for the others, then time a chain of ``calls``."""
+    """One tenant: connect, warm up, wait for the others, then time ``calls`` computations
+    over ``chains`` independent chains taken in turn."""
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import PartitionSpec as P
@@ -45,22 +56,23 @@ def client_process(
         step(x).result()  # compiled and registered before the clock starts
         start.wait()
         began = time.perf_counter()
-        value = x
-        for _ in range(calls):
-            value = step(value)
-        value.result()
+        values = [x] * chains
+        for call in range(calls):
+            values[call % chains] = step(values[call % chains])
+        for value in values:
+            value.result()
         out.put((name, began, time.perf_counter()))
 
 
 def run_clients(
-    endpoint: str, weights: list[int], width: int, calls: int
+    endpoint: str, weights: list[int], width: int, calls: int, chains: int = 1
 ) -> list[tuple[str, float, float]]:
     context = multiprocessing.get_context("spawn")
     start, out = context.Barrier(len(weights)), context.Queue()
     processes = [
         context.Process(
             target=client_process,
-            args=(endpoint, f"tenant-{i}-w{w}", w, width, calls, start, out),
+            args=(endpoint, f"tenant-{i}-w{w}", w, width, calls, start, out, chains),
         )
         for i, w in enumerate(weights)
     ]
@@ -87,8 +99,23 @@ def aggregate_throughput(quick: bool) -> list[dict[str, Any]]:
             for clients in counts:
                 per_client = max(calls // clients, 20)
                 results = run_clients(island.scheduler_endpoint, [1] * clients, width, per_client)
-                wall = max(end for _, _, end in results) - min(b for _, b, _ in results)
-                rates[clients] = clients * per_client / wall
+                rates[clients] = clients * per_client / _wall(results)
+            # The most clients' data from one client: what the host's caches cost the same
+            # work without any tenancy (the second baseline).
+            many = counts[-1]
+            results = run_clients(island.scheduler_endpoint, [1], width, calls, chains=many)
+            one_with_many_chains = calls / _wall(results)
+            records.append(
+                {
+                    "name": f"aggregate throughput, {many} clients vs 1 client of {many} chains",
+                    "value": rates[many],
+                    "baseline": one_with_many_chains,
+                    "ratio": rates[many] / one_with_many_chains,
+                    "unit": "computations/s",
+                    "target": None,
+                    "parameters": {"floats_per_device": width, "clients": many, "chains": many},
+                }
+            )
             for clients in counts[1:]:
                 records.append(
                     {
@@ -102,6 +129,11 @@ def aggregate_throughput(quick: bool) -> list[dict[str, Any]]:
                     }
                 )
     return records
+
+
+def _wall(results: list[tuple[str, float, float]]) -> float:
+    """From the first client's start to the last one's end."""
+    return max(end for _, _, end in results) - min(began for _, began, _ in results)
 
 
 SHARE_WIDTH = 65_536

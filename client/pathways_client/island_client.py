@@ -25,10 +25,9 @@ import numpy as np
 from pathways_client.rpc import MESSAGE_OPTIONS, stub
 from pathways_client.tls import Tls, channel, load
 from pathways_core.scheduling.limits import (
-    DEFAULT_MAX_QUEUED,
     artifact_limit_from,
     artifact_problem,
-    default_max_queued_per_client,
+    client_window,
     is_busy,
 )
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
@@ -113,14 +112,18 @@ class IslandClient:
         self._lock = threading.Lock()
         self._pending: dict[str, Future[None]] = {}
         # Flow control: at most this many computations outstanding, so a long chain of
-        # submissions waits for room instead of running into the island's per-client bound.
-        self.window = self.info.max_queued_per_client or default_max_queued_per_client(
-            DEFAULT_MAX_QUEUED
-        )
+        # submissions waits for room instead of running into the island's queue bounds.
+        self.window = client_window(self.info.max_queued_per_client)
         self._room = threading.Condition(self._lock)
         self._functions: dict[str, Future[None]] = {}
         self._locations: dict[str, tuple[int, ...]] = {}  # buffer id -> executors holding it
         self._send_lock = threading.Lock()
+        # Deletions made while computations are outstanding ride along with the next message
+        # (or go when the last completion arrives): one write and one message less per call
+        # of a chain, on both sides. Appended under both locks, taken under the second
+        # (``_write`` runs with or without ``_lock`` held).
+        self._deferred: list[pb.ClientMessage] = []
+        self._deferred_lock = threading.Lock()
         self._batching = threading.local()
         self._rejected = ""
         self._ended = ""
@@ -272,7 +275,13 @@ class IslandClient:
         """Free buffers once the computations queued before this call have used them."""
         for buffer_id in buffer_ids:
             self._locations.pop(buffer_id, None)
-        self._send(pb.ClientMessage(delete=pb.DeleteBuffers(ids=list(buffer_ids))))
+        message = pb.ClientMessage(delete=pb.DeleteBuffers(ids=list(buffer_ids)))
+        if getattr(self._batching, "messages", None) is None:
+            with self._lock, self._deferred_lock:
+                if self._pending:
+                    self._deferred.append(message)
+                    return
+        self._send(message)
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -295,6 +304,7 @@ class IslandClient:
         return list(stub(self._channel, SCHEDULER, "GetTrace")(pb.Empty(), timeout=60).records)
 
     def close(self) -> None:
+        self._write([])  # deferred deletions
         with contextlib.suppress(OSError):  # the scheduler ends the session and its stream
             self._session.shutdown(socket.SHUT_WR)
         self._reader.join(timeout=10)
@@ -339,7 +349,11 @@ class IslandClient:
             self._write([message])
 
     def _write(self, batch: list[pb.ClientMessage]) -> None:
-        """Send messages in one frame, straight from the caller's thread."""
+        """Send messages in one frame, straight from the caller's thread, after the
+        deletions deferred until now."""
+        if self._deferred:
+            with self._deferred_lock:
+                batch, self._deferred = [*self._deferred, *batch], []
         if not batch:
             return
         data = frame(pb.ClientBatch(messages=batch))
@@ -380,6 +394,9 @@ class IslandClient:
                 future = self._pending.pop(event.computation_id, None)
                 if future is not None and len(self._pending) == self.window - 1:
                     self._room.notify_all()
+            idle = not self._pending and self._deferred
+        if idle:  # nothing else will carry the deferred deletions soon
+            self._write([])
         if future is None or future.done():
             return
         if event.kind in (Event.COMPLETED, Event.REGISTERED):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import hashlib
 import socket
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import export, f32
 
-from pathways_client.island_client import IslandClient, IslandError
+from pathways_client.island_client import IslandClient, IslandError, Submitted
 from pathways_client.launcher import LocalIsland
 from pathways_core.wire import pb
 from pathways_core.wire.streams import frame, messages
@@ -112,11 +112,16 @@ def test_proportional_share_within_five_percent(compilation_cache, weights) -> N
         try:
             functions = [client.register(INCREMENT, "increment") for client in clients]
             inputs = [client.put(np.zeros(4, np.float32), device=0) for client in clients]
-            last = []
-            for client, function, x in zip(clients, functions, inputs, strict=True):
+
+            def submit_all(client: IslandClient, function: str, x: str) -> Submitted:
+                # Each client from its own thread, as separate programs would: a client
+                # waits for room in its window, and must not hold up the others meanwhile.
                 for _ in range(per_client):
                     submitted = client.submit(function, [0], [x], 1)
-                last.append(submitted)
+                return submitted
+
+            with ThreadPoolExecutor(len(clients)) as pool:
+                last = list(pool.map(submit_all, clients, functions, inputs))
             for submitted in last:
                 submitted.wait(300)
             records = sorted(clients[0].trace(), key=lambda r: r.seq)

@@ -7,9 +7,13 @@ import pytest
 
 from pathways_core.scheduling import (
     DEFAULT_MAX_ARTIFACT_BYTES,
+    DEFAULT_MAX_QUEUED,
     MAX_ARTIFACT_BYTES_CEILING,
+    SDK_WINDOW,
     artifact_limit_from,
     check_artifact_limit,
+    client_window,
+    default_max_queued_per_client,
     is_busy,
 )
 from pathways_core.scheduling.limits import busy_message
@@ -44,6 +48,14 @@ def test_an_unusable_artifact_limit_names_the_variable(value, message) -> None:
     with pytest.raises(ValueError, match=message) as raised:
         artifact_limit_from({"PATHWAYS_MAX_ARTIFACT_BYTES": value})
     assert str(raised.value).startswith("PATHWAYS_MAX_ARTIFACT_BYTES")
+
+
+def test_sdk_windows_fit_sixteen_clients_in_the_default_queue() -> None:
+    per_client = default_max_queued_per_client(DEFAULT_MAX_QUEUED)
+    assert client_window(per_client) == SDK_WINDOW
+    assert 16 * client_window(per_client) <= DEFAULT_MAX_QUEUED
+    assert client_window(3) == 3  # never past the island's own bound
+    assert client_window(0) == SDK_WINDOW  # an island that does not say
 
 
 def test_the_ceiling_leaves_room_in_a_frame() -> None:

@@ -14,9 +14,11 @@ from pathways_core.scheduling.limits import (
     DEFAULT_MAX_ARTIFACT_BYTES,
     DEFAULT_MAX_QUEUED,
     MAX_ARTIFACT_BYTES_CEILING,
+    SDK_WINDOW,
     artifact_limit_from,
     artifact_problem,
     check_artifact_limit,
+    client_window,
     default_max_queued_per_client,
     is_busy,
 )
@@ -34,6 +36,7 @@ __all__ = [
     "DEFAULT_MAX_ARTIFACT_BYTES",
     "DEFAULT_MAX_QUEUED",
     "MAX_ARTIFACT_BYTES_CEILING",
+    "SDK_WINDOW",
     "ClientState",
     "ExecutorSpec",
     "Instruction",
@@ -48,6 +51,7 @@ __all__ = [
     "artifact_limit_from",
     "artifact_problem",
     "check_artifact_limit",
+    "client_window",
     "default_max_queued_per_client",
     "is_busy",
 ]

@@ -6,6 +6,11 @@ again) and the SDK (which checks before sending).
   flooding the island leaves room for the others. Beyond either, the computation is refused at
   once with a message starting ``island busy:`` that names the island, the limit and says to
   retry later; nothing of it is kept, and the island keeps serving.
+- **Clients' windows**: a client of the SDK keeps at most ``client_window`` computations
+  outstanding on an island (:data:`SDK_WINDOW`, or the island's per-client bound if lower)
+  and waits for completions beyond, so sixteen busy clients fit in the default queue without
+  being told it is busy; the island dispatches only ``max_in_flight`` at a time, so a window
+  of this size keeps it as busy as an unbounded one.
 - **Function artifacts**: at most ``max_artifact_bytes`` (default 32 MiB,
   ``PATHWAYS_MAX_ARTIFACT_BYTES``). A registration travels in one control frame, so the limit
   can be at most :data:`MAX_ARTIFACT_BYTES_CEILING` (the frame limit less room for the rest of
@@ -19,6 +24,7 @@ from collections.abc import Mapping
 from pathways_core.wire.streams import MAX_MESSAGE_BYTES
 
 DEFAULT_MAX_QUEUED = 4096
+SDK_WINDOW = 256
 DEFAULT_MAX_ARTIFACT_BYTES = 32 << 20
 MAX_ARTIFACT_BYTES_CEILING = MAX_MESSAGE_BYTES - (1 << 20)
 ARTIFACT_LIMIT_ENV = "PATHWAYS_MAX_ARTIFACT_BYTES"
@@ -28,6 +34,12 @@ BUSY_PREFIX = "island busy:"
 def default_max_queued_per_client(max_queued: int) -> int:
     """A quarter of the island's queue (at least one computation)."""
     return max(1, max_queued // 4)
+
+
+def client_window(max_queued_per_client: int) -> int:
+    """Computations an SDK client keeps outstanding on an island whose per-client bound is
+    ``max_queued_per_client`` (0: unknown, an island older than the field)."""
+    return min(SDK_WINDOW, max_queued_per_client or SDK_WINDOW)
 
 
 def is_busy(message: str) -> bool:
