@@ -8,7 +8,8 @@
    with plain single-process JAX, and reports its throughput;
 3. four tenants with weights 1, 2, 4 and 8 each submit the multi-tenant example's chain
    (``examples/multi_tenant.py``) on a *time-shared* slice of the same 2 devices; they start
-   together, and the island's trace gives each tenant's measured share of device time;
+   together, and the island's trace gives each tenant's share of the computations run and
+   of device time;
 4. the trace of the four tenants is drawn (devices x time, coloured by tenant) and the cluster
    is stopped.
 
@@ -226,8 +227,10 @@ def _tenants(clients: dict[str, ApiClient], out: Path, console: Console) -> None
         results[tenant] = _report(client, names[tenant])
         records += client.trace(names[tenant])
     measured = shares(records)
-    table = Table(title="Device time while all four tenants had work queued")
-    for column in ("tenant", "weight", "share", "target", "computations/s", "equal to JAX"):
+    granted = shares(records, by_time=False)
+    table = Table(title="Shares while all four tenants had work queued")
+    columns = ("tenant", "weight", "target", "computations", "device time", "computations/s")
+    for column in (*columns, "equal to JAX"):
         table.add_column(column, justify="right")
     by_client = {f"{t}-{names[t]}": t for t in clients}
     total = sum(WEIGHTS)
@@ -237,8 +240,9 @@ def _tenants(clients: dict[str, ApiClient], out: Path, console: Console) -> None
         table.add_row(
             tenant,
             str(weight),
-            f"{share:.3f}",
             f"{weight / total:.3f}",
+            f"{granted[client_name]:.3f}",
+            f"{share:.3f}",
             f"{results[tenant]['computations_per_second']:.0f}",
             "yes" if results[tenant]["equal_to_jax"] else "[red]no[/]",
         )

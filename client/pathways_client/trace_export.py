@@ -105,9 +105,10 @@ def plot_timeline(
     return path
 
 
-def shares(records: Sequence[Record]) -> dict[str, float]:
-    """Each client's share of device time while all of them had work: over the stretch from
-    the last client's first computation to the first client's last (in island order)."""
+def shares(records: Sequence[Record], by_time: bool = True) -> dict[str, float]:
+    """Each client's share of device time (``by_time``) or of the computations run while all
+    of them had work: over the stretch from the last client's first computation to the first
+    client's last (in island order)."""
     by_client: dict[str, list[Record]] = {}
     for record in sorted(records, key=lambda r: r["seq"]):
         by_client.setdefault(record["client"], []).append(record)
@@ -116,7 +117,13 @@ def shares(records: Sequence[Record]) -> dict[str, float]:
     start = max(items[0]["seq"] for items in by_client.values())
     stop = min(items[-1]["seq"] for items in by_client.values())
     time = {
-        client: float(sum(r["end_ns"] - r["start_ns"] for r in items if start <= r["seq"] <= stop))
+        client: float(
+            sum(
+                (r["end_ns"] - r["start_ns"]) if by_time else 1
+                for r in items
+                if start <= r["seq"] <= stop
+            )
+        )
         for client, items in by_client.items()
     }
     total = sum(time.values()) or 1.0
