@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+COMPILATION_CACHE_BYTES = 4 << 30
+
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="pathways_executor", description=__doc__)
@@ -72,6 +74,10 @@ if __name__ == "__main__":
     if arguments.compilation_cache:
         jax.config.update("jax_compilation_cache_dir", arguments.compilation_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        # The executors of an island (and islands on one host) share the directory. With a
+        # size bound JAX's cache holds a file lock around reads and writes; without one, a
+        # reader may load another process's half-written entry.
+        jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)
     from pathways_executor.server import main
 
     main(arguments)

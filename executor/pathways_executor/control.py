@@ -31,7 +31,7 @@ class ControlServer:
 
     def __init__(
         self,
-        submit: Callable[[pb.ExecutorCommand], None],
+        submit: Callable[[Sequence[pb.ExecutorCommand]], None],
         host: str,
         tls: Tls | None = None,
         token: str = "",
@@ -83,9 +83,7 @@ class ControlServer:
                 previous.shutdown(socket.SHUT_RDWR)
         try:
             for batch in incoming:
-                for command in batch.commands:
-                    if command.WhichOneof("kind") != "hello":
-                        self._submit(command)
+                self._submit([c for c in batch.commands if c.WhichOneof("kind") != "hello"])
         except (OSError, FrameError):
             pass
         if self._connection is connection:

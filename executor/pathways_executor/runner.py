@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable as Fn
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -101,7 +102,8 @@ class Runner:
         self.functions = FunctionCache(checker=checker)
         self._fetch = fetch
         self._emit = emit
-        self._commands: queue.Queue[pb.ExecutorCommand | None] = queue.Queue()
+        # Batches of commands as they arrived (one hand-off per batch), or None to stop.
+        self._commands: queue.Queue[list[pb.ExecutorCommand] | None] = queue.Queue()
         # (command, outputs, dispatched ns), _IDLE, or None to stop.
         self._completions: queue.Queue[Any] = queue.Queue()
         self._transfers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="transfer")
@@ -118,17 +120,21 @@ class Runner:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, command: pb.ExecutorCommand) -> None:
-        """Accept the next command of the island order."""
-        if command.HasField("run"):
-            # Announce the outputs now so consumers on other executors can wait for them, and
-            # start pulling remote inputs while earlier work runs.
-            for buffer_id in command.run.outputs:
-                self.buffers.expect(buffer_id)
-            for source in command.sources:
-                if source.buffer_id not in self.buffers:
-                    self._start_transfer(source)
-        self._commands.put(command)
+    def submit(self, commands: Sequence[pb.ExecutorCommand]) -> None:
+        """Accept the next commands of the island order, as one batch: the run loop is woken
+        once for all of them (waking it at the first would have it compete with this thread
+        for the interpreter while the rest are read)."""
+        for command in commands:
+            if command.HasField("run"):
+                # Announce the outputs now so consumers on other executors can wait for them,
+                # and start pulling remote inputs while earlier work runs.
+                for buffer_id in command.run.outputs:
+                    self.buffers.expect(buffer_id)
+                for source in command.sources:
+                    if source.buffer_id not in self.buffers:
+                        self._start_transfer(source)
+        if commands:
+            self._commands.put(list(commands))
 
     def stop(self) -> None:
         self._commands.put(None)
@@ -154,16 +160,17 @@ class Runner:
         self._transfers.submit(pull)
 
     def _run_loop(self) -> None:
-        while (command := self._commands.get()) is not None:
+        while (batch := self._commands.get()) is not None:
             self._idle = False
-            kind = command.WhichOneof("kind")
-            if kind == "register":
-                self._register(command)
-            elif kind == "delete":
-                for buffer_id in command.delete.ids:
-                    self.buffers.delete(buffer_id)
-            elif kind == "run":
-                self._run(command)
+            for command in batch:
+                kind = command.WhichOneof("kind")
+                if kind == "register":
+                    self._register(command)
+                elif kind == "delete":
+                    for buffer_id in command.delete.ids:
+                        self.buffers.delete(buffer_id)
+                elif kind == "run":
+                    self._run(command)
             if self._commands.empty():
                 # Nothing more in hand: completions go out as soon as they are known.
                 self._idle = True

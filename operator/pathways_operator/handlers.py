@@ -415,8 +415,6 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
             )
             for child in decision.create:
                 await kube.create(child)
-            for ref in decision.delete:
-                await kube.delete(ref.api_version, ref.kind, ref.namespace, ref.name)
             if decision.status is not None:
                 operations = [
                     {
@@ -440,6 +438,11 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
                     if error.status in (409, 422):
                         continue  # changed since read: decide again from the new state
                     raise
+            # Deletions only once the status recording why is stored: had a run's Job gone
+            # before a conflicting status write, the next decision would no longer see the run
+            # it stopped, and its reason (SlicesLost, SlicesMoved, ...) would be lost.
+            for ref in decision.delete:
+                await kube.delete(ref.api_version, ref.kind, ref.namespace, ref.name)
             await _post(memo, decision.events)
             return
 
