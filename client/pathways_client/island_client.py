@@ -109,7 +109,9 @@ class IslandClient:
         self._executors = {
             e.index: channel(e.endpoint, MESSAGE_OPTIONS, self._tls) for e in self.info.executors
         }
-        self._lock = threading.Lock()
+        # Reentrant: a future's finalizer (deleting its buffer) may run on whichever thread
+        # the garbage collector interrupts, also one holding these locks.
+        self._lock = threading.RLock()
         self._pending: dict[str, Future[None]] = {}
         # Flow control: at most this many computations outstanding, so a long chain of
         # submissions waits for room instead of running into the island's queue bounds.
@@ -123,7 +125,7 @@ class IslandClient:
         # of a chain, on both sides. Appended under both locks, taken under the second
         # (``_write`` runs with or without ``_lock`` held).
         self._deferred: list[pb.ClientMessage] = []
-        self._deferred_lock = threading.Lock()
+        self._deferred_lock = threading.RLock()
         self._batching = threading.local()
         self._rejected = ""
         self._ended = ""
