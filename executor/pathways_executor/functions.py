@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -157,9 +158,23 @@ class FunctionCache:
     ) -> Callable:
         """A STABLEHLO program compiled on this executor for ``devices``; cached."""
         try:
-            compiled = stablehlo.compile_for(program, devices)
+            try:
+                compiled = stablehlo.compile_for(program, devices)
+            except MemoryError:
+                # Seen now and then on loaded 2-core CI machines while reading the compiled
+                # program's shardings and layouts (cause not found yet): compiled once more.
+                print(
+                    f"executor: MemoryError compiling {name!r}; compiling it again",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                compiled = stablehlo.compile_for(program, devices)
         except stablehlo.ProgramError as error:
             raise FunctionError(str(error)) from None
+        except MemoryError as error:
+            raise FunctionError(
+                f"function {name!r}: out of memory compiling it ({error!r})"
+            ) from None
         built = Callable(
             name=name,
             run=compiled.run,
