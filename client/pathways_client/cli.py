@@ -21,6 +21,7 @@ from pathways_client.proxy.command import proxy_command
 from pathways_client.proxy.tunnel import tunnel_command
 from pathways_core.allocator import Allocator, Bound, IslandInventory, slice_requests
 from pathways_core.resources import Island
+from pathways_core.scheduling import Policy
 from pathways_core.topology import format_shape
 
 # Rich assumes 80 columns when output is not a terminal; tables read better wider in logs.
@@ -272,7 +273,7 @@ def _phase(document: dict[str, Any]) -> str:
 @click.option("--devices", default=4, show_default=True, help="Fake CPU devices per host.")
 @click.option(
     "--policy",
-    type=click.Choice(["fifo", "proportional-share"]),
+    type=click.Choice([policy.value for policy in Policy]),
     default="proportional-share",
     show_default=True,
     help="Island scheduling policy.",

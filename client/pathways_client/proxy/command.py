@@ -25,6 +25,8 @@ from typing import Any
 
 import click
 
+from pathways_core.scheduling import Policy
+
 ENV_SETTINGS = ("PATHWAYS_SLICES", "PATHWAYS_ISLANDS", "PATHWAYS_API")
 
 
@@ -101,7 +103,7 @@ def _islands(value: str | None) -> dict[str, str] | None:
 )
 @click.option(
     "--policy",
-    type=click.Choice(["fifo", "proportional-share"]),
+    type=click.Choice([policy.value for policy in Policy]),
     default="proportional-share",
     show_default=True,
     help="Scheduling policy of the started island.",
