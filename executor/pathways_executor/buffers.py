@@ -100,6 +100,12 @@ class BufferStore:
             entry.deleted = True
         self.release(buffer_id)
 
+    def ready(self, buffer_id: str) -> bool:
+        """Whether ``get`` would return (or raise) at once: the buffer is set or failed."""
+        with self._lock:
+            entry = self._entries.get(buffer_id)
+        return entry is not None and entry.future.done()
+
     def get(self, buffer_id: str, timeout: float | None, appear_within: float = 0.0) -> Any:
         """The value of a buffer, waiting for it; raises ``BufferError`` naming the cause.
 

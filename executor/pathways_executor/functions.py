@@ -101,6 +101,11 @@ class FunctionCache:
             self._exported[function_id] = (label, exported)
             self._failed.pop(function_id, None)
 
+    def compiled(self, function_id: str, devices: list[jax.Device]) -> Callable | None:
+        """The function compiled for these devices, if it was already; never compiles."""
+        with self._lock:
+            return self._callables.get((function_id, tuple(device.id for device in devices)))
+
     def callable(self, function_id: str, devices: list[jax.Device]) -> Callable:
         """The function compiled for these devices (in the slice's virtual order)."""
         key = (function_id, tuple(device.id for device in devices))
