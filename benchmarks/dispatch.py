@@ -37,7 +37,7 @@ jax.config.update("jax_platforms", "cpu")
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
-from jax_chain import all_reduce_step, chain_rate  # noqa: E402
+from jax_chain import all_reduce_step  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -75,13 +75,37 @@ def exported(function, shape, sharding) -> bytes:
     return bytes(jax.export.export(jitted)(spec).serialize())
 
 
-def jax_baseline(shape, sharding) -> Callable[[], float]:
-    """Single-process JAX: a run of the step chained ``CHAIN`` times on this process's devices
-    (steps/s)."""
-    step = jax.jit(all_reduce_step, in_shardings=sharding, out_shardings=sharding)
-    x = jax.device_put(np.ones(shape, np.float32), sharding)
-    step(x).block_until_ready()
-    return lambda: chain_rate(step, x, CHAIN, 1)
+class SingleProcessJax:
+    """Single-process JAX on 4 fake devices in a process of its own (``single_process.py``),
+    kept running so its rounds interleave with the island's."""
+
+    def __init__(self) -> None:
+        script = Path(__file__).with_name("single_process.py")
+        self._process = subprocess.Popen(
+            [sys.executable, str(script)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def _ask(self, command: str) -> str:
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.write(command + "\n")
+        self._process.stdin.flush()
+        answer = self._process.stdout.readline().strip()
+        if not answer:
+            raise RuntimeError(f"single_process.py exited answering {command!r}")
+        return answer
+
+    def prepare(self, size: int) -> Callable[[], float]:
+        """A run of the step on ``size`` floats per device, chained ``CHAIN`` times (steps/s)."""
+        self._ask(f"SIZE {size}")
+        return lambda: float(self._ask(f"RUN {CHAIN}"))
+
+    def close(self) -> None:
+        self._process.kill()
+        self._process.wait()
 
 
 def multi_controller_baseline(size: int, repeats: int) -> float:
@@ -180,7 +204,10 @@ def dispatch_suite(
             table.add_column(column, justify="right")
         # The smallest size (and JAX's time per step there) at which each mode reaches 95%.
         first_match: dict[str, tuple[int, float]] = {}
-        with LocalIsland(hosts=hosts, devices_per_host=4, max_in_flight=256) as island:
+        with (
+            LocalIsland(hosts=hosts, devices_per_host=4, max_in_flight=256) as island,
+            contextlib.closing(SingleProcessJax()) as single_process,
+        ):
             client = IslandClient(island.scheduler_endpoint, f"bench-{hosts}")
             for size in sizes:
                 shape = (devices, size)
@@ -189,7 +216,7 @@ def dispatch_suite(
                     baseline = multi_controller_baseline(size, repeats)
                     modes = interleaved_best(runs, repeats)
                 else:
-                    runs = {"JAX": jax_baseline(shape, sharding), **runs}
+                    runs = {"JAX": single_process.prepare(size), **runs}
                     modes = interleaved_best(runs, repeats)
                     baseline = modes.pop("JAX")
                 table.add_row(
