@@ -33,7 +33,11 @@ from pathways_executor.functions import FunctionCache, FunctionError, check_inpu
 INPUT_TIMEOUT_SECONDS = 120.0
 # Multi-device computations dispatched to the devices and not finished. On small CPU hosts,
 # more than a few collectives queued at once deadlock XLA's in-process rendezvous and gloo alike
-# (seen with plain JAX too), so an executor never runs further ahead of its devices than this.
+# (seen with plain JAX too), so an executor never runs further ahead of its devices than this:
+# after this many it waits until all of them are done, as a JAX loop blocking every few steps
+# does. Waiting for the oldest instead (a sliding window) kept the last outputs alive longer,
+# and CPU devices' outputs are host memory: the larger working set cost a 4-device all-reduce
+# of 524,288 floats per device 20-30% of its steps per second.
 MAX_OUTSTANDING = 8
 # Completions held while more work is in hand go out at the latest this long after the first
 # of them finished, or once this many are held.
@@ -115,7 +119,10 @@ class Runner:
         self._transfers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="transfer")
         self._last_end_ns = 0
         self._idle = True  # the run loop has no command in hand
-        self._outstanding: deque[list[Any]] = deque()
+        # The newest outputs of each device set running multi-device computations, and how
+        # many such computations were dispatched since the runner last waited for them.
+        self._newest: dict[frozenset[int], list[Any]] = {}
+        self._outstanding = 0
         # The latest computation ids in execution order, for tests and traces (bounded: an
         # executor runs for weeks).
         self.executed: deque[str] = deque(maxlen=EXECUTED_KEPT)
@@ -255,7 +262,8 @@ class Runner:
         for buffer_id, value in zip(computation.outputs, outputs, strict=True):
             self.buffers.set(buffer_id, value)
         if collective:
-            self._outstanding.append(outputs)
+            self._newest[frozenset(computation.devices)] = outputs
+            self._outstanding += 1
         self.executed.append(computation.id)
         self._dispatched.append((command, outputs, dispatched))
 
@@ -276,12 +284,17 @@ class Runner:
         self._dispatched.append((command, [], dispatched))
 
     def _bound_outstanding(self) -> None:
-        if len(self._outstanding) >= MAX_OUTSTANDING:
-            self._hand_over()
-        while len(self._outstanding) >= MAX_OUTSTANDING:
-            for output in self._outstanding.popleft():
+        if self._outstanding < MAX_OUTSTANDING:
+            return
+        self._hand_over()
+        # Devices run their work in order: once the newest computation of each device set is
+        # done, so is everything dispatched before it.
+        for outputs in self._newest.values():
+            for output in outputs:
                 with contextlib.suppress(Exception):  # its failure is reported on completion
                     output.block_until_ready()
+        self._newest.clear()
+        self._outstanding = 0
 
     def _slice_devices(self, computation: pb.Computation) -> list[jax.Device]:
         missing = [d for d in computation.devices if d not in self.devices]
@@ -338,7 +351,9 @@ class Runner:
             if item is not _IDLE:
                 if not held:
                     first = time.monotonic()
-                held.extend(self._complete(*entry) for entry in item)
+                item.reverse()
+                while item:  # each output let go of as soon as it is reported
+                    held.append(self._complete(*item.pop()))
                 busy = not self._idle
                 if busy and len(held) < MAX_HELD and time.monotonic() - first < LINGER_SECONDS:
                     continue
