@@ -68,6 +68,7 @@ class LocalIsland:
     max_queued: int | None = None
     max_queued_per_client: int | None = None
     max_artifact_bytes: int | None = None
+    run_length: int | None = None
     # Multi-host islands form one JAX distributed group so slices may span executors; the
     # island is then one failure domain (the group aborts when an executor stays silent).
     distributed: bool = True
@@ -143,6 +144,7 @@ class LocalIsland:
                 ("--max-queued", self.max_queued),
                 ("--max-queued-per-client", self.max_queued_per_client),
                 ("--max-artifact-bytes", self.max_artifact_bytes),
+                ("--run-length", self.run_length),
             ):
                 if limit is not None:
                     arguments += [flag, str(limit)]

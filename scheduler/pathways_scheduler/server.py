@@ -30,6 +30,7 @@ from pathways_core.scheduling import (
     ARTIFACT_LIMIT_ENV,
     DEFAULT_MAX_ARTIFACT_BYTES,
     DEFAULT_MAX_QUEUED,
+    DEFAULT_RUN_LENGTH,
     ExecutorSpec,
     Instruction,
     IslandDispatcher,
@@ -199,6 +200,7 @@ class SchedulerService:
         *,
         max_queued_per_client: int | None = None,
         max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
+        run_length: int = DEFAULT_RUN_LENGTH,
     ) -> None:
         self.island = island
         self._tls = tls
@@ -231,6 +233,7 @@ class SchedulerService:
             island=island,
             max_queued_per_client=max_queued_per_client,
             max_artifact_bytes=max_artifact_bytes,
+            run_length=run_length,
         )
         for spec, control in zip(specs, controls, strict=True):
             self._open_executor_stream(spec, control)
@@ -515,6 +518,8 @@ def _limit_problem(args: argparse.Namespace) -> str | None:
         return f"--max-queued must be >= 1, not {args.max_queued}"
     if args.max_queued_per_client is not None and args.max_queued_per_client < 1:
         return f"--max-queued-per-client must be >= 1, not {args.max_queued_per_client}"
+    if args.run_length < 1:
+        return f"--run-length must be >= 1, not {args.run_length}"
     try:
         if args.max_artifact_bytes is None:
             args.max_artifact_bytes = artifact_limit_from(os.environ)
@@ -557,6 +562,13 @@ def main() -> None:
         help=f"largest function artifact accepted (default: ${ARTIFACT_LIMIT_ENV}, else "
         f"{DEFAULT_MAX_ARTIFACT_BYTES})",
     )
+    parser.add_argument(
+        "--run-length",
+        type=int,
+        default=DEFAULT_RUN_LENGTH,
+        help="proportional share: computations a client may run in a row before another "
+        "client's turn (1 switches at every computation)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0 picks a free one)")
     parser.add_argument(
@@ -581,6 +593,7 @@ def main() -> None:
         tls,
         max_queued_per_client=args.max_queued_per_client,
         max_artifact_bytes=args.max_artifact_bytes,
+        run_length=args.run_length,
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=MESSAGE_OPTIONS)
     server.add_generic_rpc_handlers([generic_handler(SCHEDULER, service)])

@@ -59,6 +59,19 @@ def test_children_are_named_owned_and_labelled() -> None:
     assert deployment["args"].count("--executor") == 2
 
 
+def test_the_scheduler_gets_the_islands_policy_queue_bound_and_run_length() -> None:
+    scheduler = {"policy": "proportional-share", "maxQueuedComputations": 64, "runLength": 16}
+    made = children(island_document("cpu-fake", "1x4", 1, scheduler=scheduler))
+    container = made["Deployment/isl-scheduler"]["spec"]["template"]["spec"]["containers"][0]
+    flags = dict(zip(container["args"][3::2], container["args"][4::2], strict=False))
+    assert flags["--policy"] == "proportional-share"
+    assert (flags["--max-queued"], flags["--run-length"]) == ("64", "16")
+    defaults = children(island_document("cpu-fake", "1x4", 1))["Deployment/isl-scheduler"]
+    assert "--run-length" in defaults["spec"]["template"]["spec"]["containers"][0]["args"]
+    _, problem = parse(island_document("cpu-fake", "1x4", 1, scheduler={"runLength": 0}))
+    assert problem is not None and "runLength" in problem
+
+
 def test_fake_cpu_executors_get_device_flags_index_and_coordinator() -> None:
     pod = executor_pod(island_document("cpu-fake", "4x4", 4))
     container = pod["containers"][0]

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathways_core.scheduling import IslandQueue, Policy, QueueFull, UnknownClient
+from pathways_core.scheduling import (
+    DEFAULT_RUN_LENGTH,
+    IslandQueue,
+    Policy,
+    QueueFull,
+    UnknownClient,
+)
 
 
 def drain(queue: IslandQueue, limit: int = 10_000) -> list[tuple[str, object]]:
@@ -25,22 +31,27 @@ def test_fifo_keeps_arrival_order_across_clients() -> None:
     assert [item for _, item in drain(queue)] == ["a1", "b1", "a2", "b2"]
 
 
+@pytest.mark.parametrize("run_length", [DEFAULT_RUN_LENGTH, 16])
 @pytest.mark.parametrize("weights", [(1, 1, 1, 1), (1, 2, 4, 8)])
-def test_proportional_share_matches_weights_within_one_percent(weights) -> None:
-    queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE, max_queued=100_000)
+def test_proportional_share_matches_weights_within_one_percent(weights, run_length) -> None:
+    queue: IslandQueue[int] = IslandQueue(
+        Policy.PROPORTIONAL_SHARE, max_queued=200_000, run_length=run_length
+    )
     clients = [f"c{w}-{i}" for i, w in enumerate(weights)]
     for client, weight in zip(clients, weights, strict=True):
         queue.add_client(client, weight)
-        for n in range(2000):
+        for n in range(40_000):
             queue.submit(client, n)
-    taken = [client for client, _ in (queue.next() for _ in range(1500))]
+    # Runs make a share off by at most one run at any moment: 1% of 2,000 items (the smallest
+    # share of 30,000) is 20.
+    taken = [client for client, _ in (queue.next() for _ in range(30_000))]
     for client, weight in zip(clients, weights, strict=True):
         share = taken.count(client) / len(taken)
         assert share == pytest.approx(weight / sum(weights), rel=0.01)
 
 
 def test_costs_are_charged_by_device_time() -> None:
-    queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE)
+    queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE, run_length=1)
     queue.add_client("big")
     queue.add_client("small")
     for n in range(100):
@@ -52,7 +63,7 @@ def test_costs_are_charged_by_device_time() -> None:
 
 
 def test_an_idle_client_cannot_claim_time_it_did_not_use() -> None:
-    queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE)
+    queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE, run_length=1)
     queue.add_client("busy")
     queue.add_client("late")
     for n in range(100):
@@ -63,6 +74,46 @@ def test_an_idle_client_cannot_claim_time_it_did_not_use() -> None:
         queue.submit("late", n)
     taken = [client for client, _ in (queue.next() for _ in range(20))]
     assert 8 <= taken.count("late") <= 12  # alternates, no burst of 50
+
+
+def test_a_client_keeps_the_devices_for_a_run_then_yields() -> None:
+    queue: IslandQueue[str] = IslandQueue(Policy.PROPORTIONAL_SHARE, run_length=3)
+    for client in ("a", "b"):
+        queue.add_client(client)
+        for n in range(6):
+            queue.submit(client, f"{client}{n}")
+    assert "".join(client for client, _ in drain(queue)) == "aaabbbaaabbb"
+
+
+def test_a_client_arriving_waits_for_at_most_one_run() -> None:
+    queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE, run_length=16)
+    queue.add_client("busy")
+    queue.add_client("late")
+    for n in range(200):
+        queue.submit("busy", n)
+    for _ in range(5):
+        queue.next()  # a run of "busy" has begun
+    for n in range(100):
+        queue.submit("late", n)
+    taken = [client for client, _ in (queue.next() for _ in range(64))]
+    assert taken.index("late") == 11  # the rest of the run
+    assert taken[11:27] == ["late"] * 16 and taken[27:43] == ["busy"] * 16
+
+
+def test_a_higher_priority_ends_a_run() -> None:
+    queue: IslandQueue[str] = IslandQueue(Policy.PROPORTIONAL_SHARE, run_length=16)
+    queue.add_client("low", priority=0)
+    queue.add_client("high", priority=5)
+    for n in range(4):
+        queue.submit("low", f"l{n}")
+    assert queue.next() == ("low", "l0")
+    queue.submit("high", "h0")
+    assert [item for _, item in drain(queue)] == ["h0", "l1", "l2", "l3"]
+
+
+def test_runs_must_be_at_least_one_item() -> None:
+    with pytest.raises(ValueError, match="run_length must be >= 1"):
+        IslandQueue(run_length=0)
 
 
 def test_higher_priority_goes_first_under_both_policies() -> None:

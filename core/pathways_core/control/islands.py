@@ -224,6 +224,8 @@ def island_children(
         spec.scheduler.policy.value,
         "--max-queued",
         str(spec.scheduler.max_queued_computations),
+        "--run-length",
+        str(spec.scheduler.run_length),
         "--host",
         "0.0.0.0",
         "--port",

@@ -70,6 +70,14 @@ class IslandScheduler(Model):
         le=1_000_000,
         description="Computations queued before clients are told the island is busy.",
     )
+    run_length: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="proportional-share: computations one client may run in a row before "
+        "another client's turn. Above 1, tenants' data stays warm in host caches (fake CPU "
+        "devices) at the cost of coarser interleaving.",
+    )
 
 
 class IslandSpec(Model):

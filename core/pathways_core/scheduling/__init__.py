@@ -23,6 +23,7 @@ from pathways_core.scheduling.limits import (
     is_busy,
 )
 from pathways_core.scheduling.queue import (
+    DEFAULT_RUN_LENGTH,
     ClientState,
     IslandQueue,
     Policy,
@@ -35,6 +36,7 @@ __all__ = [
     "BUSY_PREFIX",
     "DEFAULT_MAX_ARTIFACT_BYTES",
     "DEFAULT_MAX_QUEUED",
+    "DEFAULT_RUN_LENGTH",
     "MAX_ARTIFACT_BYTES_CEILING",
     "SDK_WINDOW",
     "ClientState",

@@ -32,7 +32,7 @@ from pathways_core.scheduling.limits import (
     busy_message,
     default_max_queued_per_client,
 )
-from pathways_core.scheduling.queue import IslandQueue, Policy, QueueFull
+from pathways_core.scheduling.queue import DEFAULT_RUN_LENGTH, IslandQueue, Policy, QueueFull
 from pathways_core.wire import pb
 
 Event = pb.ClientEvent
@@ -106,6 +106,7 @@ class IslandDispatcher:
         island: str = "local",
         max_queued_per_client: int | None = None,
         max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
+        run_length: int = DEFAULT_RUN_LENGTH,
     ) -> None:
         self.island = island
         self.executors = {spec.index: spec for spec in executors}
@@ -113,7 +114,7 @@ class IslandDispatcher:
         if max_queued_per_client is None:
             max_queued_per_client = default_max_queued_per_client(max_queued)
         self.queue: IslandQueue[pb.Computation | _Delete] = IslandQueue(
-            policy, max_queued, max_queued_per_client
+            policy, max_queued, max_queued_per_client, run_length
         )
         self.max_in_flight = max_in_flight
         self.max_artifact_bytes = max_artifact_bytes
