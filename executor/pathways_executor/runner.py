@@ -33,11 +33,14 @@ from pathways_executor.functions import FunctionCache, FunctionError, check_inpu
 INPUT_TIMEOUT_SECONDS = 120.0
 # Multi-device computations dispatched to the devices and not finished. On small CPU hosts,
 # more than a few collectives queued at once deadlock XLA's in-process rendezvous and gloo alike
-# (seen with plain JAX too), so an executor never runs further ahead of its devices than this:
-# after this many it waits until all of them are done, as a JAX loop blocking every few steps
-# does. Waiting for the oldest instead (a sliding window) kept the last outputs alive longer,
-# and CPU devices' outputs are host memory: the larger working set cost a 4-device all-reduce
-# of 524,288 floats per device 20-30% of its steps per second.
+# (seen with plain JAX too), so an executor never runs further ahead of its devices than this.
+# At the bound it waits for the device set it sent work to least recently, until that set's
+# newest computation is done, holding only that output per set: a chain on one device set waits
+# for all of its work every few steps, as a JAX loop blocking every few steps does, and the
+# stages of a pipeline wait for the oldest stage, not for each other. Holding all outputs in
+# flight to wait for the oldest (a sliding window) kept them alive longer, and CPU devices'
+# outputs are host memory: the larger working set cost a 4-device all-reduce of 524,288 floats
+# per device 20-30% of its steps per second.
 MAX_OUTSTANDING = 8
 # Completions held while more work is in hand go out at the latest this long after the first
 # of them finished, or once this many are held.
@@ -119,9 +122,10 @@ class Runner:
         self._transfers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="transfer")
         self._last_end_ns = 0
         self._idle = True  # the run loop has no command in hand
-        # The newest outputs of each device set running multi-device computations, and how
-        # many such computations were dispatched since the runner last waited for them.
-        self._newest: dict[frozenset[int], list[Any]] = {}
+        # Per device set running multi-device computations, least recently used first: the
+        # computations dispatched to it since the runner last waited for it, and the newest
+        # one's outputs.
+        self._device_sets: dict[frozenset[int], tuple[int, list[Any]]] = {}
         self._outstanding = 0
         # The latest computation ids in execution order, for tests and traces (bounded: an
         # executor runs for weeks).
@@ -262,7 +266,9 @@ class Runner:
         for buffer_id, value in zip(computation.outputs, outputs, strict=True):
             self.buffers.set(buffer_id, value)
         if collective:
-            self._newest[frozenset(computation.devices)] = outputs
+            key = frozenset(computation.devices)
+            count, _ = self._device_sets.pop(key, (0, []))
+            self._device_sets[key] = (count + 1, outputs)
             self._outstanding += 1
         self.executed.append(computation.id)
         self._dispatched.append((command, outputs, dispatched))
@@ -284,17 +290,17 @@ class Runner:
         self._dispatched.append((command, [], dispatched))
 
     def _bound_outstanding(self) -> None:
-        if self._outstanding < MAX_OUTSTANDING:
-            return
-        self._hand_over()
-        # Devices run their work in order: once the newest computation of each device set is
-        # done, so is everything dispatched before it.
-        for outputs in self._newest.values():
+        if self._outstanding >= MAX_OUTSTANDING:
+            self._hand_over()
+        while self._outstanding >= MAX_OUTSTANDING:
+            # Devices run their work in order: once a set's newest computation is done, so is
+            # everything dispatched to it before.
+            key = next(iter(self._device_sets))
+            count, outputs = self._device_sets.pop(key)
             for output in outputs:
                 with contextlib.suppress(Exception):  # its failure is reported on completion
                     output.block_until_ready()
-        self._newest.clear()
-        self._outstanding = 0
+            self._outstanding -= count
 
     def _slice_devices(self, computation: pb.Computation) -> list[jax.Device]:
         missing = [d for d in computation.devices if d not in self.devices]
