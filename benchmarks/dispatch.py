@@ -204,9 +204,13 @@ def dispatch_suite(
             table.add_column(column, justify="right")
         # The smallest size (and JAX's time per step there) at which each mode reaches 95%.
         first_match: dict[str, tuple[int, float]] = {}
+        # Only the one-host layout compares with single-process JAX.
+        jax_process = (
+            contextlib.closing(SingleProcessJax()) if hosts == 1 else contextlib.nullcontext()
+        )
         with (
             LocalIsland(hosts=hosts, devices_per_host=4, max_in_flight=256) as island,
-            contextlib.closing(SingleProcessJax()) as single_process,
+            jax_process as single_process,
         ):
             client = IslandClient(island.scheduler_endpoint, f"bench-{hosts}")
             for size in sizes:

@@ -96,11 +96,7 @@ def aggregate_throughput(quick: bool) -> list[dict[str, Any]]:
     records = []
     with LocalIsland(hosts=1, devices_per_host=4, policy="proportional-share") as island:
         for width in widths:
-            rates = {}
-            for clients in counts:
-                per_client = max(calls // clients, 20)
-                results = run_clients(island.scheduler_endpoint, [1] * clients, width, per_client)
-                rates[clients] = clients * per_client / _wall(results)
+            rates = _rates(island.scheduler_endpoint, width, counts, calls)
             # The most clients' data from one client: what the host's caches cost the same
             # work without any tenancy (the second baseline).
             many = counts[-1]
@@ -136,11 +132,7 @@ def aggregate_throughput(quick: bool) -> list[dict[str, Any]]:
         hosts=1, devices_per_host=4, policy="proportional-share", run_length=RUN_LENGTH
     ) as island:
         for width in widths:
-            rates = {}
-            for clients in (1, many):
-                per_client = calls // clients
-                results = run_clients(island.scheduler_endpoint, [1] * clients, width, per_client)
-                rates[clients] = calls / _wall(results)
+            rates = _rates(island.scheduler_endpoint, width, [1, many], calls)
             records.append(
                 {
                     "name": f"aggregate throughput, {many} clients vs 1, runs of {RUN_LENGTH}",
@@ -160,6 +152,17 @@ def aggregate_throughput(quick: bool) -> list[dict[str, Any]]:
 
 
 RUN_LENGTH = 16
+
+
+def _rates(endpoint: str, width: int, counts: list[int], calls: int) -> dict[int, float]:
+    """Computations per second over all clients, for each number of equal-weight clients
+    sharing ``calls`` computations."""
+    rates = {}
+    for clients in counts:
+        per_client = max(calls // clients, 20)
+        results = run_clients(endpoint, [1] * clients, width, per_client)
+        rates[clients] = clients * per_client / _wall(results)
+    return rates
 
 
 def _wall(results: list[tuple[str, float, float]]) -> float:

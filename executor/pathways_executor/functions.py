@@ -108,11 +108,11 @@ class FunctionCache:
 
     def callable(self, function_id: str, devices: list[jax.Device]) -> Callable:
         """The function compiled for these devices (in the slice's virtual order)."""
+        cached = self.compiled(function_id, devices)
+        if cached is not None:
+            return cached
         key = (function_id, tuple(device.id for device in devices))
         with self._lock:
-            cached = self._callables.get(key)
-            if cached is not None:
-                return cached
             if function_id in self._failed:
                 raise FunctionError(self._failed[function_id])
             if function_id not in self._exported:
