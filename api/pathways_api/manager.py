@@ -526,9 +526,10 @@ class Manager:
                 stdin=subprocess.DEVNULL,
                 cwd=self.cwd,
                 env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **environment},
-                # Its own session: killed with its children, and it outlives a manager killed
-                # by SIGKILL (the next one adopts it).
-                start_new_session=True,
+                # Its own process group: killed with its children, and it outlives a manager
+                # killed by SIGKILL (the next one adopts it). Not its own session: Linux shares
+                # CPU equally between sessions, which would starve the islands it runs on.
+                process_group=0,
             )
         deadline = job["spec"].get("activeDeadlineSeconds")
         now = time.monotonic()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,6 +35,16 @@ def all_reduce_artifact(devices: int) -> bytes:
 def test_island_reports_its_executors_and_devices(island: LocalIsland) -> None:
     with IslandClient(island.scheduler_endpoint, "info") as client:
         assert [list(e.devices) for e in client.info.executors] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_island_processes_share_the_launchers_session_not_its_process_group(
+    island: LocalIsland,
+) -> None:
+    # Own process group: a terminal's Ctrl-C reaches only the launcher. Same session: Linux
+    # shares CPU equally between sessions, which would starve the executors' device threads.
+    for process in [island.scheduler, *island.executors]:
+        assert os.getpgid(process.popen.pid) == process.popen.pid
+        assert os.getsid(process.popen.pid) == os.getsid(0)
 
 
 def test_three_node_chain_across_executors(island: LocalIsland) -> None:
