@@ -204,6 +204,8 @@ def dispatch_suite(
             table.add_column(column, justify="right")
         # The smallest size (and JAX's time per step there) at which each mode reaches 95%.
         first_match: dict[str, tuple[int, float]] = {}
+        # Per mode, whether it reached 95% at each size at least as long as the claim's floor.
+        above_floor: dict[str, list[bool]] = {"-C": [], "-F": []}
         # Only the one-host layout compares with single-process JAX.
         jax_process = (
             contextlib.closing(SingleProcessJax()) if hosts == 1 else contextlib.nullcontext()
@@ -239,6 +241,8 @@ def dispatch_suite(
                     # computations of 1 ms or more, -F for 0.5 ms or more.
                     floor_ms = {"-C": 1.0, "-F": 0.5}.get(mode)
                     applies = floor_ms is not None and 1e3 / baseline >= floor_ms
+                    if applies:
+                        above_floor[mode].append(rate >= 0.95 * baseline)
                     records.append(
                         {
                             "name": f"dispatch{mode}",
@@ -257,7 +261,7 @@ def dispatch_suite(
                     )
             client.close()
         console.print(table)
-        for mode in ("-C", "-F"):
+        for mode, floor_ms in (("-C", 1.0), ("-F", 0.5)):
             if mode in first_match:
                 size, step_ms = first_match[mode]
                 reached = f"{size:,} floats per device ({step_ms:.2f} ms per step in JAX)"
@@ -271,12 +275,29 @@ def dispatch_suite(
                     "baseline": None,
                     "ratio": None,
                     "unit": "ms per step",
-                    "target": "<= 1 ms" if mode == "-C" else "<= 0.5 ms",
+                    "target": None,
                     "parameters": {"floats_per_device": size, "layout": layout},
                 }
             )
+            # The claim itself: within 95% of JAX at every size measured whose step takes
+            # JAX at least the floor (on two hosts even the smallest takes ~3 ms).
+            passed = above_floor[mode]
+            if passed:
+                records.append(
+                    {
+                        "name": f"sizes of {floor_ms:g} ms or more at which {mode} is within "
+                        "95% of JAX",
+                        "value": sum(passed),
+                        "baseline": len(passed),
+                        "ratio": sum(passed) / len(passed),
+                        "unit": "sizes",
+                        "target": 1.0,
+                        "parameters": {"layout": layout},
+                    }
+                )
             console.print(
-                f"smallest computation at which {mode} reaches 95% of JAX ({layout}): {reached}"
+                f"smallest computation at which {mode} reaches 95% of JAX ({layout}): {reached}; "
+                f"within 95% at {sum(passed)} of {len(passed)} sizes of {floor_ms:g} ms or more"
             )
 
 

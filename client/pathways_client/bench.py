@@ -200,9 +200,6 @@ def verdict(record: dict[str, Any]) -> str:
         return "met" if measured >= target else "MISSED"
     if isinstance(target, str) and "within 3%" in target and ratio is not None:
         return "met" if abs(ratio - 1) <= 0.03 else "MISSED"
-    if isinstance(target, str) and target.startswith("<="):
-        limit = float(target.removeprefix("<=").split()[0])
-        return "met" if value is not None and value <= limit else "MISSED"
     return ""
 
 

@@ -85,6 +85,19 @@ def test_a_client_keeps_the_devices_for_a_run_then_yields() -> None:
     assert "".join(client for client, _ in drain(queue)) == "aaabbbaaabbb"
 
 
+def test_free_items_do_not_count_toward_a_run() -> None:
+    # A chain frees each intermediate once its consumer is queued: a deletion (cost 0) follows
+    # every computation, and the run still holds run_length computations.
+    queue: IslandQueue[str] = IslandQueue(Policy.PROPORTIONAL_SHARE, run_length=3)
+    for client in ("a", "b"):
+        queue.add_client(client)
+        for n in range(6):
+            queue.submit(client, f"{client}{n}")
+            queue.submit(client, f"{client}-delete{n}", cost=0.0, bounded=False)
+    computations = [client for client, item in drain(queue) if "delete" not in item]
+    assert "".join(computations) == "aaabbbaaabbb"
+
+
 def test_a_client_arriving_waits_for_at_most_one_run() -> None:
     queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE, run_length=16)
     queue.add_client("busy")

@@ -171,9 +171,11 @@ class IslandQueue(Generic[Item]):
             # ``ready`` holds the top priority only: a higher one ends the run.
             if self._run < self.run_length and any(state is last for state in ready):
                 chosen = last
-        self._run = self._run + 1 if chosen is self._last else 1
-        self._last = chosen
         _, item, cost, bounded = chosen.pending.popleft()
+        # A run is of work: free items (a chain's buffer deletions, one per computation) do
+        # not count toward it, or a chain's runs would hold half the computations asked for.
+        self._run = (self._run if chosen is self._last else 0) + (cost > 0)
+        self._last = chosen
         self._virtual_time = max(self._virtual_time, chosen.pass_value)
         chosen.pass_value += cost / chosen.weight
         self._queued -= 1
