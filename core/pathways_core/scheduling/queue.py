@@ -174,7 +174,7 @@ class IslandQueue(Generic[Item]):
         _, item, cost, bounded = chosen.pending.popleft()
         # A run is of work: free items (a chain's buffer deletions, one per computation) do
         # not count toward it, or a chain's runs would hold half the computations asked for.
-        self._run = (self._run if chosen is self._last else 0) + (cost > 0)
+        self._run = (self._run if chosen is self._last else 0) + int(cost > 0)
         self._last = chosen
         self._virtual_time = max(self._virtual_time, chosen.pass_value)
         chosen.pass_value += cost / chosen.weight
