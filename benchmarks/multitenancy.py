@@ -8,6 +8,8 @@ and 9), measured side by side in one run.
    without tenancy, so the cost of tenancy shows apart from the cost of a larger working set
    in the host's caches (fake devices are host memory). Then 8 clients against 1 again on an
    island whose scheduler lets a client run 16 computations in a row (``--run-length``).
+   Each count's rate is the best of two rounds that take every count in turn (one with
+   ``--quick``).
 2. Shares: four clients with weights 1:1:1:1 and 1:2:4:8 under proportional share submit the
    same computation; each one's share of the computations run while all have work queued
    (past their warm-up), against its weight; the measured device time beside it.
@@ -94,10 +96,11 @@ def aggregate_throughput(quick: bool) -> list[dict[str, Any]]:
     # Each run lasts about a second or more: shorter runs measure the clients' start (eight
     # processes leaving a barrier on two cores), not the island.
     calls = 1500 if quick else 4000
+    rounds = 1 if quick else 2
     records = []
     with LocalIsland(hosts=1, devices_per_host=4, policy="proportional-share") as island:
         for width in widths:
-            rates = _rates(island.scheduler_endpoint, width, counts, calls)
+            rates = _rates(island.scheduler_endpoint, width, counts, calls, rounds)
             # The most clients' data from one client: what the host's caches cost the same
             # work without any tenancy (the second baseline).
             many = counts[-1]
@@ -133,7 +136,7 @@ def aggregate_throughput(quick: bool) -> list[dict[str, Any]]:
         hosts=1, devices_per_host=4, policy="proportional-share", run_length=RUN_LENGTH
     ) as island:
         for width in widths:
-            rates = _rates(island.scheduler_endpoint, width, [1, many], calls)
+            rates = _rates(island.scheduler_endpoint, width, [1, many], calls, rounds)
             records.append(
                 {
                     "name": f"aggregate throughput, {many} clients vs 1, runs of {RUN_LENGTH}",
@@ -155,14 +158,18 @@ def aggregate_throughput(quick: bool) -> list[dict[str, Any]]:
 RUN_LENGTH = 16
 
 
-def _rates(endpoint: str, width: int, counts: list[int], calls: int) -> dict[int, float]:
+def _rates(
+    endpoint: str, width: int, counts: list[int], calls: int, rounds: int
+) -> dict[int, float]:
     """Computations per second over all clients, for each number of equal-weight clients
-    sharing ``calls`` computations."""
-    rates = {}
-    for clients in counts:
-        per_client = max(calls // clients, 20)
-        results = run_clients(endpoint, [1] * clients, width, per_client)
-        rates[clients] = clients * per_client / _wall(results)
+    sharing ``calls`` computations: the best of ``rounds`` rounds that take every count in
+    turn, so a burst of load on this shared machine hits the baseline and the rest alike."""
+    rates = dict.fromkeys(counts, 0.0)
+    for _ in range(rounds):
+        for clients in counts:
+            per_client = max(calls // clients, 20)
+            results = run_clients(endpoint, [1] * clients, width, per_client)
+            rates[clients] = max(rates[clients], clients * per_client / _wall(results))
     return rates
 
 
