@@ -76,16 +76,8 @@ def test_an_idle_client_cannot_claim_time_it_did_not_use() -> None:
     assert 8 <= taken.count("late") <= 12  # alternates, no burst of 50
 
 
-def test_a_client_keeps_the_devices_for_a_run_then_yields() -> None:
-    queue: IslandQueue[str] = IslandQueue(Policy.PROPORTIONAL_SHARE, run_length=3)
-    for client in ("a", "b"):
-        queue.add_client(client)
-        for n in range(6):
-            queue.submit(client, f"{client}{n}")
-    assert "".join(client for client, _ in drain(queue)) == "aaabbbaaabbb"
-
-
-def test_free_items_do_not_count_toward_a_run() -> None:
+@pytest.mark.parametrize("with_deletions", [False, True])
+def test_a_client_keeps_the_devices_for_a_run_then_yields(with_deletions) -> None:
     # A chain frees each intermediate once its consumer is queued: a deletion (cost 0) follows
     # every computation, and the run still holds run_length computations.
     queue: IslandQueue[str] = IslandQueue(Policy.PROPORTIONAL_SHARE, run_length=3)
@@ -93,7 +85,8 @@ def test_free_items_do_not_count_toward_a_run() -> None:
         queue.add_client(client)
         for n in range(6):
             queue.submit(client, f"{client}{n}")
-            queue.submit(client, f"{client}-delete{n}", cost=0.0, bounded=False)
+            if with_deletions:
+                queue.submit(client, f"{client}-delete{n}", cost=0.0, bounded=False)
     computations = [client for client, item in drain(queue) if "delete" not in item]
     assert "".join(computations) == "aaabbbaaabbb"
 

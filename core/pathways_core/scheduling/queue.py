@@ -10,7 +10,8 @@ point backwards in the island order and gang scheduling cannot deadlock). Betwee
   in proportion to their weights (1:2:4:8 gives 1/15, 2/15, 4/15, 8/15). A client that was idle
   rejoins at the current virtual time, so it cannot claim the time it did not use. With a
   ``run_length`` above 1 the client chosen keeps the devices for up to that many consecutive
-  items (its pass still advances by each one, so shares over time are unchanged, but a share
+  items of work (free items, such as the buffer deletions between a chain's computations, do
+  not count; its pass still advances by each item, so shares over time are unchanged, but a share
   measured over a short stretch is off by up to one run). A tenant's next computation usually
   reads what its last one wrote: on fake CPU devices, whose arrays are host memory, switching
   tenants at every item had eight tenants evict each other's arrays from the host's caches
@@ -96,7 +97,7 @@ class IslandQueue(Generic[Item]):
         self._virtual_time = 0.0
         self.run_length = run_length
         self._last: ClientState[Item] | None = None  # the client of the current run
-        self._run = 0  # items it took in a row
+        self._run = 0  # items of work it took in a row
 
     @property
     def queued(self) -> int:
