@@ -6,7 +6,7 @@ import hashlib
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -36,6 +36,35 @@ class Callable:
     out_count: int
     # STABLEHLO functions: what the program compiled to (a serialized pb.CompiledProgram).
     description: bytes = b""
+    # Inputs whose buffer an output can reuse (same shape, dtype and sharding as an output):
+    # ``donating`` may hand them to the computation when it is their last use.
+    donatable: frozenset[int] = frozenset()
+    # The jitted Python function behind ``run``, where there is one (jax.export artifacts).
+    traced: Any = None
+    _donating: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
+    _refused: set[tuple[int, ...]] = field(default_factory=set, repr=False)
+
+    def donating(self, positions: tuple[int, ...]) -> Any | None:
+        """``run`` handing the inputs at ``positions`` to the computation (their buffers become
+        its outputs' instead of new ones); None until ``prepare_donating`` made it."""
+        return self._donating.get(positions)
+
+    def prepare_donating(self, positions: tuple[int, ...], arguments: list[Any]) -> None:
+        """Compile the variant of ``run`` donating ``positions`` and run it once on copies of
+        ``arguments``: a new executable's first run is slow, and the computation taking over
+        an input would carry that time in the trace (so would the input's producer, reported
+        with it). If that fails, the variant is never tried again: ``run`` always works."""
+        if positions in self._refused:
+            return
+        try:
+            donating = jax.jit(self.traced, donate_argnums=positions)
+            copies = [a.copy() if i in positions else a for i, a in enumerate(arguments)]
+            jax.block_until_ready(donating(*copies))
+        except Exception as error:  # whatever the reason, it runs as it did
+            self._refused.add(positions)
+            print(f"executor: {self.name!r} runs without donating {positions}: {error}")
+            return
+        self._donating[positions] = donating
 
 
 class FunctionCache:
@@ -127,16 +156,24 @@ class FunctionCache:
             )
         if len(devices) == 1:
             shardings = tuple(SingleDeviceSharding(devices[0]) for _ in exported.in_avals)
+            out_shardings = tuple(SingleDeviceSharding(devices[0]) for _ in exported.out_avals)
         else:
             mesh = _mesh(exported, devices)
             replicated = NamedSharding(mesh, PartitionSpec())
             shardings = tuple(s or replicated for s in exported.in_shardings_jax(mesh))
+            out_shardings = tuple(s or replicated for s in exported.out_shardings_jax(mesh))
+        inputs = list(zip(exported.in_avals, shardings, strict=True))
+        outputs = list(zip(exported.out_avals, out_shardings, strict=True))
         built = Callable(
             name=name,
             run=jax.jit(exported.call),
             in_shardings=shardings,
             in_avals=tuple(exported.in_avals),
             out_count=len(exported.out_avals),
+            # Only slices within this process: executors of a slice spanning hosts could
+            # otherwise run differently compiled programs of one collective.
+            donatable=_reusable(inputs, outputs) if _in_process(shardings) else frozenset(),
+            traced=exported.call,
         )
         with self._lock:
             self._callables[key] = built
@@ -191,6 +228,28 @@ class FunctionCache:
         with self._lock:
             self._callables[key] = built
         return built
+
+
+def _in_process(shardings: tuple[Any, ...]) -> bool:
+    """Whether every sharding's devices are this process's own."""
+    return all(sharding.is_fully_addressable for sharding in shardings)
+
+
+def _reusable(inputs: list[tuple[Any, Any]], outputs: list[tuple[Any, Any]]) -> frozenset[int]:
+    """Positions of the inputs whose buffer an output can take over: each output matches
+    at most one input of the same shape, dtype and sharding."""
+    free = list(outputs)
+    positions = set()
+    for position, (aval, sharding) in enumerate(inputs):
+        for output in free:
+            out_aval, out_sharding = output
+            if (aval.shape, aval.dtype) == (out_aval.shape, out_aval.dtype) and (
+                sharding.is_equivalent_to(out_sharding, len(aval.shape))
+            ):
+                free.remove(output)
+                positions.add(position)
+                break
+    return frozenset(positions)
 
 
 def _mesh(exported: Any, devices: list[jax.Device]) -> Mesh:

@@ -14,10 +14,12 @@ import contextlib
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable as Fn
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -28,7 +30,7 @@ from jax.sharding import SingleDeviceSharding
 from pathways_core.wire import pb
 from pathways_executor.artifact_check import ArtifactChecker
 from pathways_executor.buffers import BufferError, BufferStore
-from pathways_executor.functions import FunctionCache, FunctionError, check_inputs
+from pathways_executor.functions import Callable, FunctionCache, FunctionError, check_inputs
 
 INPUT_TIMEOUT_SECONDS = 120.0
 # Multi-device computations dispatched to the devices and not finished. On small CPU hosts,
@@ -52,6 +54,28 @@ MAX_HELD = 256
 HAND_OVER_EVERY = 32
 _IDLE: Any = object()  # the runner ran out of work
 EXECUTED_KEPT = 10_000
+
+
+def _donatable(
+    computation: pb.Computation,
+    function: Callable,
+    values: list[Any],
+    arguments: list[Any],
+    last_uses: set[str],
+) -> list[int]:
+    """Positions of the inputs this computation may take over: their last use, read once,
+    passed as stored (not a copy), and of an output's shape, dtype and sharding."""
+    if not last_uses or not function.donatable:
+        return []
+    inputs = list(computation.inputs)
+    return sorted(
+        position
+        for position in function.donatable
+        if inputs[position] in last_uses
+        and inputs.count(inputs[position]) == 1
+        and arguments[position] is values[position]
+        and isinstance(values[position], jax.Array)
+    )
 
 
 def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
@@ -89,6 +113,53 @@ def _copy_to_device(value: jax.Array, sharding: SingleDeviceSharding) -> jax.Arr
         return None
 
 
+def last_uses(batch: Sequence[pb.ExecutorCommand]) -> dict[int, set[str]]:
+    """Per run command of a batch (by position), the input buffers it is the last use of:
+    their owner deletes them later in the same batch and no command between reads them. A
+    client running a chain frees each intermediate once its consumer is queued, so the
+    consumer may take the buffer over for its output, as a JAX loop donating its carry does.
+    (The scheduler sends a deletion only once no other executor still pulls the buffer.)"""
+    last_reader: dict[str, int] = {}
+    uses: dict[int, set[str]] = {}
+    for position, command in enumerate(batch):
+        kind = command.WhichOneof("kind")
+        if kind == "run":
+            for buffer_id in command.run.inputs:
+                last_reader[buffer_id] = position
+        elif kind == "delete":
+            for buffer_id in command.delete.ids:
+                reader = last_reader.pop(buffer_id, None)
+                if reader is not None:
+                    uses.setdefault(reader, set()).add(buffer_id)
+    return uses
+
+
+@dataclass(eq=False)
+class _Dispatched:
+    """A computation handed to the devices, until it is reported."""
+
+    command: pb.ExecutorCommand
+    outputs: list[Any]
+    dispatched_ns: int
+    # Computations its outputs were donated to: once they are done, so is this one.
+    successors: list[_Dispatched] = field(default_factory=list)
+    # The completion thread waits for it: its outputs are donated no more.
+    claimed: bool = False
+
+
+def _awaited(record: _Dispatched, claim: bool) -> list[Any]:
+    """The arrays whose readiness means ``record`` is done: its outputs, and for those donated
+    to later computations, theirs. ``claim`` marks them all waited for."""
+    arrays: list[Any] = []
+    pending = [record]
+    while pending:
+        current = pending.pop()
+        current.claimed = current.claimed or claim
+        arrays.extend(output for output in current.outputs if not output.is_deleted())
+        pending.extend(current.successors)
+    return arrays
+
+
 class ComputationError(Exception):
     """A computation could not run; the message is what the client sees."""
 
@@ -115,17 +186,23 @@ class Runner:
         self._emit = emit
         # Batches of commands as they arrived (one hand-off per batch), or None to stop.
         self._commands: queue.Queue[list[pb.ExecutorCommand] | None] = queue.Queue()
-        # Lists of (command, outputs, dispatched ns), _IDLE, or None to stop.
+        # Lists of _Dispatched, _IDLE, or None to stop.
         self._completions: queue.Queue[Any] = queue.Queue()
         # Dispatched by the runner, not yet handed to the completion thread.
-        self._dispatched: list[tuple[pb.ExecutorCommand, list[Any], int]] = []
+        self._dispatched: list[_Dispatched] = []
+        # The computation producing each buffer, until it is reported; with the lock, an
+        # output is donated only while the completion thread does not wait for it.
+        self._producers: dict[str, _Dispatched] = {}
+        self._lock = threading.Lock()
+        # The computation dispatched last (not kept alive: its outputs may be deleted).
+        self._previous: Fn[[], _Dispatched | None] = lambda: None
+        self.donated = 0  # inputs handed to their consumer's outputs, for tests and traces
         self._transfers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="transfer")
         self._last_end_ns = 0
         self._idle = True  # the run loop has no command in hand
         # Per device set running multi-device computations, least recently used first: the
-        # computations dispatched to it since the runner last waited for it, and the newest
-        # one's outputs.
-        self._device_sets: dict[frozenset[int], tuple[int, list[Any]]] = {}
+        # computations dispatched to it since the runner last waited for it, and the newest.
+        self._device_sets: dict[frozenset[int], tuple[int, _Dispatched]] = {}
         self._outstanding = 0
         # The latest computation ids in execution order, for tests and traces (bounded: an
         # executor runs for weeks).
@@ -179,7 +256,8 @@ class Runner:
     def _run_loop(self) -> None:
         while (batch := self._commands.get()) is not None:
             self._idle = False
-            for command in batch:
+            last = last_uses(batch)
+            for position, command in enumerate(batch):
                 kind = command.WhichOneof("kind")
                 if kind == "register":
                     self._hand_over()  # loading an artifact takes a while
@@ -188,7 +266,7 @@ class Runner:
                     for buffer_id in command.delete.ids:
                         self.buffers.delete(buffer_id)
                 elif kind == "run":
-                    self._run(command)
+                    self._run(command, last.get(position, set()))
                     if len(self._dispatched) >= HAND_OVER_EVERY:
                         self._hand_over()
             self._hand_over()
@@ -219,7 +297,7 @@ class Runner:
             )
             self._emit([failed])
 
-    def _run(self, command: pb.ExecutorCommand) -> None:
+    def _run(self, command: pb.ExecutorCommand, last_uses: set[str]) -> None:
         computation = command.run
         dispatched = time.time_ns()
         held: list[str] = []
@@ -248,7 +326,9 @@ class Runner:
                 place(value, sharding)
                 for value, sharding in zip(values, function.in_shardings, strict=True)
             ]
-            outputs = jax.tree.leaves(function.run(*arguments))
+            donations = _donatable(computation, function, values, arguments, last_uses)
+            record, unprepared = self._dispatch(command, function, arguments, donations, dispatched)
+            outputs = record.outputs
             if len(outputs) != len(computation.outputs):
                 raise ComputationError(
                     f"function {function.name!r} returns {len(outputs)} output(s) but the "
@@ -263,15 +343,58 @@ class Runner:
         finally:
             for buffer_id in held:
                 self.buffers.release(buffer_id)
+        with self._lock:
+            for buffer_id in computation.outputs:
+                self._producers[buffer_id] = record
         for buffer_id, value in zip(computation.outputs, outputs, strict=True):
             self.buffers.set(buffer_id, value)
         if collective:
             key = frozenset(computation.devices)
-            count, _ = self._device_sets.pop(key, (0, []))
-            self._device_sets[key] = (count + 1, outputs)
+            count, _ = self._device_sets.pop(key, (0, None))
+            self._device_sets[key] = (count + 1, record)
             self._outstanding += 1
         self.executed.append(computation.id)
-        self._dispatched.append((command, outputs, dispatched))
+        self._dispatched.append(record)
+        if unprepared:
+            # Compiling holds the interpreter and the devices' threads: what was dispatched
+            # is finished and stamped first, so no computation in the trace carries it.
+            self._hand_over()
+            self._completions.join()
+            function.prepare_donating(unprepared, arguments)
+
+    def _dispatch(
+        self,
+        command: pb.ExecutorCommand,
+        function: Callable,
+        arguments: list[Any],
+        donations: list[int],
+        dispatched: int,
+    ) -> tuple[_Dispatched, tuple[int, ...]]:
+        """Hand the computation to the devices; the inputs at ``donations`` become its outputs'
+        buffers if their producer was reported already, or is the computation just before this
+        one and the completion thread does not wait for it yet (its wait would fail). Such a
+        producer is known done when this computation is, and reported then: the trace gives it
+        the time of both, never another computation's."""
+        inputs = command.run.inputs
+        with self._lock:
+            given = [
+                (position, producer)
+                for position in donations
+                if (producer := self._producers.get(inputs[position])) is None
+                or (producer is self._previous() and not producer.claimed)
+            ]
+            positions = tuple(position for position, _ in given)
+            run = function.donating(positions) if given else function.run
+            if run is None:  # compiled and run once below, first, for later computations
+                given, run = [], function.run
+            record = _Dispatched(command, jax.tree.leaves(run(*arguments)), dispatched)
+            for _, producer in given:
+                if producer is not None:
+                    producer.successors.append(record)
+        self.donated += len(given)
+        self._previous = weakref.ref(record)
+        # Positions to compile a donating variant for, once this one is handed over.
+        return record, positions if positions and not given else ()
 
     def _describe(self, command: pb.ExecutorCommand, description: bytes, dispatched: int) -> None:
         """A computation asking what its function compiled to (compiled above, on these
@@ -287,7 +410,7 @@ class Runner:
         value = np.frombuffer(description, dtype=np.uint8)
         self.buffers.set(computation.outputs[0], value)
         self.executed.append(computation.id)
-        self._dispatched.append((command, [], dispatched))
+        self._dispatched.append(_Dispatched(command, [], dispatched))
 
     def _bound_outstanding(self) -> None:
         if self._outstanding >= MAX_OUTSTANDING:
@@ -296,8 +419,8 @@ class Runner:
             # Devices run their work in order: once a set's newest computation is done, so is
             # everything dispatched to it before.
             key = next(iter(self._device_sets))
-            count, outputs = self._device_sets.pop(key)
-            for output in outputs:
+            count, record = self._device_sets.pop(key)
+            for output in _awaited(record, claim=False):  # only this thread donates
                 with contextlib.suppress(Exception):  # its failure is reported on completion
                     output.block_until_ready()
             self._outstanding -= count
@@ -351,15 +474,19 @@ class Runner:
                 item = self._completions.get(timeout=timeout)
             except queue.Empty:
                 item = _IDLE  # held long enough
+            else:
+                # Stamped before the queue counts it done (the runner may wait for that).
+                if isinstance(item, list):
+                    if not held:
+                        first = time.monotonic()
+                    item.reverse()
+                    while item:  # each output let go of as soon as it is reported
+                        held.append(self._complete(item.pop()))
+                self._completions.task_done()
             if item is None:
                 self._emit(held)
                 return
             if item is not _IDLE:
-                if not held:
-                    first = time.monotonic()
-                item.reverse()
-                while item:  # each output let go of as soon as it is reported
-                    held.append(self._complete(*item.pop()))
                 busy = not self._idle
                 if busy and len(held) < MAX_HELD and time.monotonic() - first < LINGER_SECONDS:
                     continue
@@ -367,19 +494,26 @@ class Runner:
                 self._emit(held)
                 held = []
 
-    def _complete(
-        self, command: pb.ExecutorCommand, outputs: list[Any], dispatched: int
-    ) -> pb.ExecutorEvent:
+    def _complete(self, record: _Dispatched) -> pb.ExecutorEvent:
+        command = record.command
+        with self._lock:
+            awaited = _awaited(record, claim=True)
         ok, message = True, ""
         try:
-            for output in outputs:
+            for output in awaited:
                 output.block_until_ready()
         except Exception as error:
             ok, message = False, f"{type(error).__name__}: {error}"
+        with self._lock:
+            for buffer_id in command.run.outputs:
+                if self._producers.get(buffer_id) is record:
+                    del self._producers[buffer_id]
         end = time.time_ns()
         # The devices start a computation when it is dispatched or when the previous one
         # ends, whichever is later.
-        start = max(dispatched, self._last_end_ns)
+        # A computation whose outputs were donated is known done when its consumers are: it
+        # is reported then, and they (done too) take no time after it.
+        start = max(record.dispatched_ns, self._last_end_ns)
         self._last_end_ns = end
         return pb.ExecutorEvent(
             seq=command.seq,

@@ -1,21 +1,32 @@
 """The executor's engine in this process, on real JAX CPU devices: completions of a batch are
 reported together, but never held back by a computation that waits for its input; bounding
-the work in flight keeps no output alive past its deletion."""
+the work in flight keeps no output alive past its deletion; a computation takes over the
+buffers of inputs it is the last use of."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import queue
 import threading
 import weakref
+from collections.abc import Iterator
 
 import jax
 import numpy as np
+import pytest
 from conftest import export, f32, increment
 
 from pathways_core.wire import pb
-from pathways_executor.runner import HAND_OVER_EVERY, MAX_OUTSTANDING, Runner
+from pathways_executor.runner import (
+    HAND_OVER_EVERY,
+    MAX_OUTSTANDING,
+    Runner,
+    _awaited,
+    _Dispatched,
+    last_uses,
+)
 
 
 def run(
@@ -116,3 +127,112 @@ def test_bounding_work_in_flight_keeps_no_deleted_output_alive() -> None:
         assert sum(ref() is not None for ref in alive) <= 2
     finally:
         runner.stop()
+
+
+def delete(seq: int, *ids: str) -> pb.ExecutorCommand:
+    return pb.ExecutorCommand(seq=seq, delete=pb.DeleteBuffers(ids=ids))
+
+
+@contextlib.contextmanager
+def incrementing_runner(first: str) -> Iterator[tuple[Runner, queue.Queue[pb.ExecutorEvent]]]:
+    """A one-device runner with ``increment`` registered and computation ``first`` reported
+    (its output ``{first}-out`` holds ones)."""
+    events: queue.Queue[pb.ExecutorEvent] = queue.Queue()
+    runner = Runner(
+        0, {0: jax.devices()[0]}, lambda source: None, lambda batch: [events.put(e) for e in batch]
+    )
+    try:
+        function_id = hashlib.sha256(increment()).hexdigest()
+        register = pb.FunctionRegistration(function_id=function_id, artifact=increment())
+        runner.put_array("host", np.zeros(4, np.float32))
+        runner.submit([pb.ExecutorCommand(seq=1, register=register), run(2, first, ["host"])])
+        assert events.get(timeout=60).ok
+        yield runner, events
+    finally:
+        runner.stop()
+
+
+def test_last_uses_are_the_last_reads_before_a_deletion_in_the_batch() -> None:
+    batch = [
+        run(1, "a", ["x", "y"]),
+        run(2, "b", ["x"]),
+        delete(3, "x", "gone"),  # "gone" was read in an earlier batch: not this one's to give
+        run(4, "c", ["y", "a-out"]),
+        delete(5, "a-out"),
+        run(6, "d", ["y"]),  # "y" is never deleted here
+    ]
+    assert last_uses(batch) == {1: {"x"}, 3: {"a-out"}}
+
+
+def test_a_chain_hands_each_freed_input_to_its_consumer() -> None:
+    """A client's chain frees each intermediate once its consumer is queued: the consumer takes
+    the buffer over (no new one), every computation is still reported, in order, and inputs
+    that are kept, or read again later, stay intact."""
+    with incrementing_runner("x") as (runner, events):
+        steps, commands, previous = 20, [], "x-out"
+        for step in range(steps):
+            commands.append(run(10 + 2 * step, f"s{step}", [previous]))
+            if previous != "x-out":  # the chain's start is kept
+                commands.append(delete(11 + 2 * step, previous))
+            previous = f"s{step}-out"
+        # "x-out" read twice more, then freed: only its last reader may take it over.
+        commands += [run(100, "again", ["x-out"]), run(101, "last", ["x-out"])]
+        commands.append(delete(102, "x-out"))
+        runner.submit(commands)
+        reported = [events.get(timeout=60) for _ in range(steps + 2)]
+        assert all(event.ok for event in reported), [e.message for e in reported]
+        assert [e.computation_id for e in reported] == [
+            *(f"s{step}" for step in range(steps)),
+            "again",
+            "last",
+        ]
+        assert all(event.start_ns <= event.end_ns for event in reported)
+        # Each freed intermediate but the first (its consumer compiles the variant that takes an
+        # input over, and runs as it did), and "x-out" once.
+        assert runner.donated == steps - 2 + 1
+        np.testing.assert_array_equal(np.asarray(runner.buffers.get(previous, 10)), steps + 1.0)
+        for name in ("again", "last"):
+            np.testing.assert_array_equal(np.asarray(runner.buffers.get(f"{name}-out", 10)), 2.0)
+        assert "s0-out" not in runner.buffers and "x-out" not in runner.buffers
+
+
+@pytest.mark.parametrize("producer", ["waited for", "not the one just before"])
+def test_an_unreported_producers_output_is_taken_over_only_right_after_it(producer: str) -> None:
+    """An output is handed to its consumer while its producer is unreported only if the
+    producer ran just before the consumer (the producer is then reported with the consumer,
+    and takes no other computation's time in the trace) and the completion thread is not
+    already waiting for it (that wait would fail). Otherwise the consumer makes a new buffer.
+    Once the producer is reported, its output may be taken over."""
+    with incrementing_runner("p") as (runner, events):  # "p-out" is free to take over
+        unreported = _Dispatched(run(2, "p", ["host"]), [], 0, claimed=producer == "waited for")
+        with runner._lock:  # as if "p" were still running
+            runner._producers["p-out"] = unreported
+            if producer == "waited for":
+                runner._previous = weakref.ref(unreported)
+        runner.submit([run(3, "q", ["p-out"]), delete(4, "p-out")])
+        assert events.get(timeout=60).ok and runner.donated == 0
+        # Reported producers: "r" compiles the variant that takes an input over, "s" uses it.
+        runner.submit([run(5, "r", ["q-out"]), delete(6, "q-out")])
+        assert events.get(timeout=60).ok and runner.donated == 0
+        runner.submit([run(7, "s", ["r-out"]), delete(8, "r-out")])
+        assert events.get(timeout=60).ok and runner.donated == 1
+        np.testing.assert_array_equal(np.asarray(runner.buffers.get("s-out", 10)), 4.0)
+
+
+class Output:
+    def __init__(self, deleted: bool) -> None:
+        self.deleted = deleted
+
+    def is_deleted(self) -> bool:
+        return self.deleted
+
+
+def test_a_donated_output_is_awaited_through_the_computations_it_went_to() -> None:
+    kept, given, taken, last = Output(False), Output(True), Output(True), Output(False)
+    final = _Dispatched(run(3, "c", []), [last], 0)
+    middle = _Dispatched(run(2, "b", []), [taken], 0, successors=[final])
+    first = _Dispatched(run(1, "a", []), [kept, given], 0, successors=[middle])
+    assert _awaited(first, claim=False) == [kept, last]
+    assert not any(record.claimed for record in (first, middle, final))
+    assert _awaited(first, claim=True) == [kept, last]
+    assert all(record.claimed for record in (first, middle, final))
