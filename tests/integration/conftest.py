@@ -15,6 +15,7 @@ import functools  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import grpc  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -22,6 +23,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 from pathways_client.island_client import IslandClient  # noqa: E402
 from pathways_client.launcher import LocalIsland  # noqa: E402
+from pathways_client.rpc import stub  # noqa: E402
+from pathways_core.wire import EXECUTOR, pb  # noqa: E402
 
 
 def export(function, *avals, devices: int = 1, sharded: bool = False) -> bytes:
@@ -69,3 +72,12 @@ def island(compilation_cache: Path) -> Iterator[LocalIsland]:
     """One island of 2 executors x 4 fake devices, shared by a module's tests."""
     with LocalIsland(hosts=2, devices_per_host=4, compilation_cache=compilation_cache) as running:
         yield running
+
+
+def executor_infos(island: LocalIsland) -> list[pb.ExecutorInfo]:
+    """Each executor's ``Info``: its buffers, their bytes, inputs taken over."""
+    infos = []
+    for process in island.executors:
+        with grpc.insecure_channel(process.endpoint) as channel:
+            infos.append(stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=30))
+    return infos

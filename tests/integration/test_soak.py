@@ -16,15 +16,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
-from conftest import export, f32
+from conftest import executor_infos, export, f32
 
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland
-from pathways_client.rpc import stub
-from pathways_core.wire import EXECUTOR, pb
+from pathways_core.wire import pb
 
 pytestmark = pytest.mark.soak
 
@@ -50,14 +48,6 @@ class Tally:
     problems: list[str] = field(default_factory=list)  # anything else: the test fails
 
 
-def _executor_info(island: LocalIsland) -> list[pb.ExecutorInfo]:
-    infos = []
-    for process in island.executors:
-        with grpc.insecure_channel(process.endpoint) as channel:
-            infos.append(stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=30))
-    return infos
-
-
 def _rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -70,7 +60,7 @@ def _settled(island: LocalIsland, buffers: list[int]) -> list[pb.ExecutorInfo]:
     travel behind the work queued before them), or as they are after ``SETTLE_SECONDS``."""
     give_up = time.monotonic() + SETTLE_SECONDS
     while True:
-        infos = _executor_info(island)
+        infos = executor_infos(island)
         if [i.buffers for i in infos] == buffers or time.monotonic() > give_up:
             return infos
         time.sleep(0.5)
@@ -202,7 +192,7 @@ def test_an_island_under_a_minute_of_load_loses_nothing_and_leaks_nothing(
         compilation_cache=compilation_cache,
     )
     with island:
-        start = _executor_info(island)
+        start = executor_infos(island)
         empty = [info.buffers for info in start]
         assert empty == [0] * len(island.executors)
         # Warm-up: every function compiled for every device, the runtime's pools grown.

@@ -251,7 +251,7 @@ class Ack(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint", "control_endpoint", "buffers", "buffer_bytes")
+    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint", "control_endpoint", "buffers", "buffer_bytes", "inputs_taken_over")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
@@ -260,6 +260,7 @@ class ExecutorInfo(_message.Message):
     CONTROL_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
     BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_TAKEN_OVER_FIELD_NUMBER: _ClassVar[int]
     index: int
     endpoint: str
     devices: _containers.RepeatedScalarFieldContainer[int]
@@ -268,7 +269,8 @@ class ExecutorInfo(_message.Message):
     control_endpoint: str
     buffers: int
     buffer_bytes: int
-    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., buffers: _Optional[int] = ..., buffer_bytes: _Optional[int] = ...) -> None: ...
+    inputs_taken_over: int
+    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., buffers: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., inputs_taken_over: _Optional[int] = ...) -> None: ...
 
 class IslandInfo(_message.Message):
     __slots__ = ("island", "shape", "executors", "policy", "session_endpoint", "max_queued", "max_queued_per_client")
