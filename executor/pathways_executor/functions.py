@@ -62,7 +62,11 @@ class Callable:
             jax.block_until_ready(donating(*copies))
         except Exception as error:  # whatever the reason, it runs as it did
             self._refused.add(positions)
-            print(f"executor: {self.name!r} runs without donating {positions}: {error}")
+            print(
+                f"executor: {self.name!r} runs without donating {positions}: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         self._donating[positions] = donating
 

@@ -196,7 +196,7 @@ class Runner:
         self._lock = threading.Lock()
         # The computation dispatched last (not kept alive: its outputs may be deleted).
         self._previous: Fn[[], _Dispatched | None] = lambda: None
-        self.donated = 0  # inputs handed to their consumer's outputs, for tests and traces
+        self.inputs_taken_over = 0  # by their last use, for tests and the executor's Info
         self._transfers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="transfer")
         self._last_end_ns = 0
         self._idle = True  # the run loop has no command in hand
@@ -391,7 +391,7 @@ class Runner:
             for _, producer in given:
                 if producer is not None:
                     producer.successors.append(record)
-        self.donated += len(given)
+        self.inputs_taken_over += len(given)
         self._previous = weakref.ref(record)
         # Positions to compile a donating variant for, once this one is handed over.
         return record, positions if positions and not given else ()

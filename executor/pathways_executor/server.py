@@ -181,7 +181,7 @@ class ExecutorService:
             platform=jax.default_backend(),
             buffers=buffers,
             buffer_bytes=buffer_bytes,
-            inputs_taken_over=self.runner.donated,
+            inputs_taken_over=self.runner.inputs_taken_over,
         )
 
     # -- data plane --------------------------------------------------------------------------

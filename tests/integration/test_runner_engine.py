@@ -189,7 +189,7 @@ def test_a_chain_hands_each_freed_input_to_its_consumer() -> None:
         assert all(event.start_ns <= event.end_ns for event in reported)
         # Each freed intermediate but the first (its consumer compiles the variant that takes an
         # input over, and runs as it did), and "x-out" once.
-        assert runner.donated == steps - 2 + 1
+        assert runner.inputs_taken_over == steps - 2 + 1
         np.testing.assert_array_equal(np.asarray(runner.buffers.get(previous, 10)), steps + 1.0)
         for name in ("again", "last"):
             np.testing.assert_array_equal(np.asarray(runner.buffers.get(f"{name}-out", 10)), 2.0)
@@ -210,12 +210,12 @@ def test_an_unreported_producers_output_is_taken_over_only_right_after_it(produc
             if producer == "waited for":
                 runner._previous = weakref.ref(unreported)
         runner.submit([run(3, "q", ["p-out"]), delete(4, "p-out")])
-        assert events.get(timeout=60).ok and runner.donated == 0
+        assert events.get(timeout=60).ok and runner.inputs_taken_over == 0
         # Reported producers: "r" compiles the variant that takes an input over, "s" uses it.
         runner.submit([run(5, "r", ["q-out"]), delete(6, "q-out")])
-        assert events.get(timeout=60).ok and runner.donated == 0
+        assert events.get(timeout=60).ok and runner.inputs_taken_over == 0
         runner.submit([run(7, "s", ["r-out"]), delete(8, "r-out")])
-        assert events.get(timeout=60).ok and runner.donated == 1
+        assert events.get(timeout=60).ok and runner.inputs_taken_over == 1
         np.testing.assert_array_equal(np.asarray(runner.buffers.get("s-out", 10)), 4.0)
 
 
