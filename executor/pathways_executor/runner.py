@@ -186,7 +186,8 @@ class Runner:
         self._emit = emit
         # Batches of commands as they arrived (one hand-off per batch), or None to stop.
         self._commands: queue.Queue[list[pb.ExecutorCommand] | None] = queue.Queue()
-        # Lists of _Dispatched, _IDLE, or None to stop.
+        # Lists of _Dispatched, _IDLE, an Event to set once all before it are stamped, or None
+        # to stop.
         self._completions: queue.Queue[Any] = queue.Queue()
         # Dispatched by the runner, not yet handed to the completion thread.
         self._dispatched: list[_Dispatched] = []
@@ -343,9 +344,8 @@ class Runner:
         finally:
             for buffer_id in held:
                 self.buffers.release(buffer_id)
-        with self._lock:
-            for buffer_id in computation.outputs:
-                self._producers[buffer_id] = record
+        for buffer_id in computation.outputs:  # ids are unique: no lock needed to add or drop
+            self._producers[buffer_id] = record
         for buffer_id, value in zip(computation.outputs, outputs, strict=True):
             self.buffers.set(buffer_id, value)
         if collective:
@@ -359,7 +359,9 @@ class Runner:
             # Compiling holds the interpreter and the devices' threads: what was dispatched
             # is finished and stamped first, so no computation in the trace carries it.
             self._hand_over()
-            self._completions.join()
+            stamped = threading.Event()
+            self._completions.put(stamped)
+            stamped.wait()
             function.prepare_donating(unprepared, arguments)
 
     def _dispatch(
@@ -375,6 +377,11 @@ class Runner:
         one and the completion thread does not wait for it yet (its wait would fail). Such a
         producer is known done when this computation is, and reported then: the trace gives it
         the time of both, never another computation's."""
+        if not donations:  # the common case: nothing to decide with the completion thread
+            outputs = jax.tree.leaves(function.run(*arguments))
+            record = _Dispatched(command, outputs, dispatched)
+            self._previous = weakref.ref(record)
+            return record, ()
         inputs = command.run.inputs
         with self._lock:
             given = [
@@ -474,15 +481,15 @@ class Runner:
                 item = self._completions.get(timeout=timeout)
             except queue.Empty:
                 item = _IDLE  # held long enough
-            else:
-                # Stamped before the queue counts it done (the runner may wait for that).
-                if isinstance(item, list):
-                    if not held:
-                        first = time.monotonic()
-                    item.reverse()
-                    while item:  # each output let go of as soon as it is reported
-                        held.append(self._complete(item.pop()))
-                self._completions.task_done()
+            if isinstance(item, threading.Event):  # what came before it is stamped
+                item.set()
+                continue
+            if isinstance(item, list):
+                if not held:
+                    first = time.monotonic()
+                item.reverse()
+                while item:  # each output let go of as soon as it is reported
+                    held.append(self._complete(item.pop()))
             if item is None:
                 self._emit(held)
                 return
@@ -504,10 +511,8 @@ class Runner:
                 output.block_until_ready()
         except Exception as error:
             ok, message = False, f"{type(error).__name__}: {error}"
-        with self._lock:
-            for buffer_id in command.run.outputs:
-                if self._producers.get(buffer_id) is record:
-                    del self._producers[buffer_id]
+        for buffer_id in command.run.outputs:
+            self._producers.pop(buffer_id, None)
         end = time.time_ns()
         # The devices start a computation when it is dispatched or when the previous one
         # ends, whichever is later.
