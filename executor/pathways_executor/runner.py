@@ -73,8 +73,7 @@ def _donatable(
         for position in function.donatable
         if inputs[position] in last_uses
         and inputs.count(inputs[position]) == 1
-        and arguments[position] is values[position]
-        and isinstance(values[position], jax.Array)
+        and arguments[position] is values[position]  # a device array, laid out as expected
     )
 
 
@@ -377,13 +376,10 @@ class Runner:
         one and the completion thread does not wait for it yet (its wait would fail). Such a
         producer is known done when this computation is, and reported then: the trace gives it
         the time of both, never another computation's."""
-        if not donations:  # the common case: nothing to decide with the completion thread
-            outputs = jax.tree.leaves(function.run(*arguments))
-            record = _Dispatched(command, outputs, dispatched)
-            self._previous = weakref.ref(record)
-            return record, ()
         inputs = command.run.inputs
-        with self._lock:
+        # Without donations (the common case) there is nothing to decide with the completion
+        # thread: no lock.
+        with self._lock if donations else contextlib.nullcontext():
             given = [
                 (position, producer)
                 for position in donations

@@ -12,6 +12,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_platforms", "cpu")
 
 import functools  # noqa: E402
+import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -81,3 +82,16 @@ def executor_infos(island: LocalIsland) -> list[pb.ExecutorInfo]:
         with grpc.insecure_channel(process.endpoint) as channel:
             infos.append(stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=30))
     return infos
+
+
+def settled_executor_infos(
+    island: LocalIsland, buffers: list[int], within: float
+) -> list[pb.ExecutorInfo]:
+    """Executors' ``Info`` once their buffer counts are back to ``buffers`` (deletions travel
+    behind the work queued before them), or as they are after ``within`` seconds."""
+    give_up = time.monotonic() + within
+    while True:
+        infos = executor_infos(island)
+        if [i.buffers for i in infos] == buffers or time.monotonic() > give_up:
+            return infos
+        time.sleep(0.1)

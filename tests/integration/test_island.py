@@ -6,13 +6,12 @@ import hashlib
 import os
 import socket
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import executor_infos, export, f32
+from conftest import executor_infos, export, f32, settled_executor_infos
 
 from pathways_client.island_client import IslandClient, IslandError, Submitted
 from pathways_client.launcher import LocalIsland
@@ -270,10 +269,9 @@ def test_a_chain_freeing_each_intermediate_writes_into_its_inputs(island: LocalI
         # completion thread already waits for makes a new buffer: most, not all, take over.
         after = executor_infos(island)[0]
         assert after.inputs_taken_over - before.inputs_taken_over >= steps // 2, after
-        deadline = time.monotonic() + 30
-        while executor_infos(island)[0].buffers != before.buffers - 1:  # "start" is gone too
-            assert time.monotonic() < deadline, executor_infos(island)[0]
-            time.sleep(0.1)
+        expected = [before.buffers - 1, *(i.buffers for i in executor_infos(island)[1:])]
+        settled = settled_executor_infos(island, expected, 30)  # "start" is gone too
+        assert settled[0].buffers == before.buffers - 1, settled[0]
 
 
 def test_a_second_session_with_the_same_name_is_refused(island: LocalIsland) -> None:

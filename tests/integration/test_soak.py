@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import executor_infos, export, f32
+from conftest import executor_infos, export, f32, settled_executor_infos
 
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland
@@ -53,17 +53,6 @@ def _rss(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for process {pid}")
-
-
-def _settled(island: LocalIsland, buffers: list[int]) -> list[pb.ExecutorInfo]:
-    """Executors' information once their buffer counts are back to ``buffers`` (deletions
-    travel behind the work queued before them), or as they are after ``SETTLE_SECONDS``."""
-    give_up = time.monotonic() + SETTLE_SECONDS
-    while True:
-        infos = executor_infos(island)
-        if [i.buffers for i in infos] == buffers or time.monotonic() > give_up:
-            return infos
-        time.sleep(0.5)
 
 
 @dataclass
@@ -174,7 +163,7 @@ def _load(
     for thread in threads:
         thread.start()
     rendezvous.done.wait(seconds + 300)
-    open_sessions = _settled(island, [0] * len(island.executors))
+    open_sessions = settled_executor_infos(island, [0] * len(island.executors), SETTLE_SECONDS)
     rendezvous.release.wait(60)
     for thread in threads:
         thread.join(seconds + 300)  # bounded: a hung client fails the test below
@@ -199,7 +188,7 @@ def test_an_island_under_a_minute_of_load_loses_nothing_and_leaks_nothing(
         tallies, _ = _load(island, WARM_UP_SECONDS, "warm")
         for tally in tallies:
             assert not tally.problems, tally.problems
-        warm = _settled(island, empty)
+        warm = settled_executor_infos(island, empty, SETTLE_SECONDS)
         assert [i.buffers for i in warm] == empty, warm
         baseline = [_rss(process.popen.pid) for process in island.executors]
 
@@ -221,7 +210,7 @@ def test_an_island_under_a_minute_of_load_loses_nothing_and_leaks_nothing(
         # What the clients deleted is gone while their sessions are open (pulled copies too) ...
         assert [i.buffers for i in open_sessions] == empty, open_sessions
         # ... and after they closed.
-        after = _settled(island, empty)
+        after = settled_executor_infos(island, empty, SETTLE_SECONDS)
         assert [i.buffers for i in after] == [i.buffers for i in start], after
         assert [i.buffer_bytes for i in after] == [i.buffer_bytes for i in start], after
         for process, before in zip(island.executors, baseline, strict=True):
