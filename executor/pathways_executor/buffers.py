@@ -18,9 +18,14 @@ class BufferError(Exception):
     """A buffer is unknown, failed, or did not arrive in time."""
 
 
+PENDING: Any = object()  # ``peek``: the buffer has no value to use at once
+
+
 @dataclass
 class _Entry:
     future: Future[Any] = field(default_factory=Future)
+    # The value once set, for ``peek`` (the future's own lock is not needed to read it).
+    value: Any = PENDING
     # One reference for the owner (released by a client's delete) plus one per pending use.
     references: int = 1
     deleted: bool = False
@@ -55,17 +60,30 @@ class BufferStore:
 
     def expect(self, buffer_id: str) -> Future[Any]:
         """The future of a buffer, created pending if it does not exist yet."""
+        return self._entry(buffer_id).future
+
+    def _entry(self, buffer_id: str) -> _Entry:
         with self._lock:
             entry = self._entries.get(buffer_id)
             if entry is None:
                 entry = self._entries[buffer_id] = _Entry()
                 self._appeared.notify_all()
-            return entry.future
+            return entry
 
     def set(self, buffer_id: str, value: Any) -> None:
-        future = self.expect(buffer_id)
-        if not future.done():
-            future.set_result(value)
+        entry = self._entry(buffer_id)
+        if not entry.future.done():
+            entry.value = value
+            entry.future.set_result(value)
+
+    def peek(self, buffer_id: str) -> Any:
+        """The value of a buffer that is set and not deleted, else ``PENDING`` (unknown,
+        pending, failed or deleted: ``get`` says which). Never waits: a computation whose
+        inputs are all in hand reads them with this alone."""
+        entry = self._entries.get(buffer_id)  # one dict read: atomic, no lock needed
+        if entry is None or entry.deleted:
+            return PENDING
+        return entry.value
 
     def fail(self, buffer_id: str, error: BaseException) -> None:
         future = self.expect(buffer_id)

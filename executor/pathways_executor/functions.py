@@ -43,6 +43,12 @@ class Callable:
     traced: Any = None
     _donating: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
     _refused: set[tuple[int, ...]] = field(default_factory=set, repr=False)
+    # (shape, dtype) per input: checked on every call, so compared as plain tuples.
+    signature: tuple[tuple[tuple[int, ...], np.dtype], ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        signature = tuple((tuple(aval.shape), np.dtype(aval.dtype)) for aval in self.in_avals)
+        object.__setattr__(self, "signature", signature)
 
     def donating(self, positions: tuple[int, ...]) -> Any | None:
         """``run`` handing the inputs at ``positions`` to the computation (their buffers become
@@ -277,6 +283,12 @@ def _mesh(exported: Any, devices: list[jax.Device]) -> Mesh:
 
 def check_inputs(function: Callable, values: list[Any]) -> None:
     """Raise ``FunctionError`` naming the first input whose shape or dtype is not expected."""
+    signature = function.signature
+    if len(values) == len(signature) and all(
+        getattr(value, "shape", None) == shape and getattr(value, "dtype", None) == dtype
+        for value, (shape, dtype) in zip(values, signature, strict=True)
+    ):
+        return
     if len(values) != len(function.in_avals):
         raise FunctionError(
             f"function {function.name!r} takes {len(function.in_avals)} input(s), got {len(values)}"

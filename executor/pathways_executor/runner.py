@@ -29,7 +29,7 @@ from jax.sharding import SingleDeviceSharding
 
 from pathways_core.wire import pb
 from pathways_executor.artifact_check import ArtifactChecker
-from pathways_executor.buffers import BufferError, BufferStore
+from pathways_executor.buffers import PENDING, BufferError, BufferStore
 from pathways_executor.functions import Callable, FunctionCache, FunctionError, check_inputs
 
 INPUT_TIMEOUT_SECONDS = 120.0
@@ -100,7 +100,7 @@ def _copy_to_device(value: jax.Array, sharding: SingleDeviceSharding) -> jax.Arr
     in (~10 µs instead of ~25 µs through its Python layers: a stage of a pipeline pays it on
     every hop). None where this jaxlib lacks the call or the value is not a single-device
     array: the caller then uses ``device_put``."""
-    if len(value.sharding.device_set) != 1 or not value.is_fully_addressable:
+    if not isinstance(value.sharding, SingleDeviceSharding):
         return None
     try:
         devices = sharding._internal_device_list.addressable_device_list
@@ -194,6 +194,8 @@ class Runner:
         # output is donated only while the completion thread does not wait for it.
         self._producers: dict[str, _Dispatched] = {}
         self._lock = threading.Lock()
+        # Functions resolved for a slice, by (function id, island devices): looked up once.
+        self._functions: dict[tuple[str, tuple[int, ...]], tuple[Callable, list[jax.Device]]] = {}
         # The computation dispatched last (not kept alive: its outputs may be deleted).
         self._previous: Fn[[], _Dispatched | None] = lambda: None
         self.inputs_taken_over = 0  # by their last use, for tests and the executor's Info
@@ -300,24 +302,19 @@ class Runner:
     def _run(self, command: pb.ExecutorCommand, last_uses: set[str]) -> None:
         computation = command.run
         dispatched = time.time_ns()
-        held: list[str] = []
+        held: list[str] = []  # inputs awaited: held so that a deletion meanwhile waits
         try:
-            devices = self._slice_devices(computation)
-            function = self.functions.compiled(computation.function_id, devices)
-            if function is None:
-                self._hand_over()  # compiling takes a while: completions go on meanwhile
-                function = self.functions.callable(computation.function_id, devices)
+            key = (computation.function_id, tuple(computation.devices))
+            function, devices = self._functions.get(key) or self._resolve(computation, key)
             if computation.describe:
                 self._describe(command, function.description, dispatched)
                 return
             values = []
             for buffer_id in computation.inputs:
-                if not self.buffers.acquire(buffer_id):
-                    raise ComputationError(f"unknown buffer {buffer_id!r}")
-                held.append(buffer_id)
-                if not self.buffers.ready(buffer_id):
-                    self._hand_over()  # completions go on while this input is awaited
-                values.append(self.buffers.get(buffer_id, INPUT_TIMEOUT_SECONDS))
+                value = self.buffers.peek(buffer_id)
+                if value is PENDING:
+                    value = self._await_input(buffer_id, held)
+                values.append(value)
             check_inputs(function, values)
             collective = len(devices) > 1
             if collective:
@@ -363,6 +360,29 @@ class Runner:
             stamped.wait()
             function.prepare_donating(unprepared, arguments)
 
+    def _resolve(
+        self, computation: pb.Computation, key: tuple[str, tuple[int, ...]]
+    ) -> tuple[Callable, list[jax.Device]]:
+        """The function of a computation compiled for its slice's devices, compiling it if
+        this is its first run there; remembered by ``key`` (function id, island devices)."""
+        devices = self._slice_devices(computation)
+        function = self.functions.compiled(computation.function_id, devices)
+        if function is None:
+            self._hand_over()  # compiling takes a while: completions go on meanwhile
+            function = self.functions.callable(computation.function_id, devices)
+        self._functions[key] = (function, devices)
+        return function, devices
+
+    def _await_input(self, buffer_id: str, held: list[str]) -> Any:
+        """An input not in hand yet (pending, pulled from another executor, or failed),
+        waited for while held; raises if it is unknown or failed."""
+        if not self.buffers.acquire(buffer_id):
+            raise ComputationError(f"unknown buffer {buffer_id!r}")
+        held.append(buffer_id)
+        if not self.buffers.ready(buffer_id):
+            self._hand_over()  # completions go on while this input is awaited
+        return self.buffers.get(buffer_id, INPUT_TIMEOUT_SECONDS)
+
     def _dispatch(
         self,
         command: pb.ExecutorCommand,
@@ -376,10 +396,12 @@ class Runner:
         one and the completion thread does not wait for it yet (its wait would fail). Such a
         producer is known done when this computation is, and reported then: the trace gives it
         the time of both, never another computation's."""
+        if not donations:  # the common case: nothing to decide with the completion thread
+            record = _Dispatched(command, jax.tree.leaves(function.run(*arguments)), dispatched)
+            self._previous = weakref.ref(record)
+            return record, ()
         inputs = command.run.inputs
-        # Without donations (the common case) there is nothing to decide with the completion
-        # thread: no lock.
-        with self._lock if donations else contextlib.nullcontext():
+        with self._lock:
             given = [
                 (position, producer)
                 for position in donations

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from pathways_executor.buffers import BufferError, BufferStore
+from pathways_executor.buffers import PENDING, BufferError, BufferStore
 
 
 def test_a_consumer_waits_for_a_buffer_produced_later() -> None:
@@ -46,3 +46,22 @@ def test_delete_waits_for_pending_uses_and_frees_exactly_once() -> None:
     store.release("c/b")
     assert "c/b" not in store and len(store) == 0
     assert not store.acquire("c/unknown")
+
+
+def test_peek_gives_only_values_in_hand() -> None:
+    """What a computation reads without waiting: set values. Anything else (unknown, pending,
+    failed, deleted) is left to ``get``, which waits or names the cause."""
+    store = BufferStore()
+    store.expect("c/pending")
+    store.fail("c/failed", RuntimeError("boom"))
+    store.set("c/set", 7)
+    store.set("c/deleted", 8)
+    assert store.acquire("c/deleted")  # a pending use keeps the entry; the owner deletes it
+    store.delete("c/deleted")
+    assert store.peek("c/set") == 7
+    for buffer_id in ("c/unknown", "c/pending", "c/failed", "c/deleted"):
+        assert store.peek(buffer_id) is PENDING
+    store.set("c/pending", 9)
+    assert store.peek("c/pending") == 9
+    store.set("c/set", 10)  # a buffer is set once
+    assert store.peek("c/set") == 7
