@@ -91,6 +91,33 @@ def test_a_client_keeps_the_devices_for_a_run_then_yields(with_deletions) -> Non
     assert "".join(computations) == "aaabbbaaabbb"
 
 
+@pytest.mark.parametrize("policy", list(Policy))
+def test_a_free_item_goes_right_behind_its_clients_item_before_it(policy) -> None:
+    """Chains of three clients, each computation followed by the deletion of its input: every
+    deletion comes out right after the computation before it (at once, though other clients'
+    computations wait and the policy interleaves clients), and only then the next client's
+    work. ``next_free`` takes only such an item."""
+    queue: IslandQueue[str] = IslandQueue(policy)
+    for client in "abc":
+        queue.add_client(client, priority=2 if client == "c" else 0)
+    for n in range(4):
+        for client in "abc":
+            queue.submit(client, f"{client}{n}")
+            queue.submit(client, f"{client}-delete{n}", cost=0.0, bounded=False)
+    assert queue.next_free() is None  # nothing taken yet
+    taken = [item for _, item in drain(queue)]
+    for position, item in enumerate(taken):
+        if "delete" in item:
+            assert taken[position - 1] == item.replace("-delete", "")
+    assert taken[:8] == ["c0", "c-delete0", "c1", "c-delete1", "c2", "c-delete2", "c3", "c-delete3"]
+    assert sorted(taken[8:]) == sorted(
+        f"{x}{y}{n}" for x in "ab" for y in ("", "-delete") for n in range(4)
+    )
+    queue.submit("a", "a4")
+    assert queue.next_free() is None  # a computation is not free
+    assert queue.next() == ("a", "a4")
+
+
 def test_a_client_arriving_waits_for_at_most_one_run() -> None:
     queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE, run_length=16)
     queue.add_client("busy")

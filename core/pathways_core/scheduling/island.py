@@ -326,8 +326,12 @@ class IslandDispatcher:
 
     def _dispatch(self) -> list[Instruction]:
         instructions: list[Instruction] = []
-        while len(self._in_flight) < self.max_in_flight:
-            taken = self.queue.next()
+        while True:
+            # A free item (a deletion) behind the computation just taken goes with it, even
+            # at the bound on work in flight.
+            taken = self.queue.next_free()
+            if taken is None and len(self._in_flight) < self.max_in_flight:
+                taken = self.queue.next()
             if taken is None:
                 break
             client, item = taken

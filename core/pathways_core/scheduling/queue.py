@@ -17,6 +17,11 @@ point backwards in the island order and gang scheduling cannot deadlock). Betwee
   tenants at every item had eight tenants evict each other's arrays from the host's caches
   (see benchmarks/RESULTS.md). The default, 1, interleaves item by item.
 
+A free item goes right after the item of its client taken before it, whatever the policy: a
+chain's buffer deletion then reaches the executor with the computation that reads the buffer
+last, which takes the buffer over for its output (as one client alone does), instead of a turn
+later.
+
 Strictly higher priority always goes first, under both policies. The queue only orders: the
 scheduler server decides when to take the next item (it bounds the work in flight).
 
@@ -159,6 +164,9 @@ class IslandQueue(Generic[Item]):
 
     def next(self) -> tuple[str, Item] | None:
         """Take the item that runs next, or ``None`` when nothing is queued."""
+        free = self.next_free()
+        if free is not None:
+            return free
         ready = [state for state in self._clients.values() if state.pending]
         if not ready:
             return None
@@ -172,6 +180,19 @@ class IslandQueue(Generic[Item]):
             # ``ready`` holds the top priority only: a higher one ends the run.
             if self._run < self.run_length and any(state is last for state in ready):
                 chosen = last
+        return self._take(chosen)
+
+    def next_free(self) -> tuple[str, Item] | None:
+        """Take the free item (of no cost) queued right behind the item taken last, if there
+        is one: it goes at once, whatever the policy and priorities, as it takes no device
+        time. A chain's buffer deletion then travels with the computation that reads the
+        buffer last, which may take the buffer over for its output."""
+        last = self._last
+        if last is None or not last.pending or last.pending[0][2] > 0:
+            return None
+        return self._take(last)
+
+    def _take(self, chosen: ClientState[Item]) -> tuple[str, Item]:
         _, item, cost, bounded = chosen.pending.popleft()
         # A run is of work: free items (a chain's buffer deletions, one per computation) do
         # not count toward it, or a chain's runs would hold half the computations asked for.
