@@ -522,7 +522,11 @@ class Runner:
     def _complete(self, record: _Dispatched) -> pb.ExecutorEvent:
         command = record.command
         with self._lock:
-            awaited = _awaited(record, claim=True)
+            if record.successors:
+                awaited = _awaited(record, claim=True)
+            else:  # nothing was donated (the common case): its own outputs, all there
+                record.claimed = True
+                awaited = record.outputs
         ok, message = True, ""
         try:
             for output in awaited:
