@@ -274,6 +274,44 @@ def test_a_chain_freeing_each_intermediate_writes_into_its_inputs(island: LocalI
         assert settled[0].buffers == before.buffers - 1, settled[0]
 
 
+def test_interleaved_tenants_chains_write_into_their_inputs(compilation_cache) -> None:
+    """Two tenants' chains freeing each intermediate, interleaved by proportional share on an
+    island running one computation at a time: each deletion still travels with the
+    computation reading its buffer last (it takes no device time, so it goes right behind it,
+    at the bound on work in flight too), and that computation takes the buffer over."""
+    steps = 20
+    with LocalIsland(
+        hosts=1,
+        devices_per_host=4,
+        policy="proportional-share",
+        max_in_flight=1,
+        compilation_cache=compilation_cache,
+    ) as busy:
+
+        def chain(name: str, device: int) -> np.ndarray:
+            with IslandClient(busy.scheduler_endpoint, name) as client:
+                increment = client.register(INCREMENT, "increment")
+                start = client.put(np.zeros(4, np.float32), device=device)
+                current = start
+                with client.batch():
+                    for _ in range(steps):
+                        call = client.submit(increment, [device], [current], 1)
+                        if current != start:
+                            client.delete([current])
+                        current = call.outputs[0]
+                call.wait(60)
+                return client.get(current)
+
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(chain, ["tenant-a", "tenant-b"], [0, 1]))
+        for result in results:
+            np.testing.assert_array_equal(result, np.full(4, float(steps)))
+        # Each chain's first chance compiles the donating variant; the rest take over. (With
+        # the deletion a turn behind, none did.)
+        taken = executor_infos(busy)[0].inputs_taken_over
+        assert taken >= 2 * (steps - 4), taken
+
+
 def test_a_second_session_with_the_same_name_is_refused(island: LocalIsland) -> None:
     with IslandClient(island.scheduler_endpoint, "twice") as first:
         first.register(INCREMENT, "increment")
