@@ -149,6 +149,9 @@ class _Dispatched:
 def _awaited(record: _Dispatched, claim: bool) -> list[Any]:
     """The arrays whose readiness means ``record`` is done: its outputs, and for those donated
     to later computations, theirs. ``claim`` marks them all waited for."""
+    if not record.successors:  # nothing donated (the common case): its own outputs, all there
+        record.claimed = record.claimed or claim
+        return record.outputs
     arrays: list[Any] = []
     pending = [record]
     while pending:
@@ -522,11 +525,7 @@ class Runner:
     def _complete(self, record: _Dispatched) -> pb.ExecutorEvent:
         command = record.command
         with self._lock:
-            if record.successors:
-                awaited = _awaited(record, claim=True)
-            else:  # nothing was donated (the common case): its own outputs, all there
-                record.claimed = True
-                awaited = record.outputs
+            awaited = _awaited(record, claim=True)
         ok, message = True, ""
         try:
             for output in awaited:

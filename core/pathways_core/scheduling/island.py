@@ -327,11 +327,10 @@ class IslandDispatcher:
     def _dispatch(self) -> list[Instruction]:
         instructions: list[Instruction] = []
         while True:
-            # A free item (a deletion) behind the computation just taken goes with it, even
-            # at the bound on work in flight.
-            taken = self.queue.next_free()
-            if taken is None and len(self._in_flight) < self.max_in_flight:
-                taken = self.queue.next()
+            # At the bound on work in flight, only a free item (a deletion) behind the
+            # computation just taken still goes, with it; ``next`` takes those first anyway.
+            at_bound = len(self._in_flight) >= self.max_in_flight
+            taken = self.queue.next_free() if at_bound else self.queue.next()
             if taken is None:
                 break
             client, item = taken
