@@ -20,6 +20,20 @@ class BufferError(Exception):
 
 PENDING: Any = object()  # ``peek``: the buffer has no value to use at once
 
+# Separates a failed buffer's id from the first failure that caused it. A consumer of a failed
+# buffer fails in turn; naming only that first failure keeps every message of a failed chain
+# the same length, instead of each one quoting all of its predecessors' (a 128-step chain's
+# last message would otherwise hold 127 nested ones).
+UPSTREAM = " failed upstream: "
+
+
+def root_cause(message: str) -> str:
+    """The first failure behind a failure message: what follows its ``UPSTREAM`` marker
+    (wherever it is, as inside a message quoted from another executor), or the whole message
+    when it is the first failure itself."""
+    _, marker, root = message.partition(UPSTREAM)
+    return root if marker else message
+
 
 @dataclass
 class _Entry:
@@ -142,8 +156,8 @@ class BufferStore:
             raise BufferError(f"buffer {buffer_id!r} was not ready within {timeout} s") from None
         except BufferError:
             raise
-        except Exception as error:  # the producer's failure
-            raise BufferError(f"buffer {buffer_id!r} failed: {error}") from error
+        except Exception as error:  # the producer's failure, or one before it
+            raise BufferError(f"buffer {buffer_id!r}{UPSTREAM}{root_cause(str(error))}") from error
 
 
 def _bytes_held(value: Any) -> int:

@@ -190,6 +190,34 @@ def test_failures_name_the_node_and_keep_the_island_serving(island: LocalIsland)
         np.testing.assert_array_equal(client.get(ok.outputs[0]), 2 * np.ones(4))
 
 
+def test_a_failure_down_a_chain_across_executors_names_its_first_cause_once(
+    island: LocalIsland,
+) -> None:
+    """Every stage after a failed one fails, on either executor; each names the first failure
+    once (not every stage before it), so a long chain's last message is as long as its
+    second's."""
+    with IslandClient(island.scheduler_endpoint, "failed-chain") as client:
+        increment = client.register(INCREMENT, "increment")
+        current = client.put(np.zeros((2, 2), np.float32), device=0)  # the wrong shape
+        calls = []
+        with client.batch():
+            for step in range(40):
+                name = "bad-node" if step == 0 else f"stage-{step:02d}"
+                calls.append(client.submit(increment, [step % 8], [current], 1, name=name))
+                current = calls[-1].outputs[0]
+        messages = []
+        for call in calls[1:]:
+            with pytest.raises(IslandError) as failed:
+                call.wait(60)
+            messages.append(str(failed.value))
+        first = "'bad-node' failed on executor 0: input 0 of function 'increment' is float32[2, 2]"
+        for message in messages:
+            assert first in message and message.count("failed on executor") == 2, message
+        # Stages pulling their input from the other executor also say where from; none grows.
+        lengths = [len(message) for message in messages]
+        assert max(lengths[-10:]) <= max(lengths[:10]) + 2  # ids' digits
+
+
 def test_an_artifact_that_is_not_jax_export_fails_its_computations(island: LocalIsland) -> None:
     with IslandClient(island.scheduler_endpoint, "incompatible") as client:
         junk = client.register(b"\x00 not a flatbuffer at all", "junk")

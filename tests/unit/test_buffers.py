@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from pathways_executor.buffers import PENDING, BufferError, BufferStore
+from pathways_executor.buffers import PENDING, BufferError, BufferStore, root_cause
 
 
 def test_a_consumer_waits_for_a_buffer_produced_later() -> None:
@@ -27,11 +27,33 @@ def test_a_buffer_announced_later_is_waited_for_within_the_limit() -> None:
 def test_failures_and_timeouts_name_the_buffer_and_cause() -> None:
     store = BufferStore()
     store.fail("c/bad", RuntimeError("computation 'a' failed"))
-    with pytest.raises(BufferError, match="buffer 'c/bad' failed: computation 'a' failed"):
+    with pytest.raises(BufferError, match="buffer 'c/bad' failed upstream: computation 'a' failed"):
         store.get("c/bad", timeout=1)
     store.expect("c/slow")
     with pytest.raises(BufferError, match=r"'c/slow' was not ready within 0\.05 s"):
         store.get("c/slow", timeout=0.05)
+
+
+def test_a_failure_passed_down_a_chain_names_only_its_first_cause() -> None:
+    """Each consumer of a failed buffer fails in turn; its message names the first failure
+    once, however far down the chain (also when the failure came from another executor,
+    quoted inside a message of its own), so messages do not grow with the chain."""
+    store = BufferStore()
+    first = "computation 'a' failed on executor 0: input 0 is float32[2], expected float32[4]"
+    store.fail("c/a-out", RuntimeError(first))
+    messages = []
+    for step in range(1, 50):
+        try:
+            store.get(f"c/{step - 1:03d}-out" if step > 1 else "c/a-out", timeout=1)
+        except BufferError as error:
+            messages.append(f"computation '{step:03d}' failed on executor 0: {error}")
+        store.fail(f"c/{step:03d}-out", RuntimeError(messages[-1]))
+    assert all(message.endswith(f"failed upstream: {first}") for message in messages)
+    assert len(messages[-1]) == len(messages[1])
+    assert root_cause(f"cannot fetch buffer 'c/x': 127.0.0.1:1: {messages[-1]}") == first
+    assert root_cause("cannot fetch buffer 'c/x': connection refused") == (
+        "cannot fetch buffer 'c/x': connection refused"
+    )
 
 
 def test_delete_waits_for_pending_uses_and_frees_exactly_once() -> None:
