@@ -203,27 +203,54 @@ def verdict(record: dict[str, Any]) -> str:
     return ""
 
 
+# Parameters that tell a suite's figures apart, in the tables and plots (the rest stay in the
+# JSON). A layout is shown by its value alone: "2 executors x 4 devices".
+SHOWN_PARAMETERS = (
+    "floats_per_device",
+    "clients",
+    "stages",
+    "bytes",
+    "mode",
+    "hosts",
+    "client",
+    "weights",
+    "step_ms",
+    "microbatches",
+)
+
+
 def describe(record: dict[str, Any]) -> str:
+    """A figure's distinguishing parameters, e.g. ``floats_per_device=16, 1 executor x 4
+    devices``."""
     parameters = record["parameters"]
-    shown = {
-        k: v
-        for k, v in parameters.items()
-        if isinstance(v, int | float | str)
-        and k
-        in (
-            "floats_per_device",
-            "clients",
-            "stages",
-            "bytes",
-            "mode",
-            "hosts",
-            "client",
-            "weights",
-            "step_ms",
-            "microbatches",
-        )
-    }
-    return ", ".join(f"{k}={v}" for k, v in shown.items())
+    shown = [
+        f"{key}={value}"
+        for key, value in parameters.items()
+        if key in SHOWN_PARAMETERS and isinstance(value, int | float | str)
+    ]
+    if isinstance(parameters.get("layout"), str):
+        shown.append(parameters["layout"])
+    return ", ".join(shown)
+
+
+def missed_figures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records that missed their target or whose suite failed."""
+    return [r for r in records if verdict(r) in ("MISSED", "FAILED")]
+
+
+def shortfall(record: dict[str, Any]) -> str:
+    """A figure that missed its target (or a suite that failed), said in one line: what was
+    measured, where, and against which target."""
+    label = f"{record['suite']}: {record['name']}"
+    if record.get("error"):
+        return f"{label} failed: {record['error']}"
+    where = f" ({describe(record)})" if describe(record) else ""
+    target, unit = record["target"], record["unit"] or ""
+    if isinstance(target, int | float) and target > 10:  # in the figure's own unit
+        measured = f"{_number(record['value'])} {unit}, target {_number(target)} {unit}"
+    else:
+        measured = f"ratio {_number(record['ratio'])}, target {target}"
+    return f"{label}{where}: {measured}"
 
 
 def markdown(
@@ -249,13 +276,13 @@ def markdown(
             f"{r['unit'] or ''} | {_number(r['baseline'])} | {_number(r['ratio'])} | "
             f"{r['target'] if r['target'] is not None else ''} | {verdict(r)} |"
         )
-    missed = [r for r in records if verdict(r) in ("MISSED", "FAILED")]
-    lines += [
-        "",
-        f"Shortfalls: {len(missed)} of {len(records)} figures."
-        if missed
-        else "Every target with a number was met.",
-    ]
+    missed = missed_figures(records)
+    if missed:
+        lines += ["", f"Shortfalls: {len(missed)} of {len(records)} figures.", ""]
+        lines += [f"- {shortfall(r)}" for r in missed]
+    else:
+        lines += ["", "Every target with a number was met."]
+    lines.append("")
     lines += [f"![{plot.stem}]({plot.parent.name}/{plot.name})" for plot in plots]
     lines.append(END)
     return "\n".join(lines) + "\n"
@@ -266,6 +293,8 @@ def _number(value: Any) -> str:
         return ""
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.0f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
     return str(value)
 
 
@@ -295,8 +324,8 @@ def plot(records: list[dict[str, Any]], directory: Path) -> list[Path]:
         mine = [r for r in records if r["suite"] == suite and r.get("ratio") is not None]
         if not mine:
             continue
-        figure, axes = plt.subplots(figsize=(8, 0.45 * len(mine) + 1.5))
-        labels = [f"{r['name']} {describe(r)}"[:70] for r in mine]
+        figure, axes = plt.subplots(figsize=(10, 0.45 * len(mine) + 1.5))
+        labels = [f"{r['name']} {describe(r)}"[:100] for r in mine]
         colours = [
             "tab:green"
             if verdict(r) == "met"
@@ -310,6 +339,7 @@ def plot(records: list[dict[str, Any]], directory: Path) -> list[Path]:
             if isinstance(r["target"], int | float) and r["target"] <= 10:
                 axes.plot([r["target"]] * 2, [index - 0.4, index + 0.4], "k--")
         axes.axvline(1.0, color="grey", linewidth=0.5)
+        axes.tick_params(axis="y", labelsize=8)
         axes.invert_yaxis()
         axes.set_xlabel("ratio against the same run's baseline (dashed: target)")
         axes.set_title(f"{suite}")
@@ -319,6 +349,33 @@ def plot(records: list[dict[str, Any]], directory: Path) -> list[Path]:
         plt.close(figure)
         written.append(path)
     return written
+
+
+def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
+    """One table per suite, in the order they ran: figure, parameters, value with its unit,
+    baseline, ratio, target and verdict."""
+    tables: dict[str, Table] = {}
+    for r in records:
+        table = tables.get(r["suite"])
+        if table is None:
+            table = tables[r["suite"]] = Table(title=r["suite"], title_justify="left")
+            table.add_column("figure", ratio=2)
+            table.add_column("parameters", ratio=2)
+            for column in ("value", "baseline", "ratio"):
+                table.add_column(column, justify="right", no_wrap=True)
+            table.add_column("target", ratio=1)
+            table.add_column("", no_wrap=True)
+        value = f"{_number(r['value'])} {r['unit'] or ''}".strip()
+        table.add_row(
+            r["name"],
+            r.get("error") or describe(r),
+            value,
+            _number(r["baseline"]),
+            _number(r["ratio"]),
+            "" if r["target"] is None else str(r["target"]),
+            verdict(r),
+        )
+    return list(tables.values())
 
 
 @click.command("bench")
@@ -340,7 +397,8 @@ def bench_command(
 ) -> None:
     """Run the paper's evaluation on fake devices: each figure a ratio against a baseline
     measured in the same run."""
-    console = Console()
+    # A log or a file gets lines as wide as the figures' names need, not 80 columns.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     chosen = [suite for suite in SUITES if not only or suite.name in only]
     info = machine()
     command = "pathways bench " + " ".join(sys.argv[2:])
@@ -357,23 +415,16 @@ def bench_command(
             progress.update(task, description=f"{suite.name}: {suite.description}")
             records += run_suite(suite, quick, plots=plots)
             progress.advance(task)
-    table = Table(title=f"pathways bench{' --quick' if quick else ''}")
-    for column in ("suite", "figure", "parameters", "value", "baseline", "ratio", "target", ""):
-        table.add_column(
-            column, justify="right" if column in ("value", "baseline", "ratio") else "left"
-        )
-    for r in records:
-        table.add_row(
-            r["suite"],
-            r["name"],
-            describe(r) or r.get("error", ""),
-            _number(r["value"]),
-            _number(r["baseline"]),
-            _number(r["ratio"]),
-            str(r["target"]) if r["target"] is not None else "",
-            verdict(r),
-        )
-    console.print(table)
+    for table in summary_tables(records):
+        console.print(table)
+    missed = missed_figures(records)
+    console.print(
+        f"Shortfalls: {len(missed)} of {len(records)} figures."
+        if missed
+        else "Every target with a number was met."
+    )
+    for r in missed:
+        console.print(f"  {shortfall(r)}", style="red", highlight=False)
     for r in records:
         r["machine"] = info
         r["command"] = command

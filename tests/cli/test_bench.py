@@ -4,6 +4,9 @@ the generated section of RESULTS.md."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from rich.console import Console
 
 from pathways_client.bench import (
     BEGIN,
@@ -11,10 +14,14 @@ from pathways_client.bench import (
     SUITES,
     Suite,
     command_line,
+    describe,
     markdown,
+    missed_figures,
     normalize,
     plot,
     run_suite,
+    shortfall,
+    summary_tables,
     verdict,
     write_results,
 )
@@ -86,3 +93,82 @@ def test_results_section_is_rewritten_in_place(tmp_path: Path) -> None:
     assert text.count(BEGIN) == 1 and text.count(END) == 1
     assert "pathways bench --quick" in text and "| parallel | chain-16 | stages=16 |" in text
     assert text.index(END) < text.index("## Hand-written analysis") and "kept" in text
+
+
+def _figure(**fields: Any) -> dict[str, Any]:
+    base = {"suite": "dispatch", "name": "dispatch-C", "unit": "steps/s", "target": 0.95}
+    return {**base, **fields}
+
+
+def test_figures_of_two_layouts_read_apart_and_shortfalls_are_named() -> None:
+    """The dispatch suite measures each size on two layouts: the table, the plots and the
+    list of shortfalls say which layout a figure is of, and what it measured against what."""
+    records = [
+        _figure(
+            value=241.0,
+            baseline=314.0,
+            ratio=0.77,
+            parameters={"floats_per_device": 16, "layout": "2 executors x 4 devices"},
+        ),
+        _figure(
+            value=3637.0,
+            baseline=3500.0,
+            ratio=1.04,
+            parameters={"floats_per_device": 16, "layout": "1 executor x 4 devices"},
+        ),
+        _figure(
+            suite="control",
+            name="allocator",
+            value=9000.0,
+            baseline=8000.0,
+            ratio=1.125,
+            unit="decisions/s",
+            target=10000,
+            parameters={"seed": 7},
+        ),
+    ]
+    assert [describe(r) for r in records] == [
+        "floats_per_device=16, 2 executors x 4 devices",
+        "floats_per_device=16, 1 executor x 4 devices",
+        "",
+    ]
+    assert [shortfall(r) for r in missed_figures(records)] == [
+        "dispatch: dispatch-C (floats_per_device=16, 2 executors x 4 devices): ratio 0.770, "
+        "target 0.95",
+        "control: allocator: 9,000 decisions/s, target 10,000 decisions/s",
+    ]
+    section = markdown(records, "pathways bench", {"processor": "x", "cpus": 2, "python": "3"}, [])
+    assert "Shortfalls: 2 of 3 figures." in section
+    assert "- control: allocator: 9,000 decisions/s, target 10,000 decisions/s" in section
+
+
+def test_the_terminal_gets_one_table_per_suite_with_whole_names_and_units() -> None:
+    records = [
+        _figure(
+            name="sizes of 1 ms or more at which -C is within 95% of JAX",
+            value=4,
+            baseline=8,
+            ratio=0.5,
+            unit="sizes",
+            target=1.0,
+            parameters={"layout": "2 executors x 4 devices"},
+        ),
+        _figure(
+            suite="transfer",
+            name="transfer-64MiB",
+            value=2.5e9,
+            baseline=3e9,
+            ratio=0.83,
+            unit="bytes/s",
+            target=0.7,
+            parameters={"bytes": 67108864},
+        ),
+    ]
+    console = Console(width=100, record=True)
+    tables = summary_tables(records)
+    assert [table.title for table in tables] == ["dispatch", "transfer"]
+    for table in tables:
+        console.print(table)
+    text = console.export_text()
+    assert "…" not in text and "4 sizes" in text and "2,500,000,000 bytes/s" in text
+    assert "MISSED" in text and "met" in text
