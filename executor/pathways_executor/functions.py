@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
@@ -41,6 +42,10 @@ class Callable:
     donatable: frozenset[int] = frozenset()
     # The jitted Python function behind ``run``, where there is one (jax.export artifacts).
     traced: Any = None
+    # Where ``traced`` puts its last result, a token: a boolean scalar that is ready exactly
+    # when the computation is done. The executor waits for it instead of the outputs, which
+    # a later computation may take over meanwhile. None: no token (the outputs are waited for).
+    token_sharding: Any = None
     _donating: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
     _refused: set[tuple[int, ...]] = field(default_factory=set, repr=False)
     # (shape, dtype) per input: checked on every call, so compared as plain tuples.
@@ -63,7 +68,11 @@ class Callable:
         if positions in self._refused:
             return
         try:
-            donating = jax.jit(self.traced, donate_argnums=positions)
+            donating = jax.jit(
+                self.traced,
+                out_shardings=(None, self.token_sharding),
+                donate_argnums=positions,
+            )
             copies = [a.copy() if i in positions else a for i, a in enumerate(arguments)]
             jax.block_until_ready(donating(*copies))
         except Exception as error:  # whatever the reason, it runs as it did
@@ -165,8 +174,9 @@ class FunctionCache:
                 f"slice has {len(devices)}"
             )
         if len(devices) == 1:
-            shardings = tuple(SingleDeviceSharding(devices[0]) for _ in exported.in_avals)
-            out_shardings = tuple(SingleDeviceSharding(devices[0]) for _ in exported.out_avals)
+            replicated = SingleDeviceSharding(devices[0])
+            shardings = tuple(replicated for _ in exported.in_avals)
+            out_shardings = tuple(replicated for _ in exported.out_avals)
         else:
             mesh = _mesh(exported, devices)
             replicated = NamedSharding(mesh, PartitionSpec())
@@ -174,16 +184,27 @@ class FunctionCache:
             out_shardings = tuple(s or replicated for s in exported.out_shardings_jax(mesh))
         inputs = list(zip(exported.in_avals, shardings, strict=True))
         outputs = list(zip(exported.out_avals, out_shardings, strict=True))
+        # Only slices within this process take inputs over (executors of a slice spanning
+        # hosts could otherwise run differently compiled programs of one collective), so only
+        # they need the token that tells when a computation is done without its outputs.
+        in_process = _in_process(shardings)
+        if in_process:
+
+            def traced(*arguments: Any) -> tuple[Any, jax.Array]:
+                return exported.call(*arguments), jnp.zeros((), jnp.bool_)
+
+            run = jax.jit(traced, out_shardings=(None, replicated))
+        else:
+            traced, run = exported.call, jax.jit(exported.call)
         built = Callable(
             name=name,
-            run=jax.jit(exported.call),
+            run=run,
             in_shardings=shardings,
             in_avals=tuple(exported.in_avals),
             out_count=len(exported.out_avals),
-            # Only slices within this process: executors of a slice spanning hosts could
-            # otherwise run differently compiled programs of one collective.
-            donatable=_reusable(inputs, outputs) if _in_process(shardings) else frozenset(),
-            traced=exported.call,
+            donatable=_reusable(inputs, outputs) if in_process else frozenset(),
+            traced=traced,
+            token_sharding=replicated if in_process else None,
         )
         with self._lock:
             self._callables[key] = built

@@ -3,9 +3,10 @@
 Commands arrive in island order. Registrations load artifacts; runs resolve their inputs (local
 buffers, or buffers pulled from other executors, started as soon as the command arrives so
 transfers overlap earlier work), dispatch the compiled function asynchronously (JAX returns
-future arrays at once), and hand the outputs to a completion thread that reports when the
-devices finished. A failure fails the computation's outputs, so consumers fail fast with the
-cause, and the executor keeps going.
+future arrays at once), and hand the computation to a completion thread that reports when the
+devices finished it (by its token: a scalar output ready exactly then, so that a later
+computation may take its other outputs over meanwhile). A failure fails the computation's
+outputs, so consumers fail fast with the cause, and the executor keeps going.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ import contextlib
 import queue
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable as Fn
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -37,12 +37,12 @@ INPUT_TIMEOUT_SECONDS = 120.0
 # more than a few collectives queued at once deadlock XLA's in-process rendezvous and gloo alike
 # (seen with plain JAX too), so an executor never runs further ahead of its devices than this.
 # At the bound it waits for the device set it sent work to least recently, until that set's
-# newest computation is done, holding only that output per set: a chain on one device set waits
-# for all of its work every few steps, as a JAX loop blocking every few steps does, and the
-# stages of a pipeline wait for the oldest stage, not for each other. Holding all outputs in
-# flight to wait for the oldest (a sliding window) kept them alive longer, and CPU devices'
-# outputs are host memory: the larger working set cost a 4-device all-reduce of 524,288 floats
-# per device 20-30% of its steps per second.
+# newest computation is done, holding only what tells that per set (its token): a chain on one
+# device set waits for all of its work every few steps, as a JAX loop blocking every few steps
+# does, and the stages of a pipeline wait for the oldest stage, not for each other. Holding all
+# outputs in flight to wait for the oldest (a sliding window) kept them alive longer, and CPU
+# devices' outputs are host memory: the larger working set cost a 4-device all-reduce of
+# 524,288 floats per device 20-30% of its steps per second.
 MAX_OUTSTANDING = 8
 # Completions held while more work is in hand go out at the latest this long after the first
 # of them finished, or once this many are held.
@@ -62,18 +62,23 @@ def _donatable(
     values: list[Any],
     arguments: list[Any],
     last_uses: set[str],
-) -> list[int]:
+    watched: set[str],
+) -> tuple[int, ...]:
     """Positions of the inputs this computation may take over: their last use, read once,
-    passed as stored (not a copy), and of an output's shape, dtype and sharding."""
+    passed as stored (not a copy), of an output's shape, dtype and sharding, and not an output
+    the completion thread may still wait for (``watched``: its wait would fail)."""
     if not last_uses or not function.donatable:
-        return []
+        return ()
     inputs = list(computation.inputs)
-    return sorted(
-        position
-        for position in function.donatable
-        if inputs[position] in last_uses
-        and inputs.count(inputs[position]) == 1
-        and arguments[position] is values[position]  # a device array, laid out as expected
+    return tuple(
+        sorted(
+            position
+            for position in function.donatable
+            if inputs[position] in last_uses
+            and inputs[position] not in watched
+            and inputs.count(inputs[position]) == 1
+            and arguments[position] is values[position]  # a device array, laid out as expected
+        )
     )
 
 
@@ -138,28 +143,13 @@ class _Dispatched:
     """A computation handed to the devices, until it is reported."""
 
     command: pb.ExecutorCommand
-    outputs: list[Any]
+    # What is ready exactly when the computation is done: its token, or its outputs when the
+    # function has no token (such outputs are never taken over before it is reported). Only
+    # these are held: outputs the client deletes meanwhile are freed at once.
+    awaited: list[Any]
     dispatched_ns: int
-    # Computations its outputs were donated to: once they are done, so is this one.
-    successors: list[_Dispatched] = field(default_factory=list)
-    # The completion thread waits for it: its outputs are donated no more.
-    claimed: bool = False
-
-
-def _awaited(record: _Dispatched, claim: bool) -> list[Any]:
-    """The arrays whose readiness means ``record`` is done: its outputs, and for those donated
-    to later computations, theirs. ``claim`` marks them all waited for."""
-    if not record.successors:  # nothing donated (the common case): its own outputs, all there
-        record.claimed = record.claimed or claim
-        return record.outputs
-    arrays: list[Any] = []
-    pending = [record]
-    while pending:
-        current = pending.pop()
-        current.claimed = current.claimed or claim
-        arrays.extend(output for output in current.outputs if not output.is_deleted())
-        pending.extend(current.successors)
-    return arrays
+    # Whether ``awaited`` are the outputs.
+    through_outputs: bool = False
 
 
 class ComputationError(Exception):
@@ -193,21 +183,20 @@ class Runner:
         self._completions: queue.Queue[Any] = queue.Queue()
         # Dispatched by the runner, not yet handed to the completion thread.
         self._dispatched: list[_Dispatched] = []
-        # The computation producing each buffer, until it is reported; with the lock, an
-        # output is donated only while the completion thread does not wait for it.
-        self._producers: dict[str, _Dispatched] = {}
-        self._lock = threading.Lock()
+        # Outputs of unreported computations without a token: the completion thread waits for
+        # them, so no later computation takes them over until then. The runner adds, the
+        # completion thread removes (each a single set operation).
+        self._watched: set[str] = set()
         # Functions resolved for a slice, by (function id, island devices): looked up once.
         self._functions: dict[tuple[str, tuple[int, ...]], tuple[Callable, list[jax.Device]]] = {}
-        # The computation dispatched last (not kept alive: its outputs may be deleted).
-        self._previous: Fn[[], _Dispatched | None] = lambda: None
         self.inputs_taken_over = 0  # by their last use, for tests and the executor's Info
         self._transfers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="transfer")
         self._last_end_ns = 0
         self._idle = True  # the run loop has no command in hand
         # Per device set running multi-device computations, least recently used first: the
-        # computations dispatched to it since the runner last waited for it, and the newest.
-        self._device_sets: dict[frozenset[int], tuple[int, _Dispatched]] = {}
+        # computations dispatched to it since the runner last waited for it, and what is ready
+        # once the newest is done.
+        self._device_sets: dict[frozenset[int], tuple[int, list[Any]]] = {}
         self._outstanding = 0
         # The latest computation ids in execution order, for tests and traces (bounded: an
         # executor runs for weeks).
@@ -326,9 +315,12 @@ class Runner:
                 place(value, sharding)
                 for value, sharding in zip(values, function.in_shardings, strict=True)
             ]
-            donations = _donatable(computation, function, values, arguments, last_uses)
-            record, unprepared = self._dispatch(command, function, arguments, donations, dispatched)
-            outputs = record.outputs
+            donations = _donatable(
+                computation, function, values, arguments, last_uses, self._watched
+            )
+            record, outputs, unprepared = self._dispatch(
+                command, function, arguments, donations, dispatched
+            )
             if len(outputs) != len(computation.outputs):
                 raise ComputationError(
                     f"function {function.name!r} returns {len(outputs)} output(s) but the "
@@ -343,14 +335,14 @@ class Runner:
         finally:
             for buffer_id in held:
                 self.buffers.release(buffer_id)
-        for buffer_id in computation.outputs:  # ids are unique: no lock needed to add or drop
-            self._producers[buffer_id] = record
+        if record.through_outputs:
+            self._watched.update(computation.outputs)
         for buffer_id, value in zip(computation.outputs, outputs, strict=True):
             self.buffers.set(buffer_id, value)
         if collective:
             key = frozenset(computation.devices)
             count, _ = self._device_sets.pop(key, (0, None))
-            self._device_sets[key] = (count + 1, record)
+            self._device_sets[key] = (count + 1, record.awaited)
             self._outstanding += 1
         self.executed.append(computation.id)
         self._dispatched.append(record)
@@ -391,38 +383,23 @@ class Runner:
         command: pb.ExecutorCommand,
         function: Callable,
         arguments: list[Any],
-        donations: list[int],
+        donations: tuple[int, ...],
         dispatched: int,
-    ) -> tuple[_Dispatched, tuple[int, ...]]:
-        """Hand the computation to the devices; the inputs at ``donations`` become its outputs'
-        buffers if their producer was reported already, or is the computation just before this
-        one and the completion thread does not wait for it yet (its wait would fail). Such a
-        producer is known done when this computation is, and reported then: the trace gives it
-        the time of both, never another computation's."""
-        if not donations:  # the common case: nothing to decide with the completion thread
-            record = _Dispatched(command, jax.tree.leaves(function.run(*arguments)), dispatched)
-            self._previous = weakref.ref(record)
-            return record, ()
-        inputs = command.run.inputs
-        with self._lock:
-            given = [
-                (position, producer)
-                for position in donations
-                if (producer := self._producers.get(inputs[position])) is None
-                or (producer is self._previous() and not producer.claimed)
-            ]
-            positions = tuple(position for position, _ in given)
-            run = function.donating(positions) if given else function.run
-            if run is None:  # compiled and run once below, first, for later computations
-                given, run = [], function.run
-            record = _Dispatched(command, jax.tree.leaves(run(*arguments)), dispatched)
-            for _, producer in given:
-                if producer is not None:
-                    producer.successors.append(record)
-        self.inputs_taken_over += len(given)
-        self._previous = weakref.ref(record)
-        # Positions to compile a donating variant for, once this one is handed over.
-        return record, positions if positions and not given else ()
+    ) -> tuple[_Dispatched, list[Any], tuple[int, ...]]:
+        """Hand the computation to the devices, the inputs at ``donations`` becoming its
+        outputs' buffers once the variant of the function that takes them over is compiled;
+        returns its record, its outputs, and the positions to compile that variant for if it
+        is not yet."""
+        run = function.donating(donations) if donations else function.run
+        unprepared = ()
+        if run is None:  # compiled and run once later, for the computations after this one
+            run, unprepared = function.run, donations
+        else:
+            self.inputs_taken_over += len(donations)
+        results = jax.tree.leaves(run(*arguments))
+        if function.token_sharding is None:
+            return _Dispatched(command, results, dispatched, True), results, unprepared
+        return _Dispatched(command, results[-1:], dispatched), results[:-1], unprepared
 
     def _describe(self, command: pb.ExecutorCommand, description: bytes, dispatched: int) -> None:
         """A computation asking what its function compiled to (compiled above, on these
@@ -447,10 +424,12 @@ class Runner:
             # Devices run their work in order: once a set's newest computation is done, so is
             # everything dispatched to it before.
             key = next(iter(self._device_sets))
-            count, record = self._device_sets.pop(key)
-            for output in _awaited(record, claim=False):  # only this thread donates
-                with contextlib.suppress(Exception):  # its failure is reported on completion
-                    output.block_until_ready()
+            count, newest = self._device_sets.pop(key)
+            for awaited in newest:
+                # Its failure is reported on completion; a reported computation's outputs
+                # may have been taken over since.
+                with contextlib.suppress(Exception):
+                    awaited.block_until_ready()
             self._outstanding -= count
 
     def _slice_devices(self, computation: pb.Computation) -> list[jax.Device]:
@@ -524,21 +503,17 @@ class Runner:
 
     def _complete(self, record: _Dispatched) -> pb.ExecutorEvent:
         command = record.command
-        with self._lock:
-            awaited = _awaited(record, claim=True)
         ok, message = True, ""
         try:
-            for output in awaited:
-                output.block_until_ready()
+            for awaited in record.awaited:
+                awaited.block_until_ready()
         except Exception as error:
             ok, message = False, f"{type(error).__name__}: {error}"
-        for buffer_id in command.run.outputs:
-            self._producers.pop(buffer_id, None)
+        if record.through_outputs:  # later computations may take them over now
+            self._watched.difference_update(command.run.outputs)
         end = time.time_ns()
         # The devices start a computation when it is dispatched or when the previous one
         # ends, whichever is later.
-        # A computation whose outputs were donated is known done when its consumers are: it
-        # is reported then, and they (done too) take no time after it.
         start = max(record.dispatched_ns, self._last_end_ns)
         self._last_end_ns = end
         return pb.ExecutorEvent(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import itertools
 import queue
 import threading
 import weakref
@@ -15,18 +16,10 @@ from collections.abc import Iterator
 
 import jax
 import numpy as np
-import pytest
 from conftest import export, f32, increment
 
 from pathways_core.wire import pb
-from pathways_executor.runner import (
-    HAND_OVER_EVERY,
-    MAX_OUTSTANDING,
-    Runner,
-    _awaited,
-    _Dispatched,
-    last_uses,
-)
+from pathways_executor.runner import HAND_OVER_EVERY, MAX_OUTSTANDING, Runner, last_uses
 
 
 def run(
@@ -196,43 +189,47 @@ def test_a_chain_hands_each_freed_input_to_its_consumer() -> None:
         assert "s0-out" not in runner.buffers and "x-out" not in runner.buffers
 
 
-@pytest.mark.parametrize("producer", ["waited for", "not the one just before"])
-def test_an_unreported_producers_output_is_taken_over_only_right_after_it(producer: str) -> None:
-    """An output is handed to its consumer while its producer is unreported only if the
-    producer ran just before the consumer (the producer is then reported with the consumer,
-    and takes no other computation's time in the trace) and the completion thread is not
-    already waiting for it (that wait would fail). Otherwise the consumer makes a new buffer.
-    Once the producer is reported, its output may be taken over."""
+def test_interleaved_chains_take_over_inputs_whose_producers_still_run() -> None:
+    """Two chains in turn, as two tenants' work reaches an executor: each step's input comes
+    from the step before last, usually still running when it is dispatched. It is taken over
+    all the same (the producer's token, not its output, tells when it is done), and every
+    computation is reported with times of its own, in order."""
+    with incrementing_runner("x") as (runner, events):
+        steps, commands, previous = 24, [], {"a": "x-out", "b": "x-out"}
+        seq = 10
+        for step in range(steps):
+            for chain in ("a", "b"):
+                name = f"{chain}{step}"
+                commands.append(run(seq, name, [previous[chain]]))
+                if previous[chain] != "x-out":
+                    commands.append(delete(seq + 1, previous[chain]))
+                previous[chain], seq = f"{name}-out", seq + 2
+        runner.submit(commands)
+        reported = [events.get(timeout=60) for _ in range(2 * steps)]
+        assert all(event.ok for event in reported), [e.message for e in reported]
+        assert [e.computation_id for e in reported] == [c.run.id for c in commands if c.run.id]
+        assert all(e.start_ns <= e.end_ns for e in reported)
+        assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(reported))
+        # Every freed intermediate but the first (its consumer compiles the variant that
+        # takes an input over, and runs as it did).
+        assert runner.inputs_taken_over == 2 * (steps - 1) - 1
+        for chain in ("a", "b"):
+            value = np.asarray(runner.buffers.get(previous[chain], 10))
+            np.testing.assert_array_equal(value, steps + 1.0)
+
+
+def test_an_output_awaited_through_itself_is_taken_over_only_once_reported() -> None:
+    """A computation without a token (a function of a slice spanning hosts, a STABLEHLO one)
+    is known done through its outputs: none of them is handed to a consumer before it is
+    reported, or the completion thread's wait would fail."""
     with incrementing_runner("p") as (runner, events):  # "p-out" is free to take over
-        unreported = _Dispatched(run(2, "p", ["host"]), [], 0, claimed=producer == "waited for")
-        with runner._lock:  # as if "p" were still running
-            runner._producers["p-out"] = unreported
-            if producer == "waited for":
-                runner._previous = weakref.ref(unreported)
+        runner._watched.add("p-out")  # as if "p" had no token and were still running
         runner.submit([run(3, "q", ["p-out"]), delete(4, "p-out")])
         assert events.get(timeout=60).ok and runner.inputs_taken_over == 0
-        # Reported producers: "r" compiles the variant that takes an input over, "s" uses it.
+        runner._watched.discard("q-out")
+        # "r" compiles the variant that takes an input over, "s" uses it.
         runner.submit([run(5, "r", ["q-out"]), delete(6, "q-out")])
         assert events.get(timeout=60).ok and runner.inputs_taken_over == 0
         runner.submit([run(7, "s", ["r-out"]), delete(8, "r-out")])
         assert events.get(timeout=60).ok and runner.inputs_taken_over == 1
         np.testing.assert_array_equal(np.asarray(runner.buffers.get("s-out", 10)), 4.0)
-
-
-class Output:
-    def __init__(self, deleted: bool) -> None:
-        self.deleted = deleted
-
-    def is_deleted(self) -> bool:
-        return self.deleted
-
-
-def test_a_donated_output_is_awaited_through_the_computations_it_went_to() -> None:
-    kept, given, taken, last = Output(False), Output(True), Output(True), Output(False)
-    final = _Dispatched(run(3, "c", []), [last], 0)
-    middle = _Dispatched(run(2, "b", []), [taken], 0, successors=[final])
-    first = _Dispatched(run(1, "a", []), [kept, given], 0, successors=[middle])
-    assert _awaited(first, claim=False) == [kept, last]
-    assert not any(record.claimed for record in (first, middle, final))
-    assert _awaited(first, claim=True) == [kept, last]
-    assert all(record.claimed for record in (first, middle, final))
