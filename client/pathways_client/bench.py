@@ -189,14 +189,19 @@ def _failure(suite: Suite, message: str) -> dict[str, Any]:
     }
 
 
+def _in_own_unit(target: Any) -> bool:
+    """Whether a numeric target is in the figure's own unit (e.g. 10,000 decisions/s) and
+    applies to its value; smaller ones are ratios against the baseline."""
+    return isinstance(target, int | float) and target > 10
+
+
 def verdict(record: dict[str, Any]) -> str:
     """met / MISSED / (blank when the record has no numeric ratio target)."""
     target, ratio, value = record.get("target"), record.get("ratio"), record.get("value")
     if record.get("error"):
         return "FAILED"
     if isinstance(target, int | float) and ratio is not None:
-        # Targets above 1 in a unit of their own (e.g. 10,000 decisions/s) apply to the value.
-        measured = value if target > 10 else ratio
+        measured = value if _in_own_unit(target) else ratio
         return "met" if measured >= target else "MISSED"
     if isinstance(target, str) and "within 3%" in target and ratio is not None:
         return "met" if abs(ratio - 1) <= 0.03 else "MISSED"
@@ -238,6 +243,15 @@ def missed_figures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if verdict(r) in ("MISSED", "FAILED")]
 
 
+def shortfalls_heading(missed: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
+    """The line above the list of shortfalls, or the one saying there are none."""
+    return (
+        f"Shortfalls: {len(missed)} of {len(records)} figures."
+        if missed
+        else "Every target with a number was met."
+    )
+
+
 def shortfall(record: dict[str, Any]) -> str:
     """A figure that missed its target (or a suite that failed), said in one line: what was
     measured, where, and against which target."""
@@ -246,7 +260,7 @@ def shortfall(record: dict[str, Any]) -> str:
         return f"{label} failed: {record['error']}"
     where = f" ({describe(record)})" if describe(record) else ""
     target, unit = record["target"], record["unit"] or ""
-    if isinstance(target, int | float) and target > 10:  # in the figure's own unit
+    if _in_own_unit(target):
         measured = f"{_number(record['value'])} {unit}, target {_number(target)} {unit}"
     else:
         measured = f"ratio {_number(record['ratio'])}, target {target}"
@@ -272,20 +286,23 @@ def markdown(
             lines.append(f"| {r['suite']} | {r['name']} | | | | | | FAILED: {r['error']} |")
             continue
         lines.append(
-            f"| {r['suite']} | {r['name']} | {describe(r)} | {_number(r['value'])} "
-            f"{r['unit'] or ''} | {_number(r['baseline'])} | {_number(r['ratio'])} | "
+            f"| {r['suite']} | {r['name']} | {describe(r)} | {_value(r)} | "
+            f"{_number(r['baseline'])} | {_number(r['ratio'])} | "
             f"{r['target'] if r['target'] is not None else ''} | {verdict(r)} |"
         )
     missed = missed_figures(records)
+    lines += ["", shortfalls_heading(missed, records), ""]
+    lines += [f"- {shortfall(r)}" for r in missed]
     if missed:
-        lines += ["", f"Shortfalls: {len(missed)} of {len(records)} figures.", ""]
-        lines += [f"- {shortfall(r)}" for r in missed]
-    else:
-        lines += ["", "Every target with a number was met."]
-    lines.append("")
+        lines.append("")
     lines += [f"![{plot.stem}]({plot.parent.name}/{plot.name})" for plot in plots]
     lines.append(END)
     return "\n".join(lines) + "\n"
+
+
+def _value(record: dict[str, Any]) -> str:
+    """A figure's value with its unit."""
+    return f"{_number(record['value'])} {record['unit'] or ''}".strip()
 
 
 def _number(value: Any) -> str:
@@ -336,7 +353,7 @@ def plot(records: list[dict[str, Any]], directory: Path) -> list[Path]:
         ]
         axes.barh(labels, [r["ratio"] for r in mine], color=colours)
         for index, r in enumerate(mine):
-            if isinstance(r["target"], int | float) and r["target"] <= 10:
+            if isinstance(r["target"], int | float) and not _in_own_unit(r["target"]):
                 axes.plot([r["target"]] * 2, [index - 0.4, index + 0.4], "k--")
         axes.axvline(1.0, color="grey", linewidth=0.5)
         axes.tick_params(axis="y", labelsize=8)
@@ -365,11 +382,10 @@ def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
                 table.add_column(column, justify="right", no_wrap=True)
             table.add_column("target", ratio=1)
             table.add_column("", no_wrap=True)
-        value = f"{_number(r['value'])} {r['unit'] or ''}".strip()
         table.add_row(
             r["name"],
             r.get("error") or describe(r),
-            value,
+            _value(r),
             _number(r["baseline"]),
             _number(r["ratio"]),
             "" if r["target"] is None else str(r["target"]),
@@ -418,11 +434,7 @@ def bench_command(
     for table in summary_tables(records):
         console.print(table)
     missed = missed_figures(records)
-    console.print(
-        f"Shortfalls: {len(missed)} of {len(records)} figures."
-        if missed
-        else "Every target with a number was met."
-    )
+    console.print(shortfalls_heading(missed, records))
     for r in missed:
         console.print(f"  {shortfall(r)}", style="red", highlight=False)
     for r in records:
