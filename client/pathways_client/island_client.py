@@ -14,6 +14,7 @@ import itertools
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from pathways_core.scheduling.limits import (
     client_window,
     is_busy,
 )
+from pathways_core.scheduling.programs import program_digest
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
 from pathways_core.wire.arrays import Assembly, to_chunks
 from pathways_core.wire.streams import (
@@ -42,6 +44,8 @@ from pathways_core.wire.streams import (
 )
 
 Event = pb.ClientEvent
+# Longest a deletion waits for a message to ride along with (see IslandClient.delete).
+DELETE_LINGER_SECONDS = 0.002
 # Ids are unique across all of this process's sessions: a buffer keeps its id when another
 # island pulls it, so two islands' sessions of one client must never mint the same one.
 _IDS = itertools.count()
@@ -121,15 +125,19 @@ class IslandClient:
         # the CPU per computation of one.
         self._refill = max(1, self.window // 4)
         self._room = threading.Condition(self._lock)
-        self._functions: dict[str, Future[None]] = {}
+        self._functions: dict[str, Future[None]] = {}  # registrations: functions, programs
+        # Per registered program: the executors holding each of its results.
+        self._programs: dict[str, list[tuple[int, ...]]] = {}
         self._locations: dict[str, tuple[int, ...]] = {}  # buffer id -> executors holding it
         self._send_lock = threading.Lock()
-        # Deletions made while computations are outstanding ride along with the next message
-        # (or go when the last completion arrives): one write and one message less per call
-        # of a chain, on both sides. Appended under both locks, taken under the second
-        # (``_write`` runs with or without ``_lock`` held).
+        # Deletions ride along with the next message, or go when the last completion arrives,
+        # or at the latest DELETE_LINGER_SECONDS after they were made: one write and one
+        # message less per call of a chain, on both sides (a chain's call then reaches the
+        # executor with the deletion of the call before it, in one command batch).
         self._deferred: list[pb.ClientMessage] = []
         self._deferred_lock = threading.RLock()
+        self._flush_due = threading.Event()
+        self._closing = False
         self._batching = threading.local()
         self._rejected = ""
         self._ended = ""
@@ -152,6 +160,7 @@ class IslandClient:
         )
         self._reader = threading.Thread(target=self._read, name=f"session-{client}", daemon=True)
         self._reader.start()
+        threading.Thread(target=self._flush_loop, name=f"deletions-{client}", daemon=True).start()
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -184,6 +193,64 @@ class IslandClient:
                 )
         future.result(timeout)
         return function_id
+
+    def register_program(
+        self,
+        nodes: Sequence[pb.Computation],
+        arguments: Sequence[str],
+        results: Sequence[str],
+        name: str = "",
+        timeout: float = 60.0,
+    ) -> str:
+        """Register a program: ``nodes`` are computations (of registered functions) whose id,
+        inputs and outputs are names local to the program; a node reads ``arguments`` and the
+        outputs of nodes before it; ``results`` are the outputs a caller keeps. Returns its id.
+        Each :meth:`call` of it is then one message, one place in the island's order and one
+        completion. Raises ``IslandError`` naming what is wrong with it."""
+        registration = pb.ProgramRegistration(
+            name=name, nodes=list(nodes), arguments=list(arguments), results=list(results)
+        )
+        program_id = registration.program_id = program_digest(registration)
+        producers = {output: node for node in nodes for output in node.outputs}
+        holders = [
+            tuple(sorted({self.device_owner.get(d, -1) for d in producers[r].devices}))
+            if r in producers
+            else ()
+            for r in results
+        ]
+        with self._lock:
+            future = self._functions.get(program_id)
+            if future is None:
+                future = self._functions[program_id] = Future()
+                if self._ended:
+                    future.set_exception(IslandError(self._ended))
+                self._send(pb.ClientMessage(program=registration))
+        future.result(timeout)
+        self._programs[program_id] = holders
+        return program_id
+
+    def call(self, program_id: str, arguments: Sequence[str]) -> Submitted:
+        """Queue a call of a registered program; returns at once with its future results
+        (``outputs``) and completion (failing with the first of its nodes' failures)."""
+        holders = self._programs.get(program_id)
+        if holders is None:
+            raise IslandError(f"program {program_id[:12]!r} was not registered by this client")
+        call_id = self._new_id("p")
+        result_ids = tuple(self._new_id("b") for _ in holders)
+        done = self._pending_future(call_id)
+        for buffer_id, executors in zip(result_ids, holders, strict=True):
+            self._locations[buffer_id] = executors
+        self._send(
+            pb.ClientMessage(
+                call=pb.ProgramCall(
+                    id=call_id,
+                    program_id=program_id,
+                    arguments=list(arguments),
+                    results=list(result_ids),
+                )
+            )
+        )
+        return Submitted(call_id, result_ids, done)
 
     def put(self, array: np.ndarray, device: int) -> str:
         """Upload a host array to the executor owning ``device``; returns its buffer id."""
@@ -232,13 +299,7 @@ class IslandClient:
         instead of running it."""
         computation_id = self._new_id("c")
         output_ids = tuple(self._new_id("b") for _ in range(outputs))
-        done: Future[None] = Future()
-        self._wait_for_room()
-        with self._lock:
-            if self._ended:
-                done.set_exception(IslandError(self._ended))
-            else:
-                self._pending[computation_id] = done
+        done = self._pending_future(computation_id)
         holders = tuple(sorted({self.device_owner[d] for d in devices if d in self.device_owner}))
         for buffer_id in output_ids:
             self._locations[buffer_id] = holders
@@ -282,12 +343,12 @@ class IslandClient:
         for buffer_id in buffer_ids:
             self._locations.pop(buffer_id, None)
         message = pb.ClientMessage(delete=pb.DeleteBuffers(ids=list(buffer_ids)))
-        if getattr(self._batching, "messages", None) is None:
-            with self._lock, self._deferred_lock:
-                if self._pending:
-                    self._deferred.append(message)
-                    return
-        self._send(message)
+        if getattr(self._batching, "messages", None) is not None:
+            self._send(message)
+            return
+        with self._deferred_lock:
+            self._deferred.append(message)
+        self._flush_due.set()
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -310,6 +371,8 @@ class IslandClient:
         return list(stub(self._channel, SCHEDULER, "GetTrace")(pb.Empty(), timeout=60).records)
 
     def close(self) -> None:
+        self._closing = True
+        self._flush_due.set()
         self._write([])  # deferred deletions
         with contextlib.suppress(OSError):  # the scheduler ends the session and its stream
             self._session.shutdown(socket.SHUT_WR)
@@ -344,6 +407,17 @@ class IslandClient:
             while len(self._pending) > self.window - self._refill and not self._ended:
                 self._room.wait()
 
+    def _pending_future(self, request_id: str) -> Future[None]:
+        """The completion of a computation or call about to be sent, once there is room."""
+        done: Future[None] = Future()
+        self._wait_for_room()
+        with self._lock:
+            if self._ended:
+                done.set_exception(IslandError(self._ended))
+            else:
+                self._pending[request_id] = done
+        return done
+
     def _new_id(self, kind: str) -> str:
         return f"{self.client}/{kind}{next(_IDS)}"
 
@@ -371,6 +445,17 @@ class IslandClient:
         with self._send_lock, contextlib.suppress(OSError):
             self._session.sendall(data)
 
+    def _flush_loop(self) -> None:
+        """Send deferred deletions no other message took along within the linger."""
+        while True:
+            self._flush_due.wait()
+            if self._closing:
+                return
+            time.sleep(DELETE_LINGER_SECONDS)
+            self._flush_due.clear()  # before looking: a deletion made after sets it again
+            if self._deferred:
+                self._write([])
+
     def _read(self) -> None:
         try:
             for batch in messages(self._session.recv, pb.ClientEventBatch.FromString):
@@ -389,13 +474,16 @@ class IslandClient:
                 future.set_exception(IslandError(reason))
 
     def _on_event(self, event: pb.ClientEvent) -> None:
-        if event.kind == Event.REJECTED and not (event.computation_id or event.function_id):
+        if event.kind == Event.REJECTED and not (
+            event.computation_id or event.function_id or event.program_id
+        ):
             self._rejected = event.message  # a request of the session's own was refused
         with self._lock:
-            if event.kind in (Event.REGISTERED, Event.REJECTED) and event.function_id:
-                future = self._functions.get(event.function_id)
+            registered = event.function_id or event.program_id
+            if event.kind in (Event.REGISTERED, Event.REJECTED) and registered:
+                future = self._functions.get(registered)
                 if event.kind == Event.REJECTED:
-                    self._functions.pop(event.function_id, None)
+                    self._functions.pop(registered, None)
             else:
                 future = self._pending.pop(event.computation_id, None)
                 if future is not None and len(self._pending) == self.window - self._refill:

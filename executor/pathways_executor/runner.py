@@ -31,6 +31,7 @@ from pathways_core.wire import pb
 from pathways_executor.artifact_check import ArtifactChecker
 from pathways_executor.buffers import PENDING, BufferError, BufferStore
 from pathways_executor.functions import Callable, FunctionCache, FunctionError, check_inputs
+from pathways_executor.programs import Plan, Source, Step, output_id, plan
 
 INPUT_TIMEOUT_SECONDS = 120.0
 # Multi-device computations dispatched to the devices and not finished. On small CPU hosts,
@@ -150,6 +151,12 @@ class _Dispatched:
     dispatched_ns: int
     # Whether ``awaited`` are the outputs.
     through_outputs: bool = False
+    # A program call: its nodes here as (index, awaited, dispatched_ns), each reported with
+    # its own times; the first failure among them, if any; its outputs awaited through
+    # themselves (``_watched`` until reported).
+    nodes: list[tuple[int, list[Any], int]] | None = None
+    failure: str = ""
+    watched: tuple[str, ...] = ()
 
 
 class ComputationError(Exception):
@@ -187,6 +194,9 @@ class Runner:
         # them, so no later computation takes them over until then. The runner adds, the
         # completion thread removes (each a single set operation).
         self._watched: set[str] = set()
+        # Registered programs as this executor runs them, by program id (planned by the
+        # command reader when the registration arrives, read by the run loop).
+        self._plans: dict[str, Plan] = {}
         # Functions resolved for a slice, by (function id, island devices): looked up once.
         self._functions: dict[tuple[str, tuple[int, ...]], tuple[Callable, list[jax.Device]]] = {}
         self.inputs_taken_over = 0  # by their last use, for tests and the executor's Info
@@ -213,14 +223,20 @@ class Runner:
         once for all of them (waking it at the first would have it compete with this thread
         for the interpreter while the rest are read)."""
         for command in commands:
-            if command.HasField("run"):
+            kind = command.WhichOneof("kind")
+            if kind == "run":
                 # Announce the outputs now so consumers on other executors can wait for them,
                 # and start pulling remote inputs while earlier work runs.
                 for buffer_id in command.run.outputs:
                     self.buffers.expect(buffer_id)
-                for source in command.sources:
-                    if source.buffer_id not in self.buffers:
-                        self._start_transfer(source)
+                self._start_transfers(command.sources)
+            elif kind == "program":
+                registration = command.program
+                self._plans[registration.program_id] = plan(registration, self._runs_here)
+            elif kind == "call" and (known := self._plans.get(command.call.program_id)):
+                for buffer_id in known.stored_ids(command.call):
+                    self.buffers.expect(buffer_id)
+                self._start_transfers([*command.sources, *known.pulls(command.call)])
         if commands:
             self._commands.put(list(commands))
 
@@ -234,6 +250,18 @@ class Runner:
         self.buffers.set(buffer_id, value)
 
     # -- the ordered loop ---------------------------------------------------------------------
+
+    def _runs_here(self, node: pb.Computation) -> bool:
+        """Whether a program node has a device in this process (then this executor runs it)."""
+        here = jax.process_index()
+        return any(
+            d in self.devices and self.devices[d].process_index == here for d in node.devices
+        )
+
+    def _start_transfers(self, sources: Sequence[pb.InputSource]) -> None:
+        for source in sources:
+            if source.buffer_id not in self.buffers:
+                self._start_transfer(source)
 
     def _start_transfer(self, source: pb.InputSource) -> None:
         future = self.buffers.expect(source.buffer_id)
@@ -263,6 +291,8 @@ class Runner:
                     self._run(command, last.get(position, set()))
                     if len(self._dispatched) >= HAND_OVER_EVERY:
                         self._hand_over()
+                elif kind == "call":
+                    self._call(command)
             self._hand_over()
             if self._commands.empty():
                 # Nothing more in hand: completions go out as soon as they are known.
@@ -307,14 +337,8 @@ class Runner:
                 if value is PENDING:
                     value = self._await_input(buffer_id, held)
                 values.append(value)
-            check_inputs(function, values)
             collective = len(devices) > 1
-            if collective:
-                self._bound_outstanding()
-            arguments = [
-                place(value, sharding)
-                for value, sharding in zip(values, function.in_shardings, strict=True)
-            ]
+            arguments = self._arguments(function, values, collective)
             donations = _donatable(
                 computation, function, values, arguments, last_uses, self._watched
             )
@@ -340,10 +364,7 @@ class Runner:
         for buffer_id, value in zip(computation.outputs, outputs, strict=True):
             self.buffers.set(buffer_id, value)
         if collective:
-            key = frozenset(computation.devices)
-            count, _ = self._device_sets.pop(key, (0, None))
-            self._device_sets[key] = (count + 1, record.awaited)
-            self._outstanding += 1
+            self._note_collective(computation.devices, record.awaited)
         self.executed.append(computation.id)
         self._dispatched.append(record)
         if unprepared:
@@ -354,6 +375,158 @@ class Runner:
             self._completions.put(stamped)
             stamped.wait()
             function.prepare_donating(unprepared, arguments)
+
+    def _arguments(
+        self, function: Callable, values: list[Any], collective: bool, check: bool = True
+    ) -> list[Any]:
+        """The inputs laid out as ``function`` expects (checked first unless ``check`` is
+        false), once there is room for a multi-device computation (see MAX_OUTSTANDING)."""
+        if check:
+            check_inputs(function, values)
+        if collective:
+            self._bound_outstanding()
+        return [
+            place(value, sharding)
+            for value, sharding in zip(values, function.in_shardings, strict=True)
+        ]
+
+    def _note_collective(self, devices: Sequence[int], awaited: list[Any]) -> None:
+        """A multi-device computation was dispatched to ``devices`` (see MAX_OUTSTANDING)."""
+        key = frozenset(devices)
+        count, _ = self._device_sets.pop(key, (0, None))
+        self._device_sets[key] = (count + 1, awaited)
+        self._outstanding += 1
+
+    def _call(self, command: pb.ExecutorCommand) -> None:
+        """This executor's nodes of a program call, in program order, each dispatched as a
+        computation is. An output read only here lives during the call alone (a node takes
+        its buffer over at its last read); the rest become buffers. The call is reported once,
+        with each node's times. Once a node fails, the nodes after it here do not run, and
+        their outputs fail with its cause."""
+        call = command.call
+        dispatched = time.time_ns()
+        known = self._plans.get(call.program_id)
+        if known is None:
+            failure = (
+                f"call {call.id!r}: program {call.program_id[:12]!r} was never registered on "
+                f"executor {self.index}"
+            )
+            self._dispatched.append(_Dispatched(command, [], dispatched, nodes=[], failure=failure))
+            return
+        local: dict[str, Any] = {}
+        through: set[str] = set()  # local outputs awaited through themselves: kept whole
+        nodes: list[tuple[int, list[Any], int]] = []
+        watched: list[str] = []
+        failure = ""
+        to_prepare: list[tuple[Callable, tuple[int, ...], list[Any]]] = []
+        bound, checked = known.bound, known.checked
+        for position, step in enumerate(known.steps):
+            node = step.node
+            if failure:
+                self._fail_outputs(call, step, failure)
+                continue
+            started = time.time_ns()
+            held: list[str] = []
+            try:
+                resolved = bound.get(position)
+                if resolved is None:
+                    key = (node.function_id, tuple(node.devices))
+                    resolved = bound[position] = self._functions.get(key) or self._resolve(
+                        node, key
+                    )
+                function, devices = resolved
+                values = []
+                for source, position, name in step.inputs:
+                    if source is Source.LOCAL:
+                        values.append(local[name])
+                        continue
+                    buffer_id = (
+                        call.arguments[position]
+                        if source is Source.ARGUMENT
+                        else output_id(call, name, position)
+                    )
+                    value = self.buffers.peek(buffer_id)
+                    if value is PENDING:
+                        value = self._await_input(buffer_id, held)
+                    values.append(value)
+                collective = len(devices) > 1
+                arguments = self._arguments(
+                    function, values, collective, check=not (checked and step.local_only)
+                )
+                donations = (
+                    tuple(
+                        sorted(
+                            i
+                            for i in step.last_reads & function.donatable
+                            if step.inputs[i][2] not in through and arguments[i] is values[i]
+                        )
+                    )
+                    if step.last_reads
+                    else ()
+                )
+                awaited, outputs, unprepared, through_outputs = self._launch(
+                    function, arguments, donations
+                )
+                if len(outputs) != len(step.outputs):
+                    raise ComputationError(
+                        f"function {function.name!r} returns {len(outputs)} output(s) but the "
+                        f"node names {len(step.outputs)}"
+                    )
+            except (BufferError, FunctionError, ComputationError) as error:
+                failure = self._node_failure(call, node, str(error))
+            except Exception as error:  # XLA or JAX refused the call
+                failure = self._node_failure(call, node, f"{type(error).__name__}: {error}")
+            finally:
+                for buffer_id in held:
+                    self.buffers.release(buffer_id)
+            if failure:
+                self._fail_outputs(call, step, failure)
+                continue
+            for (name, result), stored, value in zip(
+                step.outputs, step.stored, outputs, strict=True
+            ):
+                if stored:
+                    buffer_id = output_id(call, name, result)
+                    self.buffers.set(buffer_id, value)
+                    if through_outputs:
+                        watched.append(buffer_id)
+                else:
+                    local[name] = value
+                    if through_outputs:
+                        through.add(name)
+            if collective:
+                self._note_collective(node.devices, awaited)
+            nodes.append((step.index, awaited, started))
+            if unprepared:
+                to_prepare.append((function, unprepared, arguments))
+        known.checked = known.checked or not failure
+        self._watched.update(watched)
+        self.executed.append(call.id)
+        self._dispatched.append(
+            _Dispatched(
+                command, [], dispatched, nodes=nodes, failure=failure, watched=tuple(watched)
+            )
+        )
+        if to_prepare:  # as in _run: what was dispatched is stamped before compiling
+            self._hand_over()
+            stamped = threading.Event()
+            self._completions.put(stamped)
+            stamped.wait()
+            for function, positions, arguments in to_prepare:
+                function.prepare_donating(positions, arguments)
+
+    def _node_failure(self, call: pb.ProgramCall, node: pb.Computation, message: str) -> str:
+        return (
+            f"computation {node.name or node.id!r} of call {call.id!r} failed on executor "
+            f"{self.index}: {message}"
+        )
+
+    def _fail_outputs(self, call: pb.ProgramCall, step: Step, failure: str) -> None:
+        """A node's outputs that are buffers fail with the call's first failure."""
+        error = ComputationError(failure)
+        for (name, result), stored in zip(step.outputs, step.stored, strict=True):
+            if stored:
+                self.buffers.fail(output_id(call, name, result), error)
 
     def _resolve(
         self, computation: pb.Computation, key: tuple[str, tuple[int, ...]]
@@ -390,6 +563,15 @@ class Runner:
         outputs' buffers once the variant of the function that takes them over is compiled;
         returns its record, its outputs, and the positions to compile that variant for if it
         is not yet."""
+        awaited, outputs, unprepared, through_outputs = self._launch(function, arguments, donations)
+        return _Dispatched(command, awaited, dispatched, through_outputs), outputs, unprepared
+
+    def _launch(
+        self, function: Callable, arguments: list[Any], donations: tuple[int, ...]
+    ) -> tuple[list[Any], list[Any], tuple[int, ...], bool]:
+        """Run ``function`` (see ``_dispatch``); returns what is ready once it is done, its
+        outputs, the positions to compile a donating variant for, and whether what is
+        awaited are the outputs themselves (no token)."""
         run = function.donating(donations) if donations else function.run
         unprepared = ()
         if run is None:  # compiled and run once later, for the computations after this one
@@ -398,8 +580,8 @@ class Runner:
             self.inputs_taken_over += len(donations)
         results = jax.tree.leaves(run(*arguments))
         if function.token_sharding is None:
-            return _Dispatched(command, results, dispatched, True), results, unprepared
-        return _Dispatched(command, results[-1:], dispatched), results[:-1], unprepared
+            return results, results, unprepared, True
+        return results[-1:], results[:-1], unprepared, False
 
     def _describe(self, command: pb.ExecutorCommand, description: bytes, dispatched: int) -> None:
         """A computation asking what its function compiled to (compiled above, on these
@@ -502,6 +684,8 @@ class Runner:
                 held = []
 
     def _complete(self, record: _Dispatched) -> pb.ExecutorEvent:
+        if record.nodes is not None:
+            return self._complete_call(record)
         command = record.command
         ok, message = True, ""
         try:
@@ -525,3 +709,33 @@ class Runner:
             end_ns=end,
             executor=self.index,
         )
+
+    def _complete_call(self, record: _Dispatched) -> pb.ExecutorEvent:
+        """A program call's report: each node's times here, stamped as its token is ready."""
+        call = record.command.call
+        event = pb.ExecutorEvent(
+            seq=record.command.seq, computation_id=call.id, executor=self.index
+        )
+        failure = record.failure
+        assert record.nodes is not None
+        for index, awaited, dispatched in record.nodes:
+            try:
+                for value in awaited:
+                    value.block_until_ready()
+            except Exception as error:
+                failure = failure or (
+                    f"node {index} of call {call.id!r} failed on executor {self.index}: "
+                    f"{type(error).__name__}: {error}"
+                )
+            end = time.time_ns()
+            start = max(dispatched, self._last_end_ns)
+            self._last_end_ns = end
+            event.nodes.add(node=index, start_ns=start, end_ns=end)
+        if record.watched:  # later computations may take them over now
+            self._watched.difference_update(record.watched)
+        event.ok, event.message = not failure, failure
+        if event.nodes:
+            event.start_ns, event.end_ns = event.nodes[0].start_ns, event.nodes[-1].end_ns
+        else:
+            event.start_ns = event.end_ns = time.time_ns()
+        return event

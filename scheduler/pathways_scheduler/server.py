@@ -64,6 +64,8 @@ SMALL_WRITE_BYTES = 16 << 10
 # client sends is echoed in commands to executors and events to clients, whose frames are capped.
 MAX_REQUEST_BYTES = 1 << 20
 MAX_CLIENT_NAME = 256
+# A client's messages that run on devices (the rest ride along with them).
+WORK = ("computation", "call")
 # Deletions of many buffers are sent to executors in pieces of this many ids.
 DELETE_PIECE = 4096
 
@@ -292,14 +294,21 @@ class SchedulerService:
     # -- clients -----------------------------------------------------------------------------
 
     def _apply_batch(self, client: str, batch: Sequence[pb.ClientMessage]) -> None:
-        """A client's messages in order, in chunks of 1, 2, 4, ...: the first computations of a
-        long batch reach their executors while the rest are being dispatched, and the later
-        ones still travel together."""
+        """A client's messages in order, in chunks holding 1, 2, 4, ... computations or calls
+        (with whatever else comes before the next): the first computations of a long batch
+        reach their executors while the rest are being dispatched, and the later ones still
+        travel together."""
         start, size = 0, 1
         while start < len(batch):
-            chunk = batch[start : start + size]
+            end, work = start, 0
+            while end < len(batch) and work < size:
+                work += batch[end].WhichOneof("kind") in WORK
+                end += 1
+            while end < len(batch) and batch[end].WhichOneof("kind") not in WORK:
+                end += 1
+            chunk = batch[start:end]
             self._handle(lambda d, c=chunk: _apply(d, client, c))
-            start, size = start + size, size * 2
+            start, size = end, size * 2
 
     def _accept(self) -> None:
         while True:
@@ -443,7 +452,7 @@ def _request_problem(message: pb.ClientMessage, kind: str | None) -> pb.ClientEv
     checked by the dispatcher. A function's artifact is bounded by the artifact limit."""
     if kind == "function":
         size = message.function.ByteSize() - len(message.function.artifact)
-    elif kind in ("computation", "placed"):
+    elif kind in ("computation", "placed", "program", "call"):
         size = message.ByteSize()
     else:
         return None
@@ -456,6 +465,10 @@ def _request_problem(message: pb.ClientMessage, kind: str | None) -> pb.ClientEv
     )
     if kind == "computation" and len(message.computation.id) <= MAX_CLIENT_NAME * 2:
         event.computation_id = message.computation.id
+    if kind == "call" and len(message.call.id) <= MAX_CLIENT_NAME * 2:
+        event.computation_id = message.call.id
+    if kind == "program" and len(message.program.program_id) <= 64:
+        event.program_id = message.program.program_id
     if kind == "function" and len(message.function.function_id) <= 64:
         event.function_id = message.function.function_id
     return event
@@ -478,11 +491,12 @@ def _sendable(
     size = command.ByteSize()
     if size <= MAX_FRAME_BYTES - 64:
         return [command]
-    if command.WhichOneof("kind") == "run":
+    kind = command.WhichOneof("kind")
+    if kind in ("run", "call"):
         refused.append(
             pb.ExecutorEvent(
                 seq=command.seq,
-                computation_id=command.run.id,
+                computation_id=command.run.id if kind == "run" else command.call.id,
                 ok=False,
                 message=f"its command to executor {executor} would be {size} bytes, more than "
                 f"a control frame holds ({MAX_FRAME_BYTES})",
@@ -508,6 +522,10 @@ def _apply(dispatcher: IslandDispatcher, client: str, batch: Any) -> list[Instru
             instructions += dispatcher.placed(client, message.placed)
         elif kind == "delete":
             instructions += dispatcher.delete(client, message.delete.ids)
+        elif kind == "program":
+            instructions += dispatcher.register_program(client, message.program)
+        elif kind == "call":
+            instructions += dispatcher.call(client, message.call)
     return instructions
 
 

@@ -32,6 +32,12 @@ from pathways_core.scheduling.limits import (
     busy_message,
     default_max_queued_per_client,
 )
+from pathways_core.scheduling.programs import (
+    Program,
+    check_program,
+    intermediate_id,
+    slice_problem,
+)
 from pathways_core.scheduling.queue import DEFAULT_RUN_LENGTH, IslandQueue, Policy, QueueFull
 from pathways_core.wire import pb
 
@@ -78,13 +84,23 @@ class TraceRecord:
     ok: bool
 
 
+@dataclass(frozen=True)
+class _Call:
+    call: pb.ProgramCall
+    program: Program
+
+
 @dataclass
 class _InFlight:
     client: str
-    computation: pb.Computation
+    item: pb.Computation | _Call
     waiting: set[int]
     errors: list[str] = field(default_factory=list)
     pulls: set[str] = field(default_factory=set)  # inputs read from another executor
+
+    @property
+    def id(self) -> str:
+        return self.item.call.id if isinstance(self.item, _Call) else self.item.id
 
 
 @dataclass
@@ -113,17 +129,21 @@ class IslandDispatcher:
         self.device_owner = {d: spec.index for spec in executors for d in spec.devices}
         if max_queued_per_client is None:
             max_queued_per_client = default_max_queued_per_client(max_queued)
-        self.queue: IslandQueue[pb.Computation | _Delete] = IslandQueue(
+        self.queue: IslandQueue[pb.Computation | _Call | _Delete] = IslandQueue(
             policy, max_queued, max_queued_per_client, run_length
         )
         self.max_in_flight = max_in_flight
         self.max_artifact_bytes = max_artifact_bytes
         self._deleting: set[str] = set()  # buffer ids whose deletion is queued
-        self.trace: list[TraceRecord] = []
+        self._trace: list[TraceRecord] = []
+        # Program calls' executor events, made trace records when the trace is read: their
+        # nodes' records are not made between a call's completion and its client's event.
+        self._untraced: list[tuple[pb.ExecutorEvent, str, _Call]] = []
         self._trace_limit = trace_limit
         self._seq = 0
         self._functions: dict[str, pb.FunctionRegistration] = {}
-        self._registered: set[tuple[str, int]] = set()  # (function id, executor)
+        self._registered: set[tuple[str, int]] = set()  # (function or program id, executor)
+        self._programs: dict[str, Program] = {}
         self._buffers: dict[str, frozenset[int]] = {}  # buffer id -> executors holding it
         self._in_flight: dict[int, _InFlight] = {}  # seq -> computation
         self._down: dict[int, str] = {}  # executor -> why
@@ -196,24 +216,51 @@ class IslandDispatcher:
 
     def submit(self, client: str, computation: pb.Computation) -> list[Instruction]:
         """Validate a computation and queue it; dispatch whatever may go now."""
-        problem = self._check(client, computation)
-        if problem is None:
-            try:
-                self.queue.submit(client, computation, cost=float(len(computation.devices)))
-            except QueueFull as full:
-                problem = busy_message(
-                    self.island, client, full.queued, full.limit, full.per_client
-                )
+        problem = self._check(client, computation) or self._enqueue(
+            client, computation, float(len(computation.devices))
+        )
         if problem is not None:
-            return [
-                ToClient(
-                    client,
-                    Event(kind=Event.REJECTED, computation_id=computation.id, message=problem),
-                )
-            ]
+            return [_rejected(client, computation.id, problem)]
         # Outputs exist from now on (as futures): later computations may consume them.
         owners = frozenset(self.device_owner[d] for d in computation.devices)
         for buffer_id in computation.outputs:
+            self._buffers[buffer_id] = owners
+        return self._dispatch()
+
+    def _enqueue(self, client: str, item: pb.Computation | _Call, cost: float) -> str | None:
+        """Queue work; why it was refused (the island's queue is full), if it was."""
+        try:
+            self.queue.submit(client, item, cost=cost)
+        except QueueFull as full:
+            return busy_message(self.island, client, full.queued, full.limit, full.per_client)
+        return None
+
+    def register_program(
+        self, client: str, registration: pb.ProgramRegistration
+    ) -> list[Instruction]:
+        """Check a program and keep it: its calls are then one message each."""
+        program_id = registration.program_id
+        if program_id in self._programs:
+            return [ToClient(client, Event(kind=Event.REGISTERED, program_id=program_id))]
+        checked = check_program(registration, self._functions, self.device_owner)
+        if isinstance(checked, str):
+            event = Event(kind=Event.REJECTED, program_id=program_id[:64], message=checked)
+            return [ToClient(client, event)]
+        self._programs[program_id] = checked
+        return [ToClient(client, Event(kind=Event.REGISTERED, program_id=program_id))]
+
+    def call(self, client: str, call: pb.ProgramCall) -> list[Instruction]:
+        """Validate a call of a registered program and queue it as one item; dispatch
+        whatever may go now."""
+        program = self._programs.get(call.program_id)
+        problem = self._call_problem(client, call, program)
+        if problem is None:
+            assert program is not None
+            problem = self._enqueue(client, _Call(call, program), program.cost)
+        if problem is not None:
+            return [_rejected(client, call.id, problem)]
+        assert program is not None
+        for buffer_id, owners in zip(call.results, program.result_owners(), strict=True):
             self._buffers[buffer_id] = owners
         return self._dispatch()
 
@@ -244,16 +291,22 @@ class IslandDispatcher:
         flight = self._in_flight.get(event.seq)
         if flight is None:
             return []  # a registration's failure, or a computation already failed
-        computation = flight.computation
-        self._record(
-            event.seq,
-            flight.client,
-            computation,
-            event.executor,
-            event.start_ns,
-            event.end_ns,
-            event.ok,
-        )
+        if isinstance(flight.item, _Call):
+            self._untraced.append((event, flight.client, flight.item))
+            if len(self._untraced) >= self._trace_limit // 10:
+                self._trace_calls()
+        else:
+            if self._untraced:  # the trace keeps the order of the reports
+                self._trace_calls()
+            self._record(
+                event.seq,
+                flight.client,
+                flight.item,
+                event.executor,
+                event.start_ns,
+                event.end_ns,
+                event.ok,
+            )
         flight.waiting.discard(event.executor)
         if not event.ok:
             flight.errors.append(event.message)
@@ -294,31 +347,62 @@ class IslandDispatcher:
                 "which was never registered"
             )
         devices = list(computation.devices)
-        if not devices:
-            return f"computation {label!r} names no devices"
-        unknown = sorted({d for d in devices if d not in self.device_owner})
-        if unknown:
-            return (
-                f"computation {label!r} names devices {unknown} the island does not have "
-                f"(it has 0..{len(self.device_owner) - 1})"
-            )
-        if len(set(devices)) != len(devices):
-            return f"computation {label!r} names a device twice"
+        problem = slice_problem(f"computation {label!r}", devices, self.device_owner)
+        if problem:
+            return problem
         down = [self._down[i] for i in {self.device_owner[d] for d in devices} if i in self._down]
         if down:
             return f"computation {label!r} cannot run: {down[0]}"
         for buffer_id in computation.inputs:
             if buffer_id not in self._buffers:
                 return f"computation {label!r} reads unknown buffer {buffer_id!r}"
-        for buffer_id in computation.outputs:
+        return self._outputs_problem(client, f"computation {label!r}", computation.outputs)
+
+    def _outputs_problem(
+        self, client: str, label: str, outputs: Sequence[str], scope: str = ""
+    ) -> str | None:
+        """What is wrong with the buffer ids a computation or call writes, if anything (a
+        call's own intermediates are ``<scope>/...``)."""
+        for buffer_id in outputs:
             problem = self._owned(client, buffer_id, "buffer")
             if problem:
                 return problem
-            if buffer_id in self._buffers:
-                return f"computation {label!r} writes buffer {buffer_id!r}, which exists already"
-        if len(set(computation.outputs)) != len(computation.outputs):
-            return f"computation {label!r} names an output twice"
+            if buffer_id in self._buffers or (scope and buffer_id.startswith(f"{scope}/")):
+                return f"{label} writes buffer {buffer_id!r}, which exists already"
+        if len(set(outputs)) != len(outputs):
+            return f"{label} names an output twice"
         return None
+
+    def _call_problem(
+        self, client: str, call: pb.ProgramCall, program: Program | None
+    ) -> str | None:
+        problem = self._owned(client, call.id, "call")
+        if problem:
+            return problem
+        if program is None:
+            return (
+                f"call {call.id!r} names program {call.program_id[:12]!r}, which was never "
+                "registered"
+            )
+        registration = program.registration
+        label = f"call {call.id!r} of program {program.name!r}"
+        if len(call.arguments) != len(registration.arguments):
+            return (
+                f"{label} passes {len(call.arguments)} argument(s); the program takes "
+                f"{len(registration.arguments)}"
+            )
+        if len(call.results) != len(registration.results):
+            return (
+                f"{label} names {len(call.results)} result(s); the program has "
+                f"{len(registration.results)}"
+            )
+        down = [self._down[i] for i in program.executors if i in self._down]
+        if down:
+            return f"{label} cannot run: {down[0]}"
+        for buffer_id in call.arguments:
+            if buffer_id not in self._buffers:
+                return f"{label} reads unknown buffer {buffer_id!r}"
+        return self._outputs_problem(client, label, call.results, scope=call.id)
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -337,55 +421,119 @@ class IslandDispatcher:
             if isinstance(item, _Delete):
                 self._deleting.difference_update(item.ids)
                 instructions += self._delete_now(list(item.ids))
+            elif isinstance(item, _Call):
+                instructions += self._run_call(client, item)
             else:
                 instructions += self._run(client, item)
         return instructions
 
     def _run(self, client: str, computation: pb.Computation) -> list[Instruction]:
         owners = sorted({self.device_owner[d] for d in computation.devices})
-        down = [self._down[i] for i in owners if i in self._down]
-        seq = self._next_seq()
-        if down:
-            failed = Event(
-                kind=Event.FAILED,
-                computation_id=computation.id,
-                seq=seq,
-                message=f"computation {computation.name or computation.id!r}: {down[0]}",
-            )
-            return [ToClient(client, failed)]
+        label = f"computation {computation.name or computation.id!r}"
+        failed = self._failed_on_dispatch(client, computation.id, label, owners)
+        if failed is not None:
+            return [failed]
         instructions: list[Instruction] = []
         for executor in owners:
-            if (computation.function_id, executor) not in self._registered:
-                self._registered.add((computation.function_id, executor))
-                register = pb.ExecutorCommand(
-                    seq=self._next_seq(), register=self._functions[computation.function_id]
-                )
-                instructions.append(ToExecutor(executor, register))
+            instructions += self._register_on(executor, [computation.function_id])
         command_seq = self._next_seq()
         flight = _InFlight(client, computation, set(owners))
         for executor in owners:
             command = pb.ExecutorCommand(seq=command_seq, run=computation)
             for buffer_id in computation.inputs:
-                holders = self._buffers.get(buffer_id, frozenset())
-                if executor in holders:
-                    continue
-                if buffer_id not in flight.pulls:
-                    flight.pulls.add(buffer_id)
-                    self._pulling[buffer_id] = self._pulling.get(buffer_id, 0) + 1
-                self._copies.setdefault(buffer_id, set()).add(executor)
-                remote = self._remote.get(buffer_id)
-                if remote is not None:
-                    command.sources.append(remote)
-                else:
-                    specs = [self.executors[h] for h in sorted(holders)]
-                    command.sources.add(
-                        buffer_id=buffer_id,
-                        executors=[spec.endpoint for spec in specs],
-                        data_endpoints=[spec.data_endpoint for spec in specs if spec.data_endpoint],
-                    )
+                self._source(flight, command, buffer_id, executor)
             instructions.append(ToExecutor(executor, command))
         self._in_flight[command_seq] = flight
         return instructions
+
+    def _run_call(self, client: str, item: _Call) -> list[Instruction]:
+        call, program = item.call, item.program
+        label = f"call {call.id!r} of program {program.name!r}"
+        failed = self._failed_on_dispatch(client, call.id, label, program.executors)
+        if failed is not None:
+            return [failed]
+        instructions: list[Instruction] = []
+        for executor in program.executors:
+            instructions += self._register_on(executor, program.functions_on(executor))
+            if (program.registration.program_id, executor) not in self._registered:
+                self._registered.add((program.registration.program_id, executor))
+                registration = self._program_registration(program, executor)
+                command = pb.ExecutorCommand(seq=self._next_seq(), program=registration)
+                instructions.append(ToExecutor(executor, command))
+        command_seq = self._next_seq()
+        flight = _InFlight(client, item, set(program.executors))
+        for executor in program.executors:
+            command = pb.ExecutorCommand(seq=command_seq, call=call)
+            for position, readers in enumerate(program.argument_readers):
+                if executor in readers:
+                    self._source(flight, command, call.arguments[position], executor)
+            instructions.append(ToExecutor(executor, command))
+        for position, name in enumerate(program.registration.results):
+            copies = program.result_copies.get(name)
+            if copies:
+                self._copies.setdefault(call.results[position], set()).update(copies)
+        self._in_flight[command_seq] = flight
+        return instructions
+
+    def _failed_on_dispatch(
+        self, client: str, item_id: str, label: str, owners: Sequence[int]
+    ) -> ToClient | None:
+        """The failure of work whose executors went down while it was queued, if they did
+        (it takes its place in the order all the same)."""
+        seq = self._next_seq()
+        down = [self._down[i] for i in owners if i in self._down]
+        if not down:
+            return None
+        message = f"{label}: {down[0]}"
+        return ToClient(
+            client, Event(kind=Event.FAILED, computation_id=item_id, seq=seq, message=message)
+        )
+
+    def _register_on(self, executor: int, function_ids: Sequence[str]) -> list[Instruction]:
+        """Registrations of the functions ``executor`` has not been sent yet."""
+        instructions: list[Instruction] = []
+        for function_id in function_ids:
+            if (function_id, executor) not in self._registered:
+                self._registered.add((function_id, executor))
+                register = pb.ExecutorCommand(
+                    seq=self._next_seq(), register=self._functions[function_id]
+                )
+                instructions.append(ToExecutor(executor, register))
+        return instructions
+
+    def _source(
+        self, flight: _InFlight, command: pb.ExecutorCommand, buffer_id: str, executor: int
+    ) -> None:
+        """Where ``executor`` pulls an input it does not hold from, added to ``command``."""
+        holders = self._buffers.get(buffer_id, frozenset())
+        if executor in holders:
+            return
+        if buffer_id not in flight.pulls:
+            flight.pulls.add(buffer_id)
+            self._pulling[buffer_id] = self._pulling.get(buffer_id, 0) + 1
+        self._copies.setdefault(buffer_id, set()).add(executor)
+        remote = self._remote.get(buffer_id)
+        if remote is not None:
+            command.sources.append(remote)
+        else:
+            command.sources.append(self._held_by(buffer_id, holders))
+
+    def _held_by(self, buffer_id: str, holders: frozenset[int] | set[int]) -> pb.InputSource:
+        specs = [self.executors[h] for h in sorted(holders)]
+        return pb.InputSource(
+            buffer_id=buffer_id,
+            executors=[spec.endpoint for spec in specs],
+            data_endpoints=[spec.data_endpoint for spec in specs if spec.data_endpoint],
+        )
+
+    def _program_registration(self, program: Program, executor: int) -> pb.ProgramRegistration:
+        """The registration ``executor`` gets: the program, and where each intermediate it
+        pulls from other executors comes from."""
+        registration = pb.ProgramRegistration()
+        registration.CopyFrom(program.registration)
+        for name, holders in sorted(program.pulls.get(executor, {}).items()):
+            registration.sources.append(self._held_by(name, holders))
+        return registration
 
     def _delete_now(self, ids: list[str]) -> list[Instruction]:
         by_executor: dict[int, list[str]] = {}
@@ -419,19 +567,53 @@ class IslandDispatcher:
                 del self._pulling[buffer_id]
                 for executor in self._deferred.pop(buffer_id, frozenset()):
                     released.setdefault(executor, []).append(buffer_id)
+        if isinstance(flight.item, _Call):
+            call, program = flight.item.call, flight.item.program
+            for executor, names in program.shared.items():
+                released.setdefault(executor, []).extend(
+                    intermediate_id(call.id, name) for name in names
+                )
         return [*self._delete_commands(released), self._outcome(seq, flight)]
 
     def _outcome(self, seq: int, flight: _InFlight) -> ToClient:
         if flight.errors:
             event = Event(
                 kind=Event.FAILED,
-                computation_id=flight.computation.id,
+                computation_id=flight.id,
                 seq=seq,
                 message="; ".join(dict.fromkeys(flight.errors)),
             )
         else:
-            event = Event(kind=Event.COMPLETED, computation_id=flight.computation.id, seq=seq)
+            event = Event(kind=Event.COMPLETED, computation_id=flight.id, seq=seq)
         return ToClient(flight.client, event)
+
+    @property
+    def trace(self) -> list[TraceRecord]:
+        """For every computation (and program node) on every executor, in the order their
+        executors reported them: which client's work occupied which devices when (the most
+        recent ``trace_limit`` or so)."""
+        self._trace_calls()
+        return self._trace
+
+    def _trace_calls(self) -> None:
+        """Each reported call's nodes on its executor, each its own trace record (id
+        ``<call id>/<node id>``, its node's name)."""
+        untraced, self._untraced = self._untraced, []
+        for event, client, item in untraced:
+            nodes = item.program.registration.nodes
+            for timing in event.nodes:
+                node = nodes[timing.node]
+                self._record(
+                    event.seq,
+                    client,
+                    node,
+                    event.executor,
+                    timing.start_ns,
+                    timing.end_ns,
+                    event.ok,
+                    computation_id=intermediate_id(item.call.id, node.id),
+                    name=node.name or node.id,
+                )
 
     def _record(
         self,
@@ -442,16 +624,19 @@ class IslandDispatcher:
         start_ns: int,
         end_ns: int,
         ok: bool,
+        *,
+        computation_id: str = "",
+        name: str = "",
     ) -> None:
-        if len(self.trace) >= self._trace_limit:
-            del self.trace[: self._trace_limit // 10]
+        if len(self._trace) >= self._trace_limit:
+            del self._trace[: self._trace_limit // 10]
         devices = tuple(d for d in computation.devices if self.device_owner[d] == executor)
-        self.trace.append(
+        self._trace.append(
             TraceRecord(
                 seq,
-                computation.id,
+                computation_id or computation.id,
                 client,
-                computation.name,
+                name or computation.name,
                 devices,
                 executor,
                 start_ns,
@@ -459,3 +644,7 @@ class IslandDispatcher:
                 ok,
             )
         )
+
+
+def _rejected(client: str, item_id: str, problem: str) -> ToClient:
+    return ToClient(client, Event(kind=Event.REJECTED, computation_id=item_id, message=problem))

@@ -102,19 +102,51 @@ class DeleteBuffers(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class ProgramRegistration(_message.Message):
+    __slots__ = ("program_id", "name", "nodes", "arguments", "results", "sources")
+    PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    program_id: str
+    name: str
+    nodes: _containers.RepeatedCompositeFieldContainer[Computation]
+    arguments: _containers.RepeatedScalarFieldContainer[str]
+    results: _containers.RepeatedScalarFieldContainer[str]
+    sources: _containers.RepeatedCompositeFieldContainer[InputSource]
+    def __init__(self, program_id: _Optional[str] = ..., name: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[Computation, _Mapping]]] = ..., arguments: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[str]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+
+class ProgramCall(_message.Message):
+    __slots__ = ("id", "program_id", "arguments", "results")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    program_id: str
+    arguments: _containers.RepeatedScalarFieldContainer[str]
+    results: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., program_id: _Optional[str] = ..., arguments: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ClientMessage(_message.Message):
-    __slots__ = ("hello", "function", "computation", "delete", "placed")
+    __slots__ = ("hello", "function", "computation", "delete", "placed", "program", "call")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
     PLACED_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     function: FunctionRegistration
     computation: Computation
     delete: DeleteBuffers
     placed: PlacedBuffer
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., function: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., computation: _Optional[_Union[Computation, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., placed: _Optional[_Union[PlacedBuffer, _Mapping]] = ...) -> None: ...
+    program: ProgramRegistration
+    call: ProgramCall
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., function: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., computation: _Optional[_Union[Computation, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., placed: _Optional[_Union[PlacedBuffer, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ...) -> None: ...
 
 class PlacedBuffer(_message.Message):
     __slots__ = ("buffer_id", "executor", "remote")
@@ -137,7 +169,7 @@ class Hello(_message.Message):
     def __init__(self, client: _Optional[str] = ..., weight: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class ClientEvent(_message.Message):
-    __slots__ = ("kind", "computation_id", "seq", "message", "function_id")
+    __slots__ = ("kind", "computation_id", "seq", "message", "function_id", "program_id")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[ClientEvent.Kind]
@@ -157,12 +189,14 @@ class ClientEvent(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
     kind: ClientEvent.Kind
     computation_id: str
     seq: int
     message: str
     function_id: str
-    def __init__(self, kind: _Optional[_Union[ClientEvent.Kind, str]] = ..., computation_id: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[str] = ..., function_id: _Optional[str] = ...) -> None: ...
+    program_id: str
+    def __init__(self, kind: _Optional[_Union[ClientEvent.Kind, str]] = ..., computation_id: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[str] = ..., function_id: _Optional[str] = ..., program_id: _Optional[str] = ...) -> None: ...
 
 class InputSource(_message.Message):
     __slots__ = ("buffer_id", "executors", "data_endpoints")
@@ -175,20 +209,24 @@ class InputSource(_message.Message):
     def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ..., data_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExecutorCommand(_message.Message):
-    __slots__ = ("seq", "run", "register", "delete", "hello", "sources")
+    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "sources")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     run: Computation
     register: FunctionRegistration
     delete: DeleteBuffers
     hello: ControlHello
+    program: ProgramRegistration
+    call: ProgramCall
     sources: _containers.RepeatedCompositeFieldContainer[InputSource]
-    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
 
 class ControlHello(_message.Message):
     __slots__ = ("island", "token")
@@ -199,7 +237,7 @@ class ControlHello(_message.Message):
     def __init__(self, island: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class ExecutorEvent(_message.Message):
-    __slots__ = ("seq", "computation_id", "ok", "message", "start_ns", "end_ns", "executor")
+    __slots__ = ("seq", "computation_id", "ok", "message", "start_ns", "end_ns", "executor", "nodes")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     COMPUTATION_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +245,7 @@ class ExecutorEvent(_message.Message):
     START_NS_FIELD_NUMBER: _ClassVar[int]
     END_NS_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     computation_id: str
     ok: bool
@@ -214,7 +253,18 @@ class ExecutorEvent(_message.Message):
     start_ns: int
     end_ns: int
     executor: int
-    def __init__(self, seq: _Optional[int] = ..., computation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., executor: _Optional[int] = ...) -> None: ...
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeTiming]
+    def __init__(self, seq: _Optional[int] = ..., computation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., executor: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeTiming, _Mapping]]] = ...) -> None: ...
+
+class NodeTiming(_message.Message):
+    __slots__ = ("node", "start_ns", "end_ns")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    node: int
+    start_ns: int
+    end_ns: int
+    def __init__(self, node: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ...) -> None: ...
 
 class ArrayChunk(_message.Message):
     __slots__ = ("buffer_id", "dtype", "shape", "total_bytes", "data", "begin", "region_start", "region_stop")

@@ -1,0 +1,180 @@
+"""Registered programs: what a program is checked for once, and what the island dispatcher
+keeps of it to dispatch each call as one item.
+
+A program is a list of computations (its nodes) whose buffer ids are names local to it: its
+arguments and its nodes' outputs. A call binds the arguments and results to buffer ids; each
+intermediate of a call is ``<call id>/<name>``. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pathways_core.wire import pb
+
+# A program's nodes are checked and planned at registration, and each call is one queue item:
+# bounded so that one registration cannot hold the dispatcher for long.
+MAX_PROGRAM_NODES = 4096
+
+
+def program_digest(registration: pb.ProgramRegistration) -> str:
+    """The id of a program: the sha256 of its registration without the scheduler's sources,
+    serialized deterministically."""
+    content = pb.ProgramRegistration()
+    content.CopyFrom(registration)
+    content.ClearField("program_id")
+    content.ClearField("sources")
+    return hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()
+
+
+def intermediate_id(call_id: str, name: str) -> str:
+    """The buffer id of a call's node output ``name`` that is not one of its results."""
+    return f"{call_id}/{name}"
+
+
+@dataclass(frozen=True)
+class Program:
+    """A checked program and its plan on the island's executors."""
+
+    registration: pb.ProgramRegistration
+    owners: tuple[frozenset[int], ...]  # per node: the executors holding its devices
+    executors: tuple[int, ...]  # every executor running a node, ascending
+    cost: float  # device count summed over the nodes: its place in proportional share
+    # Node output name -> the node that makes it (results and intermediates alike).
+    producer: Mapping[str, int]
+    # Per argument: the executors whose nodes read it.
+    argument_readers: tuple[frozenset[int], ...]
+    # Per executor: the intermediates it pulls from others (name -> producing executors).
+    pulls: Mapping[int, Mapping[str, frozenset[int]]]
+    # Per executor: the intermediates it holds as buffers because they cross executors (made
+    # for another, or pulled from another); deleted once the call has finished everywhere.
+    shared: Mapping[int, tuple[str, ...]]
+    # Results pulled by executors that do not make them: those copies go with the result.
+    result_copies: Mapping[str, frozenset[int]]
+    # Per executor: the function ids of the nodes it runs, each once, in node order.
+    functions: Mapping[int, tuple[str, ...]]
+
+    @property
+    def name(self) -> str:
+        return self.registration.name or self.registration.program_id[:12]
+
+    def result_owners(self) -> list[frozenset[int]]:
+        """The executors holding each result, in the program's result order."""
+        return [self.owners[self.producer[name]] for name in self.registration.results]
+
+    def functions_on(self, executor: int) -> tuple[str, ...]:
+        """The function ids of the nodes ``executor`` runs, each once, in node order."""
+        return self.functions.get(executor, ())
+
+
+def slice_problem(label: str, devices: list[int], device_owner: Mapping[int, int]) -> str | None:
+    """What is wrong with the devices a computation or program node names, if anything."""
+    if not devices:
+        return f"{label} names no devices"
+    unknown = sorted({d for d in devices if d not in device_owner})
+    if unknown:
+        return (
+            f"{label} names devices {unknown} the island does not have "
+            f"(it has 0..{len(device_owner) - 1})"
+        )
+    if len(set(devices)) != len(devices):
+        return f"{label} names a device twice"
+    return None
+
+
+def check_program(
+    registration: pb.ProgramRegistration,
+    functions: Mapping[str, object],
+    device_owner: Mapping[int, int],
+) -> Program | str:
+    """The program planned on the island's executors, or what is wrong with it (naming the
+    node and field)."""
+    label = registration.name or registration.program_id[:12]
+    if program_digest(registration) != registration.program_id:
+        return f"program {label!r}: its id is not the sha256 of its registration"
+    nodes = registration.nodes
+    if not nodes:
+        return f"program {label!r} has no nodes"
+    if len(nodes) > MAX_PROGRAM_NODES:
+        return f"program {label!r} has {len(nodes)} nodes; at most {MAX_PROGRAM_NODES}"
+    arguments = list(registration.arguments)
+    if len(set(arguments)) != len(arguments):
+        return f"program {label!r} names an argument twice"
+    defined = set(arguments)
+    producer: dict[str, int] = {}
+    seen_nodes: set[str] = set()
+    owners: list[frozenset[int]] = []
+    for index, node in enumerate(nodes):
+        where = f"program {label!r} node {index} ({node.name or node.id or 'unnamed'!r})"
+        if not node.id or node.id in seen_nodes:
+            return f"{where}: its id must be set and unique in the program"
+        seen_nodes.add(node.id)
+        if node.describe:
+            return f"{where}: a program node cannot describe its function"
+        if node.function_id not in functions:
+            return f"{where} calls function {node.function_id[:12]!r}, which was never registered"
+        problem = slice_problem(where, list(node.devices), device_owner)
+        if problem:
+            return problem
+        for name in node.inputs:
+            if name not in defined:
+                return (
+                    f"{where} reads {name!r}, which is neither an argument nor an output of a "
+                    "node before it"
+                )
+        for name in node.outputs:
+            if not name or "/" in name or name in defined:
+                return (
+                    f"{where}: output {name!r} must be a new name without '/' (arguments and "
+                    "outputs share one namespace)"
+                )
+            defined.add(name)
+            producer[name] = index
+        owners.append(frozenset(device_owner[d] for d in node.devices))
+    results = list(registration.results)
+    if len(set(results)) != len(results):
+        return f"program {label!r} names a result twice"
+    for name in results:
+        if name not in producer:
+            return f"program {label!r}: result {name!r} is not an output of any node"
+    pulls: dict[int, dict[str, frozenset[int]]] = {}
+    shared: dict[int, dict[str, None]] = {}
+    copies: dict[str, set[int]] = {}
+    readers: dict[str, set[int]] = {name: set() for name in arguments}
+    kept = set(results)
+    for index, node in enumerate(nodes):
+        for name in node.inputs:
+            made_by = producer.get(name)
+            if made_by is None:  # an argument: the scheduler says where each call's comes from
+                readers[name].update(owners[index])
+                continue
+            for executor in owners[index] - owners[made_by]:
+                pulls.setdefault(executor, {})[name] = owners[made_by]
+                if name in kept:
+                    copies.setdefault(name, set()).add(executor)
+                    continue
+                for holder in (*owners[made_by], executor):
+                    shared.setdefault(holder, {})[name] = None
+    return Program(
+        registration=registration,
+        owners=tuple(owners),
+        executors=tuple(sorted(set().union(*owners))),
+        cost=float(sum(len(node.devices) for node in nodes)),
+        producer=producer,
+        argument_readers=tuple(frozenset(readers[name]) for name in arguments),
+        pulls=pulls,
+        shared={executor: tuple(names) for executor, names in shared.items()},
+        result_copies={name: frozenset(executors) for name, executors in copies.items()},
+        functions={
+            executor: tuple(
+                dict.fromkeys(
+                    node.function_id
+                    for node, held in zip(nodes, owners, strict=True)
+                    if executor in held
+                )
+            )
+            for executor in set().union(*owners)
+        },
+    )

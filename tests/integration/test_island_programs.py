@@ -1,0 +1,170 @@
+"""Registered programs on an island of real processes (a scheduler and 2 executors x 4 fake
+devices): a call's results, chains within one executor and across both, an SPMD node spanning
+both hosts, failures naming the node, nothing left behind, and the island serving on."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import executor_infos, export, f32, settled_executor_infos
+
+from pathways_client.island_client import IslandClient, IslandError
+from pathways_client.launcher import LocalIsland
+from pathways_core.wire import pb
+
+INCREMENT = export(lambda x: x + 1, f32(4))
+DOUBLE = export(lambda x: x * 2, f32(4))
+
+
+def chain_nodes(function: str, devices: list[int], name: str = "stage") -> list[pb.Computation]:
+    """x -> y0 -> y1 -> ...: node k runs ``function`` on ``devices[k]``."""
+    nodes, previous = [], "x"
+    for k, device in enumerate(devices):
+        nodes.append(
+            pb.Computation(
+                id=f"s{k}",
+                function_id=function,
+                devices=[device],
+                inputs=[previous],
+                outputs=[f"y{k}"],
+                name=f"{name}-{k}",
+            )
+        )
+        previous = f"y{k}"
+    return nodes
+
+
+@pytest.mark.parametrize(
+    "devices",
+    [[0, 1, 2, 3, 0, 1], [0, 5, 2, 7, 3, 4]],
+    ids=["one executor", "across executors"],
+)
+def test_a_program_called_in_a_chain_gives_the_right_results(
+    island: LocalIsland, devices: list[int]
+) -> None:
+    with IslandClient(island.scheduler_endpoint, "programs") as client:
+        increment = client.register(INCREMENT, "increment")
+        double = client.register(DOUBLE, "double")
+        nodes = chain_nodes(increment, devices)
+        nodes[2].function_id = double  # x -> +1 -> +1 -> *2 -> +1 ...
+        last = nodes[-1].outputs[0]
+        program = client.register_program(nodes, ["x"], [last, "y2"], name="mixed")
+        before = executor_infos(island)
+        start = client.put(np.arange(4, dtype=np.float32), device=devices[0])
+        current, expected, calls = start, np.arange(4, dtype=np.float32), []
+        for _ in range(5):  # each call takes the one before's result, not yet computed
+            call = client.call(program, [current])
+            calls.append(call)
+            current = call.outputs[0]
+        for call in calls:
+            middle = (expected + 2) * 2
+            expected = middle + len(devices) - 3
+            call.wait(60)
+            np.testing.assert_array_equal(client.get(call.outputs[1]), middle)
+            np.testing.assert_array_equal(client.get(call.outputs[0]), expected)
+        # Every result is a buffer of the client's; intermediates were freed with their call.
+        client.delete([start, *(b for call in calls for b in call.outputs)])
+        settled = settled_executor_infos(island, [i.buffers for i in before], 30)
+        assert [i.buffers for i in settled] == [i.buffers for i in before]
+        # The trace has each node of each call under the call's id, on its device.
+        records = [r for r in client.trace() if r.computation_id.startswith(calls[0].id + "/")]
+        assert sorted((r.name, list(r.devices)) for r in records) == sorted(
+            (node.name, list(node.devices)) for node in nodes
+        )
+        assert all(r.start_ns <= r.end_ns for r in records)
+
+
+def test_a_program_node_spanning_both_executors(island: LocalIsland) -> None:
+    all_reduce = export(
+        lambda x: jnp.sum(x, axis=0, keepdims=True) * jnp.ones_like(x),
+        f32(8, 3),
+        devices=8,
+        sharded=True,
+    )
+    with IslandClient(island.scheduler_endpoint, "wide-program") as client:
+        function = client.register(all_reduce, "all-reduce-8")
+        nodes = [
+            pb.Computation(
+                id=f"r{k}",
+                function_id=function,
+                devices=list(range(8)),
+                inputs=["x" if k == 0 else f"s{k - 1}"],
+                outputs=[f"s{k}"],
+            )
+            for k in range(3)
+        ]
+        program = client.register_program(nodes, ["x"], ["s2"], name="reduce-3")
+        value = np.arange(24, dtype=np.float32).reshape(8, 3)
+        call = client.call(program, [client.put(value, device=0)])
+        call.wait(60)
+        np.testing.assert_array_equal(
+            client.get(call.outputs[0]), np.tile(value.sum(0), (8, 1)) * 64
+        )
+
+
+def test_a_failing_node_fails_its_call_naming_it_and_the_island_keeps_serving(
+    island: LocalIsland,
+) -> None:
+    with IslandClient(island.scheduler_endpoint, "failing-program") as client:
+        increment = client.register(INCREMENT, "increment")
+        program = client.register_program(
+            chain_nodes(increment, [0, 4, 1], name="step"), ["x"], ["y2"], name="three"
+        )
+        wrong_shape = client.put(np.zeros((2, 2), np.float32), device=0)
+        bad = client.call(program, [wrong_shape])
+        with pytest.raises(
+            IslandError,
+            match=r"'step-0' of call '.*' failed on executor 0: input 0 of function "
+            r"'increment' is float32\[2, 2\], expected float32\[4\]",
+        ):
+            bad.wait(30)
+        # Its result fails with that cause; a later call reading it fails the same way.
+        with pytest.raises(IslandError, match="step-0"):
+            client.get(bad.outputs[0], timeout=10)
+        downstream = client.call(program, [bad.outputs[0]])
+        with pytest.raises(IslandError, match="step-0"):
+            downstream.wait(30)
+        # Still serving, the same program too.
+        good = client.call(program, [client.put(np.ones(4, np.float32), device=0)])
+        good.wait(30)
+        np.testing.assert_array_equal(client.get(good.outputs[0]), np.full(4, 4.0))
+
+
+def test_bad_programs_and_calls_are_refused_with_what_is_wrong(island: LocalIsland) -> None:
+    with IslandClient(island.scheduler_endpoint, "refused-program") as client:
+        increment = client.register(INCREMENT, "increment")
+        nodes = chain_nodes(increment, [0, 1])
+        nodes[1].inputs[0] = "nowhere"
+        with pytest.raises(IslandError, match=r"node 1 .* reads 'nowhere'"):
+            client.register_program(nodes, ["x"], ["y1"], name="broken")
+        program = client.register_program(chain_nodes(increment, [0, 1]), ["x"], ["y1"])
+        missing = client.call(program, ["refused-program/never-made"])
+        with pytest.raises(IslandError, match="reads unknown buffer 'refused-program/never-made'"):
+            missing.wait(10)
+        with pytest.raises(IslandError, match="was not registered by this client"):
+            client.call("0" * 64, [])
+        ok = client.call(program, [client.put(np.zeros(4, np.float32), device=0)])
+        ok.wait(30)
+        np.testing.assert_array_equal(client.get(ok.outputs[0]), np.full(4, 2.0))
+
+
+def test_a_program_killed_executor_fails_its_calls_within_seconds(compilation_cache) -> None:
+    with (
+        LocalIsland(hosts=2, devices_per_host=4, compilation_cache=compilation_cache) as island,
+        IslandClient(island.scheduler_endpoint, "killed-program") as client,
+    ):
+        increment = client.register(INCREMENT, "increment")
+        program = client.register_program(
+            chain_nodes(increment, [0, 4]), ["x"], ["y1"], name="two-hosts"
+        )
+        x = client.put(np.zeros(4, np.float32), device=0)
+        client.call(program, [x]).wait(60)
+        island.executors[1].popen.kill()
+        island.executors[1].popen.wait(10)
+        with pytest.raises(IslandError, match="executor 1"):
+            client.call(program, [x]).wait(30)
+        # The other executor keeps serving single computations.
+        alone = client.submit(increment, [1], [x], 1)
+        alone.wait(30)
+        np.testing.assert_array_equal(client.get(alone.outputs[0]), np.ones(4))

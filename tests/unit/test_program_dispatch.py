@@ -1,0 +1,233 @@
+"""Registered programs in the island dispatcher, driven with no network: what a registration
+is checked for, a call as one item in the island order (one command per executor, one
+completion), the sources of what crosses executors, per-node trace records, the intermediates
+freed once the call is done, and calls refused with what is wrong."""
+
+from __future__ import annotations
+
+import pytest
+from test_dispatcher import FUNCTION, client_events, island, to_executors
+
+from pathways_core.scheduling import IslandDispatcher
+from pathways_core.scheduling.programs import check_program, program_digest
+from pathways_core.wire import pb
+
+Event = pb.ClientEvent
+
+
+def node(name: str, devices, inputs, outputs) -> pb.Computation:
+    return pb.Computation(
+        id=name, function_id=FUNCTION, devices=list(devices), inputs=list(inputs), outputs=outputs
+    )
+
+
+def chain(devices, name: str = "chain") -> pb.ProgramRegistration:
+    """x -> y0 -> y1 -> ... with node k on devices[k]; the last output is the result."""
+    nodes, previous = [], "x"
+    for k, device in enumerate(devices):
+        nodes.append(node(f"s{k}", [device], [previous], [f"y{k}"]))
+        previous = f"y{k}"
+    return sealed(
+        pb.ProgramRegistration(name=name, nodes=nodes, arguments=["x"], results=[previous])
+    )
+
+
+def sealed(registration: pb.ProgramRegistration) -> pb.ProgramRegistration:
+    registration.program_id = program_digest(registration)
+    return registration
+
+
+def registered(dispatcher: IslandDispatcher, registration: pb.ProgramRegistration) -> str:
+    (event,) = client_events(dispatcher.register_program("a", registration))
+    assert event.kind == Event.REGISTERED, event.message
+    assert event.program_id == registration.program_id
+    return registration.program_id
+
+
+def call(program_id: str, n: int, arguments=("a/x",), results=None) -> pb.ProgramCall:
+    results = [f"a/r{n}"] if results is None else results
+    return pb.ProgramCall(
+        id=f"a/p{n}", program_id=program_id, arguments=list(arguments), results=list(results)
+    )
+
+
+def test_a_call_is_one_command_per_executor_after_its_registrations() -> None:
+    dispatcher = island()
+    program = registered(dispatcher, chain([0, 1, 2, 3]))
+    sent = to_executors(dispatcher.call("a", call(program, 1)))
+    assert [(e, c.WhichOneof("kind")) for e, c in sent] == [
+        (0, "register"),
+        (0, "program"),
+        (0, "call"),
+    ]
+    assert not sent[1][1].program.sources  # nothing crosses executors
+    again = to_executors(dispatcher.call("a", call(program, 2, arguments=["a/r1"])))
+    assert [c.WhichOneof("kind") for _, c in again] == ["call"]
+    assert again[0][1].call.arguments == ["a/r1"]  # the first call's result, a future
+
+
+def test_a_call_completes_once_with_a_trace_record_per_node() -> None:
+    dispatcher = island()
+    program = registered(dispatcher, chain([0, 1]))
+    sent = to_executors(dispatcher.call("a", call(program, 1)))
+    seq = sent[-1][1].seq
+    event = pb.ExecutorEvent(seq=seq, computation_id="a/p1", executor=0, ok=True)
+    event.nodes.add(node=0, start_ns=10, end_ns=20)
+    event.nodes.add(node=1, start_ns=20, end_ns=30)
+    (done,) = client_events(dispatcher.executor_event(event))
+    assert (done.kind, done.computation_id) == (Event.COMPLETED, "a/p1")
+    assert [(r.computation_id, r.devices, r.start_ns, r.end_ns) for r in dispatcher.trace] == [
+        ("a/p1/s0", (0,), 10, 20),
+        ("a/p1/s1", (1,), 20, 30),
+    ]
+    assert all(r.seq == seq and r.client == "a" for r in dispatcher.trace)
+
+
+def test_what_crosses_executors_is_pulled_from_its_maker_and_freed_after_the_call() -> None:
+    dispatcher = island()
+    # y0 and y1 on executor 0; y2 on executor 1 reads y1; y3 back on executor 0 reads y2.
+    program = registered(dispatcher, chain([0, 1, 4, 2]))
+    sent = to_executors(dispatcher.call("a", call(program, 1)))
+    by_kind = {(e, c.WhichOneof("kind")): c for e, c in sent}
+    assert [(s.buffer_id, list(s.executors)) for s in by_kind[(1, "program")].program.sources] == [
+        ("y1", ["h:1"])
+    ]
+    assert [(s.buffer_id, list(s.executors)) for s in by_kind[(0, "program")].program.sources] == [
+        ("y2", ["h:2"])
+    ]
+    seq = by_kind[(0, "call")].seq
+    assert by_kind[(1, "call")].seq == seq  # one place in the island order on both
+    assert (
+        client_events(dispatcher.executor_event(pb.ExecutorEvent(seq=seq, executor=0, ok=True)))
+        == []
+    )
+    finished = dispatcher.executor_event(pb.ExecutorEvent(seq=seq, executor=1, ok=True))
+    deletes = {e: sorted(c.delete.ids) for e, c in to_executors(finished)}
+    # Each executor frees the intermediates it held for the other or pulled from it.
+    assert deletes == {0: ["a/p1/y1", "a/p1/y2"], 1: ["a/p1/y1", "a/p1/y2"]}
+    assert [e.kind for e in client_events(finished)] == [Event.COMPLETED]
+
+
+def test_an_argument_held_elsewhere_comes_with_its_source() -> None:
+    dispatcher = island()
+    program = registered(dispatcher, chain([4, 5]))  # "a/x" is on executor 0
+    sent = to_executors(dispatcher.call("a", call(program, 1)))
+    (command,) = [c for _, c in sent if c.WhichOneof("kind") == "call"]
+    assert [(s.buffer_id, list(s.executors)) for s in command.sources] == [("a/x", ["h:1"])]
+
+
+def test_a_failed_node_fails_the_call_with_its_message() -> None:
+    dispatcher = island()
+    program = registered(dispatcher, chain([0]))
+    seq = to_executors(dispatcher.call("a", call(program, 1)))[-1][1].seq
+    failed = pb.ExecutorEvent(seq=seq, executor=0, ok=False, message="node s0 broke")
+    (event,) = client_events(dispatcher.executor_event(failed))
+    assert (event.kind, event.computation_id, event.message) == (
+        Event.FAILED,
+        "a/p1",
+        "node s0 broke",
+    )
+
+
+def test_calls_take_their_share_by_their_nodes_devices() -> None:
+    dispatcher = island(max_in_flight=1, policy="proportional-share")
+    program = registered(dispatcher, chain([0, 1, 2, 3]))  # cost 4
+    dispatcher.submit(
+        "b",
+        pb.Computation(id="b/c0", function_id=FUNCTION, devices=[0], inputs=[], outputs=["b/o0"]),
+    )
+    for n in range(1, 4):
+        dispatcher.call("a", call(program, n))
+    for n in range(1, 5):
+        dispatcher.submit(
+            "b",
+            pb.Computation(
+                id=f"b/c{n}", function_id=FUNCTION, devices=[0], inputs=[], outputs=[f"b/o{n}"]
+            ),
+        )
+    order = []
+    while dispatcher._in_flight:
+        (seq,) = dispatcher._in_flight
+        flight = dispatcher._in_flight[seq]
+        order.append(flight.id)
+        dispatcher.executor_event(pb.ExecutorEvent(seq=seq, executor=0, ok=True))
+    # One call of four one-device nodes costs as much as four computations of one device:
+    # after a's first call, b runs until its pass catches up (ties go to the older item).
+    assert order == ["b/c0", "a/p1", "b/c1", "b/c2", "b/c3", "a/p2", "b/c4", "a/p3"]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda r: r.ClearField("nodes"), "has no nodes"),
+        (lambda r: r.nodes[1].inputs.__setitem__(0, "nowhere"), "reads 'nowhere'"),
+        (lambda r: r.nodes[1].inputs.__setitem__(0, "y2"), "reads 'y2'"),  # defined later
+        (lambda r: r.nodes[0].outputs.__setitem__(0, "x"), "output 'x' must be a new name"),
+        (lambda r: setattr(r.nodes[1], "id", "s0"), "its id must be set and unique"),
+        (lambda r: r.nodes[0].devices.append(99), "names devices [99]"),
+        (lambda r: r.nodes[0].devices.append(0), "names a device twice"),
+        (lambda r: setattr(r.nodes[0], "function_id", "0" * 64), "never registered"),
+        (lambda r: r.results.append("x"), "result 'x' is not an output"),
+        (lambda r: setattr(r.nodes[0], "describe", True), "cannot describe"),
+    ],
+)
+def test_a_bad_program_is_refused_naming_what_is_wrong(change, expected) -> None:
+    dispatcher = island()
+    registration = chain([0, 1, 2])
+    change(registration)
+    sealed(registration)
+    (event,) = client_events(dispatcher.register_program("a", registration))
+    assert event.kind == Event.REJECTED
+    assert expected in event.message
+    assert "program 'chain'" in event.message
+    assert event.program_id == registration.program_id
+
+
+def test_a_program_whose_id_is_not_its_digest_is_refused() -> None:
+    registration = chain([0])
+    registration.program_id = "0" * 64
+    problem = check_program(registration, {FUNCTION: None}, {0: 0})
+    assert isinstance(problem, str) and "not the sha256" in problem
+
+
+@pytest.mark.parametrize(
+    ("bad_call", "expected"),
+    [
+        (lambda p: call("0" * 64, 1), "was never registered"),
+        (lambda p: call(p, 1, arguments=[]), "passes 0 argument(s); the program takes 1"),
+        (lambda p: call(p, 1, results=[]), "names 0 result(s); the program has 1"),
+        (lambda p: call(p, 1, arguments=["a/missing"]), "reads unknown buffer 'a/missing'"),
+        (lambda p: call(p, 1, results=["b/r"]), "must start with the client name"),
+        (lambda p: call(p, 1, results=["a/x"]), "writes buffer 'a/x', which exists already"),
+        (lambda p: pb.ProgramCall(id="b/p1", program_id=p, arguments=["a/x"]), "must start"),
+    ],
+)
+def test_a_bad_call_is_refused_and_nothing_of_it_kept(bad_call, expected) -> None:
+    dispatcher = island()
+    program = registered(dispatcher, chain([0, 1]))
+    request = bad_call(program)
+    (event,) = client_events(dispatcher.call("a", request))
+    assert event.kind == Event.REJECTED
+    assert expected in event.message
+    assert event.computation_id == request.id
+    assert not dispatcher._in_flight and dispatcher.queue.queued == 0
+    # The island keeps serving: a good call goes.
+    assert to_executors(dispatcher.call("a", call(program, 7)))
+
+
+def test_a_call_queued_when_its_executor_is_lost_fails_naming_it() -> None:
+    dispatcher = island(max_in_flight=1)
+    program = registered(dispatcher, chain([4]))
+    dispatcher.submit(
+        "b",
+        pb.Computation(id="b/c0", function_id=FUNCTION, devices=[0], inputs=[], outputs=["b/o"]),
+    )
+    dispatcher.call("a", call(program, 1))  # waits behind b's computation
+    dispatcher.executor_lost(1, "killed")
+    (seq,) = dispatcher._in_flight
+    events = client_events(
+        dispatcher.executor_event(pb.ExecutorEvent(seq=seq, executor=0, ok=True))
+    )
+    failed = [e for e in events if e.computation_id == "a/p1"]
+    assert failed and failed[0].kind == Event.FAILED
+    assert "executor 1" in failed[0].message and "killed" in failed[0].message
