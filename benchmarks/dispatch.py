@@ -1,8 +1,9 @@
 """Dispatch and data-plane benchmarks of one island, each against a baseline from the same run.
 
 1. The paper's dispatch benchmark: a trivial gang-scheduled all-reduce over 8 fake devices on 2
-   executors, in modes -O (one call per step, waiting for it), -C (chains of 128 steps per call)
-   and -F (128 steps fused into one function), against multi-controller JAX on the same layout
+   executors, in modes -O (one call per step, waiting for it), -C (chains of 128 steps per call:
+   a program of 128 nodes registered once, one message per call) and -F (128 steps fused into
+   one function), against multi-controller JAX on the same layout
    (2 processes x 4 fake devices); swept over the computation size, with the smallest size at
    which -C reaches 95% of JAX. The same modes on one executor of 4 devices, against
    single-process JAX on 4 devices, separate the control plane's cost from the cross-host
@@ -161,17 +162,25 @@ def island_modes(
         client.delete([current])
         return CHAIN // 8
 
+    # -C: the chain of 128 steps is a program, registered once and called with one message
+    # per chain; its intermediates live only on the executors, as the JAX loop drops each one
+    # as soon as the next step is dispatched.
+    nodes = [
+        pb.Computation(
+            id=f"s{k}",
+            function_id=step,
+            devices=devices,
+            inputs=["x" if k == 0 else f"y{k - 1}"],
+            outputs=[f"y{k}"],
+        )
+        for k in range(CHAIN)
+    ]
+    chain = client.register_program(nodes, ["x"], [f"y{CHAIN - 1}"], name=f"all-reduce-x{CHAIN}")
+
     def chained() -> int:
-        # One client call per chain: the 128 steps cross to the scheduler in one message.
-        current = x
-        with client.batch():
-            for _ in range(CHAIN):
-                call = client.submit(step, devices, [current], 1)
-                if current != x:
-                    client.delete([current])
-                current = call.outputs[0]
+        call = client.call(chain, [x])
         call.wait()
-        client.delete([current])
+        client.delete(call.outputs)
         return CHAIN
 
     def fused_call() -> int:
