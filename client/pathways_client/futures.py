@@ -216,7 +216,7 @@ def call(
     session = cluster.session(slice.island)
     function_id = function.ids.get(slice.island)
     if function_id is None:
-        function_id = function.ids[slice.island] = _register(session, function, slice.island)
+        function_id = function.ids[slice.island] = register_on(session, function, slice.island)
     uploads: list[str] = []
     buffer_ids: list[str] = []
     foreign: list[ArrayFuture] = []  # kept alive until this call has pulled them
@@ -256,7 +256,8 @@ def _upload(session: IslandClient, array: np.ndarray, slice: Slice, node: str) -
         ) from None
 
 
-def _register(session: IslandClient, function: Specialized, island: str) -> str:
+def register_on(session: IslandClient, function: Specialized, island: str) -> str:
+    """Register ``function`` with an island's session; returns its function id."""
     try:
         return session.register(function.artifact, function.name)
     except IslandError as error:

@@ -21,8 +21,18 @@ from typing import Any
 import jax
 import numpy as np
 
+from pathways_client.errors import NodeFailed
 from pathways_client.functions import CompiledFunction
-from pathways_client.futures import ArrayFuture, Shaped, Specialized, call, describe, put
+from pathways_client.futures import (
+    ArrayFuture,
+    Shaped,
+    Specialized,
+    call,
+    describe,
+    put,
+    register_on,
+)
+from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.slices import Slice
 from pathways_core.dataflow import Dataflow, Node, Ref, Source
 from pathways_core.resources import ObjectMeta, PathwaysProgram
@@ -32,6 +42,7 @@ from pathways_core.resources.program import (
     ProgramSlice,
 )
 from pathways_core.topology import format_shape
+from pathways_core.wire import pb
 
 _UPLOADS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="upload")
 _ACTIVE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("trace", default=None)
@@ -65,6 +76,8 @@ class Trace:
     constants: list[Any] = field(default_factory=list)
     argument_avals: list[jax.ShapeDtypeStruct] = field(default_factory=list)
     out_tree: Any = None
+    # Island program ids by placement (session, each node's devices): see ``dispatch``.
+    registered: dict[Any, str] = field(default_factory=dict)
 
     def record(
         self, function: CompiledFunction, specialized: Specialized, leaves: Sequence[Any]
@@ -148,6 +161,7 @@ class Program:
             arguments=jax.tree.leaves(args),
             constants=trace.constants,
             sequential=sequential,
+            registered=trace.registered,
         )
         return jax.tree.unflatten(trace.out_tree, outputs)
 
@@ -203,14 +217,22 @@ def dispatch(
     arguments: Sequence[Any] = (),
     constants: Sequence[Any] = (),
     sequential: bool = False,
+    registered: dict[Any, str] | None = None,
 ) -> list[ArrayFuture]:
     """Submit every node of ``flow`` in dependency order; return the outputs' futures.
 
-    In parallel mode nothing waits: each node's inputs are futures of nodes already queued.
-    In sequential mode each node is awaited before the next is submitted.
+    In parallel mode nothing waits: each node's inputs are futures of nodes already queued. A
+    graph on one island goes as one call of a program registered there (``registered`` keeps
+    its id per placement of the slices, for the next call). In sequential mode each node is
+    awaited before the next is submitted.
     """
-    produced: dict[tuple[str, int], ArrayFuture] = {}
     order = flow.order()
+    islands = {functions[node.function][0].island for node in order}
+    if not sequential and len(islands) == 1 and order:
+        return _call_on_island(
+            flow, order, functions, arguments, constants, {} if registered is None else registered
+        )
+    produced: dict[tuple[str, int], ArrayFuture] = {}
     uploaded = _upload_host_values(order, functions, arguments, constants)
 
     def value(ref: Ref) -> Any:
@@ -235,6 +257,94 @@ def dispatch(
         if sequential and outputs:
             outputs[0].wait()
     return [value(ref) for ref in flow.outputs]
+
+
+def _call_on_island(
+    flow: Dataflow,
+    order: list[Node],
+    functions: Mapping[str, tuple[Slice, Specialized]],
+    arguments: Sequence[Any],
+    constants: Sequence[Any],
+    registered: dict[Any, str],
+) -> list[ArrayFuture]:
+    """A program whose nodes all run on one island: registered there once per placement of
+    its slices (remembered in ``registered``) and called with one message, one place in the
+    island's order and one completion."""
+    first = functions[order[0].function][0]
+    cluster, island = first.cluster_or_fail(), first.island
+    session = cluster.session(island)
+    used = list(
+        dict.fromkeys(ref for node in order for ref in node.inputs if ref.source is not Source.NODE)
+    )
+    results = list(dict.fromkeys(flow.outputs))
+    # Per session: a reopened session (a restarted island) has the program registered anew.
+    placement = (session, tuple(functions[node.function][0].devices for node in order))
+    program_id = registered.get(placement)
+    if program_id is None:
+        program_id = registered[placement] = _register_program(
+            session, island, order, functions, used, results
+        )
+    uploaded = _upload_host_values(order, functions, arguments, constants)
+    buffer_ids, foreign = [], []
+    for ref in used:
+        given = (arguments if ref.source is Source.ARGUMENT else constants)[ref.index]
+        if ref in uploaded:
+            # Deleted when dropped: after this call, which was queued before.
+            buffer_ids.append(uploaded[ref].result().buffer_id)
+            continue
+        if given.slice.island != island:
+            foreign.append(given)
+        buffer_ids.append(given.buffer_on(island))
+    submitted = session.call(program_id, buffer_ids)
+    if foreign:  # kept alive until the call has pulled them from their island
+        submitted.done.add_done_callback(lambda _, held=foreign: held.clear())
+    producers = {node.name: functions[node.function] for node in order}
+    futures = {}
+    for ref, buffer_id in zip(results, submitted.outputs, strict=True):
+        slice, specialized = producers[ref.node]
+        aval = specialized.out_avals[ref.index]
+        futures[ref] = ArrayFuture(cluster, slice, buffer_id, aval, ref.node, submitted.done)
+    return [futures[ref] for ref in flow.outputs]
+
+
+def _register_program(
+    session: IslandClient,
+    island: str,
+    order: list[Node],
+    functions: Mapping[str, tuple[Slice, Specialized]],
+    used: list[Ref],
+    results: list[Ref],
+) -> str:
+    nodes = []
+    for node in order:
+        slice, specialized = functions[node.function]
+        function_id = specialized.ids.get(island)
+        if function_id is None:
+            function_id = specialized.ids[island] = register_on(session, specialized, island)
+        nodes.append(
+            pb.Computation(
+                id=node.name,
+                function_id=function_id,
+                devices=list(slice.devices),
+                inputs=[_local_name(ref) for ref in node.inputs],
+                outputs=[_local_name(Ref(Source.NODE, i, node.name)) for i in range(node.outputs)],
+                name=node.name,
+            )
+        )
+    try:
+        return session.register_program(
+            nodes, [_local_name(ref) for ref in used], [_local_name(ref) for ref in results]
+        )
+    except IslandError as error:
+        raise NodeFailed(order[0].name, island, f"program refused: {error}") from None
+
+
+def _local_name(ref: Ref) -> str:
+    """A value's name inside an island program (no '/': a call's buffers are
+    ``<call id>/<name>``)."""
+    if ref.source is Source.NODE:
+        return f"{ref.node}.{ref.index}"
+    return f"{ref.source.value}-{ref.index}"
 
 
 def _upload_host_values(
