@@ -87,13 +87,15 @@ def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
     """An input laid out as the function expects. On a slice spanning hosts the result is a
     global array of which this process supplies its own shards; every executor of the slice
     runs the same command, so collective resharding happens in the same order everywhere."""
-    if isinstance(value, jax.Array) and value.sharding == sharding:
+    array = isinstance(value, jax.Array)
+    if array and value.sharding == sharding:
         return value  # the common case in a chain; device_put would cost ~15 µs to do nothing
-    if sharding.is_fully_addressable:
-        if isinstance(value, jax.Array) and isinstance(sharding, SingleDeviceSharding):
-            moved = _copy_to_device(value, sharding)
-            if moved is not None:
-                return moved
+    single = isinstance(sharding, SingleDeviceSharding)
+    if single and array:
+        moved = _copy_to_device(value, sharding)
+        if moved is not None:
+            return moved
+    if single or sharding.is_fully_addressable:
         return jax.device_put(value, sharding)
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
         return jax.jit(lambda x: x, out_shardings=sharding)(value)
@@ -109,13 +111,20 @@ def _copy_to_device(value: jax.Array, sharding: SingleDeviceSharding) -> jax.Arr
     if not isinstance(value.sharding, SingleDeviceSharding):
         return None
     try:
-        devices = sharding._internal_device_list.addressable_device_list
-        semantics = xc.ArrayCopySemantics.REUSE_INPUT
+        devices = _DEVICE_LISTS.get(sharding)
+        if devices is None:  # looking it up costs ~4 µs, as much as half the copy
+            devices = _DEVICE_LISTS[sharding] = (
+                sharding._internal_device_list.addressable_device_list
+            )
         return xc.batched_copy_array_to_devices_with_sharding(
-            [value], [devices], [sharding], [semantics]
+            [value], [devices], [sharding], [xc.ArrayCopySemantics.REUSE_INPUT]
         )[0]
     except (AttributeError, TypeError):
         return None
+
+
+# A single-device sharding's device list as the runtime's copy takes it (one per device).
+_DEVICE_LISTS: dict[SingleDeviceSharding, Any] = {}
 
 
 def last_uses(batch: Sequence[pb.ExecutorCommand]) -> dict[int, set[str]]:
@@ -401,8 +410,10 @@ class Runner:
         """This executor's nodes of a program call, in program order, each dispatched as a
         computation is. An output read only here lives during the call alone (a node takes
         its buffer over at its last read); the rest become buffers. The call is reported once,
-        with each node's times. Once a node fails, the nodes after it here do not run, and
-        their outputs fail with its cause."""
+        with each node's times. A failed node's outputs fail, so the nodes reading them fail
+        with its cause (naming it once), and the call fails with the first failure; the nodes
+        that do not depend on it still run (a collective spanning executors must run on all of
+        them)."""
         call = command.call
         dispatched = time.time_ns()
         known = self._plans.get(call.program_id)
@@ -415,6 +426,7 @@ class Runner:
             return
         local: dict[str, Any] = {}
         through: set[str] = set()  # local outputs awaited through themselves: kept whole
+        failed: dict[str, str] = {}  # local outputs that failed: the first failure behind them
         nodes: list[tuple[int, list[Any], int]] = []
         watched: list[str] = []
         failure = ""
@@ -422,8 +434,11 @@ class Runner:
         bound, checked = known.bound, known.checked
         for position, step in enumerate(known.steps):
             node = step.node
-            if failure:
-                self._fail_outputs(call, step, failure)
+            upstream = (
+                next((failed[n] for _, _, n in step.inputs if n in failed), "") if failed else ""
+            )
+            if upstream:
+                self._fail_outputs(call, step, upstream, failed)
                 continue
             started = time.time_ns()
             held: list[str] = []
@@ -436,14 +451,14 @@ class Runner:
                     )
                 function, devices = resolved
                 values = []
-                for source, position, name in step.inputs:
+                for source, index, name in step.inputs:
                     if source is Source.LOCAL:
                         values.append(local[name])
                         continue
                     buffer_id = (
-                        call.arguments[position]
+                        call.arguments[index]
                         if source is Source.ARGUMENT
-                        else output_id(call, name, position)
+                        else output_id(call, name, index)
                     )
                     value = self.buffers.peek(buffer_id)
                     if value is PENDING:
@@ -453,16 +468,15 @@ class Runner:
                 arguments = self._arguments(
                     function, values, collective, check=not (checked and step.local_only)
                 )
-                donations = (
-                    tuple(
-                        sorted(
-                            i
-                            for i in step.last_reads & function.donatable
-                            if step.inputs[i][2] not in through and arguments[i] is values[i]
-                        )
+                donations = tuple(
+                    sorted(
+                        i
+                        for i in step.last_reads
+                        # placed as it was (not a copy), and its producer's token awaited
+                        if arguments[i] is values[i]
+                        and i in function.donatable
+                        and step.inputs[i][2] not in through
                     )
-                    if step.last_reads
-                    else ()
                 )
                 awaited, outputs, unprepared, through_outputs = self._launch(
                     function, arguments, donations
@@ -473,14 +487,17 @@ class Runner:
                         f"node names {len(step.outputs)}"
                     )
             except (BufferError, FunctionError, ComputationError) as error:
-                failure = self._node_failure(call, node, str(error))
+                problem = self._node_failure(call, node, str(error))
             except Exception as error:  # XLA or JAX refused the call
-                failure = self._node_failure(call, node, f"{type(error).__name__}: {error}")
+                problem = self._node_failure(call, node, f"{type(error).__name__}: {error}")
+            else:
+                problem = ""
             finally:
                 for buffer_id in held:
                     self.buffers.release(buffer_id)
-            if failure:
-                self._fail_outputs(call, step, failure)
+            if problem:
+                failure = failure or problem
+                self._fail_outputs(call, step, problem, failed)
                 continue
             for (name, result), stored, value in zip(
                 step.outputs, step.stored, outputs, strict=True
@@ -521,12 +538,17 @@ class Runner:
             f"{self.index}: {message}"
         )
 
-    def _fail_outputs(self, call: pb.ProgramCall, step: Step, failure: str) -> None:
-        """A node's outputs that are buffers fail with the call's first failure."""
+    def _fail_outputs(
+        self, call: pb.ProgramCall, step: Step, failure: str, failed: dict[str, str]
+    ) -> None:
+        """A node's outputs fail with ``failure``: buffers for their readers anywhere, local
+        ones in ``failed`` for the nodes after it here."""
         error = ComputationError(failure)
         for (name, result), stored in zip(step.outputs, step.stored, strict=True):
             if stored:
                 self.buffers.fail(output_id(call, name, result), error)
+            else:
+                failed[name] = failure
 
     def _resolve(
         self, computation: pb.Computation, key: tuple[str, tuple[int, ...]]

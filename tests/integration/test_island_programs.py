@@ -131,6 +131,27 @@ def test_a_failing_node_fails_its_call_naming_it_and_the_island_keeps_serving(
         np.testing.assert_array_equal(client.get(good.outputs[0]), np.full(4, 4.0))
 
 
+def test_nodes_independent_of_a_failed_one_still_run(island: LocalIsland) -> None:
+    """A failed node fails only what depends on it (as computations do): a node of the same
+    call reading other inputs runs (a collective across executors must run on all)."""
+    with IslandClient(island.scheduler_endpoint, "partly-failing") as client:
+        increment = client.register(INCREMENT, "increment")
+        nodes = [
+            pb.Computation(id="a", function_id=increment, devices=[0], inputs=["x"], outputs=["p"]),
+            pb.Computation(id="b", function_id=increment, devices=[1], inputs=["p"], outputs=["q"]),
+            pb.Computation(id="c", function_id=increment, devices=[2], inputs=["y"], outputs=["r"]),
+        ]
+        program = client.register_program(nodes, ["x", "y"], ["q", "r"], name="two-branches")
+        bad = client.put(np.zeros((2, 2), np.float32), device=0)
+        good = client.put(np.arange(4, dtype=np.float32), device=2)
+        call = client.call(program, [bad, good])
+        with pytest.raises(IslandError, match=r"computation 'a' of call .* input 0 of function"):
+            call.wait(30)
+        with pytest.raises(IslandError, match=r"failed upstream: computation 'a' of call"):
+            client.get(call.outputs[0], timeout=10)
+        np.testing.assert_array_equal(client.get(call.outputs[1]), np.arange(4) + 1)
+
+
 def test_bad_programs_and_calls_are_refused_with_what_is_wrong(island: LocalIsland) -> None:
     with IslandClient(island.scheduler_endpoint, "refused-program") as client:
         increment = client.register(INCREMENT, "increment")
