@@ -131,9 +131,9 @@ class IslandClient:
         self._locations: dict[str, tuple[int, ...]] = {}  # buffer id -> executors holding it
         self._send_lock = threading.Lock()
         # Deletions ride along with the next message, or go when the last completion arrives,
-        # or at the latest DELETE_LINGER_SECONDS after they were made: one write and one
-        # message less per call of a chain, on both sides (a chain's call then reaches the
-        # executor with the deletion of the call before it, in one command batch).
+        # or, made with nothing outstanding, at the latest DELETE_LINGER_SECONDS later: one
+        # write and one message less per call of a chain, on both sides (a chain's call then
+        # reaches the executor with the deletion of the call before it, in one command batch).
         self._deferred: list[pb.ClientMessage] = []
         self._deferred_lock = threading.RLock()
         self._flush_due = threading.Event()
@@ -346,9 +346,11 @@ class IslandClient:
         if getattr(self._batching, "messages", None) is not None:
             self._send(message)
             return
-        with self._deferred_lock:
+        with self._lock, self._deferred_lock:
             self._deferred.append(message)
-        self._flush_due.set()
+            idle = not self._pending
+        if idle:  # else the last completion sends it, if no message took it along before
+            self._flush_due.set()
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:

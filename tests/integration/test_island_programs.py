@@ -189,3 +189,15 @@ def test_a_program_killed_executor_fails_its_calls_within_seconds(compilation_ca
         alone = client.submit(increment, [1], [x], 1)
         alone.wait(30)
         np.testing.assert_array_equal(client.get(alone.outputs[0]), np.ones(4))
+
+
+def test_a_deletion_with_nothing_outstanding_goes_on_its_own_soon(island: LocalIsland) -> None:
+    """Deletions wait for a message to ride along with; with nothing outstanding and nothing
+    sent after them, they still go (within DELETE_LINGER_SECONDS)."""
+    with IslandClient(island.scheduler_endpoint, "lone-deletion") as client:
+        before = [i.buffers for i in executor_infos(island)]
+        x = client.put(np.zeros(4, np.float32), device=0)
+        assert executor_infos(island)[0].buffers == before[0] + 1
+        client.delete([x])  # then nothing else is sent
+        settled = settled_executor_infos(island, before, 5)
+        assert [i.buffers for i in settled] == before
