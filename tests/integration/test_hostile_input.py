@@ -372,14 +372,29 @@ def test_sessions_refuse_oversized_messages(island: LocalIsland, endpoints: Endp
     huge_delete = pb.ClientMessage(
         delete=pb.DeleteBuffers(ids=[f"{own}/b{i}" for i in range(300_000)])
     )
+    huge_program = pb.ClientMessage(
+        program=pb.ProgramRegistration(program_id="p" * 64, name="n" * (2 << 20))
+    )
+    huge_call = pb.ClientMessage(
+        call=pb.ProgramCall(id=f"{own}/p", program_id="p" * 64, arguments=["a" * 64] * 20_000)
+    )
     marker = pb.ClientMessage(function=pb.FunctionRegistration(function_id="marker"))
     with _session(endpoints.session, own) as connection:
-        for message in (huge_name, many_inputs, big_source, huge_delete, marker):
+        for message in (
+            huge_name,
+            many_inputs,
+            big_source,
+            huge_delete,
+            huge_program,
+            huge_call,
+            marker,
+        ):
             connection.sendall(frame(pb.ClientBatch(messages=[message])))
         events = _until_marker(connection, "marker")
     refused = [e for e in events if "larger than the" in e.message]
-    assert {e.computation_id for e in refused} >= {f"{own}/c", f"{own}/d"}, events
-    assert len(refused) == 3, events
+    assert {e.computation_id for e in refused} >= {f"{own}/c", f"{own}/d", f"{own}/p"}, events
+    assert [e.program_id for e in refused if e.program_id] == ["p" * 64], events
+    assert len(refused) == 5, events
     assert_serving(island)
 
 

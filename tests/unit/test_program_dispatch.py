@@ -9,7 +9,7 @@ import pytest
 from test_dispatcher import FUNCTION, client_events, island, to_executors
 
 from pathways_core.scheduling import IslandDispatcher
-from pathways_core.scheduling.programs import check_program, program_digest
+from pathways_core.scheduling.programs import MAX_PROGRAM_NODES, check_program, program_digest
 from pathways_core.wire import pb
 
 Event = pb.ClientEvent
@@ -231,3 +231,11 @@ def test_a_call_queued_when_its_executor_is_lost_fails_naming_it() -> None:
     failed = [e for e in events if e.computation_id == "a/p1"]
     assert failed and failed[0].kind == Event.FAILED
     assert "executor 1" in failed[0].message and "killed" in failed[0].message
+
+
+def test_a_program_over_the_node_limit_is_refused() -> None:
+    dispatcher = island()
+    registration = chain([0] * (MAX_PROGRAM_NODES + 1), name="huge")
+    (event,) = client_events(dispatcher.register_program("a", registration))
+    assert event.kind == Event.REJECTED
+    assert f"has {MAX_PROGRAM_NODES + 1} nodes; at most {MAX_PROGRAM_NODES}" in event.message
