@@ -178,20 +178,10 @@ class IslandClient:
         too_large = artifact_problem(name or function_id[:12], len(artifact), limit, "the SDK")
         if too_large is not None:
             raise IslandError(too_large)
-        with self._lock:
-            future = self._functions.get(function_id)
-            if future is None:
-                future = self._functions[function_id] = Future()
-                if self._ended:
-                    future.set_exception(IslandError(self._ended))
-                self._send(
-                    pb.ClientMessage(
-                        function=pb.FunctionRegistration(
-                            function_id=function_id, artifact=artifact, name=name, kind=kind
-                        )
-                    )
-                )
-        future.result(timeout)
+        registration = pb.FunctionRegistration(
+            function_id=function_id, artifact=artifact, name=name, kind=kind
+        )
+        self._registered(function_id, pb.ClientMessage(function=registration)).result(timeout)
         return function_id
 
     def register_program(
@@ -218,14 +208,7 @@ class IslandClient:
             else ()
             for r in results
         ]
-        with self._lock:
-            future = self._functions.get(program_id)
-            if future is None:
-                future = self._functions[program_id] = Future()
-                if self._ended:
-                    future.set_exception(IslandError(self._ended))
-                self._send(pb.ClientMessage(program=registration))
-        future.result(timeout)
+        self._registered(program_id, pb.ClientMessage(program=registration)).result(timeout)
         self._programs[program_id] = holders
         return program_id
 
@@ -408,6 +391,18 @@ class IslandClient:
         with self._room:
             while len(self._pending) > self.window - self._refill and not self._ended:
                 self._room.wait()
+
+    def _registered(self, registration_id: str, message: pb.ClientMessage) -> Future[None]:
+        """The island's answer to a function's or program's registration, sent once per
+        session (a refused one may be sent again)."""
+        with self._lock:
+            future = self._functions.get(registration_id)
+            if future is None:
+                future = self._functions[registration_id] = Future()
+                if self._ended:
+                    future.set_exception(IslandError(self._ended))
+                self._send(message)
+        return future
 
     def _pending_future(self, request_id: str) -> Future[None]:
         """The completion of a computation or call about to be sent, once there is room."""
