@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any
 
-from dispatch import CHAIN, SingleProcessJax, interleaved_best
+from dispatch import CHAIN, JaxProcesses, interleaved_best
 from rich.console import Console
 from rich.table import Table
 
@@ -63,7 +63,7 @@ def main() -> None:
     columns = ("floats/device", "load", "nice", "alone ms/step", "loaded ms/step", "ratio")
     for column in (*columns, "µs of step per µs of load"):
         table.add_column(column, justify="right")
-    with contextlib.closing(SingleProcessJax()) as jax_process:
+    with contextlib.closing(JaxProcesses(hosts=1)) as jax_process:
         for size in args.sizes:
             run = jax_process.prepare(size)
             for share in args.loads:

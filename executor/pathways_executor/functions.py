@@ -185,17 +185,16 @@ class FunctionCache:
         inputs = list(zip(exported.in_avals, shardings, strict=True))
         outputs = list(zip(exported.out_avals, out_shardings, strict=True))
         # Only slices within this process take inputs over (executors of a slice spanning
-        # hosts could otherwise run differently compiled programs of one collective), so only
-        # they need the token that tells when a computation is done without its outputs.
+        # hosts could otherwise run differently compiled programs of one collective). Every
+        # computation ends in a token, which tells when it is done without holding its
+        # outputs: a program call's intermediates are freed at their last read, as a JAX
+        # loop drops them, not kept until the call is reported.
         in_process = _in_process(shardings)
-        if in_process:
 
-            def traced(*arguments: Any) -> tuple[Any, jax.Array]:
-                return exported.call(*arguments), jnp.zeros((), jnp.bool_)
+        def traced(*arguments: Any) -> tuple[Any, jax.Array]:
+            return exported.call(*arguments), jnp.zeros((), jnp.bool_)
 
-            run = jax.jit(traced, out_shardings=(None, replicated))
-        else:
-            traced, run = exported.call, jax.jit(exported.call)
+        run = jax.jit(traced, out_shardings=(None, replicated))
         built = Callable(
             name=name,
             run=run,
@@ -204,7 +203,7 @@ class FunctionCache:
             out_count=len(exported.out_avals),
             donatable=_reusable(inputs, outputs) if in_process else frozenset(),
             traced=traced,
-            token_sharding=replicated if in_process else None,
+            token_sharding=replicated,
         )
         with self._lock:
             self._callables[key] = built

@@ -430,7 +430,9 @@ class Runner:
         nodes: list[tuple[int, list[Any], int]] = []
         watched: list[str] = []
         failure = ""
-        to_prepare: list[tuple[Callable, tuple[int, ...], list[Any]]] = []
+        # A donating variant to compile, by function and positions: one node's arguments each
+        # (holding every node's would keep each intermediate alive until the call's end).
+        to_prepare: dict[tuple[int, tuple[int, ...]], tuple[Callable, list[Any]]] = {}
         bound, checked = known.bound, known.checked
         for position, step in enumerate(known.steps):
             node = step.node
@@ -451,9 +453,11 @@ class Runner:
                     )
                 function, devices = resolved
                 values = []
-                for source, index, name in step.inputs:
+                for position, (source, index, name) in enumerate(step.inputs):
                     if source is Source.LOCAL:
-                        values.append(local[name])
+                        # dropped at its last read, so freed once read (as a JAX loop does)
+                        last = position in step.last_reads
+                        values.append(local.pop(name) if last else local[name])
                         continue
                     buffer_id = (
                         call.arguments[index]
@@ -515,7 +519,7 @@ class Runner:
                 self._note_collective(node.devices, awaited)
             nodes.append((step.index, awaited, started))
             if unprepared:
-                to_prepare.append((function, unprepared, arguments))
+                to_prepare.setdefault((id(function), unprepared), (function, arguments))
         known.checked = known.checked or not failure
         self._watched.update(watched)
         self.executed.append(call.id)
@@ -529,7 +533,7 @@ class Runner:
             stamped = threading.Event()
             self._completions.put(stamped)
             stamped.wait()
-            for function, positions, arguments in to_prepare:
+            for (_, positions), (function, arguments) in to_prepare.items():
                 function.prepare_donating(positions, arguments)
 
     def _node_failure(self, call: pb.ProgramCall, node: pb.Computation, message: str) -> str:
