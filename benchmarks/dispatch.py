@@ -498,7 +498,8 @@ def main() -> None:
     records: list[dict] = []
     suites = args.only or ["dispatch", "chain", "transfer"]
     if "dispatch" in suites:
-        dispatch_suite(sizes, repeats, records, args.hosts)
+        # Every run is taken twice in a row: two rounds make --quick's four runs per mode.
+        dispatch_suite(sizes, 2 if args.quick else repeats, records, args.hosts)
     if "chain" in suites:
         # Chains take milliseconds: best of many.
         chain_suite(10 * repeats if not args.quick else 5 * repeats, records, (2, 4, 8, 16))
