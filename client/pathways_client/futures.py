@@ -214,9 +214,7 @@ def call(
     (uploaded to the slice). ``names`` name the inputs in errors.
     """
     session = cluster.session(slice.island)
-    function_id = function.ids.get(slice.island)
-    if function_id is None:
-        function_id = function.ids[slice.island] = register_on(session, function, slice.island)
+    function_id = function_id_on(session, function, slice.island)
     uploads: list[str] = []
     buffer_ids: list[str] = []
     foreign: list[ArrayFuture] = []  # kept alive until this call has pulled them
@@ -256,9 +254,13 @@ def _upload(session: IslandClient, array: np.ndarray, slice: Slice, node: str) -
         ) from None
 
 
-def register_on(session: IslandClient, function: Specialized, island: str) -> str:
-    """Register ``function`` with an island's session; returns its function id."""
-    try:
-        return session.register(function.artifact, function.name)
-    except IslandError as error:
-        raise NodeFailed(function.name, island, f"registration refused: {error}") from None
+def function_id_on(session: IslandClient, function: Specialized, island: str) -> str:
+    """``function``'s id on ``island``, registered with its session the first time."""
+    function_id = function.ids.get(island)
+    if function_id is None:
+        try:
+            function_id = session.register(function.artifact, function.name)
+        except IslandError as error:
+            raise NodeFailed(function.name, island, f"registration refused: {error}") from None
+        function.ids[island] = function_id
+    return function_id

@@ -29,8 +29,8 @@ from pathways_client.futures import (
     Specialized,
     call,
     describe,
+    function_id_on,
     put,
-    register_on,
 )
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.slices import Slice
@@ -318,9 +318,7 @@ def _register_program(
     nodes = []
     for node in order:
         slice, specialized = functions[node.function]
-        function_id = specialized.ids.get(island)
-        if function_id is None:
-            function_id = specialized.ids[island] = register_on(session, specialized, island)
+        function_id = function_id_on(session, specialized, island)
         nodes.append(
             pb.Computation(
                 id=node.name,

@@ -186,9 +186,9 @@ class FunctionCache:
         outputs = list(zip(exported.out_avals, out_shardings, strict=True))
         # Only slices within this process take inputs over (executors of a slice spanning
         # hosts could otherwise run differently compiled programs of one collective). Every
-        # computation ends in a token, which tells when it is done without holding its
-        # outputs: a program call's intermediates are freed at their last read, as a JAX
-        # loop drops them, not kept until the call is reported.
+        # exported function ends in a token, which tells when its computation is done without
+        # holding its outputs: a program call's intermediates are freed at their last read,
+        # as a JAX loop drops them, not kept until the call is reported.
         in_process = _in_process(shardings)
 
         def traced(*arguments: Any) -> tuple[Any, jax.Array]:

@@ -97,10 +97,14 @@ def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
             return moved
     if single or sharding.is_fully_addressable:
         return jax.device_put(value, sharding)
-    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+    if array and not value.is_fully_addressable:
         return jax.jit(lambda x: x, out_shardings=sharding)(value)
     host = np.asarray(value)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+# A single-device sharding's device list as the runtime's copy takes it (one per device).
+_DEVICE_LISTS: dict[SingleDeviceSharding, Any] = {}
 
 
 def _copy_to_device(value: jax.Array, sharding: SingleDeviceSharding) -> jax.Array | None:
@@ -121,10 +125,6 @@ def _copy_to_device(value: jax.Array, sharding: SingleDeviceSharding) -> jax.Arr
         )[0]
     except (AttributeError, TypeError):
         return None
-
-
-# A single-device sharding's device list as the runtime's copy takes it (one per device).
-_DEVICE_LISTS: dict[SingleDeviceSharding, Any] = {}
 
 
 def last_uses(batch: Sequence[pb.ExecutorCommand]) -> dict[int, set[str]]:
