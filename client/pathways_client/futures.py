@@ -40,7 +40,11 @@ class Specialized:
     in_tree: Any = None
     out_tree: Any = None
     nr_devices: int = 1
-    ids: dict[str, str] = field(default_factory=dict)  # island -> registered function id
+    # Its function id by the session that registered it: a session's island forgets the
+    # function once no open session uses it, so each session registers it once.
+    ids: weakref.WeakKeyDictionary[IslandClient, str] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
 
     @classmethod
     def from_artifact(cls, name: str, artifact: bytes) -> Specialized:
@@ -255,12 +259,12 @@ def _upload(session: IslandClient, array: np.ndarray, slice: Slice, node: str) -
 
 
 def function_id_on(session: IslandClient, function: Specialized, island: str) -> str:
-    """``function``'s id on ``island``, registered with its session the first time."""
-    function_id = function.ids.get(island)
+    """``function``'s id on ``island``, registered with this session the first time."""
+    function_id = function.ids.get(session)
     if function_id is None:
         try:
             function_id = session.register(function.artifact, function.name)
         except IslandError as error:
             raise NodeFailed(function.name, island, f"registration refused: {error}") from None
-        function.ids[island] = function_id
+        function.ids[session] = function_id
     return function_id

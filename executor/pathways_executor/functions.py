@@ -6,6 +6,7 @@ import hashlib
 import os
 import sys
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +149,27 @@ class FunctionCache:
         with self._lock:
             self._exported[function_id] = (label, exported)
             self._failed.pop(function_id, None)
+
+    def forget(self, function_ids: Collection[str]) -> None:
+        """Drop functions no session uses any more: their artifacts and compiled forms (a
+        later registration of the same id loads it again)."""
+        forgotten = set(function_ids)
+        with self._lock:
+            for function_id in forgotten:
+                self._exported.pop(function_id, None)
+                self._failed.pop(function_id, None)
+            for key in [key for key in self._callables if key[0] in forgotten]:
+                del self._callables[key]
+
+    @property
+    def loaded(self) -> int:
+        """Functions registered and not forgotten."""
+        return len(self._exported)
+
+    @property
+    def executables(self) -> int:
+        """Compiled forms held, one per function and device set."""
+        return len(self._callables)
 
     def compiled(self, function_id: str, devices: list[jax.Device]) -> Callable | None:
         """The function compiled for these devices, if it was already; never compiles."""

@@ -206,6 +206,9 @@ class Runner:
         # Registered programs as this executor runs them, by program id (planned by the
         # command reader when the registration arrives, read by the run loop).
         self._plans: dict[str, Plan] = {}
+        # Per forget command (by seq): the plans it drops, as the command reader found them (a
+        # program registered again after it, already read, keeps its new plan).
+        self._retiring: dict[int, list[tuple[str, Plan | None]]] = {}
         # Functions resolved for a slice, by (function id, island devices): looked up once.
         self._functions: dict[tuple[str, tuple[int, ...]], tuple[Callable, list[jax.Device]]] = {}
         self.inputs_taken_over = 0  # by their last use, for tests and the executor's Info
@@ -242,6 +245,9 @@ class Runner:
             elif kind == "program":
                 registration = command.program
                 self._plans[registration.program_id] = plan(registration, self._runs_here)
+            elif kind == "forget":
+                ids = command.forget.program_ids
+                self._retiring[command.seq] = [(i, self._plans.get(i)) for i in ids]
             elif kind == "call" and (known := self._plans.get(command.call.program_id)):
                 for buffer_id in known.stored_ids(command.call):
                     self.buffers.expect(buffer_id)
@@ -302,6 +308,8 @@ class Runner:
                         self._hand_over()
                 elif kind == "call":
                     self._call(command)
+                elif kind == "forget":
+                    self._forget(command)
             self._hand_over()
             if self._commands.empty():
                 # Nothing more in hand: completions go out as soon as they are known.
@@ -329,6 +337,23 @@ class Runner:
                 seq=command.seq, ok=False, message=str(error), executor=self.index
             )
             self._emit([failed])
+
+    def _forget(self, command: pb.ExecutorCommand) -> None:
+        """Drop functions and programs no session uses any more (every command using them
+        came before this one)."""
+        for program_id, retired in self._retiring.pop(command.seq, []):
+            if self._plans.get(program_id) is retired:
+                del self._plans[program_id]
+        function_ids = set(command.forget.function_ids)
+        if function_ids:
+            self.functions.forget(function_ids)
+            for key in [key for key in self._functions if key[0] in function_ids]:
+                del self._functions[key]
+
+    @property
+    def programs(self) -> int:
+        """Programs planned here and not forgotten."""
+        return len(self._plans)
 
     def _run(self, command: pb.ExecutorCommand, last_uses: set[str]) -> None:
         computation = command.run

@@ -182,6 +182,9 @@ class ExecutorService:
             buffers=buffers,
             buffer_bytes=buffer_bytes,
             inputs_taken_over=self.runner.inputs_taken_over,
+            functions=self.runner.functions.loaded,
+            executables=self.runner.functions.executables,
+            programs=self.runner.programs,
         )
 
     # -- data plane --------------------------------------------------------------------------

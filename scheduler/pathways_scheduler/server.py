@@ -396,6 +396,8 @@ class SchedulerService:
             session_endpoint=self.session_endpoint,
             max_queued=dispatcher.queue.max_queued,
             max_queued_per_client=dispatcher.queue.max_queued_per_client,
+            functions=dispatcher.functions_held,
+            programs=dispatcher.programs_held,
             executors=[
                 pb.ExecutorInfo(
                     index=s.index,

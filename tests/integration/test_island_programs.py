@@ -4,6 +4,8 @@ both hosts, failures naming the node, nothing left behind, and the island servin
 
 from __future__ import annotations
 
+import time
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -201,3 +203,66 @@ def test_a_deletion_with_nothing_outstanding_goes_on_its_own_soon(island: LocalI
         client.delete([x])  # then nothing else is sent
         settled = settled_executor_infos(island, before, 5)
         assert [i.buffers for i in settled] == before
+
+
+TRIPLE = export(lambda x: x * 3, f32(4))
+
+
+def held(island: LocalIsland) -> list[tuple[int, int, int]]:
+    """Each executor's functions, executables and programs held; then the scheduler's
+    functions and programs."""
+    executors = [(i.functions, i.executables, i.programs) for i in executor_infos(island)]
+    with IslandClient(island.scheduler_endpoint, "observer") as observer:
+        return [*executors, (observer.info.functions, 0, observer.info.programs)]
+
+
+def settled_held(island: LocalIsland, expected: list[tuple[int, int, int]], within: float):
+    """``held`` once it is ``expected`` (a forget travels behind the work before it), or as
+    it is after ``within`` seconds."""
+    give_up = time.monotonic() + within
+    while (now := held(island)) != expected and time.monotonic() < give_up:
+        time.sleep(0.1)
+    return now
+
+
+def test_functions_and_programs_are_forgotten_once_no_open_session_uses_them(
+    island: LocalIsland,
+) -> None:
+    baseline = settled_held(island, held(island), 0)
+    first = IslandClient(island.scheduler_endpoint, "forget-first")
+    second = IslandClient(island.scheduler_endpoint, "forget-second")
+    triple = first.register(TRIPLE, "triple")
+    assert second.register(TRIPLE, "triple") == triple
+    program = first.register_program(chain_nodes(triple, [0, 5]), ["x"], ["y1"], name="x9")
+    x = first.put(np.ones(4, np.float32), device=0)
+    call = first.call(program, [x])
+    call.wait(60)
+    np.testing.assert_array_equal(first.get(call.outputs[0]), np.full(4, 9.0))
+    # Loaded and compiled on both executors, the program planned on both.
+    using = [(f + 1, e + 1, p + 1) for f, e, p in baseline[:2]] + [
+        (baseline[2][0] + 1, 0, baseline[2][2] + 1)
+    ]
+    assert held(island) == using
+
+    # The first session ends: its program goes everywhere; the function stays, as the
+    # second session registered it, and serves it.
+    first.close()
+    kept = [(f, e, p - 1) for f, e, p in using]
+    assert settled_held(island, kept, 30) == kept
+    y = second.put(np.ones(4, np.float32), device=1)
+    alone = second.submit(triple, [1], [y], 1)
+    alone.wait(30)
+    np.testing.assert_array_equal(second.get(alone.outputs[0]), np.full(4, 3.0))
+
+    # The last session using it ends: nothing of it is left.
+    second.close()
+    assert settled_held(island, baseline, 30) == baseline
+
+    # A later session registers it again and it runs (loaded and compiled anew).
+    with IslandClient(island.scheduler_endpoint, "forget-third") as third:
+        with pytest.raises(IslandError, match="is not registered: register it in this session"):
+            third.submit(triple, [0], [third.put(np.ones(4, np.float32), device=0)], 1).wait(10)
+        assert third.register(TRIPLE, "triple") == triple
+        again = third.submit(triple, [0], [third.put(np.ones(4, np.float32), device=0)], 1)
+        again.wait(60)
+        np.testing.assert_array_equal(third.get(again.outputs[0]), np.full(4, 3.0))

@@ -294,3 +294,43 @@ def test_a_program_call_frees_each_intermediate_at_its_last_read() -> None:
         assert max(held_at_launch) <= 1, held_at_launch
     finally:
         runner.stop()
+
+
+def test_a_forget_drops_what_came_before_it_and_not_what_is_registered_after() -> None:
+    """Forgetting runs in the island order: calls before it run, a program registered again
+    after it (read by the command reader before the forget ran) keeps its new plan."""
+    with incrementing_runner("first") as (runner, events):
+        function_id = hashlib.sha256(increment()).hexdigest()
+        node = pb.Computation(
+            id="s", function_id=function_id, devices=[0], inputs=["x"], outputs=["y"]
+        )
+        program = pb.ProgramRegistration(
+            program_id="p", nodes=[node], arguments=["x"], results=["y"]
+        )
+        register = pb.FunctionRegistration(function_id=function_id, artifact=increment())
+
+        def call(seq: int, n: int) -> pb.ExecutorCommand:
+            made = pb.ProgramCall(id=f"c{n}", program_id="p", arguments=["host"], results=[f"r{n}"])
+            return pb.ExecutorCommand(seq=seq, call=made)
+
+        forget = pb.Forget(function_ids=[function_id], program_ids=["p"])
+        runner.submit(
+            [
+                pb.ExecutorCommand(seq=3, program=program),
+                call(4, 1),
+                pb.ExecutorCommand(seq=5, forget=forget),
+                pb.ExecutorCommand(seq=6, register=register),
+                pb.ExecutorCommand(seq=7, program=program),
+                call(8, 2),
+            ]
+        )
+        assert [events.get(timeout=60).ok for _ in range(2)] == [True, True]
+        for n in (1, 2):
+            np.testing.assert_array_equal(np.asarray(runner.buffers.get(f"r{n}", 10)), 1.0)
+        assert (runner.functions.loaded, runner.programs) == (1, 1)
+
+        runner.submit([pb.ExecutorCommand(seq=9, forget=forget)])
+        runner.submit([run(10, "after", ["host"])])
+        failed = events.get(timeout=60)
+        assert not failed.ok and "was never registered" in failed.message
+        assert (runner.functions.loaded, runner.functions.executables, runner.programs) == (0, 0, 0)

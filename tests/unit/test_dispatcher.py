@@ -89,7 +89,7 @@ def test_inputs_on_other_executors_come_with_their_sources() -> None:
         (computation("a", 1, outputs=["b/y"]), "must start with the client name 'a/'"),
         (computation("a", 1, outputs=["a/x"]), "writes buffer 'a/x', which exists already"),
         (computation("a", 1, outputs=["a/y", "a/y"]), "names an output twice"),
-        (pb.Computation(id="a/c", function_id="0" * 64, devices=[0]), "never registered"),
+        (pb.Computation(id="a/c", function_id="0" * 64, devices=[0]), "is not registered"),
     ],
 )
 def test_bad_computations_are_rejected_with_a_reason(bad: pb.Computation, message: str) -> None:
@@ -329,5 +329,5 @@ def test_an_artifact_over_the_limit_is_refused_naming_the_limit() -> None:
     # Not stored: computations calling it are refused, and the island keeps serving.
     call = computation("a", 1)
     call.function_id = hashlib.sha256(big).hexdigest()
-    assert "never registered" in client_events(dispatcher.submit("a", call))[0].message
+    assert "is not registered" in client_events(dispatcher.submit("a", call))[0].message
     assert to_executors(dispatcher.submit("a", computation("a", 2)))

@@ -166,7 +166,7 @@ def test_calls_take_their_share_by_their_nodes_devices() -> None:
         (lambda r: setattr(r.nodes[1], "id", "s0"), "its id must be set and unique"),
         (lambda r: r.nodes[0].devices.append(99), "names devices [99]"),
         (lambda r: r.nodes[0].devices.append(0), "names a device twice"),
-        (lambda r: setattr(r.nodes[0], "function_id", "0" * 64), "never registered"),
+        (lambda r: setattr(r.nodes[0], "function_id", "0" * 64), "is not registered"),
         (lambda r: r.results.append("x"), "result 'x' is not an output"),
         (lambda r: setattr(r.nodes[0], "describe", True), "cannot describe"),
     ],
@@ -193,7 +193,7 @@ def test_a_program_whose_id_is_not_its_digest_is_refused() -> None:
 @pytest.mark.parametrize(
     ("bad_call", "expected"),
     [
-        (lambda p: call("0" * 64, 1), "was never registered"),
+        (lambda p: call("0" * 64, 1), "is not registered: register it"),
         (lambda p: call(p, 1, arguments=[]), "passes 0 argument(s); the program takes 1"),
         (lambda p: call(p, 1, results=[]), "names 0 result(s); the program has 1"),
         (lambda p: call(p, 1, arguments=["a/missing"]), "reads unknown buffer 'a/missing'"),

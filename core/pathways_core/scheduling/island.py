@@ -16,6 +16,10 @@ around it only moves messages. Guarantees:
 - deletions are never refused: they are merged into the client's last queued deletion, so they
   never grow the queue by more than one per queued computation;
 - function artifacts larger than ``max_artifact_bytes`` are refused at registration;
+- functions and programs are kept while an open session uses them (registered, submitted or
+  called them): once the last such session ends they are forgotten here and on the executors
+  (after every command that used them), so an island serving many sessions for weeks holds
+  only what its open sessions use;
 - bad requests are rejected at once with a message naming what is wrong.
 """
 
@@ -42,6 +46,11 @@ from pathways_core.scheduling.queue import DEFAULT_RUN_LENGTH, IslandQueue, Poli
 from pathways_core.wire import pb
 
 Event = pb.ClientEvent
+FORGET_PIECE = 1024  # ids per forget command (64 hex digits each)
+REGISTER_IN_SESSION = (
+    "register it in this session (an island keeps a function or program only while a session "
+    "using it is open)"
+)
 
 
 @dataclass(frozen=True)
@@ -144,6 +153,10 @@ class IslandDispatcher:
         self._functions: dict[str, pb.FunctionRegistration] = {}
         self._registered: set[tuple[str, int]] = set()  # (function or program id, executor)
         self._programs: dict[str, Program] = {}
+        # The open sessions using each function and program, and each session's uses: a
+        # program's users also use its functions, so no function goes before its programs.
+        self._users: dict[str, set[str]] = {}  # function or program id -> clients
+        self._uses: dict[str, set[str]] = {}  # client -> function and program ids
         self._buffers: dict[str, frozenset[int]] = {}  # buffer id -> executors holding it
         self._in_flight: dict[int, _InFlight] = {}  # seq -> computation
         self._down: dict[int, str] = {}  # executor -> why
@@ -169,7 +182,24 @@ class IslandDispatcher:
         prefix = f"{client}/"
         self._deleting = {i for i in self._deleting if not i.startswith(prefix)}
         gone = [buffer_id for buffer_id in self._buffers if buffer_id.startswith(prefix)]
-        return self._delete_now(gone) + self._dispatch()
+        unused = []
+        for identifier in self._uses.pop(client, set()):
+            users = self._users[identifier]
+            users.discard(client)
+            if not users:
+                del self._users[identifier]
+                unused.append(identifier)
+        return self._delete_now(gone) + self._forget(unused) + self._dispatch()
+
+    @property
+    def functions_held(self) -> int:
+        """Functions some open session uses."""
+        return len(self._functions)
+
+    @property
+    def programs_held(self) -> int:
+        """Programs some open session uses."""
+        return len(self._programs)
 
     def register(self, client: str, function: pb.FunctionRegistration) -> list[Instruction]:
         """Store a compiled function; executors get it before its first use."""
@@ -190,6 +220,7 @@ class IslandDispatcher:
             )
         else:
             self._functions.setdefault(function.function_id, function)
+            self._use(client, function.function_id)
         return [ToClient(client, event)]
 
     def placed(self, client: str, message: pb.PlacedBuffer) -> list[Instruction]:
@@ -221,6 +252,7 @@ class IslandDispatcher:
         )
         if problem is not None:
             return [_rejected(client, computation.id, problem)]
+        self._use(client, computation.function_id)
         # Outputs exist from now on (as futures): later computations may consume them.
         owners = frozenset(self.device_owner[d] for d in computation.devices)
         for buffer_id in computation.outputs:
@@ -240,13 +272,14 @@ class IslandDispatcher:
     ) -> list[Instruction]:
         """Check a program and keep it: its calls are then one message each."""
         program_id = registration.program_id
-        if program_id in self._programs:
-            return [ToClient(client, Event(kind=Event.REGISTERED, program_id=program_id))]
-        checked = check_program(registration, self._functions, self.device_owner)
-        if isinstance(checked, str):
-            event = Event(kind=Event.REJECTED, program_id=program_id[:64], message=checked)
-            return [ToClient(client, event)]
-        self._programs[program_id] = checked
+        program = self._programs.get(program_id)
+        if program is None:
+            checked = check_program(registration, self._functions, self.device_owner)
+            if isinstance(checked, str):
+                event = Event(kind=Event.REJECTED, program_id=program_id[:64], message=checked)
+                return [ToClient(client, event)]
+            program = self._programs[program_id] = checked
+        self._use(client, program_id, program.function_ids)
         return [ToClient(client, Event(kind=Event.REGISTERED, program_id=program_id))]
 
     def call(self, client: str, call: pb.ProgramCall) -> list[Instruction]:
@@ -260,6 +293,7 @@ class IslandDispatcher:
         if problem is not None:
             return [_rejected(client, call.id, problem)]
         assert program is not None
+        self._use(client, call.program_id, program.function_ids)
         for buffer_id, owners in zip(call.results, program.result_owners(), strict=True):
             self._buffers[buffer_id] = owners
         return self._dispatch()
@@ -344,7 +378,7 @@ class IslandDispatcher:
         if computation.function_id not in self._functions:
             return (
                 f"computation {label!r} calls function {computation.function_id[:12]!r}, "
-                "which was never registered"
+                f"which is not registered: {REGISTER_IN_SESSION}"
             )
         devices = list(computation.devices)
         problem = slice_problem(f"computation {label!r}", devices, self.device_owner)
@@ -381,8 +415,8 @@ class IslandDispatcher:
             return problem
         if program is None:
             return (
-                f"call {call.id!r} names program {call.program_id[:12]!r}, which was never "
-                "registered"
+                f"call {call.id!r} names program {call.program_id[:12]!r}, which is not "
+                f"registered: {REGISTER_IN_SESSION}"
             )
         registration = program.registration
         label = f"call {call.id!r} of program {program.name!r}"
@@ -534,6 +568,39 @@ class IslandDispatcher:
         for name, holders in sorted(program.pulls.get(executor, {}).items()):
             registration.sources.append(self._held_by(name, holders))
         return registration
+
+    def _use(self, client: str, identifier: str, also: Sequence[str] = ()) -> None:
+        """``client``'s session uses a function or program (and, for a program, ``also`` its
+        functions): kept until the last session using it ends."""
+        uses = self._uses.setdefault(client, set())
+        if identifier in uses:
+            return
+        for used in (identifier, *also):
+            if used not in uses:
+                uses.add(used)
+                self._users.setdefault(used, set()).add(client)
+
+    def _forget(self, ids: list[str]) -> list[Instruction]:
+        """Drop functions and programs no open session uses, here and on every executor
+        that was sent them (after every command that used them: the island order)."""
+        by_executor: dict[int, list[pb.Forget]] = {}
+        for identifier in sorted(ids):
+            is_program = self._programs.pop(identifier, None) is not None
+            self._functions.pop(identifier, None)
+            for executor in self.executors:
+                if (identifier, executor) in self._registered:
+                    self._registered.discard((identifier, executor))
+                    pieces = by_executor.setdefault(executor, [pb.Forget()])
+                    if len(pieces[-1].function_ids) + len(pieces[-1].program_ids) >= FORGET_PIECE:
+                        pieces.append(pb.Forget())  # commands stay well inside a frame
+                    kind = pieces[-1].program_ids if is_program else pieces[-1].function_ids
+                    kind.append(identifier)
+        return [
+            ToExecutor(executor, pb.ExecutorCommand(seq=self._next_seq(), forget=piece))
+            for executor, pieces in sorted(by_executor.items())
+            if executor not in self._down
+            for piece in pieces
+        ]
 
     def _delete_now(self, ids: list[str]) -> list[Instruction]:
         by_executor: dict[int, list[str]] = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from pathways_core.wire import pb
 
@@ -64,6 +65,11 @@ class Program:
         """The executors holding each result, in the program's result order."""
         return [self.owners[self.producer[name]] for name in self.registration.results]
 
+    @cached_property
+    def function_ids(self) -> tuple[str, ...]:
+        """Every function its nodes run, each once."""
+        return tuple(dict.fromkeys(node.function_id for node in self.registration.nodes))
+
     def functions_on(self, executor: int) -> tuple[str, ...]:
         """The function ids of the nodes ``executor`` runs, each once, in node order."""
         return self.functions.get(executor, ())
@@ -114,7 +120,10 @@ def check_program(
         if node.describe:
             return f"{where}: a program node cannot describe its function"
         if node.function_id not in functions:
-            return f"{where} calls function {node.function_id[:12]!r}, which was never registered"
+            return (
+                f"{where} calls function {node.function_id[:12]!r}, which is not registered "
+                "(register it in this session first)"
+            )
         problem = slice_problem(where, list(node.devices), device_owner)
         if problem:
             return problem

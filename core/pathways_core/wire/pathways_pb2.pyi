@@ -209,7 +209,7 @@ class InputSource(_message.Message):
     def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ..., data_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExecutorCommand(_message.Message):
-    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "sources")
+    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "forget", "sources")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,7 @@ class ExecutorCommand(_message.Message):
     HELLO_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     CALL_FIELD_NUMBER: _ClassVar[int]
+    FORGET_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     run: Computation
@@ -225,8 +226,17 @@ class ExecutorCommand(_message.Message):
     hello: ControlHello
     program: ProgramRegistration
     call: ProgramCall
+    forget: Forget
     sources: _containers.RepeatedCompositeFieldContainer[InputSource]
-    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+
+class Forget(_message.Message):
+    __slots__ = ("function_ids", "program_ids")
+    FUNCTION_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_IDS_FIELD_NUMBER: _ClassVar[int]
+    function_ids: _containers.RepeatedScalarFieldContainer[str]
+    program_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, function_ids: _Optional[_Iterable[str]] = ..., program_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ControlHello(_message.Message):
     __slots__ = ("island", "token")
@@ -301,7 +311,7 @@ class Ack(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint", "control_endpoint", "buffers", "buffer_bytes", "inputs_taken_over")
+    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint", "control_endpoint", "buffers", "buffer_bytes", "inputs_taken_over", "functions", "executables", "programs")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
@@ -311,6 +321,9 @@ class ExecutorInfo(_message.Message):
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
     BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     INPUTS_TAKEN_OVER_FIELD_NUMBER: _ClassVar[int]
+    FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTABLES_FIELD_NUMBER: _ClassVar[int]
+    PROGRAMS_FIELD_NUMBER: _ClassVar[int]
     index: int
     endpoint: str
     devices: _containers.RepeatedScalarFieldContainer[int]
@@ -320,10 +333,13 @@ class ExecutorInfo(_message.Message):
     buffers: int
     buffer_bytes: int
     inputs_taken_over: int
-    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., buffers: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., inputs_taken_over: _Optional[int] = ...) -> None: ...
+    functions: int
+    executables: int
+    programs: int
+    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., buffers: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., inputs_taken_over: _Optional[int] = ..., functions: _Optional[int] = ..., executables: _Optional[int] = ..., programs: _Optional[int] = ...) -> None: ...
 
 class IslandInfo(_message.Message):
-    __slots__ = ("island", "shape", "executors", "policy", "session_endpoint", "max_queued", "max_queued_per_client")
+    __slots__ = ("island", "shape", "executors", "policy", "session_endpoint", "max_queued", "max_queued_per_client", "functions", "programs")
     ISLAND_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     EXECUTORS_FIELD_NUMBER: _ClassVar[int]
@@ -331,6 +347,8 @@ class IslandInfo(_message.Message):
     SESSION_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUED_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUED_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROGRAMS_FIELD_NUMBER: _ClassVar[int]
     island: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     executors: _containers.RepeatedCompositeFieldContainer[ExecutorInfo]
@@ -338,7 +356,9 @@ class IslandInfo(_message.Message):
     session_endpoint: str
     max_queued: int
     max_queued_per_client: int
-    def __init__(self, island: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., executors: _Optional[_Iterable[_Union[ExecutorInfo, _Mapping]]] = ..., policy: _Optional[str] = ..., session_endpoint: _Optional[str] = ..., max_queued: _Optional[int] = ..., max_queued_per_client: _Optional[int] = ...) -> None: ...
+    functions: int
+    programs: int
+    def __init__(self, island: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., executors: _Optional[_Iterable[_Union[ExecutorInfo, _Mapping]]] = ..., policy: _Optional[str] = ..., session_endpoint: _Optional[str] = ..., max_queued: _Optional[int] = ..., max_queued_per_client: _Optional[int] = ..., functions: _Optional[int] = ..., programs: _Optional[int] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()
