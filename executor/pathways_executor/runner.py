@@ -161,11 +161,19 @@ class _Dispatched:
     # Whether ``awaited`` are the outputs.
     through_outputs: bool = False
     # A program call: its nodes here as (index, awaited, dispatched_ns), each reported with
-    # its own times; the first failure among them, if any; its outputs awaited through
-    # themselves (``_watched`` until reported).
-    nodes: list[tuple[int, list[Any], int]] | None = None
+    # its own times, put as each is dispatched and ended by None (a long call is handed over
+    # while it runs, so each node is stamped when it ends, not when the last is dispatched);
+    # then, set before that None, the first failure among them, if any, and its outputs
+    # awaited through themselves (``_watched`` until reported).
+    nodes: queue.SimpleQueue[tuple[int, list[Any], int] | None] | None = None
     failure: str = ""
     watched: tuple[str, ...] = ()
+    dispatching: bool = False  # a call whose last node is not in ``nodes`` yet
+
+
+# Donating variants to compile, by function and positions: one node's arguments each (holding
+# every node's would keep each intermediate alive until the call's end).
+_Variants = dict[tuple[int, tuple[int, ...]], tuple[Callable, list[Any]]]
 
 
 class ComputationError(Exception):
@@ -357,13 +365,12 @@ class Runner:
 
     def _run(self, command: pb.ExecutorCommand, last_uses: set[str]) -> None:
         computation = command.run
-        dispatched = time.time_ns()
         held: list[str] = []  # inputs awaited: held so that a deletion meanwhile waits
         try:
             key = (computation.function_id, tuple(computation.devices))
             function, devices = self._functions.get(key) or self._resolve(computation, key)
             if computation.describe:
-                self._describe(command, function.description, dispatched)
+                self._describe(command, function.description, time.time_ns())
                 return
             values = []
             for buffer_id in computation.inputs:
@@ -376,8 +383,10 @@ class Runner:
             donations = _donatable(
                 computation, function, values, arguments, last_uses, self._watched
             )
+            # Stamped as launched: the time to compile, wait for inputs and place them is not
+            # the devices'.
             record, outputs, unprepared = self._dispatch(
-                command, function, arguments, donations, dispatched
+                command, function, arguments, donations, time.time_ns()
             )
             if len(outputs) != len(computation.outputs):
                 raise ComputationError(
@@ -440,24 +449,43 @@ class Runner:
         that do not depend on it still run (a collective spanning executors must run on all of
         them)."""
         call = command.call
-        dispatched = time.time_ns()
-        known = self._plans.get(call.program_id)
-        if known is None:
-            failure = (
-                f"call {call.id!r}: program {call.program_id[:12]!r} was never registered on "
-                f"executor {self.index}"
-            )
-            self._dispatched.append(_Dispatched(command, [], dispatched, nodes=[], failure=failure))
-            return
+        record = _Dispatched(
+            command, [], time.time_ns(), nodes=queue.SimpleQueue(), dispatching=True
+        )
+        self._dispatched.append(record)
+        assert record.nodes is not None
+        to_prepare: _Variants = {}
+        try:
+            known = self._plans.get(call.program_id)
+            if known is None:
+                record.failure = (
+                    f"call {call.id!r}: program {call.program_id[:12]!r} was never registered "
+                    f"on executor {self.index}"
+                )
+            else:
+                to_prepare = self._call_nodes(call, known, record)
+        finally:
+            record.nodes.put(None)
+            record.dispatching = False
+        if to_prepare:  # as in _run: what was dispatched is stamped before compiling
+            self._hand_over()
+            stamped = threading.Event()
+            self._completions.put(stamped)
+            stamped.wait()
+            for (_, positions), (function, arguments) in to_prepare.items():
+                function.prepare_donating(positions, arguments)
+
+    def _call_nodes(self, call: pb.ProgramCall, known: Plan, record: _Dispatched) -> _Variants:
+        """Dispatch the call's nodes, each put in ``record.nodes`` once dispatched; returns
+        the donating variants to compile."""
+        assert record.nodes is not None
         local: dict[str, Any] = {}
         through: set[str] = set()  # local outputs awaited through themselves: kept whole
         failed: dict[str, str] = {}  # local outputs that failed: the first failure behind them
-        nodes: list[tuple[int, list[Any], int]] = []
         watched: list[str] = []
         failure = ""
-        # A donating variant to compile, by function and positions: one node's arguments each
-        # (holding every node's would keep each intermediate alive until the call's end).
-        to_prepare: dict[tuple[int, tuple[int, ...]], tuple[Callable, list[Any]]] = {}
+        to_prepare: _Variants = {}
+        watching = False  # the completion thread has the call
         bound, checked = known.bound, known.checked
         for position, step in enumerate(known.steps):
             node = step.node
@@ -467,7 +495,6 @@ class Runner:
             if upstream:
                 self._fail_outputs(call, step, upstream, failed)
                 continue
-            started = time.time_ns()
             held: list[str] = []
             try:
                 resolved = bound.get(position)
@@ -507,6 +534,7 @@ class Runner:
                         and step.inputs[i][2] not in through
                     )
                 )
+                started = time.time_ns()  # as launched (see _run)
                 awaited, outputs, unprepared, through_outputs = self._launch(
                     function, arguments, donations
                 )
@@ -540,26 +568,22 @@ class Runner:
                     local[name] = value
                     if through_outputs:
                         through.add(name)
+            record.nodes.put((step.index, awaited, started))
             if collective:
+                if not watching:
+                    # The call's collectives end one by one while the rest are launched
+                    # (each launch blocks a while): watched from the first, each is stamped
+                    # as it ends, not when the runner first waits.
+                    self._hand_over()
+                    watching = True
                 self._note_collective(node.devices, awaited)
-            nodes.append((step.index, awaited, started))
             if unprepared:
                 to_prepare.setdefault((id(function), unprepared), (function, arguments))
         known.checked = known.checked or not failure
         self._watched.update(watched)
         self.executed.append(call.id)
-        self._dispatched.append(
-            _Dispatched(
-                command, [], dispatched, nodes=nodes, failure=failure, watched=tuple(watched)
-            )
-        )
-        if to_prepare:  # as in _run: what was dispatched is stamped before compiling
-            self._hand_over()
-            stamped = threading.Event()
-            self._completions.put(stamped)
-            stamped.wait()
-            for (_, positions), (function, arguments) in to_prepare.items():
-                function.prepare_donating(positions, arguments)
+        record.failure, record.watched = failure, tuple(watched)
+        return to_prepare
 
     def _node_failure(self, call: pb.ProgramCall, node: pb.Computation, message: str) -> str:
         return (
@@ -722,7 +746,13 @@ class Runner:
                     first = time.monotonic()
                 item.reverse()
                 while item:  # each output let go of as soon as it is reported
-                    held.append(self._complete(item.pop()))
+                    record = item.pop()
+                    if record.dispatching and held:
+                        # A call still being dispatched may keep this thread a while:
+                        # what is known goes first.
+                        self._emit(held)
+                        held, first = [], time.monotonic()
+                    held.append(self._complete(record))
             if item is None:
                 self._emit(held)
                 return
@@ -767,14 +797,15 @@ class Runner:
         event = pb.ExecutorEvent(
             seq=record.command.seq, computation_id=call.id, executor=self.index
         )
-        failure = record.failure
+        failed = ""  # the first node failing on the devices
         assert record.nodes is not None
-        for index, awaited, dispatched in record.nodes:
+        while (node := record.nodes.get()) is not None:
+            index, awaited, dispatched = node
             try:
                 for value in awaited:
                     value.block_until_ready()
             except Exception as error:
-                failure = failure or (
+                failed = failed or (
                     f"node {index} of call {call.id!r} failed on executor {self.index}: "
                     f"{type(error).__name__}: {error}"
                 )
@@ -782,6 +813,7 @@ class Runner:
             start = max(dispatched, self._last_end_ns)
             self._last_end_ns = end
             event.nodes.add(node=index, start_ns=start, end_ns=end)
+        failure = record.failure or failed  # a dispatch failure comes first, as before
         if record.watched:  # later computations may take them over now
             self._watched.difference_update(record.watched)
         event.ok, event.message = not failure, failure

@@ -105,6 +105,39 @@ def test_a_program_node_spanning_both_executors(island: LocalIsland) -> None:
         )
 
 
+def test_each_node_of_a_long_call_is_traced_with_its_own_times(island: LocalIsland) -> None:
+    """A call of many collective nodes: each node is stamped as it ends. (The runner handed a
+    call over once it had dispatched it, so every node that ended before was stamped then: the
+    first node took the whole call, the rest a few microseconds each.)"""
+    width, stages = 262_144, 24
+    step = export(lambda x: x * 0.5 + jnp.mean(x), f32(4, width), devices=4, sharded=True)
+    with IslandClient(island.scheduler_endpoint, "traced-call") as client:
+        function = client.register(step, "mean-step")
+        nodes = [
+            pb.Computation(
+                id=f"s{k}",
+                function_id=function,
+                devices=[0, 1, 2, 3],
+                inputs=["x" if k == 0 else f"y{k - 1}"],
+                outputs=[f"y{k}"],
+            )
+            for k in range(stages)
+        ]
+        program = client.register_program(nodes, ["x"], [f"y{stages - 1}"], name="long-call")
+        x = client.put(np.ones((4, width), np.float32), device=0)
+        for _ in range(2):  # the first compiles
+            call = client.call(program, [x])
+            call.wait(60)
+        records = sorted(
+            (r for r in client.trace() if r.computation_id.startswith(call.id + "/")),
+            key=lambda r: r.start_ns,
+        )
+        assert len(records) == stages
+        spans = [r.end_ns - r.start_ns for r in records]
+        assert max(spans) < (records[-1].end_ns - records[0].start_ns) / 2, spans
+        assert [r.end_ns for r in records] == sorted(r.end_ns for r in records)
+
+
 def test_a_failing_node_fails_its_call_naming_it_and_the_island_keeps_serving(
     island: LocalIsland,
 ) -> None:
