@@ -163,8 +163,8 @@ class _Dispatched:
     # A program call: its nodes here as (index, awaited, dispatched_ns), each reported with
     # its own times, put as each is dispatched and ended by None (a call of collectives is
     # handed over at its first, so each node is stamped when it ends, not when the last is
-    # dispatched); then, set before that None, the first failure among them, if any, and its outputs
-    # awaited through themselves (``_watched`` until reported).
+    # dispatched); then, set before that None, the first failure among them, if any, and its
+    # outputs awaited through themselves (``_watched`` until reported).
     nodes: queue.SimpleQueue[tuple[int, list[Any], int] | None] | None = None
     failure: str = ""
     watched: tuple[str, ...] = ()
