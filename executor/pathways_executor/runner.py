@@ -505,10 +505,10 @@ class Runner:
                     )
                 function, devices = resolved
                 values = []
-                for position, (source, index, name) in enumerate(step.inputs):
+                for slot, (source, index, name) in enumerate(step.inputs):
                     if source is Source.LOCAL:
                         # dropped at its last read, so freed once read (as a JAX loop does)
-                        last = position in step.last_reads
+                        last = slot in step.last_reads
                         values.append(local.pop(name) if last else local[name])
                         continue
                     buffer_id = (
