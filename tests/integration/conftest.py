@@ -13,7 +13,7 @@ jax.config.update("jax_platforms", "cpu")
 
 import functools  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Iterable, Iterator, Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import grpc  # noqa: E402
@@ -42,6 +42,27 @@ def export(function, *avals, devices: int = 1, sharded: bool = False) -> bytes:
 
 def f32(*shape: int) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+def chain_nodes(
+    function: str, slices: Sequence[int | Iterable[int]], name: str = "stage"
+) -> list[pb.Computation]:
+    """A program's nodes x -> y0 -> y1 -> ...: node k runs ``function`` on ``slices[k]`` (a
+    device, or the devices of a slice)."""
+    nodes, previous = [], "x"
+    for k, devices in enumerate(slices):
+        nodes.append(
+            pb.Computation(
+                id=f"s{k}",
+                function_id=function,
+                devices=[devices] if isinstance(devices, int) else list(devices),
+                inputs=[previous],
+                outputs=[f"y{k}"],
+                name=f"{name}-{k}",
+            )
+        )
+        previous = f"y{k}"
+    return nodes
 
 
 @functools.cache

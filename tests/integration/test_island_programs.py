@@ -9,7 +9,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import executor_infos, export, f32, settled_executor_infos
+from conftest import chain_nodes, executor_infos, export, f32, settled_executor_infos
 
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland
@@ -17,24 +17,6 @@ from pathways_core.wire import pb
 
 INCREMENT = export(lambda x: x + 1, f32(4))
 DOUBLE = export(lambda x: x * 2, f32(4))
-
-
-def chain_nodes(function: str, devices: list[int], name: str = "stage") -> list[pb.Computation]:
-    """x -> y0 -> y1 -> ...: node k runs ``function`` on ``devices[k]``."""
-    nodes, previous = [], "x"
-    for k, device in enumerate(devices):
-        nodes.append(
-            pb.Computation(
-                id=f"s{k}",
-                function_id=function,
-                devices=[device],
-                inputs=[previous],
-                outputs=[f"y{k}"],
-                name=f"{name}-{k}",
-            )
-        )
-        previous = f"y{k}"
-    return nodes
 
 
 @pytest.mark.parametrize(
@@ -86,17 +68,8 @@ def test_a_program_node_spanning_both_executors(island: LocalIsland) -> None:
     )
     with IslandClient(island.scheduler_endpoint, "wide-program") as client:
         function = client.register(all_reduce, "all-reduce-8")
-        nodes = [
-            pb.Computation(
-                id=f"r{k}",
-                function_id=function,
-                devices=list(range(8)),
-                inputs=["x" if k == 0 else f"s{k - 1}"],
-                outputs=[f"s{k}"],
-            )
-            for k in range(3)
-        ]
-        program = client.register_program(nodes, ["x"], ["s2"], name="reduce-3")
+        nodes = chain_nodes(function, [range(8)] * 3)
+        program = client.register_program(nodes, ["x"], ["y2"], name="reduce-3")
         value = np.arange(24, dtype=np.float32).reshape(8, 3)
         call = client.call(program, [client.put(value, device=0)])
         call.wait(60)
@@ -113,16 +86,7 @@ def test_each_node_of_a_long_call_is_traced_with_its_own_times(island: LocalIsla
     step = export(lambda x: x * 0.5 + jnp.mean(x), f32(4, width), devices=4, sharded=True)
     with IslandClient(island.scheduler_endpoint, "traced-call") as client:
         function = client.register(step, "mean-step")
-        nodes = [
-            pb.Computation(
-                id=f"s{k}",
-                function_id=function,
-                devices=[0, 1, 2, 3],
-                inputs=["x" if k == 0 else f"y{k - 1}"],
-                outputs=[f"y{k}"],
-            )
-            for k in range(stages)
-        ]
+        nodes = chain_nodes(function, [range(4)] * stages)
         program = client.register_program(nodes, ["x"], [f"y{stages - 1}"], name="long-call")
         x = client.put(np.ones((4, width), np.float32), device=0)
         for _ in range(2):  # the first compiles

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import jax
 import numpy as np
-from conftest import export, f32, increment
+from conftest import chain_nodes, export, f32, increment
 
 from pathways_core.wire import pb
 from pathways_executor.runner import HAND_OVER_EVERY, MAX_OUTSTANDING, Runner, last_uses
@@ -259,18 +259,11 @@ def test_a_program_call_frees_each_intermediate_at_its_last_read() -> None:
         function_id = hashlib.sha256(doubled).hexdigest()
         register = pb.FunctionRegistration(function_id=function_id, artifact=doubled)
         stages = 12
-        nodes = [
-            pb.Computation(
-                id=f"s{k}",
-                function_id=function_id,
-                devices=[0, 1, 2, 3],
-                inputs=["x" if k == 0 else f"y{k - 1}"],
-                outputs=[f"y{k}"],
-            )
-            for k in range(stages)
-        ]
         program = pb.ProgramRegistration(
-            program_id="chain", nodes=nodes, arguments=["x"], results=[f"y{stages - 1}"]
+            program_id="chain",
+            nodes=chain_nodes(function_id, [range(4)] * stages),
+            arguments=["x"],
+            results=[f"y{stages - 1}"],
         )
         runner.put_array("x", np.ones(8, np.float32))
         commands = [
