@@ -37,14 +37,13 @@ INPUT_TIMEOUT_SECONDS = 120.0
 # Multi-device computations dispatched to the devices and not finished. On small CPU hosts,
 # more than a few collectives queued at once deadlock XLA's in-process rendezvous and gloo alike
 # (seen with plain JAX too), so an executor never runs further ahead of its devices than this.
-# At the bound it waits for the device set it sent work to least recently, until that set's
-# newest computation is done, holding only what tells that per set (its token): a chain on one
-# device set waits for all of its work every few steps, as a JAX loop blocking every few steps
-# does, and the stages of a pipeline wait for the oldest stage, not for each other. Holding all
-# outputs in flight to wait for the oldest (a sliding window) kept them alive longer, and CPU
-# devices' outputs are host memory: the larger working set cost a 4-device all-reduce of
-# 524,288 floats per device 20-30% of its steps per second.
+# At the bound it waits for its oldest computations until RESUME_AT are left, holding of each
+# only what tells it is done (its token; a function without one, its outputs): the devices
+# never run dry, and the runner wakes once per few computations. Waiting for all of them, as a
+# JAX loop blocking every few steps does, cost -C on two hosts at 16 floats ~15% of its steps
+# per second (its devices ran dry at each wait).
 MAX_OUTSTANDING = 8
+RESUME_AT = 4
 # Completions held while more work is in hand go out at the latest this long after the first
 # of them finished, or once this many are held.
 LINGER_SECONDS = 0.002
@@ -224,11 +223,9 @@ class Runner:
         self._transfers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="transfer")
         self._last_end_ns = 0
         self._idle = True  # the run loop has no command in hand
-        # Per device set running multi-device computations, least recently used first: the
-        # computations dispatched to it since the runner last waited for it, and what is ready
-        # once the newest is done.
-        self._device_sets: dict[frozenset[int], tuple[int, list[Any]]] = {}
-        self._outstanding = 0
+        # Multi-device computations dispatched and not yet waited for, oldest first: what is
+        # ready once each is done (see MAX_OUTSTANDING).
+        self._in_flight: deque[list[Any]] = deque()
         # The latest computation ids in execution order, for tests and traces (bounded: an
         # executor runs for weeks).
         self.executed: deque[str] = deque(maxlen=EXECUTED_KEPT)
@@ -408,7 +405,7 @@ class Runner:
         for buffer_id, value in zip(computation.outputs, outputs, strict=True):
             self.buffers.set(buffer_id, value)
         if collective:
-            self._note_collective(computation.devices, record.awaited)
+            self._note_collective(record.awaited)
         self.executed.append(computation.id)
         self._dispatched.append(record)
         if unprepared:
@@ -434,12 +431,9 @@ class Runner:
             for value, sharding in zip(values, function.in_shardings, strict=True)
         ]
 
-    def _note_collective(self, devices: Sequence[int], awaited: list[Any]) -> None:
-        """A multi-device computation was dispatched to ``devices`` (see MAX_OUTSTANDING)."""
-        key = frozenset(devices)
-        count, _ = self._device_sets.pop(key, (0, None))
-        self._device_sets[key] = (count + 1, awaited)
-        self._outstanding += 1
+    def _note_collective(self, awaited: list[Any]) -> None:
+        """A multi-device computation was dispatched (see MAX_OUTSTANDING)."""
+        self._in_flight.append(awaited)
 
     def _call(self, command: pb.ExecutorCommand) -> None:
         """This executor's nodes of a program call, in program order, each dispatched as a
@@ -579,7 +573,7 @@ class Runner:
                     record.dispatching = True
                     self._dispatched.append(record)
                     self._hand_over()
-                self._note_collective(node.devices, awaited)
+                self._note_collective(awaited)
             if unprepared:
                 to_prepare.setdefault((id(function), unprepared), (function, arguments))
         known.checked = known.checked or not failure
@@ -678,19 +672,17 @@ class Runner:
         self._dispatched.append(_Dispatched(command, [], dispatched))
 
     def _bound_outstanding(self) -> None:
-        if self._outstanding >= MAX_OUTSTANDING:
-            self._hand_over()
-        while self._outstanding >= MAX_OUTSTANDING:
-            # Devices run their work in order: once a set's newest computation is done, so is
-            # everything dispatched to it before.
-            key = next(iter(self._device_sets))
-            count, newest = self._device_sets.pop(key)
-            for awaited in newest:
+        if len(self._in_flight) < MAX_OUTSTANDING:
+            return
+        self._hand_over()
+        done = [self._in_flight.popleft() for _ in range(len(self._in_flight) - RESUME_AT)]
+        # Newest first: on one device set, once it is done so are the others.
+        for awaited in reversed(done):
+            for value in awaited:
                 # Its failure is reported on completion; a reported computation's outputs
                 # may have been taken over since.
                 with contextlib.suppress(Exception):
-                    awaited.block_until_ready()
-            self._outstanding -= count
+                    value.block_until_ready()
 
     def _slice_devices(self, computation: pb.Computation) -> list[jax.Device]:
         missing = [d for d in computation.devices if d not in self.devices]
