@@ -354,17 +354,23 @@ class SchedulerService:
                 problem = name_problem
             else:
                 hello = batch.pop(0).hello
-                with self._lock:
+
+                def begin(dispatcher: IslandDispatcher) -> list[Instruction]:
+                    # The name is taken and the session opened in one step under the lock,
+                    # as they are let go of in one at its end.
+                    nonlocal client, problem
                     if hello.client in self._clients:
                         problem = f"client {hello.client!r} already has a session on this island"
-                    else:
-                        client = hello.client
-                        self._clients[client] = peer
+                        return []
+                    client = hello.client
+                    self._clients[client] = peer
+                    return dispatcher.connect(client, hello.weight, hello.priority)
+
+                self._handle(begin)
             if problem is not None:
                 peer.queue(pb.ClientEvent(kind=pb.ClientEvent.REJECTED, message=problem))
                 peer.flush()
                 return
-            self._handle(lambda d: d.connect(client, hello.weight, hello.priority))
             self._apply_batch(client, batch)
             for batch_in in incoming:
                 self._apply_batch(client, batch_in.messages)
@@ -382,11 +388,16 @@ class SchedulerService:
                 peer.flush()
         finally:
             if client:
-                with self._lock:
-                    self._clients.pop(client, None)
-                self._handle(lambda d: d.disconnect(client))
+                # In one step under the lock: a session of the same name opening meanwhile
+                # would otherwise be closed in the dispatcher by this one's end.
+                self._handle(lambda d: self._end_session(d, client))
             peer.close()
             connection.close()
+
+    def _end_session(self, dispatcher: IslandDispatcher, client: str) -> list[Instruction]:
+        """A client's session ends: its name is free again, its work and buffers go."""
+        self._clients.pop(client, None)
+        return dispatcher.disconnect(client)
 
     def Info(self, request, context):
         dispatcher = self.dispatcher

@@ -6,6 +6,7 @@ import hashlib
 import os
 import socket
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax.numpy as jnp
@@ -351,6 +352,28 @@ def test_a_second_session_with_the_same_name_is_refused(island: LocalIsland) -> 
         # The first session is untouched.
         x = first.put(np.ones(4, np.float32), device=2)
         first.submit(first.register(INCREMENT), [2], [x], 1).wait(30)
+
+
+def test_a_client_reopening_its_session_at_once_gets_a_whole_new_one(island: LocalIsland) -> None:
+    """A client whose session ends and that says hello again under its name as soon as the
+    scheduler lets it (a restarted process, a dropped connection) gets a session of its own:
+    the old one's end takes none of the new one's functions, buffers or place in the queue."""
+    for cycle in range(12):
+        deadline = time.monotonic() + 30
+        while True:  # the old session's end may not have been noticed yet
+            client = IslandClient(island.scheduler_endpoint, "again")
+            try:
+                increment = client.register(INCREMENT, "increment", timeout=10)
+                break
+            except IslandError as error:
+                client.close()
+                assert "already has a session" in str(error)
+                assert time.monotonic() < deadline, "the name was never freed"
+        with client:
+            x = client.put(np.full(4, float(cycle), np.float32), device=cycle % 4)
+            y = client.submit(increment, [cycle % 4], [x], 1)
+            y.wait(30)
+            np.testing.assert_array_equal(client.get(y.outputs[0]), np.full(4, cycle + 1.0))
 
 
 def test_a_session_that_is_not_ours_is_refused_and_the_island_keeps_serving(
