@@ -409,13 +409,17 @@ class Runner:
         self.executed.append(computation.id)
         self._dispatched.append(record)
         if unprepared:
-            # Compiling holds the interpreter and the devices' threads: what was dispatched
-            # is finished and stamped first, so no computation in the trace carries it.
-            self._hand_over()
-            stamped = threading.Event()
-            self._completions.put(stamped)
-            stamped.wait()
+            self._await_stamped()
             function.prepare_donating(unprepared, arguments)
+
+    def _await_stamped(self) -> None:
+        """Wait until what was dispatched is finished and stamped, before compiling: that
+        holds the interpreter and the devices' threads, and no computation in the trace may
+        carry it."""
+        self._hand_over()
+        stamped = threading.Event()
+        self._completions.put(stamped)
+        stamped.wait()
 
     def _arguments(
         self, function: Callable, values: list[Any], collective: bool, check: bool = True
@@ -462,11 +466,8 @@ class Runner:
                 record.dispatching = False
             else:  # handed over with what follows, as a computation is
                 self._dispatched.append(record)
-        if to_prepare:  # as in _run: what was dispatched is stamped before compiling
-            self._hand_over()
-            stamped = threading.Event()
-            self._completions.put(stamped)
-            stamped.wait()
+        if to_prepare:
+            self._await_stamped()
             for (_, positions), (function, arguments) in to_prepare.items():
                 function.prepare_donating(positions, arguments)
 

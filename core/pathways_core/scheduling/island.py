@@ -37,6 +37,7 @@ from pathways_core.scheduling.limits import (
     default_max_queued_per_client,
 )
 from pathways_core.scheduling.programs import (
+    REGISTER_IN_SESSION,
     Program,
     check_program,
     intermediate_id,
@@ -47,10 +48,6 @@ from pathways_core.wire import pb
 
 Event = pb.ClientEvent
 FORGET_PIECE = 1024  # ids per forget command (64 hex digits each)
-REGISTER_IN_SESSION = (
-    "register it in this session (an island keeps a function or program only while a session "
-    "using it is open)"
-)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,11 @@ from pathways_core.wire import pb
 # A program's nodes are checked and planned at registration, and each call is one queue item:
 # bounded so that one registration cannot hold the dispatcher for long.
 MAX_PROGRAM_NODES = 4096
+# What a client is told of a function or program the island does not hold.
+REGISTER_IN_SESSION = (
+    "register it in this session (an island keeps a function or program only while a session "
+    "using it is open)"
+)
 
 
 def program_digest(registration: pb.ProgramRegistration) -> str:
@@ -121,8 +126,8 @@ def check_program(
             return f"{where}: a program node cannot describe its function"
         if node.function_id not in functions:
             return (
-                f"{where} calls function {node.function_id[:12]!r}, which is not registered "
-                "(register it in this session first)"
+                f"{where} calls function {node.function_id[:12]!r}, which is not registered: "
+                f"{REGISTER_IN_SESSION}"
             )
         problem = slice_problem(where, list(node.devices), device_owner)
         if problem:
