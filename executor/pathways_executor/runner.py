@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src.interpreters import pxla
 from jax._src.lib import xla_client as xc
 from jax.sharding import SingleDeviceSharding
 
@@ -95,6 +96,10 @@ def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
         if moved is not None:
             return moved
     if single or sharding.is_fully_addressable:
+        if isinstance(value, np.ndarray):
+            placed = _put_host_array(value, sharding)
+            if placed is not None:
+                return placed
         return jax.device_put(value, sharding)
     if array and not value.is_fully_addressable:
         return jax.jit(lambda x: x, out_shardings=sharding)(value)
@@ -122,6 +127,17 @@ def _copy_to_device(value: jax.Array, sharding: SingleDeviceSharding) -> jax.Arr
         return xc.batched_copy_array_to_devices_with_sharding(
             [value], [devices], [sharding], [xc.ArrayCopySemantics.REUSE_INPUT]
         )[0]
+    except (AttributeError, TypeError):
+        return None
+
+
+def _put_host_array(value: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array | None:
+    """A host array put on this process's devices by the runtime call ``device_put`` ends in
+    (~10 µs instead of ~40 through its Python layers: every input pulled from another
+    executor pays it on its way to the consumer's launch). None where this jax lacks the call:
+    the caller then uses ``device_put``."""
+    try:
+        return pxla.shard_args([sharding], [None], [xc.ArrayCopySemantics.REUSE_INPUT], [value])[0]
     except (AttributeError, TypeError):
         return None
 

@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import queue
 import threading
+import types
 import weakref
 from collections.abc import Iterator
 
@@ -370,3 +371,32 @@ def test_a_forget_drops_what_came_before_it_and_not_what_is_registered_after() -
         failed = events.get(timeout=60)
         assert not failed.ok and "was never registered" in failed.message
         assert (runner.functions.loaded, runner.functions.executables, runner.programs) == (0, 0, 0)
+
+
+def test_host_arrays_are_placed_on_the_devices_a_function_expects(monkeypatch) -> None:
+    """An input pulled from another executor arrives as a host array: it is put on the
+    consumer's devices by the runtime call itself, or by ``jax.device_put`` where that call is
+    missing, with the same result."""
+    from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+    from jax.sharding import PartitionSpec as P
+
+    from pathways_executor import runner as engine
+
+    one = SingleDeviceSharding(jax.devices()[2])
+    four = NamedSharding(Mesh(np.array(jax.devices()[4:8]), ("x",)), P("x"))
+    host = np.arange(32, dtype=np.float32).reshape(4, 8)
+
+    def placed_everywhere() -> None:
+        for sharding in (one, four):
+            value = engine.place(host, sharding)
+            assert isinstance(value, jax.Array) and value.committed
+            assert value.sharding == sharding
+            np.testing.assert_array_equal(np.asarray(value), host)
+            if sharding is four:  # each device holds its own row
+                for shard in value.addressable_shards:
+                    np.testing.assert_array_equal(np.asarray(shard.data), host[shard.index])
+
+    placed_everywhere()
+
+    monkeypatch.setattr(engine, "pxla", types.SimpleNamespace())  # a jax without the call
+    placed_everywhere()
