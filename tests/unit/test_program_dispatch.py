@@ -108,6 +108,13 @@ def test_what_crosses_executors_is_pulled_from_its_maker_and_freed_after_the_cal
     assert [e.kind for e in client_events(finished)] == [Event.COMPLETED]
 
 
+def test_a_call_reaches_its_first_nodes_executor_first() -> None:
+    dispatcher = island()
+    program = registered(dispatcher, chain([4, 0, 5]))  # starts on executor 1
+    sent = to_executors(dispatcher.call("a", call(program, 1)))
+    assert [e for e, c in sent if c.WhichOneof("kind") == "call"] == [1, 0]
+
+
 def test_an_argument_held_elsewhere_comes_with_its_source() -> None:
     dispatcher = island()
     program = registered(dispatcher, chain([4, 5]))  # "a/x" is on executor 0

@@ -46,7 +46,9 @@ class Program:
 
     registration: pb.ProgramRegistration
     owners: tuple[frozenset[int], ...]  # per node: the executors holding its devices
-    executors: tuple[int, ...]  # every executor running a node, ascending
+    # Every executor running a node, in the order the nodes first use them: a call's command
+    # reaches the first node's executor first.
+    executors: tuple[int, ...]
     cost: float  # device count summed over the nodes: its place in proportional share
     # Node output name -> the node that makes it (results and intermediates alike).
     producer: Mapping[str, int]
@@ -174,7 +176,7 @@ def check_program(
     return Program(
         registration=registration,
         owners=tuple(owners),
-        executors=tuple(sorted(set().union(*owners))),
+        executors=tuple(dict.fromkeys(e for nodes_owners in owners for e in sorted(nodes_owners))),
         cost=float(sum(len(node.devices) for node in nodes)),
         producer=producer,
         argument_readers=tuple(frozenset(readers[name]) for name in arguments),
