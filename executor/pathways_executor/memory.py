@@ -5,6 +5,10 @@ once than a JAX loop that drops each intermediate. With glibc's defaults, freed 
 MiB are handed back to the kernel (unmapped or trimmed) and the next output faults in fresh
 zeroed pages: measured on a 4-device all-reduce of 262,144 floats per device, a chain of steps
 ran 2.0 ms per step against 0.85-1.0 ms with freed memory kept for reuse (plain JAX: ~0.55 ms).
+Those settings hold for glibc's main heap only: each thread allocating (every device's
+thread) otherwise gets a heap of its own, which glibc still shrinks, and an all-reduce across
+two hosts at 2,097,152 floats per device faulted in ~3,300 fresh pages per step per executor
+(plain JAX ~1,000): 24-25 steps/s against 29-30 with one heap for all threads.
 Accelerators allocate from their own device memory; this only matters for CPU devices, whose
 buffers are host memory.
 """
@@ -17,13 +21,15 @@ import ctypes.util
 # mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
 MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit hosts
 TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes an int: 2 GiB, about never
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc to serve blocks up to 32 MiB from its heap and never give freed heap memory
-    back to the kernel, so buffers reuse warm pages. False where the C library is not glibc."""
+    """Ask glibc to serve blocks up to 32 MiB from its one heap and never give freed heap
+    memory back to the kernel, so buffers reuse warm pages. Call it before any other thread
+    starts. False where the C library is not glibc."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
@@ -32,6 +38,9 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(
-        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    settings = (
+        (M_ARENA_MAX, 1),  # one heap for every thread
+        (M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX),
+        (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
     )
+    return all([mallopt(parameter, value) for parameter, value in settings])
