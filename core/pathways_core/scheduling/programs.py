@@ -176,7 +176,7 @@ def check_program(
     return Program(
         registration=registration,
         owners=tuple(owners),
-        executors=tuple(dict.fromkeys(e for nodes_owners in owners for e in sorted(nodes_owners))),
+        executors=tuple(dict.fromkeys(e for node_owners in owners for e in sorted(node_owners))),
         cost=float(sum(len(node.devices) for node in nodes)),
         producer=producer,
         argument_readers=tuple(frozenset(readers[name]) for name in arguments),
