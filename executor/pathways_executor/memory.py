@@ -5,11 +5,12 @@ once than a JAX loop that drops each intermediate. With glibc's defaults, freed 
 MiB are handed back to the kernel (unmapped or trimmed) and the next output faults in fresh
 zeroed pages: measured on a 4-device all-reduce of 262,144 floats per device, a chain of steps
 ran 2.0 ms per step against 0.85-1.0 ms with freed memory kept for reuse (plain JAX: ~0.55 ms).
-Those settings govern glibc's main heap only, and each thread that allocates (every device's
-thread) otherwise gets a heap of its own, which glibc still shrinks: an all-reduce across two
-hosts at 2,097,152 floats per device faulted in ~3,300 fresh pages per step per executor
-(plain JAX 600-1,800) and ran at 0.85-0.95 of plain JAX's steps per second; with one heap for
-every thread, none, and 1.04-1.07.
+Keeping freed memory is a setting of glibc's main heap only, and each thread that allocates
+(every device's thread) otherwise gets a heap of its own, which glibc unmaps whenever it is
+wholly free, whatever the trim threshold: an all-reduce across two hosts at 2,097,152 floats
+per device faulted in ~3,300 fresh pages per step per executor (plain JAX 600-1,800) and ran
+at 0.85-0.95 of plain JAX's steps per second; with one heap for every thread, ~60 and
+1.04-1.07 (two or four heaps: 340-2,100).
 Accelerators allocate from their own device memory; this only matters for CPU devices, whose
 buffers are host memory.
 """
