@@ -66,5 +66,6 @@ def test_blocks_freed_by_another_thread_reuse_warm_pages() -> None:
     kept = faults_per_block("keep")
     if kept == "unsupported":
         pytest.skip("the C library is not glibc")
-    # glibc's defaults fault in about every page of every block here (~2,000-3,000).
-    assert float(kept) < 512, f"{kept} pages of 2,048 faulted in per block"
+    # Measured here: 0-230 with the settings, ~970 with the main heap's settings alone, and
+    # 950-1,800 with glibc's defaults.
+    assert float(kept) < 640, f"{kept} pages of 2,048 faulted in per block"
