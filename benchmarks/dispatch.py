@@ -11,7 +11,8 @@
 2. Parallel versus sequential asynchronous dispatch of chains of 2 to 16 stages, on one host
    and across two: each stage submitted once its predecessor completed, against the chain
    registered once as a program and dispatched in one call (the target), and against its
-   computations submitted together in one batch.
+   computations submitted together in one batch; and the same chain in plain JAX with no
+   control plane (``jax_stage_chain.py``): the most any dispatcher reaches on this machine.
 3. Pulling 64 MiB from an executor over the bulk data plane (the code executors pull inputs
    with) against raw loopback TCP between two processes.
 
@@ -89,12 +90,17 @@ def exported(function, shape, sharding) -> bytes:
 class JaxProcesses:
     """Plain JAX in processes of its own, kept running so its rounds interleave with the
     island's: single-process JAX on 4 fake devices (``single_process.py``), or
-    multi-controller JAX on 2 processes x 4 (``multi_controller.py``, gloo collectives)."""
+    multi-controller JAX on 2 processes x 4 (``multi_controller.py``, gloo collectives); with
+    ``stage_chain``, the chain suite's chain over 1 or 2 such processes
+    (``jax_stage_chain.py``)."""
 
-    def __init__(self, hosts: int) -> None:
+    def __init__(self, hosts: int, stage_chain: bool = False) -> None:
         from pathways_client.launcher import free_port
 
-        if hosts == 1:
+        if stage_chain:
+            script, port = Path(__file__).with_name("jax_stage_chain.py"), free_port()
+            commands = [[str(script), str(i), str(hosts), str(port)] for i in range(hosts)]
+        elif hosts == 1:
             commands = [[str(Path(__file__).with_name("single_process.py"))]]
         else:
             script, coordinator = Path(__file__).with_name("multi_controller.py"), free_port()
@@ -129,6 +135,10 @@ class JaxProcesses:
         """A run of the step on ``size`` floats per device, chained ``CHAIN`` times (steps/s)."""
         self._ask(f"SIZE {size}")
         return lambda: float(self._ask(f"RUN {CHAIN}"))
+
+    def chain(self, stages: int) -> float:
+        """Chains per second of one run of the chain suite's chain of ``stages`` stages."""
+        return float(self._ask(f"CHAIN {stages}"))
 
     def close(self) -> None:
         for process in self._processes:
@@ -368,40 +378,56 @@ def chain_suite(repeats: int, records: list[dict], lengths: tuple[int, ...]) -> 
         # Stage s runs on the s-th device of the layout, cycling: each stage is its own slice.
         layouts = {"one host (4 devices)": [0, 1, 2, 3], "two hosts (8 devices)": list(range(8))}
         for label, devices in layouts.items():
-            for stages in lengths:
-                chain = program(devices, stages)
-                rates = interleaved_best(
-                    {
-                        "sequential": lambda d=devices, n=stages: rate(lambda: run(d, False, n)),
-                        "batch": lambda d=devices, n=stages: rate(lambda: run(d, True, n)),
-                        "program": lambda c=chain: rate(lambda: called(c)),
-                    },
-                    repeats,
-                )
-                sequential = rates["sequential"]
-                console.print(
-                    f"{stages}-stage chain over {label}: sequential {1e3 / sequential:.2f} ms, "
-                    f"one program call {1e3 / rates['program']:.2f} ms "
-                    f"({rates['program'] / sequential:.1f}x), one batch of computations "
-                    f"{1e3 / rates['batch']:.2f} ms ({rates['batch'] / sequential:.1f}x)"
-                    + (" (target >= 8x)" if stages == 16 else "")
-                )
-                for mode, name, target in (
-                    ("program", f"parallel-dispatch-{stages}", 8.0 if stages == 16 else None),
-                    ("batch", f"parallel-dispatch-{stages}, computations in one batch", None),
-                ):
-                    records.append(
+            hosts = len(devices) // 4
+            with contextlib.closing(JaxProcesses(hosts, stage_chain=True)) as plain_jax:
+                for stages in lengths:
+                    chain = program(devices, stages)
+                    rates = interleaved_best(
                         {
-                            "name": name,
-                            "value": rates[mode],
-                            "baseline": sequential,
-                            "ratio": rates[mode] / sequential,
-                            "unit": "chains/s",
-                            "target": target,
-                            "parameters": {"stages": stages, "layout": label, "dispatch": mode},
-                        }
+                            "sequential": lambda d=devices, n=stages: rate(
+                                lambda: run(d, False, n)
+                            ),
+                            "batch": lambda d=devices, n=stages: rate(lambda: run(d, True, n)),
+                            "program": lambda c=chain: rate(lambda: called(c)),
+                            "plain JAX": lambda n=stages: plain_jax.chain(n),
+                        },
+                        repeats,
                     )
+                    records.extend(chain_records(rates, stages, label))
         client.close()
+
+
+def chain_records(rates: dict[str, float], stages: int, label: str) -> list[dict]:
+    """The chain suite's figures for one chain (chains/s by mode), printed as they come."""
+    sequential, jax_rate = rates["sequential"], rates["plain JAX"]
+    console.print(
+        f"{stages}-stage chain over {label}: sequential {1e3 / sequential:.2f} ms, "
+        f"one program call {1e3 / rates['program']:.2f} ms "
+        f"({rates['program'] / sequential:.1f}x), one batch of computations "
+        f"{1e3 / rates['batch']:.2f} ms ({rates['batch'] / sequential:.1f}x), plain JAX "
+        f"{1e3 / jax_rate:.2f} ms ({jax_rate / sequential:.1f}x)"
+        + (" (target >= 8x)" if stages == 16 else "")
+    )
+    figures = [
+        ("program", f"parallel-dispatch-{stages}", sequential, 8.0 if stages == 16 else None),
+        ("batch", f"parallel-dispatch-{stages}, computations in one batch", sequential, None),
+        # The same chain with no control plane: the most any dispatcher reaches here.
+        ("plain JAX", f"parallel-dispatch-{stages}, plain JAX", sequential, None),
+    ]
+    if stages == 16:  # how close one program call comes to it
+        figures.append(("program", f"parallel-dispatch-{stages} against plain JAX", jax_rate, None))
+    return [
+        {
+            "name": name,
+            "value": rates[mode],
+            "baseline": baseline,
+            "ratio": rates[mode] / baseline,
+            "unit": "chains/s",
+            "target": target,
+            "parameters": {"stages": stages, "layout": label, "dispatch": mode},
+        }
+        for mode, name, baseline, target in figures
+    ]
 
 
 def _tcp_sink(port: int, size: int, count: int, ready) -> None:

@@ -3,6 +3,8 @@ the generated section of RESULTS.md."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from pathways_client.bench import (
     verdict,
     write_results,
 )
+from pathways_client.launcher import free_port
 
 ALLOCATOR = Suite("control", "allocator.py", (), ("--decisions", "2000", "--islands", "8"), "")
 
@@ -172,3 +175,39 @@ def test_the_terminal_gets_one_table_per_suite_with_whole_names_and_units() -> N
     text = console.export_text()
     assert "…" not in text and "4 sizes" in text and "2,500,000,000 bytes/s" in text
     assert "MISSED" in text and "met" in text
+
+
+def _plain_jax_chain(hosts: int) -> list[subprocess.Popen]:
+    script = Path(__file__).parents[2] / "benchmarks" / "jax_stage_chain.py"
+    port = free_port()
+    return [
+        subprocess.Popen(
+            [sys.executable, str(script), str(i), str(hosts), str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(hosts)
+    ]
+
+
+def test_the_plain_jax_chain_runs_each_length_across_two_processes() -> None:
+    """The parallel suite's reference: stages 0-3 on the first process, 4-7 on the second,
+    and so on; the last stage's process checks the result, the first answers the rate."""
+    processes = _plain_jax_chain(2)
+    try:
+        for stages in (2, 8, 16, 12):  # 12 ends on the first process, 16 on the second
+            for process in processes:
+                process.stdin.write(f"CHAIN {stages}\n")
+                process.stdin.flush()
+            answers = [process.stdout.readline().strip() for process in processes]
+            assert float(answers[0]) > 0 and answers[1] == "ok", answers
+        processes[0].stdin.write("RUN 3\n")
+        processes[0].stdin.flush()
+        assert processes[0].wait(timeout=30) != 0
+        assert "unknown command 'RUN': expected CHAIN STAGES" in processes[0].stderr.read()
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
