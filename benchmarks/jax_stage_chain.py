@@ -55,6 +55,7 @@ def connect(index: int, port: int) -> socket.socket:
 
 
 def receive(connection: socket.socket, size: int) -> bytearray:
+    """Exactly ``size`` bytes from the other process."""
     data = bytearray(size)
     view, got = memoryview(data), 0
     while got < size:
@@ -74,9 +75,11 @@ def check(result: np.ndarray, stages: int) -> None:
         raise SystemExit(f"the {stages}-stage chain gave {result[:3]}, expected {expected[:3]}")
 
 
-def run_chain(index: int, hosts: int, stages: int, x: jax.Array, peer: socket.socket | None):
+def run_chain(
+    index: int, hosts: int, stages: int, x: jax.Array, peer: socket.socket | None
+) -> float | None:
     """One chain; its chains per second on the first process, None on the other."""
-    devices, step = jax.devices(), STEP
+    devices = jax.devices()
     owners = [(s % (DEVICES_PER_HOST * hosts)) // DEVICES_PER_HOST for s in range(stages)]
     start = time.perf_counter_ns()
     y: jax.Array | np.ndarray | None = x if index == 0 else None
@@ -90,7 +93,7 @@ def run_chain(index: int, hosts: int, stages: int, x: jax.Array, peer: socket.so
         if y is None:  # it comes from the other host
             assert peer is not None
             y = np.frombuffer(receive(peer, WIDTH * 4), np.float32)
-        y = step(jax.device_put(y, devices[s % DEVICES_PER_HOST]))
+        y = STEP(jax.device_put(y, devices[s % DEVICES_PER_HOST]))
     if owners[-1] == index:
         assert isinstance(y, jax.Array)
         y.block_until_ready()
