@@ -42,6 +42,7 @@ class Callable:
     # ``donating`` may hand them to the computation when it is their last use.
     donatable: frozenset[int] = frozenset()
     # The jitted Python function behind ``run``, where there is one (jax.export artifacts).
+    # It returns its outputs flat (no pytree to walk on every call), then a token.
     traced: Any = None
     # Where ``traced`` puts its last result, a token: a boolean scalar that is ready exactly
     # when the computation is done. The executor waits for it instead of the outputs, which
@@ -71,7 +72,7 @@ class Callable:
         try:
             donating = jax.jit(
                 self.traced,
-                out_shardings=(None, self.token_sharding),
+                out_shardings=(*[None] * self.out_count, self.token_sharding),
                 donate_argnums=positions,
             )
             copies = [a.copy() if i in positions else a for i, a in enumerate(arguments)]
@@ -213,10 +214,10 @@ class FunctionCache:
         # as a JAX loop drops them, not kept until the call is reported.
         in_process = _in_process(shardings)
 
-        def traced(*arguments: Any) -> tuple[Any, jax.Array]:
-            return exported.call(*arguments), jnp.zeros((), jnp.bool_)
+        def traced(*arguments: Any) -> tuple[jax.Array, ...]:
+            return *jax.tree.leaves(exported.call(*arguments)), jnp.zeros((), jnp.bool_)
 
-        run = jax.jit(traced, out_shardings=(None, replicated))
+        run = jax.jit(traced, out_shardings=(*[None] * len(outputs), replicated))
         built = Callable(
             name=name,
             run=run,

@@ -36,6 +36,9 @@ class Step:
     last_reads: frozenset[int]
     # Whether every input is a local output (whose shape the node before it fixed).
     local_only: bool
+    # Local-only steps: per input, its name and whether this is its last read (then it is
+    # dropped as it is read).
+    local_reads: tuple[tuple[str, bool], ...]
 
 
 @dataclass(eq=False)
@@ -47,8 +50,9 @@ class Plan:
     pulled: tuple[pb.InputSource, ...]
     results: dict[str, int]  # result name -> position
     stored: tuple[tuple[str, int], ...]  # outputs made here as buffers: name, result position
-    # Filled by the runner: per step position, its function resolved for its devices; and
-    # whether a call ran every step (local inputs' shapes are then known to fit).
+    # Filled by the runner: per step position, its function resolved for its devices and the
+    # inputs it may take over; and whether a call ran every step (local inputs' shapes are
+    # then known to fit).
     bound: dict[int, Any] = field(default_factory=dict)
     checked: bool = False
 
@@ -109,8 +113,22 @@ def plan(registration: pb.ProgramRegistration, runs_here: Callable[[pb.Computati
         outputs = tuple((name, results.get(name, -1)) for name in node.outputs)
         stored = tuple(name in results or name in read_elsewhere for name in node.outputs)
         local_only = all(source is Source.LOCAL for source, _, _ in inputs)
+        local_reads = (
+            tuple((name, slot in last_reads) for slot, (_, _, name) in enumerate(inputs))
+            if local_only
+            else ()
+        )
         steps.append(
-            Step(index, node, tuple(inputs), outputs, stored, frozenset(last_reads), local_only)
+            Step(
+                index,
+                node,
+                tuple(inputs),
+                outputs,
+                stored,
+                frozenset(last_reads),
+                local_only,
+                local_reads,
+            )
         )
     return Plan(
         program_id=registration.program_id,

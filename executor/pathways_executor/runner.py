@@ -510,40 +510,28 @@ class Runner:
             try:
                 resolved = bound.get(position)
                 if resolved is None:
-                    key = (node.function_id, tuple(node.devices))
-                    resolved = bound[position] = self._functions.get(key) or self._resolve(
-                        node, key
-                    )
-                function, devices = resolved
-                values = []
-                for slot, (source, index, name) in enumerate(step.inputs):
-                    if source is Source.LOCAL:
-                        # dropped at its last read, so freed once read (as a JAX loop does)
-                        last = slot in step.last_reads
-                        values.append(local.pop(name) if last else local[name])
-                        continue
-                    buffer_id = (
-                        call.arguments[index]
-                        if source is Source.ARGUMENT
-                        else output_id(call, name, index)
-                    )
-                    value = self.buffers.peek(buffer_id)
-                    if value is PENDING:
-                        value = self._await_input(buffer_id, held)
-                    values.append(value)
+                    resolved = bound[position] = self._bind(step)
+                function, devices, donatable = resolved
+                if step.local_only:
+                    # each dropped at its last read, so freed once read (as a JAX loop does)
+                    values = [
+                        local.pop(name) if last else local[name] for name, last in step.local_reads
+                    ]
+                else:
+                    values = self._node_inputs(call, step, local, held)
                 collective = len(devices) > 1
                 arguments = self._arguments(
                     function, values, collective, check=not (checked and step.local_only)
                 )
-                donations = tuple(
-                    sorted(
+                donations = (
+                    tuple(
                         i
-                        for i in step.last_reads
+                        for i in donatable
                         # placed as it was (not a copy), and its producer's token awaited
-                        if arguments[i] is values[i]
-                        and i in function.donatable
-                        and step.inputs[i][2] not in through
+                        if arguments[i] is values[i] and step.inputs[i][2] not in through
                     )
+                    if donatable
+                    else ()
                 )
                 started = time.time_ns()  # as launched (see _run)
                 awaited, outputs, unprepared, through_outputs = self._launch(
@@ -598,6 +586,33 @@ class Runner:
         self.executed.append(call.id)
         record.failure, record.watched = failure, tuple(watched)
         return to_prepare
+
+    def _bind(self, step: Step) -> tuple[Callable, list[jax.Device], tuple[int, ...]]:
+        """A step's function resolved for its devices, and the positions of the inputs it
+        may take over (a local output at its last read, of an output's shape and layout)."""
+        node = step.node
+        key = (node.function_id, tuple(node.devices))
+        function, devices = self._functions.get(key) or self._resolve(node, key)
+        return function, devices, tuple(sorted(step.last_reads & function.donatable))
+
+    def _node_inputs(
+        self, call: pb.ProgramCall, step: Step, local: dict[str, Any], held: list[str]
+    ) -> list[Any]:
+        """A step's inputs: local outputs (each dropped at its last read), the call's
+        arguments and buffers (awaited if not made yet, held meanwhile)."""
+        values = []
+        for slot, (source, index, name) in enumerate(step.inputs):
+            if source is Source.LOCAL:
+                values.append(local.pop(name) if slot in step.last_reads else local[name])
+                continue
+            buffer_id = (
+                call.arguments[index] if source is Source.ARGUMENT else output_id(call, name, index)
+            )
+            value = self.buffers.peek(buffer_id)
+            if value is PENDING:
+                value = self._await_input(buffer_id, held)
+            values.append(value)
+        return values
 
     def _node_failure(self, call: pb.ProgramCall, node: pb.Computation, message: str) -> str:
         return (
@@ -667,9 +682,10 @@ class Runner:
             run, unprepared = function.run, donations
         else:
             self.inputs_taken_over += len(donations)
-        results = jax.tree.leaves(run(*arguments))
         if function.token_sharding is None:
+            results = jax.tree.leaves(run(*arguments))
             return results, results, unprepared, True
+        results = run(*arguments)  # flat: the outputs, then the token
         return results[-1:], results[:-1], unprepared, False
 
     def _describe(self, command: pb.ExecutorCommand, description: bytes, dispatched: int) -> None:

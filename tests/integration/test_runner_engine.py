@@ -21,6 +21,7 @@ import numpy as np
 from conftest import chain_nodes, export, f32, increment
 
 from pathways_core.wire import pb
+from pathways_executor.functions import FunctionCache
 from pathways_executor.runner import (
     HAND_OVER_EVERY,
     MAX_OUTSTANDING,
@@ -400,3 +401,26 @@ def test_host_arrays_are_placed_on_the_devices_a_function_expects(monkeypatch) -
 
     monkeypatch.setattr(engine, "pxla", types.SimpleNamespace())  # a jax without the call
     placed_everywhere()
+
+
+def test_a_function_returns_its_outputs_flat_in_leaf_order_then_its_token() -> None:
+    """Outputs of any pytree come back as one flat tuple, in the pytree's leaf order, the
+    token last (the runner then walks no pytree per launch), and so does the variant that
+    takes an input over."""
+    cache = FunctionCache()
+    artifact = export(lambda x: {"b": x + 1, "a": (x * 2, x * 3)}, f32(8))
+    function_id = hashlib.sha256(artifact).hexdigest()
+    cache.register(function_id, artifact, "tree")
+    function = cache.callable(function_id, [jax.devices()[0]])
+    x = jax.device_put(np.ones(8, np.float32), jax.devices()[0])
+
+    def values(results) -> list[float]:
+        assert isinstance(results, tuple) and len(results) == 4
+        assert results[-1].dtype == np.bool_ and results[-1].shape == ()
+        return [float(np.asarray(r)[0]) for r in results[:-1]]
+
+    assert values(function.run(x)) == [2.0, 3.0, 2.0]  # a's two leaves, then b
+    assert function.donatable
+    position = min(function.donatable)
+    function.prepare_donating((position,), [x])
+    assert values(function.donating((position,))(x.copy())) == [2.0, 3.0, 2.0]
