@@ -171,7 +171,7 @@ class _Dispatched:
     # What is ready exactly when the computation is done: its token, or its outputs when the
     # function has no token (such outputs are never taken over before it is reported). Only
     # these are held: outputs the client deletes meanwhile are freed at once.
-    awaited: list[Any]
+    awaited: Sequence[Any]
     dispatched_ns: int
     # Whether ``awaited`` are the outputs.
     through_outputs: bool = False
@@ -180,7 +180,7 @@ class _Dispatched:
     # handed over at its first, so each node is stamped when it ends, not when the last is
     # dispatched); then, set before that None, the first failure among them, if any, and its
     # outputs awaited through themselves (``_watched`` until reported).
-    nodes: queue.SimpleQueue[tuple[int, list[Any], int] | None] | None = None
+    nodes: queue.SimpleQueue[tuple[int, Sequence[Any], int] | None] | None = None
     failure: str = ""
     watched: tuple[str, ...] = ()
     # A call handed over before its last node is in ``nodes``.
@@ -241,7 +241,7 @@ class Runner:
         self._idle = True  # the run loop has no command in hand
         # Multi-device computations dispatched and not yet waited for, oldest first: what is
         # ready once each is done (see MAX_OUTSTANDING).
-        self._in_flight: deque[list[Any]] = deque()
+        self._in_flight: deque[Sequence[Any]] = deque()
         # The latest computation ids in execution order, for tests and traces (bounded: an
         # executor runs for weeks).
         self.executed: deque[str] = deque(maxlen=EXECUTED_KEPT)
@@ -451,7 +451,7 @@ class Runner:
             for value, sharding in zip(values, function.in_shardings, strict=True)
         ]
 
-    def _note_collective(self, awaited: list[Any]) -> None:
+    def _note_collective(self, awaited: Sequence[Any]) -> None:
         """A multi-device computation was dispatched (see MAX_OUTSTANDING)."""
         self._in_flight.append(awaited)
 
@@ -662,7 +662,7 @@ class Runner:
         arguments: list[Any],
         donations: tuple[int, ...],
         dispatched: int,
-    ) -> tuple[_Dispatched, list[Any], tuple[int, ...]]:
+    ) -> tuple[_Dispatched, Sequence[Any], tuple[int, ...]]:
         """Hand the computation to the devices, the inputs at ``donations`` becoming its
         outputs' buffers once the variant of the function that takes them over is compiled;
         returns its record, its outputs, and the positions to compile that variant for if it
@@ -672,7 +672,7 @@ class Runner:
 
     def _launch(
         self, function: Callable, arguments: list[Any], donations: tuple[int, ...]
-    ) -> tuple[list[Any], list[Any], tuple[int, ...], bool]:
+    ) -> tuple[Sequence[Any], Sequence[Any], tuple[int, ...], bool]:
         """Run ``function`` (see ``_dispatch``); returns what is ready once it is done, its
         outputs, the positions to compile a donating variant for, and whether what is
         awaited are the outputs themselves (no token)."""
