@@ -21,6 +21,11 @@ from pathways_executor import stablehlo
 from pathways_executor.artifact_check import ArtifactChecker
 
 STABLEHLO = pb.FunctionRegistration.STABLEHLO
+# Functions whose outputs take this many bytes per device or more end in a token (see
+# ``Callable.token_sharding``). A token is one more buffer per launch (~3 µs, ~15% of a small
+# computation's dispatch); below this size an output held until its computation is reported,
+# and a new buffer where it could have been taken over, cost less than that.
+TOKEN_FROM_BYTES = 32 * 1024
 
 
 class FunctionError(Exception):
@@ -42,11 +47,12 @@ class Callable:
     # ``donating`` may hand them to the computation when it is their last use.
     donatable: frozenset[int] = frozenset()
     # The jitted Python function behind ``run``, where there is one (jax.export artifacts).
-    # It returns its outputs flat (no pytree to walk on every call), then a token.
+    # It returns its outputs flat (no pytree to walk on every call), then its token if any.
     traced: Any = None
     # Where ``traced`` puts its last result, a token: a boolean scalar that is ready exactly
     # when the computation is done. The executor waits for it instead of the outputs, which
-    # a later computation may take over meanwhile. None: no token (the outputs are waited for).
+    # a later computation may take over meanwhile. None: no token (the outputs are waited for,
+    # and not taken over until the computation is reported; see TOKEN_FROM_BYTES).
     token_sharding: Any = None
     _donating: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
     _refused: set[tuple[int, ...]] = field(default_factory=set, repr=False)
@@ -72,7 +78,7 @@ class Callable:
         try:
             donating = jax.jit(
                 self.traced,
-                out_shardings=(*[None] * self.out_count, self.token_sharding),
+                out_shardings=_traced_shardings(self.out_count, self.token_sharding),
                 donate_argnums=positions,
             )
             copies = [a.copy() if i in positions else a for i, a in enumerate(arguments)]
@@ -208,16 +214,19 @@ class FunctionCache:
         inputs = list(zip(exported.in_avals, shardings, strict=True))
         outputs = list(zip(exported.out_avals, out_shardings, strict=True))
         # Only slices within this process take inputs over (executors of a slice spanning
-        # hosts could otherwise run differently compiled programs of one collective). Every
-        # exported function ends in a token, which tells when its computation is done without
-        # holding its outputs: a program call's intermediates are freed at their last read,
-        # as a JAX loop drops them, not kept until the call is reported.
+        # hosts could otherwise run differently compiled programs of one collective). An
+        # exported function with outputs of TOKEN_FROM_BYTES or more per device ends in a
+        # token, which tells when its computation is done without holding its outputs: a
+        # program call's intermediates are freed at their last read, as a JAX loop drops them,
+        # not kept until the call is reported.
         in_process = _in_process(shardings)
+        token = replicated if _bytes_per_device(outputs) >= TOKEN_FROM_BYTES else None
 
         def traced(*arguments: Any) -> tuple[jax.Array, ...]:
-            return *jax.tree.leaves(exported.call(*arguments)), jnp.zeros((), jnp.bool_)
+            results = tuple(jax.tree.leaves(exported.call(*arguments)))
+            return results if token is None else (*results, jnp.zeros((), jnp.bool_))
 
-        run = jax.jit(traced, out_shardings=(*[None] * len(outputs), replicated))
+        run = jax.jit(traced, out_shardings=_traced_shardings(len(outputs), token))
         built = Callable(
             name=name,
             run=run,
@@ -226,7 +235,7 @@ class FunctionCache:
             out_count=len(exported.out_avals),
             donatable=_reusable(inputs, outputs) if in_process else frozenset(),
             traced=traced,
-            token_sharding=replicated,
+            token_sharding=token,
         )
         with self._lock:
             self._callables[key] = built
@@ -281,6 +290,20 @@ class FunctionCache:
         with self._lock:
             self._callables[key] = built
         return built
+
+
+def _traced_shardings(out_count: int, token_sharding: Any) -> tuple[Any, ...]:
+    """A ``traced`` function's output shardings: its outputs' as exported, then its token's."""
+    token = () if token_sharding is None else (token_sharding,)
+    return (*[None] * out_count, *token)
+
+
+def _bytes_per_device(outputs: list[tuple[Any, Any]]) -> int:
+    """The bytes of one device's shards of ``outputs`` (aval, sharding)."""
+    return sum(
+        int(np.prod(sharding.shard_shape(aval.shape))) * np.dtype(aval.dtype).itemsize
+        for aval, sharding in outputs
+    )
 
 
 def _in_process(shardings: tuple[Any, ...]) -> bool:

@@ -682,11 +682,12 @@ class Runner:
             run, unprepared = function.run, donations
         else:
             self.inputs_taken_over += len(donations)
-        if function.token_sharding is None:
-            results = jax.tree.leaves(run(*arguments))
-            return results, results, unprepared, True
-        results = run(*arguments)  # flat: the outputs, then the token
-        return results[-1:], results[:-1], unprepared, False
+        results = run(*arguments)  # flat where traced here: the outputs, then any token
+        if function.token_sharding is not None:
+            return results[-1:], results[:-1], unprepared, False
+        if function.traced is None:  # a STABLEHLO program's pytree
+            results = jax.tree.leaves(results)
+        return results, results, unprepared, True
 
     def _describe(self, command: pb.ExecutorCommand, description: bytes, dispatched: int) -> None:
         """A computation asking what its function compiled to (compiled above, on these

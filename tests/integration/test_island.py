@@ -18,6 +18,7 @@ from pathways_client.island_client import IslandClient, IslandError, Submitted
 from pathways_client.launcher import LocalIsland
 from pathways_core.wire import pb
 from pathways_core.wire.streams import frame, messages
+from pathways_executor.functions import TOKEN_FROM_BYTES
 
 INCREMENT = export(lambda x: x + 1, f32(4))
 DOUBLE = export(lambda x: x * 2, f32(4))
@@ -279,10 +280,12 @@ def test_a_chain_submitted_in_one_batch_runs_in_order(island: LocalIsland) -> No
 def test_a_chain_freeing_each_intermediate_writes_into_its_inputs(island: LocalIsland) -> None:
     """A chain that frees each intermediate once its consumer is queued (as the dispatch
     benchmark's -C does): the consumers take their inputs' buffers over, the result is right,
-    and nothing is left behind."""
+    and nothing is left behind. (Outputs large enough for a token: smaller ones are taken over
+    only once reported.)"""
+    floats = TOKEN_FROM_BYTES // 4
     with IslandClient(island.scheduler_endpoint, "takes-over") as client:
-        increment = client.register(INCREMENT, "increment")
-        start = client.put(np.zeros(4, np.float32), device=3)
+        increment = client.register(export(lambda x: x + 1, f32(floats)), "increment")
+        start = client.put(np.zeros(floats, np.float32), device=3)
         before = executor_infos(island)[0]
         current, steps = start, 40
         with client.batch():
@@ -292,7 +295,7 @@ def test_a_chain_freeing_each_intermediate_writes_into_its_inputs(island: LocalI
                     client.delete([current])
                 current = call.outputs[0]
         call.wait(60)
-        np.testing.assert_array_equal(client.get(current), np.full(4, float(steps)))
+        np.testing.assert_array_equal(client.get(current), np.full(floats, float(steps)))
         client.delete([start, current])
         # The first chance compiles the variant; a consumer whose input's producer the
         # completion thread already waits for makes a new buffer: most, not all, take over.

@@ -7,6 +7,7 @@ buffers of inputs it is the last use of."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import hashlib
 import itertools
@@ -18,10 +19,10 @@ from collections.abc import Iterator
 
 import jax
 import numpy as np
-from conftest import chain_nodes, export, f32, increment
+from conftest import chain_nodes, export, f32
 
 from pathways_core.wire import pb
-from pathways_executor.functions import FunctionCache
+from pathways_executor.functions import TOKEN_FROM_BYTES, FunctionCache
 from pathways_executor.runner import (
     HAND_OVER_EVERY,
     MAX_OUTSTANDING,
@@ -29,6 +30,16 @@ from pathways_executor.runner import (
     Runner,
     last_uses,
 )
+
+# Floats per device of this file's functions: outputs this large end in a token, so they may
+# be taken over while their producer still runs (smaller ones are awaited through themselves).
+FLOATS = TOKEN_FROM_BYTES // 4
+
+
+@functools.cache
+def increment() -> bytes:
+    """``x + 1`` on ``FLOATS`` float32 values, exported (once: each export differs)."""
+    return export(lambda x: x + 1, f32(FLOATS))
 
 
 def run(
@@ -56,11 +67,11 @@ def test_completions_go_out_while_the_runner_waits_for_an_input() -> None:
 
     def fetch(source: pb.InputSource) -> np.ndarray:  # another executor, slow to deliver
         assert arrived.wait(60)
-        return np.full(4, 10, np.float32)
+        return np.full(FLOATS, 10, np.float32)
 
     runner = Runner(0, {0: jax.devices()[0]}, fetch, lambda batch: [events.put(e) for e in batch])
     try:
-        runner.put_array("x", np.zeros(4, np.float32))
+        runner.put_array("x", np.zeros(FLOATS, np.float32))
         function_id = hashlib.sha256(increment()).hexdigest()
         register = pb.FunctionRegistration(function_id=function_id, artifact=increment())
         remote = pb.InputSource(buffer_id="far", executors=["127.0.0.1:1"])
@@ -99,11 +110,11 @@ def four_device_runner() -> tuple[Runner, queue.Queue[pb.ExecutorEvent]]:
 def run_doubling_chain(runner: Runner, events: queue.Queue[pb.ExecutorEvent]) -> None:
     """A chain of ``3 * MAX_OUTSTANDING`` 4-device computations doubling ones, each input
     deleted once its consumer is queued (as clients do), run to its right result."""
-    doubled = export(lambda x: x * 2, f32(8), devices=4, sharded=True)
+    doubled = export(lambda x: x * 2, f32(4 * FLOATS), devices=4, sharded=True)
     register = pb.FunctionRegistration(
         function_id=hashlib.sha256(doubled).hexdigest(), artifact=doubled
     )
-    runner.put_array("x", np.ones(8, np.float32))
+    runner.put_array("x", np.ones(4 * FLOATS, np.float32))
     commands, previous = [pb.ExecutorCommand(seq=1, register=register)], "x"
     steps = 3 * MAX_OUTSTANDING
     for step in range(steps):
@@ -182,7 +193,7 @@ def incrementing_runner(first: str) -> Iterator[tuple[Runner, queue.Queue[pb.Exe
     try:
         function_id = hashlib.sha256(increment()).hexdigest()
         register = pb.FunctionRegistration(function_id=function_id, artifact=increment())
-        runner.put_array("host", np.zeros(4, np.float32))
+        runner.put_array("host", np.zeros(FLOATS, np.float32))
         runner.submit([pb.ExecutorCommand(seq=1, register=register), run(2, first, ["host"])])
         assert events.get(timeout=60).ok
         yield runner, events
@@ -264,7 +275,7 @@ def test_interleaved_chains_take_over_inputs_whose_producers_still_run() -> None
 
 
 def test_an_output_awaited_through_itself_is_taken_over_only_once_reported() -> None:
-    """A computation without a token (a function of a slice spanning hosts, a STABLEHLO one)
+    """A computation without a token (a function with small outputs, a STABLEHLO one)
     is known done through its outputs: none of them is handed to a consumer before it is
     reported, or the completion thread's wait would fail."""
     with incrementing_runner("p") as (runner, events):  # "p-out" is free to take over
@@ -300,7 +311,7 @@ def test_a_program_call_frees_each_intermediate_at_its_last_read() -> None:
 
     runner._launch = watched_launch
     try:
-        doubled = export(lambda x: x * 2, f32(8), devices=4, sharded=True)
+        doubled = export(lambda x: x * 2, f32(4 * FLOATS), devices=4, sharded=True)
         function_id = hashlib.sha256(doubled).hexdigest()
         register = pb.FunctionRegistration(function_id=function_id, artifact=doubled)
         stages = 12
@@ -310,7 +321,7 @@ def test_a_program_call_frees_each_intermediate_at_its_last_read() -> None:
             arguments=["x"],
             results=[f"y{stages - 1}"],
         )
-        runner.put_array("x", np.ones(8, np.float32))
+        runner.put_array("x", np.ones(4 * FLOATS, np.float32))
         commands = [
             pb.ExecutorCommand(seq=1, register=register),
             pb.ExecutorCommand(seq=2, program=program),
@@ -408,11 +419,11 @@ def test_a_function_returns_its_outputs_flat_in_leaf_order_then_its_token() -> N
     token last (the runner then walks no pytree per launch), and so does the variant that
     takes an input over."""
     cache = FunctionCache()
-    artifact = export(lambda x: {"b": x + 1, "a": (x * 2, x * 3)}, f32(8))
+    artifact = export(lambda x: {"b": x + 1, "a": (x * 2, x * 3)}, f32(FLOATS))
     function_id = hashlib.sha256(artifact).hexdigest()
     cache.register(function_id, artifact, "tree")
     function = cache.callable(function_id, [jax.devices()[0]])
-    x = jax.device_put(np.ones(8, np.float32), jax.devices()[0])
+    x = jax.device_put(np.ones(FLOATS, np.float32), jax.devices()[0])
 
     def values(results) -> list[float]:
         assert isinstance(results, tuple) and len(results) == 4
@@ -424,3 +435,44 @@ def test_a_function_returns_its_outputs_flat_in_leaf_order_then_its_token() -> N
     position = min(function.donatable)
     function.prepare_donating((position,), [x])
     assert values(function.donating((position,))(x.copy())) == [2.0, 3.0, 2.0]
+
+
+def test_a_function_with_small_outputs_has_no_token_and_is_awaited_through_them() -> None:
+    """Outputs under ``TOKEN_FROM_BYTES`` per device come back alone (a token would be one more
+    buffer per launch, ~15% of a small computation's dispatch): the runner waits for them, and
+    a chain of such computations never takes an output over before it is reported."""
+    cache = FunctionCache()
+    four = jax.devices()[:4]
+    for floats, devices, tokened in [
+        (FLOATS - 1, 1, False),
+        (FLOATS, 1, True),
+        (4 * (FLOATS - 1), 4, False),  # per device, not in all
+    ]:
+        artifact = export(lambda x: x + 1, f32(floats), devices=devices, sharded=devices > 1)
+        function_id = hashlib.sha256(artifact).hexdigest()
+        cache.register(function_id, artifact, "add")
+        function = cache.callable(function_id, four[:devices])
+        assert (function.token_sharding is not None) is tokened
+        x = jax.device_put(np.ones(floats, np.float32), function.in_shardings[0])
+        results = function.run(x)
+        assert isinstance(results, tuple) and len(results) == 1 + tokened
+        np.testing.assert_array_equal(np.asarray(results[0]), 2.0)
+
+    with incrementing_runner("x") as (runner, events):
+        small = export(lambda x: x + 1, f32(FLOATS - 1))
+        function_id = hashlib.sha256(small).hexdigest()
+        register = pb.FunctionRegistration(function_id=function_id, artifact=small)
+        runner.put_array("small", np.zeros(FLOATS - 1, np.float32))
+        commands, previous = [pb.ExecutorCommand(seq=2, register=register)], "small"
+        steps = 20
+        for step in range(steps):
+            commands.append(run(10 + 2 * step, f"s{step}", [previous], function=small))
+            if previous != "small":
+                commands.append(delete(11 + 2 * step, previous))
+            previous = f"s{step}-out"
+        runner.submit(commands)
+        reported = [events.get(timeout=60) for _ in range(steps)]
+        assert all(event.ok for event in reported), [e.message for e in reported]
+        assert [e.computation_id for e in reported] == [f"s{step}" for step in range(steps)]
+        np.testing.assert_array_equal(np.asarray(runner.buffers.get(previous, 10)), steps)
+        assert not runner._watched  # each output awaited through itself, until reported
