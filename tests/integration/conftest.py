@@ -66,9 +66,9 @@ def chain_nodes(
 
 
 @functools.cache
-def increment() -> bytes:
-    """``x + 1`` on four float32 values, exported."""
-    return export(lambda x: x + 1, f32(4))
+def increment(floats: int = 4) -> bytes:
+    """``x + 1`` on ``floats`` float32 values, exported (once per size: each export differs)."""
+    return export(lambda x: x + 1, f32(floats))
 
 
 def assert_chain_runs(island: LocalIsland, client_name: str) -> None:

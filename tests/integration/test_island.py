@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import executor_infos, export, f32, settled_executor_infos
+from conftest import increment as increment_of
 
 from pathways_client.island_client import IslandClient, IslandError, Submitted
 from pathways_client.launcher import LocalIsland
@@ -284,7 +285,7 @@ def test_a_chain_freeing_each_intermediate_writes_into_its_inputs(island: LocalI
     only once reported.)"""
     floats = TOKEN_FROM_BYTES // 4
     with IslandClient(island.scheduler_endpoint, "takes-over") as client:
-        increment = client.register(export(lambda x: x + 1, f32(floats)), "increment")
+        increment = client.register(increment_of(floats), "increment")
         start = client.put(np.zeros(floats, np.float32), device=3)
         before = executor_infos(island)[0]
         current, steps = start, 40

@@ -7,7 +7,6 @@ buffers of inputs it is the last use of."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import hashlib
 import itertools
@@ -19,7 +18,7 @@ from collections.abc import Iterator
 
 import jax
 import numpy as np
-from conftest import chain_nodes, export, f32
+from conftest import chain_nodes, export, f32, increment
 
 from pathways_core.wire import pb
 from pathways_executor.functions import TOKEN_FROM_BYTES, FunctionCache
@@ -36,12 +35,6 @@ from pathways_executor.runner import (
 FLOATS = TOKEN_FROM_BYTES // 4
 
 
-@functools.cache
-def increment() -> bytes:
-    """``x + 1`` on ``FLOATS`` float32 values, exported (once: each export differs)."""
-    return export(lambda x: x + 1, f32(FLOATS))
-
-
 def run(
     seq: int,
     name: str,
@@ -53,7 +46,7 @@ def run(
     computation = pb.Computation(
         id=name,
         client="c",
-        function_id=hashlib.sha256(function or increment()).hexdigest(),
+        function_id=hashlib.sha256(function or increment(FLOATS)).hexdigest(),
         devices=devices,
         inputs=inputs,
         outputs=[f"{name}-out"],
@@ -72,8 +65,8 @@ def test_completions_go_out_while_the_runner_waits_for_an_input() -> None:
     runner = Runner(0, {0: jax.devices()[0]}, fetch, lambda batch: [events.put(e) for e in batch])
     try:
         runner.put_array("x", np.zeros(FLOATS, np.float32))
-        function_id = hashlib.sha256(increment()).hexdigest()
-        register = pb.FunctionRegistration(function_id=function_id, artifact=increment())
+        function_id = hashlib.sha256(increment(FLOATS)).hexdigest()
+        register = pb.FunctionRegistration(function_id=function_id, artifact=increment(FLOATS))
         remote = pb.InputSource(buffer_id="far", executors=["127.0.0.1:1"])
         # One batch, as the scheduler sends it: many quick computations, then one whose input
         # is still travelling.
@@ -191,8 +184,8 @@ def incrementing_runner(first: str) -> Iterator[tuple[Runner, queue.Queue[pb.Exe
         0, {0: jax.devices()[0]}, lambda source: None, lambda batch: [events.put(e) for e in batch]
     )
     try:
-        function_id = hashlib.sha256(increment()).hexdigest()
-        register = pb.FunctionRegistration(function_id=function_id, artifact=increment())
+        function_id = hashlib.sha256(increment(FLOATS)).hexdigest()
+        register = pb.FunctionRegistration(function_id=function_id, artifact=increment(FLOATS))
         runner.put_array("host", np.zeros(FLOATS, np.float32))
         runner.submit([pb.ExecutorCommand(seq=1, register=register), run(2, first, ["host"])])
         assert events.get(timeout=60).ok
@@ -349,14 +342,14 @@ def test_a_forget_drops_what_came_before_it_and_not_what_is_registered_after() -
     """Forgetting runs in the island order: calls before it run, a program registered again
     after it (read by the command reader before the forget ran) keeps its new plan."""
     with incrementing_runner("first") as (runner, events):
-        function_id = hashlib.sha256(increment()).hexdigest()
+        function_id = hashlib.sha256(increment(FLOATS)).hexdigest()
         node = pb.Computation(
             id="s", function_id=function_id, devices=[0], inputs=["x"], outputs=["y"]
         )
         program = pb.ProgramRegistration(
             program_id="p", nodes=[node], arguments=["x"], results=["y"]
         )
-        register = pb.FunctionRegistration(function_id=function_id, artifact=increment())
+        register = pb.FunctionRegistration(function_id=function_id, artifact=increment(FLOATS))
 
         def call(seq: int, n: int) -> pb.ExecutorCommand:
             made = pb.ProgramCall(id=f"c{n}", program_id="p", arguments=["host"], results=[f"r{n}"])
@@ -459,7 +452,7 @@ def test_a_function_with_small_outputs_has_no_token_and_is_awaited_through_them(
         np.testing.assert_array_equal(np.asarray(results[0]), 2.0)
 
     with incrementing_runner("x") as (runner, events):
-        small = export(lambda x: x + 1, f32(FLOATS - 1))
+        small = increment(FLOATS - 1)
         function_id = hashlib.sha256(small).hexdigest()
         register = pb.FunctionRegistration(function_id=function_id, artifact=small)
         runner.put_array("small", np.zeros(FLOATS - 1, np.float32))
