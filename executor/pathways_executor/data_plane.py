@@ -138,15 +138,6 @@ def accept_forever(listener: socket.socket, serve: Callable[[socket.socket], Non
         threading.Thread(target=serve, args=(connection,), daemon=True).start()
 
 
-def pull(
-    endpoint: str, buffer_id: str, timeout: float, assembly: Assembly, tls: Tls | None = None
-) -> None:
-    """Receive the regions of a buffer held at ``endpoint`` into ``assembly``, straight from
-    the socket into the destination's memory, over a connection of its own."""
-    with _connect(endpoint, timeout, tls) as connection:
-        _request(connection, buffer_id, timeout, assembly)
-
-
 class Puller:
     """Pulls over kept connections, one per pull in progress and peer, opened when none is
     idle: connecting (and the peer starting a thread) is then off the critical path."""
@@ -157,7 +148,9 @@ class Puller:
         self._idle: dict[str, list[socket.socket]] = {}
 
     def pull(self, endpoint: str, buffer_id: str, timeout: float, assembly: Assembly) -> None:
-        """As ``pull``; an error reply leaves the connection usable."""
+        """Receive the regions of a buffer held at ``endpoint`` into ``assembly``, straight
+        from the socket into the destination's memory; an error reply (``LookupError``) leaves
+        the connection usable."""
         with self._lock:
             idle = self._idle.get(endpoint)
             connection = idle.pop() if idle else None
