@@ -60,6 +60,10 @@ def serve(state: Path, rate_limits: Budgets = DEFAULT_BUDGETS, max_body: int = M
     while not server.started:
         assert time.monotonic() < deadline, "the API server did not start"
         time.sleep(0.01)
+    # Ready once it answers, as a kubelet would have it: the first request also builds the
+    # app's routes (FastAPI does that lazily), so two servers of one test never build theirs
+    # at once from the same shared parameter annotations (seen to make pydantic warn).
+    assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=30).status_code == 200
 
     def stop() -> None:
         server.should_exit = True

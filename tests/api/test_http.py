@@ -56,6 +56,10 @@ def test_a_tenant_never_sees_nor_changes_another_tenants_objects(
     )
 
 
+# Two apps in one process once built their routes at once on their first requests, and
+# pydantic warned about the parameter annotations they share (a server is now ready only once
+# it answered, see api_server.serve): that warning fails this test.
+@pytest.mark.filterwarnings("error::pydantic.warnings.UnsupportedFieldAttributeWarning")
 def test_fifty_concurrent_submissions_on_two_servers_are_never_over_admitted(
     tmp_path: Path,
 ) -> None:
