@@ -115,13 +115,43 @@ NAMES = sorted({suite.name for suite in SUITES})
 
 
 def machine() -> dict[str, Any]:
-    """What the figures were measured on."""
+    """What the figures were measured on. The CPU's model and caches are part of it: fake
+    devices compute in host memory, and shared cloud machines sold as one size differ in them
+    from day to day (2 MiB of L2 per core and 260 MiB of L3 on one, 512 KiB and 8 MiB on
+    another)."""
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
+        "processor": cpu_model() or platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
+        "caches": cpu_caches(),
     }
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name as Linux reports it; empty elsewhere."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return ""
+    names = (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    return next(names, "")
+
+
+def cpu_caches(cpu: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> dict[str, str]:
+    """The first CPU's data and unified caches by level, sizes as Linux reports them
+    (``{"L1d": "32K", "L2": "512K", "L3": "8192K"}``); empty elsewhere."""
+    caches = {}
+    for index in sorted(cpu.glob("index*")):
+        try:
+            level, kind, size = (
+                (index / name).read_text().strip() for name in ("level", "type", "size")
+            )
+        except OSError:
+            continue
+        if kind in ("Data", "Unified"):
+            caches[f"L{level}" + ("d" if kind == "Data" else "")] = size
+    return caches
 
 
 def normalize(raw: Any, suite: Suite) -> list[dict[str, Any]]:
@@ -275,8 +305,10 @@ def markdown(
         BEGIN,
         "## `pathways bench` (generated)",
         "",
-        f"`{command}` — {time.strftime('%Y-%m-%d')}, {info['processor']}, {info['cpus']} CPUs, "
-        f"Python {info['python']}. Every ratio is against a baseline measured in the same run.",
+        f"`{command}` — {time.strftime('%Y-%m-%d')}, {info['processor']}, {info['cpus']} CPUs"
+        + "".join(f", {level} {size}" for level, size in info.get("caches", {}).items())
+        + f", Python {info['python']}. Every ratio is against a baseline measured in the same "
+        "run.",
         "",
         "| suite | figure | parameters | value | baseline | ratio | target | |",
         "|---|---|---|---:|---:|---:|---|---|",

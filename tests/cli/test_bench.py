@@ -16,6 +16,8 @@ from pathways_client.bench import (
     SUITES,
     Suite,
     command_line,
+    cpu_caches,
+    cpu_model,
     describe,
     markdown,
     missed_figures,
@@ -143,6 +145,32 @@ def test_figures_of_two_layouts_read_apart_and_shortfalls_are_named() -> None:
     section = markdown(records, "pathways bench", {"processor": "x", "cpus": 2, "python": "3"}, [])
     assert "Shortfalls: 2 of 3 figures." in section
     assert "- control: allocator: 9,000 decisions/s, target 10,000 decisions/s" in section
+
+
+def test_the_machine_line_names_the_cpu_model_and_its_caches(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nprocessor\t: 1\n")
+    cache = tmp_path / "cache"
+    for index, (level, kind, size) in enumerate(
+        [
+            (1, "Data", "32K"),
+            (1, "Instruction", "64K"),
+            (2, "Unified", "512K"),
+            (3, "Unified", "8192K"),
+        ]
+    ):
+        folder = cache / f"index{index}"
+        folder.mkdir(parents=True)
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (folder / name).write_text(f"{value}\n")
+    (cache / "index4").mkdir()  # unreadable: left out
+    assert cpu_model(cpuinfo) == "AMD EPYC" and cpu_model(tmp_path / "none") == ""
+    caches = cpu_caches(cache)
+    assert caches == {"L1d": "32K", "L2": "512K", "L3": "8192K"}
+    assert cpu_caches(tmp_path / "none") == {}
+    info = {"processor": "AMD EPYC", "cpus": 2, "python": "3.11", "caches": caches}
+    section = markdown([], "pathways bench", info, [])
+    assert "AMD EPYC, 2 CPUs, L1d 32K, L2 512K, L3 8192K, Python 3.11." in section
 
 
 def test_the_terminal_gets_one_table_per_suite_with_whole_names_and_units() -> None:
