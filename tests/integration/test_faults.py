@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import export, f32
+from conftest import export, f32, increment
 
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland
@@ -25,7 +25,7 @@ def test_sigkill_of_an_executor_fails_its_work_fast_and_the_rest_keeps_serving(
     island = LocalIsland(hosts=2, devices_per_host=2, compilation_cache=compilation_cache)
     with island, IslandClient(island.scheduler_endpoint, "victim") as client:
         heavy = client.register(export(slow, f32(512, 512)), "slow")
-        increment = client.register(export(lambda x: x + 1, f32(4)), "increment")
+        add_one = client.register(increment(), "increment")
         x = client.put(np.full((512, 512), 0.001, np.float32), device=2)
         running = [client.submit(heavy, [2], [x], 1, name=f"slow-{n}") for n in range(5)]
         time.sleep(1.0)
@@ -35,11 +35,11 @@ def test_sigkill_of_an_executor_fails_its_work_fast_and_the_rest_keeps_serving(
             running[-1].wait(30)
         assert time.monotonic() - killed < 10
         # Work touching the dead executor is refused with the same reason ...
-        refused = client.submit(increment, [3], [x], 1)
+        refused = client.submit(add_one, [3], [x], 1)
         with pytest.raises(IslandError, match="unreachable"):
             refused.wait(10)
         # ... and the scheduler and the other executor keep serving.
         y = client.put(np.zeros(4, np.float32), device=0)
-        fine = client.submit(increment, [1], [y], 1)
+        fine = client.submit(add_one, [1], [y], 1)
         fine.wait(30)
         np.testing.assert_array_equal(client.get(fine.outputs[0]), np.ones(4))

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_chain_runs, export, f32
+from conftest import assert_chain_runs, export, increment
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -60,7 +60,7 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 SERVER_ERRORS = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
-INCREMENT = export(lambda x: x + 1, f32(4))
+INCREMENT = increment()
 INCREMENT_ID = hashlib.sha256(INCREMENT).hexdigest()
 CRASHING_MODULE = (Path(__file__).parent / "data" / "crashing_stablehlo.bin").read_bytes()
 _NAMES = itertools.count()

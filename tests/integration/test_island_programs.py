@@ -9,13 +9,20 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import chain_nodes, executor_infos, export, f32, settled_executor_infos
+from conftest import (
+    chain_nodes,
+    executor_infos,
+    export,
+    f32,
+    increment,
+    settled_executor_infos,
+)
 
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland
 from pathways_core.wire import pb
 
-INCREMENT = export(lambda x: x + 1, f32(4))
+INCREMENT = increment()
 DOUBLE = export(lambda x: x * 2, f32(4))
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import executor_infos, export, f32, settled_executor_infos
+from conftest import executor_infos, export, f32, increment, settled_executor_infos
 
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland
@@ -34,7 +34,7 @@ LOAD_SECONDS = 50.0
 RSS_SLACK_BYTES = 64 << 20
 SETTLE_SECONDS = 60.0  # deletions are asynchronous: how long the buffer count may take to settle
 
-INCREMENT = export(lambda x: x + 1, f32(4))
+INCREMENT = increment()
 ADD = export(lambda x, y: x + y, f32(4), f32(4))
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import yaml
 from certificates import Authority, write_files
-from conftest import export, f32
+from conftest import export, f32, increment
 
 from pathways_client import tls as client_tls
 from pathways_client.api_client import ApiCallError, ApiClient
@@ -30,7 +30,7 @@ from pathways_core.wire import EXECUTOR, bulk, pb
 from pathways_core.wire.streams import frame
 from pathways_core.wire.tls import CA_ENV, CERT_ENV, KEY_ENV
 
-INCREMENT = export(lambda x: x + 1, f32(4))
+INCREMENT = increment()
 DOUBLE = export(lambda x: x * 2, f32(4))
 LARGE = 1 << 20  # 4 MiB of float32: a data-plane reply in many TLS records
 DOUBLE_LARGE = export(lambda x: x * 2, f32(LARGE))
