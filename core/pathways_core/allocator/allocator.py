@@ -19,8 +19,10 @@ from functools import cache
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.allocator.placement import (
     Orientation,
+    PlacementTable,
     bits,
     compact_shapes,
+    free_placements,
     orientations,
     placement_table,
     virtual_order,
@@ -49,14 +51,39 @@ class _IslandState:
     # cannot fit until the epoch changes (binding only removes free space).
     epoch: int = 0
     no_fit: dict[tuple[int, ...], int] = field(default_factory=dict)
+    # Devices held by bindings, by the bindings' priority: whether evicting lower priorities
+    # could ever make room is known without walking the bindings.
+    held: dict[int, int] = field(default_factory=dict)
+    # Kept by ``refresh`` whenever ``occupied`` or ``unhealthy`` changes: every decision reads
+    # them for every island it considers.
+    blocked: int = field(default=0, init=False)
+    free: int = field(default=0, init=False)
 
-    @property
-    def blocked(self) -> int:
-        return self.occupied | self.unhealthy
+    def __post_init__(self) -> None:
+        self.refresh()
 
-    @property
-    def free(self) -> int:
-        return self.inventory.size - (self.occupied | self.unhealthy).bit_count()
+    def refresh(self) -> None:
+        self.blocked = self.occupied | self.unhealthy
+        self.free = self.inventory.size - self.blocked.bit_count()
+
+
+@dataclass
+class _Candidates:
+    """The islands a request may use, in placement order, and their kinds."""
+
+    states: list[_IslandState]
+    kinds: frozenset[AcceleratorKind]
+    # Of ``states``, those a slice fits in when empty, by (shape, size): fixed by the meshes.
+    fitting: dict[tuple[Shape | None, int], list[_IslandState]] = field(default_factory=dict)
+
+    def fitting_for(self, request: Request) -> list[_IslandState]:
+        key = (request.shape, request.size)
+        states = self.fitting.get(key)
+        if states is None:
+            states = self.fitting[key] = [
+                s for s in self.states if _ever_fits(request, s.inventory)
+            ]
+        return states
 
 
 @dataclass(frozen=True)
@@ -74,9 +101,9 @@ class Allocator:
         self._bindings: dict[str, Binding] = {}
         self._quotas: dict[tuple[str, AcceleratorKind], int] = {}
         self._usage: dict[tuple[str, AcceleratorKind], int] = {}
-        # Islands matching a (kind, island, selector), in placement order; reset when islands
-        # are added, changed or removed.
-        self._candidate_cache: dict[tuple[object, ...], list[_IslandState]] = {}
+        # Islands matching a (kind, island, selector), in placement order, and their kinds;
+        # reset when islands are added, changed or removed.
+        self._candidate_cache: dict[tuple[object, ...], _Candidates] = {}
 
     # -- inventory ---------------------------------------------------------------------------
 
@@ -176,25 +203,30 @@ class Allocator:
         if request.key in self._bindings:
             return Bound(self._bindings[request.key])
         candidates = self._candidates(request)
-        if not candidates:
+        if not candidates.states:
             return Pending(request.key, "NoMatchingIsland", self._no_island_message(request))
-        room = {
-            kind: self._quota_room(request, kind) for kind in {s.inventory.kind for s in candidates}
-        }
-        within_quota = [s for s in candidates if room[s.inventory.kind]]
-        if not within_quota:
-            return Pending(request.key, "QuotaExceeded", self._quota_message(request, candidates))
-        shaped = [s for s in within_quota if self._ever_fits(request, s.inventory)]
+        room = {kind: self._quota_room(request, kind) for kind in candidates.kinds}
+        if not any(room.values()):
+            return Pending(
+                request.key, "QuotaExceeded", self._quota_message(request, candidates.states)
+            )
+        fitting = candidates.fitting_for(request)
+        shaped = fitting if all(room.values()) else [s for s in fitting if room[s.inventory.kind]]
         if not shaped:
-            return Pending(request.key, "ShapeDoesNotFit", self._shape_message(request, candidates))
+            return Pending(
+                request.key, "ShapeDoesNotFit", self._shape_message(request, candidates.states)
+            )
+        size = request.size
         for state in shaped:
-            choice = self._place(request, state, contiguous_only=True)
-            if choice is not None:
-                return Bound(self._bind(request, state, choice))
-        for state in shaped:
-            choice = self._place(request, state, contiguous_only=False)
-            if choice is not None:
-                return Bound(self._bind(request, state, choice))
+            if state.free >= size:  # most islands of a busy fleet are skipped here
+                choice = self._place(request, state, contiguous_only=True)
+                if choice is not None:
+                    return Bound(self._bind(request, state, choice))
+        if request.shape is None:  # any free devices will do
+            for state in shaped:
+                choice = self._place(request, state, contiguous_only=False)
+                if choice is not None:
+                    return Bound(self._bind(request, state, choice))
         if preempt:
             decision = self._preempt(request, shaped)
             if decision is not None:
@@ -225,14 +257,15 @@ class Allocator:
             if 0 <= device < state.inventory.size:
                 avoid_mask |= 1 << device
         state.unhealthy |= avoid_mask  # temporarily, so the search skips them
+        state.refresh()
         state.epoch += 1
         try:
             # Staying on the same kind keeps the tenant's usage as it was (a lowered quota evicts
             # nothing); moving to another kind must fit that kind's quota.
             candidates = [
                 s
-                for s in self._candidates(binding.request)
-                if self._ever_fits(binding.request, s.inventory)
+                for s in self._candidates(binding.request).states
+                if _ever_fits(binding.request, s.inventory)
                 and (
                     s.inventory.kind == state.inventory.kind
                     or self._quota_room(binding.request, s.inventory.kind)
@@ -245,6 +278,7 @@ class Allocator:
                         return Bound(self._bind(binding.request, candidate, choice))
         finally:
             state.unhealthy = self._unhealthy_mask(state)
+            state.refresh()
             state.epoch += 1
         self._restore_one(binding)
         return Pending(key, "InsufficientDevices", f"no other devices can take slice {key!r}")
@@ -268,7 +302,7 @@ class Allocator:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _candidates(self, request: Request) -> list[_IslandState]:
+    def _candidates(self, request: Request) -> _Candidates:
         """Islands the request may use. Islands are filled in one fixed order (by name): churn
         stays in the first islands and the later ones stay whole for large slices, which binds
         more requests under load than trying the fullest island first (benchmarks/RESULTS.md)."""
@@ -276,12 +310,13 @@ class Allocator:
         key = (request.kind, request.island, selector)
         cached = self._candidate_cache.get(key)
         if cached is None:
-            cached = [
+            states = [
                 self._islands[name]
                 for name in sorted(self._islands)
                 if request.admits(self._islands[name].inventory)
             ]
-            self._candidate_cache[key] = cached
+            kinds = frozenset(s.inventory.kind for s in states)
+            cached = self._candidate_cache[key] = _Candidates(states, kinds)
         return cached
 
     def _island(self, name: str) -> _IslandState:
@@ -299,6 +334,7 @@ class Allocator:
     def _set_unhealthy(self, state: _IslandState) -> None:
         old = state.unhealthy
         state.unhealthy = self._unhealthy_mask(state)
+        state.refresh()
         if old & ~state.unhealthy:  # some devices recovered
             state.epoch += 1
 
@@ -318,11 +354,6 @@ class Allocator:
             return (orientations(request.shape, inventory.shape),)
         return _count_layouts(request.size, inventory.shape)
 
-    def _ever_fits(self, request: Request, inventory: IslandInventory) -> bool:
-        if request.shape is not None:
-            return bool(orientations(request.shape, inventory.shape))
-        return request.size <= inventory.size
-
     def _place(
         self, request: Request, state: _IslandState, contiguous_only: bool
     ) -> _Choice | None:
@@ -338,29 +369,26 @@ class Allocator:
                 mask |= 1 << device
             return _Choice(None, mask, free[0])
         for group in self._layouts(request, state.inventory):
-            best: tuple[tuple[int, bool, int], _Choice] | None = None
+            best: tuple[int, Orientation, PlacementTable, int] | None = None
             for orientation in group:
                 if state.no_fit.get(orientation.block) == state.epoch:
                     continue
                 table = placement_table(state.inventory.shape, orientation.block)
-                found = False
-                for index, mask in enumerate(table.masks):
-                    if mask & blocked:
-                        continue
-                    found = True
-                    # Snug placements touch used devices or the mesh boundary on most faces,
-                    # leaving the free devices in large blocks.
-                    score = (
-                        (table.rings[index] & blocked).bit_count() + table.boundary[index],
-                        table.aligned[index],
-                        -table.origins[index],
-                    )
-                    if best is None or score > best[0]:
-                        best = (score, _Choice(orientation, mask, table.origins[index]))
-                if not found:
+                free = free_placements(table, blocked)
+                if not free:
                     state.no_fit[orientation.block] = state.epoch
+                    continue
+                # Snug placements touch used devices or the mesh boundary on most faces,
+                # leaving the free devices in large blocks.
+                rings, ties, weight = table.rings, table.ties, table.weight
+                score, index = max(
+                    ((rings[i] & blocked).bit_count() * weight + ties[i], i) for i in free
+                )
+                if best is None or score > best[0]:
+                    best = (score, orientation, table, index)
             if best is not None:
-                return best[1]
+                _, orientation, table, index = best
+                return _Choice(orientation, table.masks[index], table.origins[index])
         return None
 
     def _bind(self, request: Request, state: _IslandState, choice: _Choice) -> Binding:
@@ -381,6 +409,9 @@ class Allocator:
             mask |= 1 << device
             state.owners[device] = binding.key
         state.occupied |= mask
+        state.refresh()
+        priority = binding.request.priority
+        state.held[priority] = state.held.get(priority, 0) + len(binding.devices)
         state.masks[binding.key] = mask
         state.bindings[binding.key] = binding
         self._bindings[binding.key] = binding
@@ -390,6 +421,11 @@ class Allocator:
         for device in binding.devices:
             del state.owners[device]
         state.occupied &= ~state.masks.pop(binding.key)
+        state.refresh()
+        priority = binding.request.priority
+        state.held[priority] -= len(binding.devices)
+        if not state.held[priority]:
+            del state.held[priority]
         del state.bindings[binding.key]
         state.epoch += 1
         self._charge(binding, state.inventory.kind, -1)
@@ -421,12 +457,14 @@ class Allocator:
         equally few, those of the lowest priority, then the fewest devices."""
         best: tuple[tuple[int, int, int, str], _IslandState, set[str]] | None = None
         for state in candidates:
+            reclaimable = sum(
+                devices for priority, devices in state.held.items() if priority < request.priority
+            )
+            if state.free + reclaimable < request.size:
+                continue
             evictable = {
                 key: b for key, b in state.bindings.items() if b.request.priority < request.priority
             }
-            reclaimable = sum(len(b.devices) for b in evictable.values())
-            if state.free + reclaimable < request.size:
-                continue
             victims = self._fewest_victims(request, state, evictable)
             if victims is None:
                 continue
@@ -477,9 +515,8 @@ class Allocator:
         best: tuple[tuple[int, int, int], set[str]] | None = None
         for orientation in orientations(request.shape, state.inventory.shape):
             table = placement_table(state.inventory.shape, orientation.block)
-            for mask in table.masks:
-                if mask & kept:
-                    continue
+            for index in free_placements(table, kept):
+                mask = table.masks[index]
                 # Walk the slices overlapping the block: each step takes the owner of the
                 # lowest used device and clears all of that owner's devices.
                 owners: set[str] = set()
@@ -549,6 +586,13 @@ def _victims_cost(victims: set[str], evictable: dict[str, Binding]) -> tuple[int
         max((evictable[key].request.priority for key in victims), default=-(2**62)),
         sum(len(evictable[key].devices) for key in victims),
     )
+
+
+def _ever_fits(request: Request, inventory: IslandInventory) -> bool:
+    """Whether the request fits in the island when all its devices are free."""
+    if request.shape is not None:
+        return bool(orientations(request.shape, inventory.shape))
+    return request.size <= inventory.size
 
 
 @cache

@@ -36,6 +36,15 @@ class PlacementTable:
     the block outside it, ``boundary[i]`` how many block faces' cells lie on the mesh boundary,
     ``aligned[i]`` whether the origin is a multiple of the block extents (buddy alignment keeps
     large blocks free), and ``origins[i]`` the device at the block's lowest corner.
+
+    How snug placement ``i`` is when ``used`` devices are taken is one integer,
+    ``(rings[i] & used).bit_count() * weight + ties[i]``: more of its faces against used devices
+    or the mesh boundary first, then alignment, then the lowest origin (the order of the tuple
+    ``(touching, aligned, -origin)``, without building one per placement).
+
+    ``mesh_mask`` has a bit per device, ``origin_mask`` a bit per placement's origin, ``index``
+    maps an origin to its placement, and ``steps`` holds each axis's (stride, extent) where the
+    block spans more than one device: see ``free_placements``.
     """
 
     masks: tuple[int, ...]
@@ -43,6 +52,12 @@ class PlacementTable:
     boundary: tuple[int, ...]
     aligned: tuple[bool, ...]
     origins: tuple[int, ...]
+    ties: tuple[int, ...]
+    weight: int
+    mesh_mask: int
+    origin_mask: int
+    index: dict[int, int]
+    steps: tuple[tuple[int, int], ...]
 
 
 @cache
@@ -116,9 +131,42 @@ def placement_table(mesh: Shape, block: Shape) -> PlacementTable:
         boundary.append(touching)
         aligned.append(all(o % b == 0 for o, b in zip(origin, block, strict=True)))
         origins.append(device_id(origin, mesh))
-    return PlacementTable(
-        tuple(masks), tuple(rings), tuple(boundary), tuple(aligned), tuple(origins)
+    size = math.prod(mesh)
+    # aligned * size + (size - 1 - origin) < 2 * size: a face more always scores higher.
+    ties = tuple(
+        touching * 2 * size + is_aligned * size + size - 1 - origin
+        for touching, is_aligned, origin in zip(boundary, aligned, origins, strict=True)
     )
+    strides = [math.prod(mesh[axis + 1 :]) for axis in range(len(mesh))]
+    return PlacementTable(
+        masks=tuple(masks),
+        rings=tuple(rings),
+        boundary=tuple(boundary),
+        aligned=tuple(aligned),
+        origins=tuple(origins),
+        ties=ties,
+        weight=2 * size,
+        mesh_mask=(1 << size) - 1,
+        origin_mask=sum(1 << origin for origin in origins),
+        index={origin: i for i, origin in enumerate(origins)},
+        steps=tuple((s, b) for s, b in zip(strides, block, strict=True) if b > 1),
+    )
+
+
+def free_placements(table: PlacementTable, used: int) -> list[int]:
+    """Indexes (ascending) of the placements none of whose devices are in ``used``.
+
+    Found with a few shifts of whole masks instead of testing every placement: after the
+    pass over an axis, bit ``d`` is set when the devices ``d``, ``d + stride``, ... up to the
+    block's extent along it were all set before it, so after every axis it is set when the
+    whole block from origin ``d`` is free. Only origins whose block lies inside the mesh count.
+    """
+    free = table.mesh_mask & ~used
+    for stride, extent in table.steps:
+        before = free
+        for step in range(1, extent):
+            free &= before >> (step * stride)
+    return [table.index[origin] for origin in bits(free & table.origin_mask)]
 
 
 def virtual_order(orientation: Orientation, origin: int, mesh: Shape) -> tuple[int, ...]:
