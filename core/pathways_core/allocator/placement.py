@@ -106,38 +106,39 @@ def compact_shapes(count: int, mesh: Shape) -> tuple[tuple[Shape, ...], ...]:
 
 @cache
 def placement_table(mesh: Shape, block: Shape) -> PlacementTable:
-    """Every placement of ``block`` inside ``mesh`` (no wrap-around)."""
+    """Every placement of ``block`` inside ``mesh`` (no wrap-around).
+
+    Built from whole masks: a placement's devices are the block at the mesh's first device
+    shifted by its origin's id (a block inside the mesh never wraps), and its ring is its mask
+    moved one step either way along each axis, from the devices that have a neighbour there.
+    """
+    size = math.prod(mesh)
+    first = 0
+    for delta in itertools.product(*(range(extent) for extent in block)):
+        first |= 1 << device_id(delta, mesh)
+    faces = [math.prod(block) // extent for extent in block]
     masks, rings, boundary, aligned, origins = [], [], [], [], []
-    offsets = list(itertools.product(*(range(extent) for extent in block)))
     for origin in itertools.product(*(range(m - b + 1) for m, b in zip(mesh, block, strict=True))):
-        cells = [tuple(o + d for o, d in zip(origin, delta, strict=True)) for delta in offsets]
-        mask = 0
-        for cell in cells:
-            mask |= 1 << device_id(cell, mesh)
+        at = device_id(origin, mesh)
+        mask = first << at
         ring = 0
-        for cell in cells:
-            for axis in range(len(mesh)):
-                for step in (-1, 1):
-                    neighbour = list(cell)
-                    neighbour[axis] += step
-                    if 0 <= neighbour[axis] < mesh[axis]:
-                        ring |= 1 << device_id(tuple(neighbour), mesh)
-        touching = 0
-        for axis, (o, b, m) in enumerate(zip(origin, block, mesh, strict=True)):
-            face = math.prod(block) // block[axis]
-            touching += face * ((o == 0) + (o + b == m))
+        for stride, has_before, has_after in _axis_steps(mesh):
+            ring |= (mask & has_before) >> stride | (mask & has_after) << stride
         masks.append(mask)
         rings.append(ring & ~mask)
-        boundary.append(touching)
+        boundary.append(
+            sum(
+                face * ((o == 0) + (o + b == m))
+                for face, o, b, m in zip(faces, origin, block, mesh, strict=True)
+            )
+        )
         aligned.append(all(o % b == 0 for o, b in zip(origin, block, strict=True)))
-        origins.append(device_id(origin, mesh))
-    size = math.prod(mesh)
+        origins.append(at)
     # aligned * size + (size - 1 - origin) < 2 * size: a face more always scores higher.
     ties = tuple(
         touching * 2 * size + is_aligned * size + size - 1 - origin
         for touching, is_aligned, origin in zip(boundary, aligned, origins, strict=True)
     )
-    strides = [math.prod(mesh[axis + 1 :]) for axis in range(len(mesh))]
     return PlacementTable(
         masks=tuple(masks),
         rings=tuple(rings),
@@ -149,8 +150,31 @@ def placement_table(mesh: Shape, block: Shape) -> PlacementTable:
         mesh_mask=(1 << size) - 1,
         origin_mask=sum(1 << origin for origin in origins),
         index={origin: i for i, origin in enumerate(origins)},
-        steps=tuple((s, b) for s, b in zip(strides, block, strict=True) if b > 1),
+        steps=tuple(
+            (stride, extent)
+            for (stride, _, _), extent in zip(_axis_steps(mesh), block, strict=True)
+            if extent > 1
+        ),
     )
+
+
+@cache
+def _axis_steps(mesh: Shape) -> tuple[tuple[int, int, int], ...]:
+    """Per axis of ``mesh``: its stride, and the devices with a neighbour before and after
+    along it."""
+    size = math.prod(mesh)
+    steps = []
+    for axis, extent in enumerate(mesh):
+        stride = math.prod(mesh[axis + 1 :])
+        before = after = 0
+        for device in range(size):
+            coordinate = device // stride % extent
+            if coordinate > 0:
+                before |= 1 << device
+            if coordinate < extent - 1:
+                after |= 1 << device
+        steps.append((stride, before, after))
+    return tuple(steps)
 
 
 def free_placements(table: PlacementTable, used: int) -> list[int]:
