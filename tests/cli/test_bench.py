@@ -19,6 +19,7 @@ from pathways_client.bench import (
     cpu_caches,
     cpu_model,
     describe,
+    durations,
     markdown,
     missed_figures,
     normalize,
@@ -145,6 +146,17 @@ def test_figures_of_two_layouts_read_apart_and_shortfalls_are_named() -> None:
     section = markdown(records, "pathways bench", {"processor": "x", "cpus": 2, "python": "3"}, [])
     assert "Shortfalls: 2 of 3 figures." in section
     assert "- control: allocator: 9,000 decisions/s, target 10,000 decisions/s" in section
+
+
+def test_the_generated_section_says_how_long_each_suite_took() -> None:
+    seconds = {"dispatch": 302.4, "parallel": 41.0, "control": 59.6}
+    assert (
+        durations(seconds)
+        == "dispatch 5 min 02 s, parallel 41 s, control 1 min 00 s; in all 6 min 43 s"
+    )
+    info = {"processor": "x", "cpus": 2, "python": "3"}
+    assert "Time by suite: dispatch 5 min 02 s," in markdown([], "b", info, [], seconds)
+    assert "Time by suite" not in markdown([], "b", info, [])
 
 
 def test_the_machine_line_names_the_cpu_model_and_its_caches(tmp_path: Path) -> None:
