@@ -209,9 +209,8 @@ def island_modes(
     }
 
 
-def dispatch_suite(
-    sizes: list[int], repeats: int, records: list[dict], hosts_list: list[int]
-) -> None:
+def dispatch_suite(sizes: dict[int, list[int]], repeats: int, records: list[dict]) -> None:
+    """The dispatch benchmark on each layout in ``sizes`` (executors -> floats per device)."""
     # On these 2-core machines, single-process JAX deadlocks in an all-reduce over 8 fake
     # devices (XLA's CPU rendezvous times out with 5-7 of 8 participants), so the layouts are
     # 8 devices as 2 hosts x 4, against multi-controller JAX on the same layout, and 4 devices
@@ -221,7 +220,7 @@ def dispatch_suite(
         (1, "1 executor x 4 devices", "single-process JAX, 4 devices"),
     ]
     for hosts, layout, baseline_name in layouts:
-        if hosts not in hosts_list:
+        if hosts not in sizes:
             continue
         devices = 4 * hosts
         mesh = Mesh(np.array(jax.devices()[:devices]), ("x",))
@@ -239,7 +238,7 @@ def dispatch_suite(
             contextlib.closing(JaxProcesses(hosts)) as plain_jax,
         ):
             client = IslandClient(island.scheduler_endpoint, f"bench-{hosts}")
-            for size in sizes:
+            for size in sizes[hosts]:
                 shape = (devices, size)
                 runs = {
                     "JAX": plain_jax.prepare(size),
@@ -289,7 +288,7 @@ def dispatch_suite(
                 size, step_ms = first_match[mode]
                 reached = f"{size:,} floats per device ({step_ms:.2f} ms per step in JAX)"
             else:
-                reached = f"not reached up to {sizes[-1]:,} floats per device"
+                reached = f"not reached up to {sizes[hosts][-1]:,} floats per device"
             size, step_ms = first_match.get(mode, (None, None))
             records.append(
                 {
@@ -519,16 +518,21 @@ def main() -> None:
     )
     args = parser.parse_args()
     repeats = 3 if args.quick else 5
-    sizes = args.sizes or (
-        [16, 4096, 262_144, 1_048_576]
-        if args.quick
-        else [16, 1024, 16_384, 131_072, 262_144, 524_288, 1_048_576, 2_097_152]
-    )
+    if args.sizes:
+        sizes = {hosts: args.sizes for hosts in args.hosts}
+    elif args.quick:
+        # Two hosts step at 3 ms or more from the smallest size (gloo), and their largest
+        # size took a third of a quick run on a slow host: one host alone goes past 1 ms.
+        quick = {2: [16, 4096, 262_144], 1: [16, 4096, 262_144, 1_048_576]}
+        sizes = {hosts: quick[hosts] for hosts in args.hosts}
+    else:
+        full = [16, 1024, 16_384, 131_072, 262_144, 524_288, 1_048_576, 2_097_152]
+        sizes = {hosts: full for hosts in args.hosts}
     records: list[dict] = []
     suites = args.only or ["dispatch", "chain", "transfer"]
     if "dispatch" in suites:
         # Every run is taken twice in a row: two rounds make --quick's four runs per mode.
-        dispatch_suite(sizes, 2 if args.quick else repeats, records, args.hosts)
+        dispatch_suite(sizes, 2 if args.quick else repeats, records)
     if "chain" in suites:
         # Chains take milliseconds: best of many.
         chain_suite(10 * repeats if not args.quick else 5 * repeats, records, (2, 4, 8, 16))
