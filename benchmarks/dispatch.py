@@ -518,17 +518,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     repeats = 3 if args.quick else 5
-    if args.sizes:
-        sizes = {hosts: args.sizes for hosts in args.hosts}
-    elif args.quick:
-        # Two hosts step at 3 ms or more from the smallest size (gloo), and their largest
-        # size took ~50 s of a 5-minute quick run on a slow host: one host alone goes on
-        # past 1 ms.
-        quick = {2: [16, 4096, 262_144], 1: [16, 4096, 262_144, 1_048_576]}
-        sizes = {hosts: quick[hosts] for hosts in args.hosts}
-    else:
-        full = [16, 1024, 16_384, 131_072, 262_144, 524_288, 1_048_576, 2_097_152]
-        sizes = {hosts: full for hosts in args.hosts}
+    full = [16, 1024, 16_384, 131_072, 262_144, 524_288, 1_048_576, 2_097_152]
+    # Two hosts step at 3 ms or more from the smallest size (gloo), and their largest size
+    # took ~50 s of a 5-minute quick run on a slow host: one host alone goes on past 1 ms.
+    quick = {2: [16, 4096, 262_144], 1: [16, 4096, 262_144, 1_048_576]}
+    sizes = {hosts: args.sizes or (quick[hosts] if args.quick else full) for hosts in args.hosts}
     records: list[dict] = []
     suites = args.only or ["dispatch", "chain", "transfer"]
     if "dispatch" in suites:

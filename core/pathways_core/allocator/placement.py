@@ -134,9 +134,10 @@ def placement_table(mesh: Shape, block: Shape) -> PlacementTable:
         )
         aligned.append(all(o % b == 0 for o, b in zip(origin, block, strict=True)))
         origins.append(at)
-    # aligned * size + (size - 1 - origin) < 2 * size: a face more always scores higher.
+    # aligned * size + (size - 1 - origin) < weight: a face more always scores higher.
+    weight = 2 * size
     ties = tuple(
-        touching * 2 * size + is_aligned * size + size - 1 - origin
+        touching * weight + is_aligned * size + size - 1 - origin
         for touching, is_aligned, origin in zip(boundary, aligned, origins, strict=True)
     )
     return PlacementTable(
@@ -146,7 +147,7 @@ def placement_table(mesh: Shape, block: Shape) -> PlacementTable:
         aligned=tuple(aligned),
         origins=tuple(origins),
         ties=ties,
-        weight=2 * size,
+        weight=weight,
         mesh_mask=(1 << size) - 1,
         origin_mask=sum(1 << origin for origin in origins),
         index={origin: i for i, origin in enumerate(origins)},
