@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import pathways_client as pw
 from pathways_client.examples import load_example
@@ -22,9 +24,25 @@ def test_spmd_allreduce_in_all_three_modes(island: LocalIsland) -> None:
         np.testing.assert_allclose(value, expected, rtol=1e-6, err_msg=mode)
 
 
-def test_pipeline_trains_like_plain_jax_and_its_loss_falls(island: LocalIsland) -> None:
+def test_pipeline_stages_hand_on_what_the_next_stage_takes() -> None:
+    """Each stage's output (and, backwards, its input gradient) is split as its neighbour
+    takes it, so no activation is resharded between stages; every stage splits its weights."""
     pipeline = load_example("pipeline_mlp")
-    config = pipeline.Config(steps=4, learning_rate=0.5)
+    for stages in range(1, 7):
+        layouts = [pipeline.stage_layout(s, s == stages - 1) for s in range(stages)]
+        for (_, _, output), (_, next_input, _) in itertools.pairwise(layouts):
+            assert output == next_input
+        assert layouts[0][1] == P() and layouts[-1][2] == P()  # whole inputs; whole predictions
+        assert all(weights != P() for (weights, _), _, _ in layouts)
+
+
+# An odd number of stages ends in a column-split stage, whose output is gathered for the loss.
+@pytest.mark.parametrize("stages", [4, 3])
+def test_pipeline_trains_like_plain_jax_and_its_loss_falls(
+    island: LocalIsland, stages: int
+) -> None:
+    pipeline = load_example("pipeline_mlp")
+    config = pipeline.Config(stages=stages, steps=4, learning_rate=0.5)
     with pw.connect(island) as cluster:
         losses, params = pipeline.run(cluster, config)
     expected_losses, expected_params = pipeline.reference(config)
