@@ -169,8 +169,9 @@ class LocalIsland:
             except subprocess.TimeoutExpired:
                 process.popen.kill()
                 process.popen.wait()
-            if process.popen.stdout:
-                process.popen.stdout.close()
+            for pipe in (process.popen.stdin, process.popen.stdout):
+                if pipe:
+                    pipe.close()
         self.executors, self.scheduler = [], None
 
     def exited(self) -> Process | None:
@@ -205,7 +206,10 @@ class LocalIsland:
         environment.pop("XLA_FLAGS", None)  # each executor sets its own device count
         with log.open("w") as stderr:
             popen = subprocess.Popen(
-                [sys.executable, *arguments],
+                # Each process stops once its standard input closes: this process holds the
+                # pipes' other ends, so the island goes with it even if it dies unstopped.
+                [sys.executable, *arguments, "--exit-with-launcher"],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,

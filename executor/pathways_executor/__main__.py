@@ -39,6 +39,11 @@ def parse() -> argparse.Namespace:
         default=os.path.expanduser("~/.cache/pathways/xla"),
         help="persistent XLA compilation cache folder ('' to disable)",
     )
+    parser.add_argument(
+        "--exit-with-launcher",
+        action="store_true",
+        help="stop when standard input closes (a local launcher holds its other end)",
+    )
     return parser.parse_args()
 
 

@@ -292,6 +292,20 @@ def serve(
     return server, bound
 
 
+def stop_when_stdin_closes() -> None:
+    """SIGTERM this process once its standard input reaches end of file. The launcher holds the
+    pipe's other end, so its processes stop with it even when it dies without stopping them
+    (SIGKILL, a crash), as a parent-death signal would, but tied to the launcher's process, not
+    to the thread that started them."""
+
+    def watch() -> None:
+        while sys.stdin.buffer.read(4096):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
 def main(args: argparse.Namespace) -> None:
     try:
         tls = load()
@@ -311,5 +325,7 @@ def main(args: argparse.Namespace) -> None:
     # Installed after JAX's own handlers (its preemption notifier also listens for SIGTERM).
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if args.exit_with_launcher:
+        stop_when_stdin_closes()
     server.wait_for_termination()
     sys.exit(0)

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import socket
 import struct
 import sys
@@ -568,6 +569,20 @@ def _limit_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def stop_when_stdin_closes() -> None:
+    """SIGTERM this process once its standard input reaches end of file. The launcher holds the
+    pipe's other end, so its processes stop with it even when it dies without stopping them
+    (SIGKILL, a crash), as a parent-death signal would, but tied to the launcher's process, not
+    to the thread that started them."""
+
+    def watch() -> None:
+        while sys.stdin.buffer.read(4096):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="pathways_scheduler", description="The gang scheduler of one island."
@@ -612,6 +627,11 @@ def main() -> None:
     parser.add_argument(
         "--session-port", type=int, default=0, help="client sessions' port (0 picks a free one)"
     )
+    parser.add_argument(
+        "--exit-with-launcher",
+        action="store_true",
+        help="stop when standard input closes (a local launcher holds its other end)",
+    )
     args = parser.parse_args()
     limit_problem = _limit_problem(args)
     if limit_problem:
@@ -642,6 +662,8 @@ def main() -> None:
         port = server.add_secure_port(address, tls.server_credentials())
     server.start()
     print(json.dumps({"ready": True, "port": port}), flush=True)
+    if args.exit_with_launcher:
+        stop_when_stdin_closes()
     try:
         server.wait_for_termination()
     except KeyboardInterrupt:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,6 +52,47 @@ def test_island_processes_share_the_launchers_session_not_its_process_group(
     for process in [island.scheduler, *island.executors]:
         assert os.getpgid(process.popen.pid) == process.popen.pid
         assert os.getsid(process.popen.pid) == os.getsid(0)
+
+
+# A launcher that starts an island, says its processes' ids, and waits to be killed.
+ORPHANING_LAUNCHER = """
+import json, sys, time
+from pathways_client.launcher import LocalIsland
+island = LocalIsland(hosts=2, devices_per_host=1, compilation_cache=sys.argv[1]).start()
+print(json.dumps([p.popen.pid for p in [*island.executors, island.scheduler]]), flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_an_island_stops_when_its_launcher_dies_without_stopping_it(compilation_cache) -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", ORPHANING_LAUNCHER, str(compilation_cache)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert launcher.stdout is not None
+        pids = json.loads(launcher.stdout.readline())
+        assert len(pids) == 3 and all(_running(pid) for pid in pids)
+    finally:
+        launcher.kill()  # no atexit, no stop(): only the closed pipes tell the island
+        launcher.wait()
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = [pid for pid in pids if _running(pid)]
+    for pid in survivors:  # a failure leaves nothing behind either
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors
 
 
 def test_three_node_chain_across_executors(island: LocalIsland) -> None:
