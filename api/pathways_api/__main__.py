@@ -17,6 +17,7 @@ from pathlib import Path
 import uvicorn
 
 from pathways_api.app import MAX_BODY_BYTES, create_app
+from pathways_api.lifeline import stop_when_stdin_closes
 from pathways_api.ratelimit import RATE_LIMIT_ENV, READ_RATE_LIMIT_ENV, budgets_from
 from pathways_api.tls import TlsConfigError, https_options
 from pathways_core.control.rate_limit import Budgets
@@ -91,6 +92,11 @@ def main(argv: list[str] | None = None) -> None:
         help="Each tenant's reads: RATE[,BURST] per second, 0 for no limit "
         f"(default: ${READ_RATE_LIMIT_ENV}, else 1000,10000).",
     )
+    parser.add_argument(
+        "--exit-with-launcher",
+        action="store_true",
+        help="stop when standard input closes (the embedded supervisor holds its other end)",
+    )
     arguments = parser.parse_args(argv)
     if arguments.max_body < 1:
         parser.error(
@@ -116,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     listener.listen(2048)  # connections wait in the backlog until uvicorn serves
     print(json.dumps({"port": listener.getsockname()[1], "pid": os.getpid()}), flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=False, **https)
+    if arguments.exit_with_launcher:
+        stop_when_stdin_closes()
     uvicorn.Server(config).run(sockets=[listener])
 
 

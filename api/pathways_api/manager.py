@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pathways_api.lifeline import stop_when_stdin_closes
 from pathways_api.run_job import ALREADY_RUNNING, paths, process_start, read_json
 from pathways_api.store import ISLAND, PROGRAM, SLICE, SqliteStore, now_text
 from pathways_core.control import (
@@ -687,12 +688,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="The embedded resource manager.")
     parser.add_argument("--state", type=Path, required=True, help="State directory.")
     parser.add_argument("--interval", type=float, default=0.1, help="Seconds between ticks.")
+    parser.add_argument(
+        "--exit-with-launcher",
+        action="store_true",
+        help="stop when standard input closes (the embedded supervisor holds its other end)",
+    )
     arguments = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     arguments.state.mkdir(parents=True, exist_ok=True)
     store = SqliteStore(arguments.state / "pathways.db")
     manager = Manager(store, arguments.state, interval=arguments.interval)
     signal.signal(signal.SIGTERM, lambda *_: manager._stop.set())
+    if arguments.exit_with_launcher:
+        stop_when_stdin_closes()
     print(json.dumps({"manager": os.getpid()}), flush=True)
     try:
         manager.run()

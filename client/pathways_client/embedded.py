@@ -229,12 +229,17 @@ class Supervisor:
         print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}", flush=True)
 
     def _spawn(self, name: str, arguments: list[str]) -> tuple[subprocess.Popen[str], dict]:
+        previous = self.children.get(name)
+        if previous is not None and previous.stdin:  # the child this one replaces
+            previous.stdin.close()
         with (self.state / f"{name}.log").open("a") as log:
             popen = subprocess.Popen(
-                [sys.executable, *arguments],
+                # Each child stops once its standard input closes: the supervisor holds the
+                # pipe's other end, so a supervisor killed unstopped leaves nothing running.
+                [sys.executable, *arguments, "--exit-with-launcher"],
                 stdout=subprocess.PIPE,
                 stderr=log,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 text=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "PATHWAYS_API_MODE": "embedded"},
             )
@@ -484,6 +489,8 @@ class Supervisor:
                 except subprocess.TimeoutExpired:
                     child.kill()
                     child.wait()
+            if child is not None and child.stdin:
+                child.stdin.close()
         for island in list(self.islands.values()):
             island.stop()
         for thread in list(self._restarting.values()):

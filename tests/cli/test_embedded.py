@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import textwrap
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import assert_all_stop
 
 from pathways_client.embedded import _alive, read_info
 
@@ -145,3 +147,17 @@ def test_up_submit_trace_cancel_down_and_up_again(state: Path, tmp_path: Path, p
     assert shown["status"]["phase"] == "Succeeded"
     assert "RESULT" in pathways("logs", "double", *api).output
     assert os.path.exists(state / "pathways.db")
+
+
+def test_a_killed_supervisor_leaves_nothing_running(state: Path, pathways) -> None:
+    """The API, the resource manager and the islands stop with a supervisor that is killed
+    (it cannot stop them): each watches a pipe whose other end only the supervisor holds."""
+    started = pathways("up", "--state", str(state), "--hosts", "1", "--devices", "4")
+    assert started.exit_code == 0, started.output
+    info = read_info(state)
+    assert info is not None and info.ready
+    pids = [info.api_pid, info.manager_pid]
+    pids += [pid for island in info.islands.values() for pid in island["pids"]]
+    assert len(pids) == 4 and all(_alive(pid) for pid in pids)  # API, manager, scheduler, executor
+    os.kill(info.supervisor, signal.SIGKILL)
+    assert_all_stop(pids)

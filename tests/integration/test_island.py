@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +17,9 @@ import numpy as np
 import pytest
 from conftest import executor_infos, export, f32, settled_executor_infos
 from conftest import increment as increment_of
+from processes import assert_all_stop
 
+from pathways_client.embedded import _alive
 from pathways_client.island_client import IslandClient, IslandError, Submitted
 from pathways_client.launcher import LocalIsland
 from pathways_core.wire import pb
@@ -64,15 +65,6 @@ time.sleep(600)
 """
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_an_island_stops_when_its_launcher_dies_without_stopping_it(compilation_cache) -> None:
     launcher = subprocess.Popen(
         [sys.executable, "-c", ORPHANING_LAUNCHER, str(compilation_cache)],
@@ -82,17 +74,11 @@ def test_an_island_stops_when_its_launcher_dies_without_stopping_it(compilation_
     try:
         assert launcher.stdout is not None
         pids = json.loads(launcher.stdout.readline())
-        assert len(pids) == 3 and all(_running(pid) for pid in pids)
+        assert len(pids) == 3 and all(_alive(pid) for pid in pids)
     finally:
         launcher.kill()  # no atexit, no stop(): only the closed pipes tell the island
         launcher.wait()
-    deadline = time.monotonic() + 30
-    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    survivors = [pid for pid in pids if _running(pid)]
-    for pid in survivors:  # a failure leaves nothing behind either
-        os.kill(pid, signal.SIGKILL)
-    assert not survivors
+    assert_all_stop(pids)
 
 
 def test_three_node_chain_across_executors(island: LocalIsland) -> None:
