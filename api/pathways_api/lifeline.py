@@ -1,4 +1,7 @@
-"""Stopping with the process that started this one (the embedded mode's supervisor)."""
+"""Stopping with the process that started this one (the embedded mode's supervisor).
+
+The executor, the scheduler and the API each hold a copy of this module, as of ``tls.py``:
+components never import each other, and ``pathways_core`` does no I/O."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from pathways_executor.arrays import local_regions
 from pathways_executor.buffers import BufferError
 from pathways_executor.control import ControlServer
 from pathways_executor.data_plane import DataPlaneServer, Puller
+from pathways_executor.lifeline import stop_when_stdin_closes
 from pathways_executor.rpc import MESSAGE_OPTIONS, generic_handler
 from pathways_executor.runner import INPUT_TIMEOUT_SECONDS, Runner
 from pathways_executor.tls import Tls, TlsConfigError, load
@@ -290,20 +291,6 @@ def serve(
     service.endpoint = f"{host}:{bound}"
     server.start()
     return server, bound
-
-
-def stop_when_stdin_closes() -> None:
-    """SIGTERM this process once its standard input reaches end of file. The launcher holds the
-    pipe's other end, so its processes stop with it even when it dies without stopping them
-    (SIGKILL, a crash), as a parent-death signal would, but tied to the launcher's process, not
-    to the thread that started them."""
-
-    def watch() -> None:
-        while sys.stdin.buffer.read(4096):
-            pass
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 def main(args: argparse.Namespace) -> None:

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import select
-import signal
 import socket
 import struct
 import sys
@@ -51,6 +50,7 @@ from pathways_core.wire.streams import (
     frames,
     messages,
 )
+from pathways_scheduler.lifeline import stop_when_stdin_closes
 from pathways_scheduler.rpc import MESSAGE_OPTIONS, generic_handler, stub
 from pathways_scheduler.tls import Tls, TlsConfigError, channel, load
 
@@ -567,20 +567,6 @@ def _limit_problem(args: argparse.Namespace) -> str | None:
     except ValueError as error:
         return str(error)
     return None
-
-
-def stop_when_stdin_closes() -> None:
-    """SIGTERM this process once its standard input reaches end of file. The launcher holds the
-    pipe's other end, so its processes stop with it even when it dies without stopping them
-    (SIGKILL, a crash), as a parent-death signal would, but tied to the launcher's process, not
-    to the thread that started them."""
-
-    def watch() -> None:
-        while sys.stdin.buffer.read(4096):
-            pass
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 def main() -> None:

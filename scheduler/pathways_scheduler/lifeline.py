@@ -1,0 +1,25 @@
+"""Stopping with the process that started this one (a local launcher).
+
+The executor, the scheduler and the API each hold a copy of this module, as of ``tls.py``:
+components never import each other, and ``pathways_core`` does no I/O."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+
+def stop_when_stdin_closes() -> None:
+    """SIGTERM this process once its standard input reaches end of file. The launcher holds the
+    pipe's other end, so its processes stop with it even when it dies without stopping them
+    (SIGKILL, a crash), as a parent-death signal would, but tied to the launcher's process, not
+    to the thread that started them."""
+
+    def watch() -> None:
+        while sys.stdin.buffer.read(4096):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
