@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import socket
 import struct
@@ -100,7 +101,7 @@ class DataPlaneServer:
             )
             for region, values in regions
         ]
-        header = bulk.reply(np.dtype(value.dtype).name, value.shape, headers)
+        header = bulk.reply(_dtype_name(value.dtype), value.shape, headers)
         payloads = [np.ascontiguousarray(v).reshape(-1).view(np.uint8) for _, v in regions]
         if sum(p.nbytes for p in payloads) <= SMALL_REPLY_BYTES:
             # A small array leaves in one write with its header: one wake-up of the peer.
@@ -113,6 +114,12 @@ class DataPlaneServer:
 
     def close(self) -> None:
         self._listener.close()
+
+
+@functools.cache
+def _dtype_name(dtype: Any) -> str:
+    """``np.dtype(dtype).name``, which costs ~7 µs a time."""
+    return np.dtype(dtype).name
 
 
 def _parse_request(data: bytes) -> tuple[str, float]:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import jax
 import numpy as np
+import pytest
 from conftest import chain_nodes, export, f32, increment
 
 from pathways_core.wire import pb
@@ -378,10 +379,12 @@ def test_a_forget_drops_what_came_before_it_and_not_what_is_registered_after() -
         assert (runner.functions.loaded, runner.functions.executables, runner.programs) == (0, 0, 0)
 
 
-def test_host_arrays_are_placed_on_the_devices_a_function_expects(monkeypatch) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "bool", "float64"])
+def test_host_arrays_are_placed_on_the_devices_a_function_expects(monkeypatch, dtype) -> None:
     """An input pulled from another executor arrives as a host array: it is put on the
     consumer's devices by the runtime call itself, or by ``jax.device_put`` where that call is
-    missing, with the same result."""
+    missing, with the same result as ``jax.device_put`` (a dtype JAX converts, as float64
+    without x64, converted alike)."""
     from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
     from jax.sharding import PartitionSpec as P
 
@@ -389,21 +392,28 @@ def test_host_arrays_are_placed_on_the_devices_a_function_expects(monkeypatch) -
 
     one = SingleDeviceSharding(jax.devices()[2])
     four = NamedSharding(Mesh(np.array(jax.devices()[4:8]), ("x",)), P("x"))
-    host = np.arange(32, dtype=np.float32).reshape(4, 8)
+    host = np.arange(32).reshape(4, 8).astype(jax.numpy.dtype(dtype))
 
     def placed_everywhere() -> None:
         for sharding in (one, four):
-            value = engine.place(host, sharding)
-            assert isinstance(value, jax.Array) and value.committed
-            assert value.sharding == sharding
-            np.testing.assert_array_equal(np.asarray(value), host)
+            for _ in range(2):  # the second time through what the first remembered
+                value = engine.place(host, sharding)
+                expected = jax.device_put(host, sharding)
+                assert isinstance(value, jax.Array) and value.committed
+                assert value.sharding == sharding
+                assert value.dtype == expected.dtype and value.shape == expected.shape
+                np.testing.assert_array_equal(np.asarray(value), np.asarray(expected))
             if sharding is four:  # each device holds its own row
                 for shard in value.addressable_shards:
-                    np.testing.assert_array_equal(np.asarray(shard.data), host[shard.index])
+                    np.testing.assert_array_equal(
+                        np.asarray(shard.data), np.asarray(expected)[shard.index]
+                    )
 
     placed_everywhere()
 
-    monkeypatch.setattr(engine, "pxla", types.SimpleNamespace())  # a jax without the call
+    # A jax without the runtime calls.
+    monkeypatch.setattr(engine, "pxla", types.SimpleNamespace())
+    monkeypatch.setattr(engine, "xc", types.SimpleNamespace())
     placed_everywhere()
 
 

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 LENGTH = struct.Struct("!I")
 MAX_HEADER_BYTES = 1 << 20
+# Made once: ``json.dumps`` with options builds an encoder per call, and ``json.loads`` of
+# bytes detects their encoding first (a few µs each, on every transfer's critical path).
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+_decode = json.JSONDecoder().decode
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ class Reply:
 
 def frame(payload: dict) -> bytes:
     """A length-prefixed JSON frame."""
-    data = json.dumps(payload, separators=(",", ":")).encode()
+    data = _encode(payload).encode()
     return LENGTH.pack(len(data)) + data
 
 
@@ -68,13 +72,13 @@ def header_length(prefix: bytes) -> int:
 
 
 def parse_request(data: bytes) -> tuple[str, float]:
-    payload = json.loads(data)
+    payload = _decode(data.decode())
     return str(payload["buffer"]), float(payload.get("timeout", 60.0))
 
 
 def parse_reply(data: bytes) -> Reply:
     """The reply's header; raises ``LookupError`` with the sender's message on an error."""
-    payload = json.loads(data)
+    payload = _decode(data.decode())
     if "error" in payload:
         raise LookupError(payload["error"])
     return Reply(
