@@ -65,3 +65,31 @@ def test_a_kept_connection_that_broke_is_replaced_by_a_fresh_one() -> None:
     finally:
         puller.close()
         server.close()
+
+
+def test_whole_arrays_of_every_layout_arrive_byte_for_byte() -> None:
+    """Each dtype and shape, small (one write with its header) and large (header, then the
+    bytes), a non-contiguous host array among them, and each layout twice (its header is
+    then the one made the first time, on both sides)."""
+    import ml_dtypes
+
+    values = {
+        "c/scalar": np.array(3.5, np.float32),
+        "c/bf16": np.arange(12, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(3, 4),
+        "c/bool": np.array([True, False, True]),
+        "c/int8": np.arange(-4, 4, dtype=np.int8),
+        "c/strided": np.arange(20, dtype=np.float64).reshape(4, 5)[:, ::2],
+        "c/large": np.arange(1 << 16, dtype=np.float32),  # 256 KiB: past one small write
+        "c/empty": np.zeros((0, 3), np.float32),
+    }
+    server = DataPlaneServer(Buffers(values))
+    puller = Puller()
+    try:
+        for _ in range(2):
+            for buffer_id, value in values.items():
+                got = fetch(puller, server.endpoint, buffer_id)
+                assert got.dtype == value.dtype and got.shape == value.shape, buffer_id
+                assert got.tobytes() == np.ascontiguousarray(value).tobytes(), buffer_id
+    finally:
+        puller.close()
+        server.close()

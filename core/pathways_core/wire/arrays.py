@@ -96,9 +96,12 @@ class Assembly:
             self.array = np.empty(shape, dtype)
         elif self.array.dtype != dtype or self.array.shape != shape:
             raise ValueError("regions of one array disagree on its dtype or shape")
-        region = tuple(slice(a, b) for a, b in zip(*bounds, strict=True))
-        extent = self.array[region].shape
-        whole = extent == self.array.shape
+        if bounds == ((0,) * len(shape), shape):  # the common case, told apart cheaply
+            region, whole = (), True
+        else:
+            region = tuple(slice(a, b) for a, b in zip(*bounds, strict=True))
+            extent = self.array[region].shape
+            whole = extent == self.array.shape
         target = self.array if whole else np.empty(extent, dtype)
         if target.nbytes != nbytes:
             raise ValueError("a region's size does not match its bounds")

@@ -13,6 +13,7 @@ spans hosts sends only the shards it holds. This module only encodes and decodes
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from dataclasses import dataclass
@@ -76,8 +77,10 @@ def parse_request(data: bytes) -> tuple[str, float]:
     return str(payload["buffer"]), float(payload.get("timeout", 60.0))
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_reply(data: bytes) -> Reply:
-    """The reply's header; raises ``LookupError`` with the sender's message on an error."""
+    """The reply's header; raises ``LookupError`` with the sender's message on an error.
+    Headers repeat (one per array layout), so the last ones parsed are remembered."""
     payload = _decode(data.decode())
     if "error" in payload:
         raise LookupError(payload["error"])
