@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 from test_dispatcher import FUNCTION, client_events, island, to_executors
 
-from pathways_core.scheduling import IslandDispatcher
+from pathways_core.scheduling import ExecutorSpec, IslandDispatcher
+from pathways_core.scheduling.island import TraceRecord
 from pathways_core.scheduling.programs import MAX_PROGRAM_NODES, check_program, program_digest
 from pathways_core.wire import pb
 
@@ -81,6 +82,40 @@ def test_a_call_completes_once_with_a_trace_record_per_node() -> None:
         ("a/p1/s1", (1,), 20, 30),
     ]
     assert all(r.seq == seq and r.client == "a" for r in dispatcher.trace)
+
+
+def test_the_trace_keeps_the_latest_reports_in_order_and_calls_cost_no_records_until_read() -> None:
+    """Calls and computations interleaved, far past the trace's limit: the trace holds the
+    latest records (the oldest tenth goes at the limit) in the order they were reported, and
+    a call's node records are made only when the trace is read (made as reported, 20,000
+    calls' worth at a time held the island for 3.5 s)."""
+    from test_dispatcher import ARTIFACT, computation, finish
+
+    dispatcher = IslandDispatcher(
+        [ExecutorSpec(0, "h:1", (0, 1, 2, 3))], policy="fifo", max_in_flight=16, trace_limit=100
+    )
+    dispatcher.connect("a")
+    dispatcher.register("a", pb.FunctionRegistration(function_id=FUNCTION, artifact=ARTIFACT))
+    dispatcher.placed("a", pb.PlacedBuffer(buffer_id="a/x", executor=0))
+    program = registered(dispatcher, chain([0, 1, 2, 3]))
+    expected = []
+    for n in range(60):
+        sent = to_executors(dispatcher.call("a", call(program, n)))
+        event = pb.ExecutorEvent(seq=sent[-1][1].seq, computation_id=f"a/p{n}", ok=True)
+        for k in range(4):
+            event.nodes.add(node=k, start_ns=k, end_ns=k + 1)
+        dispatcher.executor_event(event)
+        expected += [f"a/p{n}/s{k}" for k in range(4)]
+        (run,) = [c for _, c in to_executors(dispatcher.submit("a", computation("a", n)))]
+        finish(dispatcher, run.seq, 0)
+        expected.append(run.run.id)
+        dispatcher.delete("a", [f"a/r{n}", *run.run.outputs])
+    held = [entry for entry in dispatcher._trace if not isinstance(entry, TraceRecord)]
+    assert held, "the calls' node records were made before the trace was read"
+    records = [r.computation_id for r in dispatcher.trace]
+    assert 90 <= len(records) <= 100
+    assert records == expected[-len(records) :]
+    assert dispatcher.trace == dispatcher.trace  # read twice, made once: the same records
 
 
 def test_what_crosses_executors_is_pulled_from_its_maker_and_freed_after_the_call() -> None:
