@@ -22,6 +22,7 @@ import pytest
 from conftest import chain_nodes, export, f32, increment
 
 from pathways_core.wire import pb
+from pathways_executor import runner as runner_module
 from pathways_executor.functions import TOKEN_FROM_BYTES, FunctionCache
 from pathways_executor.runner import (
     HAND_OVER_EVERY,
@@ -285,10 +286,12 @@ def test_an_output_awaited_through_itself_is_taken_over_only_once_reported() -> 
         np.testing.assert_array_equal(np.asarray(runner.buffers.get("s-out", 10)), 4.0)
 
 
-def test_a_program_call_frees_each_intermediate_at_its_last_read() -> None:
-    """A chain of 4-device nodes called as a program: when a node is launched, the runner
-    holds its input and nothing older, as a JAX loop does (it held every intermediate until
-    the call was reported: at 1,048,576 floats per device, 2 GiB per 128-step call)."""
+@pytest.mark.parametrize("on_one_device", [False, True], ids=["4-device", "1-device"])
+def test_a_program_call_frees_each_intermediate_at_its_last_read(on_one_device: bool) -> None:
+    """A chain of 4-device nodes called as a program, or of 1-device nodes on each device in
+    turn: when a node is launched, the runner holds its input and nothing older, as a JAX loop
+    does (it held every intermediate until the call was reported: at 1,048,576 floats per
+    device, 2 GiB per 128-step call)."""
     events: queue.Queue[pb.ExecutorEvent] = queue.Queue()
     devices = {d.id: d for d in jax.devices()[:4]}
     runner = Runner(0, devices, lambda source: None, lambda batch: [events.put(e) for e in batch])
@@ -305,13 +308,16 @@ def test_a_program_call_frees_each_intermediate_at_its_last_read() -> None:
 
     runner._launch = watched_launch
     try:
-        doubled = export(lambda x: x * 2, f32(4 * FLOATS), devices=4, sharded=True)
+        doubled = export(
+            lambda x: x * 2, f32(4 * FLOATS), devices=1 if on_one_device else 4, sharded=True
+        )
         function_id = hashlib.sha256(doubled).hexdigest()
         register = pb.FunctionRegistration(function_id=function_id, artifact=doubled)
         stages = 12
+        slices = [k % 4 for k in range(stages)] if on_one_device else [range(4)] * stages
         program = pb.ProgramRegistration(
             program_id="chain",
-            nodes=chain_nodes(function_id, [range(4)] * stages),
+            nodes=chain_nodes(function_id, slices),
             arguments=["x"],
             results=[f"y{stages - 1}"],
         )
@@ -335,6 +341,76 @@ def test_a_program_call_frees_each_intermediate_at_its_last_read() -> None:
             np.testing.assert_array_equal(result, 2.0**stages)
         # Each launch: its input (the previous node's output) alone, of the call's outputs.
         assert max(held_at_launch) <= 1, held_at_launch
+    finally:
+        runner.stop()
+
+
+def test_later_calls_move_local_inputs_straight_and_compute_what_the_first_call_did(
+    monkeypatch,
+) -> None:
+    """From a program's second call on, a node on one device reading only outputs of nodes
+    before it takes them straight (``_moved``: no check, the runtime's copy between devices).
+    Every call computes the same: across devices, on one device (taking its last read over),
+    reading an output twice, and reading a multi-device node's output."""
+    events: queue.Queue[pb.ExecutorEvent] = queue.Queue()
+    devices = {d.id: d for d in jax.devices()[:4]}
+    runner = Runner(0, devices, lambda source: None, lambda batch: [events.put(e) for e in batch])
+    moved = []
+
+    def counted(moves, *rest):
+        moved.append(len(moves))
+        return runner_module._moved_straight(moves, *rest)
+
+    monkeypatch.setattr(runner_module, "_moved_straight", runner_module._moved, raising=False)
+    monkeypatch.setattr(runner_module, "_moved", counted)
+    try:
+        artifacts = {
+            "one": increment(FLOATS),
+            "add": export(lambda x, y: x + y, f32(FLOATS), f32(FLOATS)),
+            "all": export(lambda x: x + 1, f32(FLOATS), devices=4),  # replicated on 0-3
+        }
+        ids = {name: hashlib.sha256(a).hexdigest() for name, a in artifacts.items()}
+        commands = [
+            pb.ExecutorCommand(seq=seq, register=pb.FunctionRegistration(function_id=i, artifact=a))
+            for seq, (i, a) in enumerate(zip(ids.values(), artifacts.values(), strict=True))
+        ]
+
+        def node(name: str, function: str, on: list[int], *inputs: str) -> pb.Computation:
+            return pb.Computation(
+                id=name, function_id=ids[function], devices=on, inputs=inputs, outputs=[name]
+            )
+
+        nodes = [
+            node("a", "one", [0], "x"),  # an argument: through the checks always
+            node("b", "one", [1], "a"),  # copied from device 0
+            node("c", "one", [1], "b"),  # "b" is read again below: not taken over
+            node("d", "add", [1], "b", "c"),  # both last reads, on its device
+            node("e", "all", [0, 1, 2, 3], "d"),  # multi-device: through the checks always
+            node("f", "one", [2], "e"),  # from a multi-device array
+        ]
+        program = pb.ProgramRegistration(
+            program_id="p", nodes=nodes, arguments=["x"], results=["f"]
+        )
+        runner.put_array("x", np.ones(FLOATS, np.float32))
+        commands.append(pb.ExecutorCommand(seq=10, program=program))
+        taken_over = []
+        for n in range(3):
+            call = pb.ProgramCall(id=f"c{n}", program_id="p", arguments=["x"], results=[f"r{n}"])
+            runner.submit([*commands, pb.ExecutorCommand(seq=11 + n, call=call)])
+            commands = []
+            event = events.get(timeout=60)
+            assert event.ok, event.message
+            assert [node.node for node in event.nodes] == list(range(len(nodes)))
+            result = runner.buffers.get(f"r{n}", 10)
+            assert result.sharding == jax.sharding.SingleDeviceSharding(devices[2])
+            np.testing.assert_array_equal(np.asarray(result), 9.0)  # b + c = 3 + 4, then + 2
+            taken_over.append(runner.inputs_taken_over)
+            if n == 0:
+                assert moved == []  # the first call checks every input
+        # The single-device nodes reading local outputs only: b, c, d and f, in each later call.
+        assert moved == [1, 1, 2, 1] * 2
+        # "d" takes one of its inputs over in each later call (the first compiles the variant).
+        assert taken_over[2] - taken_over[1] == taken_over[1] - taken_over[0] >= 1
     finally:
         runner.stop()
 
