@@ -293,6 +293,8 @@ class SchedulerService:
                     if peer is None:
                         continue
                     peer.queue(instruction.event)
+                    if instruction.deferrable:  # goes out with the client's next event
+                        continue
                 touched[id(peer)] = peer
         for peer in (touched | freed).values():
             peer.flush()

@@ -19,6 +19,7 @@ from conftest import executor_infos, export, f32, settled_executor_infos
 from conftest import increment as increment_of
 from processes import assert_all_stop
 
+import pathways_client.island_client as island_client_module
 from pathways_client.embedded import _alive
 from pathways_client.island_client import IslandClient, IslandError, Submitted
 from pathways_client.launcher import LocalIsland
@@ -429,3 +430,33 @@ def test_a_session_that_is_not_ours_is_refused_and_the_island_keeps_serving(
         done = client.submit(client.register(INCREMENT, "increment"), [1], [x], 1)
         done.wait(30)
         np.testing.assert_array_equal(client.get(done.outputs[0]), np.full(4, 2.0))
+
+
+def test_a_client_with_work_outstanding_hears_its_completions_in_batches(
+    island: LocalIsland, monkeypatch
+) -> None:
+    """A client's completions wait for its next event while it has two or more other
+    computations outstanding (``MAX_HELD_COMPLETIONS`` at most): 40 computations of ~2 ms
+    submitted together reach the client in a few messages, not one each, and every one
+    completes."""
+    received: list[int] = []
+
+    def counted(read, parse):
+        for batch in messages(read, parse):
+            received.append(len(batch.events))
+            yield batch
+
+    monkeypatch.setattr(island_client_module, "messages", counted)
+    with IslandClient(island.scheduler_endpoint, "batched-completions") as client:
+        square = client.register(export(lambda x: jnp.tanh(x @ x) * 0.5, f32(256, 256)), "sq")
+        x = client.put(np.full((256, 256), 0.01, np.float32), device=0)
+        client.submit(square, [0], [x], 1).wait(60)  # compiled before the count
+        received.clear()
+        with client.batch():
+            calls = [client.submit(square, [0], [x], 1) for _ in range(40)]
+        calls[-1].wait(60)
+        assert all(call.done.done() and call.done.exception() is None for call in calls)
+        np.testing.assert_allclose(
+            client.get(calls[7].outputs[0]), np.tanh(np.full((256, 256), 0.0256)) * 0.5, rtol=1e-5
+        )
+    assert sum(received) == 40 and len(received) <= 8, received

@@ -8,6 +8,7 @@ import hashlib
 import pytest
 
 from pathways_core.scheduling import ExecutorSpec, IslandDispatcher, ToClient, ToExecutor
+from pathways_core.scheduling.island import HOLD_WHILE_PENDING, MAX_HELD_COMPLETIONS
 from pathways_core.wire import pb
 
 Event = pb.ClientEvent
@@ -331,3 +332,58 @@ def test_an_artifact_over_the_limit_is_refused_naming_the_limit() -> None:
     call.function_id = hashlib.sha256(big).hexdigest()
     assert "is not registered" in client_events(dispatcher.submit("a", call))[0].message
     assert to_executors(dispatcher.submit("a", computation("a", 2)))
+
+
+def outcomes(instructions) -> list[tuple[str, int, bool]]:
+    """The completions and failures among ``instructions``: client, kind, deferrable."""
+    return [
+        (i.client, i.event.kind, i.deferrable)
+        for i in instructions
+        if isinstance(i, ToClient) and i.event.kind in (Event.COMPLETED, Event.FAILED)
+    ]
+
+
+def test_a_completion_waits_for_the_clients_next_event_only_while_it_has_more_outstanding() -> None:
+    """A client with two or more other computations queued or running may get a completion
+    with its next event; with one or none it gets it at once, and a failure always at once.
+    Other clients' work does not count."""
+    assert HOLD_WHILE_PENDING == 2
+    dispatcher = island(max_in_flight=3)
+    for n in range(1, 6):  # c1-c3 run, c4 and c5 wait: queued work counts too
+        dispatcher.submit("a", computation("a", n))
+    for n in range(1, 5):
+        dispatcher.submit("b", computation("b", n, devices=(4,)))
+
+    def report(item_id: str, ok: bool = True) -> list[tuple[str, int, bool]]:
+        (seq,) = [seq for seq, flight in dispatcher._in_flight.items() if flight.id == item_id]
+        return outcomes(finish(dispatcher, seq, 0 if item_id.startswith("a") else 1, ok, "boom"))
+
+    assert report("a/c1") == [("a", Event.COMPLETED, True)]  # c2, c3 run; c4, c5 wait
+    assert report("a/c2") == [("a", Event.COMPLETED, True)]
+    assert report("a/c3", ok=False) == [("a", Event.FAILED, False)]  # failures: at once
+    dispatcher.submit("a", computation("a", 6))  # behind b's work
+    assert report("a/c4") == [("a", Event.COMPLETED, True)]  # c5 runs, c6 waits
+    # One other outstanding (c6), then none: at once, whatever b still has.
+    assert report("a/c5") == [("a", Event.COMPLETED, False)]
+    for n in range(1, 5):
+        assert report(f"b/c{n}")[0][2] == (n <= 2)
+    assert report("a/c6") == [("a", Event.COMPLETED, False)]
+
+
+def test_at_most_a_bounded_number_of_completions_wait_in_a_row() -> None:
+    """A client keeping its pipeline full still hears every ``MAX_HELD_COMPLETIONS``-th
+    completion at once, with those held before it: a caller waiting for room in its window
+    resumes long before the pipeline drains."""
+    count = 2 * MAX_HELD_COMPLETIONS + 10
+    dispatcher = island(max_in_flight=count)
+    for n in range(count):
+        dispatcher.submit("a", computation("a", n))
+    seqs = sorted(dispatcher._in_flight)
+    deferrable = [outcomes(finish(dispatcher, seq, 0))[0][2] for seq in seqs]
+    at_once = [position for position, held in enumerate(deferrable) if not held]
+    assert at_once == [
+        MAX_HELD_COMPLETIONS,
+        2 * MAX_HELD_COMPLETIONS + 1,
+        count - HOLD_WHILE_PENDING,
+        count - 1,
+    ]

@@ -42,3 +42,24 @@ def test_executors_sent_only_deletions_hear_after_those_sent_work() -> None:
     )
     assert flushed == ["executor 0", "executor 1", "client a", "executor 2"]
     assert [c.WhichOneof("kind") for c in service._executors[1].queued] == ["delete", "call"]
+
+
+def test_a_deferrable_event_waits_for_the_clients_next_and_leaves_with_it_in_order() -> None:
+    """A completion the dispatcher lets wait is queued for its client without waking it; the
+    client's next event that may not wait takes it along, in order."""
+    flushed: list[str] = []
+    service = SchedulerService.__new__(SchedulerService)
+    service._lock, service.dispatcher = threading.Lock(), None
+    service._executors = {}
+    service._clients = {name: RecordingPeer(f"client {name}", flushed) for name in "ab"}
+
+    def completed(client: str, name: str, deferrable: bool) -> ToClient:
+        event = pb.ClientEvent(kind=pb.ClientEvent.COMPLETED, computation_id=name)
+        return ToClient(client, event, deferrable)
+
+    service._handle(lambda dispatcher: [completed("a", "a/1", True), completed("b", "b/1", False)])
+    service._handle(lambda dispatcher: [completed("a", "a/2", True)])
+    assert flushed == ["client b"]
+    service._handle(lambda dispatcher: [completed("a", "a/3", False)])
+    assert flushed == ["client b", "client a"]
+    assert [e.computation_id for e in service._clients["a"].queued] == ["a/1", "a/2", "a/3"]

@@ -20,7 +20,13 @@ around it only moves messages. Guarantees:
   called them): once the last such session ends they are forgotten here and on the executors
   (after every command that used them), so an island serving many sessions for weeks holds
   only what its open sessions use;
-- bad requests are rejected at once with a message naming what is wrong.
+- bad requests are rejected at once with a message naming what is wrong;
+- a client's completion may wait for its next event (``ToClient.deferrable``) while the client
+  has ``HOLD_WHILE_PENDING`` or more other computations queued or running, at most
+  ``MAX_HELD_COMPLETIONS`` in a row: a client keeping a pipeline full is woken once per batch
+  of completions, not per completion. One with at most one other outstanding (a loop
+  dispatching a step ahead, a chain waiting on each call) gets each at once, and failures
+  always go out at once.
 """
 
 from __future__ import annotations
@@ -50,6 +56,12 @@ from pathways_core.wire import pb
 
 Event = pb.ClientEvent
 FORGET_PIECE = 1024  # ids per forget command (64 hex digits each)
+# A client's completions may be held back while it has this many other computations queued
+# or running, at most this many in a row (see the module docstring). Woken per completion,
+# eight tenants' client processes spent 267-285 µs of CPU per computation on two cores shared
+# with the island, one tenant 185-190; held, 181-190 for both.
+HOLD_WHILE_PENDING = 2
+MAX_HELD_COMPLETIONS = 32
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,9 @@ class ToExecutor:
 class ToClient:
     client: str
     event: pb.ClientEvent
+    # May go out with the client's next event instead of at once (a completion while it has
+    # more work outstanding; see the module docstring).
+    deferrable: bool = False
 
 
 Instruction = ToExecutor | ToClient
@@ -163,6 +178,8 @@ class IslandDispatcher:
         self._uses: dict[str, set[str]] = {}  # client -> function and program ids
         self._buffers: dict[str, frozenset[int]] = {}  # buffer id -> executors holding it
         self._in_flight: dict[int, _InFlight] = {}  # seq -> computation
+        self._running: dict[str, int] = {}  # client -> its computations in flight
+        self._held: dict[str, int] = {}  # client -> completions deferred since its last event
         self._down: dict[int, str] = {}  # executor -> why
         # Buffers another executor is pulling for an unfinished computation: a deletion waits
         # for them (the holder would otherwise free the bytes before the pull).
@@ -183,6 +200,7 @@ class IslandDispatcher:
     def disconnect(self, client: str) -> list[Instruction]:
         """A client's session ends: its queued work is dropped and its buffers deleted."""
         self.queue.remove_client(client)
+        self._held.pop(client, None)
         prefix = f"{client}/"
         self._deleting = {i for i in self._deleting if not i.startswith(prefix)}
         gone = [buffer_id for buffer_id in self._buffers if buffer_id.startswith(prefix)]
@@ -479,6 +497,7 @@ class IslandDispatcher:
                 self._source(flight, command, buffer_id, executor)
             instructions.append(ToExecutor(executor, command))
         self._in_flight[command_seq] = flight
+        self._running[client] = self._running.get(client, 0) + 1
         return instructions
 
     def _run_call(self, client: str, item: _Call) -> list[Instruction]:
@@ -508,6 +527,7 @@ class IslandDispatcher:
             if copies:
                 self._copies.setdefault(call.results[position], set()).update(copies)
         self._in_flight[command_seq] = flight
+        self._running[client] = self._running.get(client, 0) + 1
         return instructions
 
     def _failed_on_dispatch(
@@ -628,6 +648,10 @@ class IslandDispatcher:
 
     def _finish(self, seq: int) -> list[Instruction]:
         flight = self._in_flight.pop(seq)
+        if self._running[flight.client] == 1:
+            del self._running[flight.client]
+        else:
+            self._running[flight.client] -= 1
         released: dict[int, list[str]] = {}
         for buffer_id in flight.pulls:
             self._pulling[buffer_id] -= 1
@@ -653,7 +677,15 @@ class IslandDispatcher:
             )
         else:
             event = Event(kind=Event.COMPLETED, computation_id=flight.id, seq=seq)
-        return ToClient(flight.client, event)
+        client = flight.client
+        held = self._held.get(client, 0)
+        deferrable = (
+            not flight.errors
+            and held < MAX_HELD_COMPLETIONS
+            and self._running.get(client, 0) + self.queue.queued_by(client) >= HOLD_WHILE_PENDING
+        )
+        self._held[client] = held + 1 if deferrable else 0
+        return ToClient(client, event, deferrable)
 
     @property
     def trace(self) -> list[TraceRecord]:
