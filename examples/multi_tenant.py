@@ -62,9 +62,10 @@ def run(
     return shares(trace), results, trace
 
 
-def shares(trace: list[Any]) -> dict[int, float]:
-    """Each tenant's share of device time over the stretch where all of them had work queued:
-    from the last tenant's first computation to the first tenant's last."""
+def shares(trace: list[Any], by_time: bool = True) -> dict[int, float]:
+    """Each tenant's share of device time (or of computations: all are the same size) over
+    the stretch where all of them had work queued: from the last tenant's first computation
+    to the first tenant's last."""
     by_client: dict[str, list[Any]] = defaultdict(list)
     for record in trace:
         if record.client.startswith("tenant-w"):
@@ -74,7 +75,9 @@ def shares(trace: list[Any]) -> dict[int, float]:
     time: dict[int, float] = defaultdict(float)
     for client, records in by_client.items():
         weight = int(client.removeprefix("tenant-w"))
-        time[weight] += sum(r.end_ns - r.start_ns for r in records if start <= r.seq <= stop)
+        time[weight] += sum(
+            (r.end_ns - r.start_ns) if by_time else 1 for r in records if start <= r.seq <= stop
+        )
     total = sum(time.values()) or 1.0
     return {weight: time[weight] / total for weight in sorted(time)}
 

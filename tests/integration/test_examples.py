@@ -91,13 +91,18 @@ def test_multi_tenant_shares_follow_the_weights(compilation_cache: Path) -> None
         max_in_flight=2,
         compilation_cache=compilation_cache,
     ) as island:
-        shares, results, _ = tenants.run({island.name: island.scheduler_endpoint}, 120, 32)
+        shares, results, trace = tenants.run({island.name: island.scheduler_endpoint}, 120, 32)
     expected = tenants.reference(120, 32)
     for weight in tenants.WEIGHTS:
         np.testing.assert_allclose(results[weight], expected[weight], rtol=1e-5)
     total = sum(tenants.WEIGHTS)
-    # Device time under load on a shared machine: the order and rough size of each share
-    # (the scheduler's exact split is asserted by the island tests).
-    assert list(shares) == list(tenants.WEIGHTS)
-    for weight, share in shares.items():
-        assert share == pytest.approx(weight / total, rel=0.35), shares
+    # The computations each tenant got while all had work queued follow its weight (~15 of
+    # the lightest's: one more or less is 7%; the exact split is asserted by the island
+    # tests). Their device time does too, roughly: a few ms of a busy shared host's noise
+    # moves the lightest tenant's share by a third (1 in 10 runs, before and after
+    # 2026-11-27, when it was held to 35%).
+    counted = tenants.shares(trace, by_time=False)
+    assert list(shares) == list(counted) == list(tenants.WEIGHTS)
+    for weight in tenants.WEIGHTS:
+        assert counted[weight] == pytest.approx(weight / total, rel=0.2), counted
+        assert shares[weight] == pytest.approx(weight / total, rel=0.5), shares
