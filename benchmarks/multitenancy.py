@@ -73,12 +73,15 @@ def tenant_process(endpoint: str, name: str, weight: int, commands: Connection) 
 
 class Tenants:
     """Tenant processes of one island (``tenant-<index>-w<weight>``), started once and kept
-    for every run on it: starting eight processes that import JAX and connect takes ~10 s on
-    two cores, against ~1 s measured, so runs that each started their own spent most of the
-    suite's time there and could afford few rounds on this noisy machine."""
+    for every run on it: eight processes each importing JAX and connecting took ~10 s to
+    start on two cores, against ~1 s measured, so runs that each started their own spent
+    most of the suite's time there and could afford few rounds on this noisy machine. They
+    fork from a server process that only imported JAX and the SDK (no backend yet, so no
+    threads for a fork to break): eight then start in ~3 s."""
 
     def __init__(self, endpoint: str, weights: list[int]) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["jax", "jax.numpy", "numpy", "pathways_client"])
         self.processes: list[Any] = []
         self._pipes: list[Connection] = []
         for index, weight in enumerate(weights):
@@ -150,12 +153,12 @@ def _gone(process: Any) -> str:
 def aggregate_throughput(quick: bool) -> list[dict[str, Any]]:
     from pathways_client.launcher import LocalIsland
 
-    widths = [256, 65_536] if quick else [256, 16_384, 262_144]
+    widths = [256, 16_384] if quick else [256, 16_384, 262_144]
     counts = [1, 4, 8] if quick else [1, 2, 4, 8]
     many = counts[-1]
-    # Each run lasts about a second or more: shorter runs measure the clients' start (eight
-    # processes told to go one after another on two cores), not the island.
-    calls = 1500 if quick else 2000
+    # Each run lasts about a second (half that with --quick) or more: much shorter runs would
+    # measure the clients' start (eight processes told to go one after another), not the island.
+    calls = 1000 if quick else 2000
     rounds = ROUNDS_QUICK if quick else ROUNDS
     # Beside the tenants, the most clients' data from one client: what the host's caches cost
     # the same work without any tenancy (the second baseline).
