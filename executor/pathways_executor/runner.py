@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable as Fn
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -198,6 +198,10 @@ def last_uses(batch: Sequence[pb.ExecutorCommand]) -> dict[int, set[str]]:
     return uses
 
 
+# A node of a program call: its index, what is ready once it is done, when it was dispatched.
+_Node = tuple[int, Sequence[Any], int]
+
+
 @dataclass(eq=False)
 class _Dispatched:
     """A computation handed to the devices, until it is reported."""
@@ -211,15 +215,28 @@ class _Dispatched:
     # Whether ``awaited`` are the outputs.
     through_outputs: bool = False
     # A program call: its nodes here as (index, awaited, dispatched_ns), each reported with
-    # its own times, put as each is dispatched and ended by None (a call of collectives is
-    # handed over at its first, so each node is stamped when it ends, not when the last is
-    # dispatched); then, set before that None, the first failure among them, if any, and its
-    # outputs awaited through themselves (``_watched`` until reported).
-    nodes: queue.SimpleQueue[tuple[int, Sequence[Any], int] | None] | None = None
+    # its own times, put in groups (see ``send_nodes``) and ended by None (a call of
+    # collectives is handed over at its first, so its nodes are stamped as they end, not when
+    # the last is dispatched); then, set before that None, the first failure among them, if
+    # any, and its outputs awaited through themselves (``_watched`` until reported).
+    nodes: queue.SimpleQueue[list[_Node] | None] | None = None
+    # Nodes dispatched since the last group was put.
+    unsent: list[_Node] = field(default_factory=list)
     failure: str = ""
     watched: tuple[str, ...] = ()
     # A call handed over before its last node is in ``nodes``.
     dispatching: bool = False
+
+    def send_nodes(self) -> None:
+        """Put the nodes dispatched since the last group as one group: when the runner is
+        about to wait for anything, and once the call is dispatched. The completion thread
+        then wakes once a group, not twice a node (it took the runner's place in the
+        interpreter each time: a 4-device all-reduce chain of 262,144 floats ran ~3% faster
+        with one wake-up a group, ~4-11% with none while dispatching)."""
+        if self.unsent:
+            assert self.nodes is not None
+            self.nodes.put(self.unsent)
+            self.unsent = []
 
 
 # How a node's inputs reach its device when each is an output of a node before it here and
@@ -289,6 +306,8 @@ class Runner:
         self._completions: queue.Queue[Any] = queue.Queue()
         # Dispatched by the runner, not yet handed to the completion thread.
         self._dispatched: list[_Dispatched] = []
+        # The program call being dispatched, if any (its nodes so far go with a hand-over).
+        self._calling: _Dispatched | None = None
         # Outputs of unreported computations without a token: the completion thread waits for
         # them, so no later computation takes them over until then. The runner adds, the
         # completion thread removes (each a single set operation).
@@ -406,10 +425,13 @@ class Runner:
 
     def _hand_over(self) -> None:
         """Give what was dispatched to the completion thread: at the end of a batch, every
-        ``HAND_OVER_EVERY`` computations, and before the runner waits for anything."""
+        ``HAND_OVER_EVERY`` computations, and before the runner waits for anything (with the
+        nodes of the call being dispatched so far, as one group)."""
         if self._dispatched:
             self._completions.put(self._dispatched)
             self._dispatched = []
+        if self._calling is not None:
+            self._calling.send_nodes()
 
     def _register(self, command: pb.ExecutorCommand) -> None:
         registration = command.register
@@ -533,6 +555,7 @@ class Runner:
         record = _Dispatched(command, [], time.time_ns(), nodes=queue.SimpleQueue())
         assert record.nodes is not None
         to_prepare: _Variants = {}
+        self._calling = record
         try:
             known = self._plans.get(call.program_id)
             if known is None:
@@ -543,6 +566,8 @@ class Runner:
             else:
                 to_prepare = self._call_nodes(call, known, record)
         finally:
+            self._calling = None
+            record.send_nodes()
             record.nodes.put(None)
             if record.dispatching:
                 record.dispatching = False
@@ -638,14 +663,15 @@ class Runner:
                     local[name] = value
                     if through_outputs:
                         through.add(name)
-            record.nodes.put((step.index, awaited, started))
+            record.unsent.append((step.index, awaited, started))
             if collective:
                 if not record.dispatching:
                     # The call's collectives end one by one while the rest are launched
-                    # (each launch blocks a while): handed over at the first, each is stamped
-                    # as it ends, not once the call is dispatched. (A chain of single-device
-                    # nodes is short; watched while dispatched, its nodes woke the completion
-                    # thread each, and a 16-stage chain across hosts ran ~5% slower.)
+                    # (each launch blocks a while): handed over at the first, its nodes are
+                    # stamped a group at a time as they end, not once the call is dispatched.
+                    # (A chain of single-device nodes is short; watched while dispatched, its
+                    # nodes woke the completion thread each, and a 16-stage chain across hosts
+                    # ran ~5% slower.)
                     record.dispatching = True
                     self._dispatched.append(record)
                     self._hand_over()
@@ -906,28 +932,39 @@ class Runner:
             executor=self.index,
         )
 
+    def _stamp(self, event: pb.ExecutorEvent, group: list[_Node], end: int) -> None:
+        """Times for a group of a call's nodes, all done by ``end``: each starts once the
+        one before it here ended (or when it was dispatched, if later) and takes an even
+        share of the time left until ``end``. A group of one is stamped as it ended; a
+        group of like nodes (a chain's steps) gets what each took."""
+        for position, (index, _, dispatched) in enumerate(group):
+            start = max(dispatched, self._last_end_ns)
+            self._last_end_ns = start + (end - start) // (len(group) - position)
+            event.nodes.add(node=index, start_ns=start, end_ns=self._last_end_ns)
+
     def _complete_call(self, record: _Dispatched) -> pb.ExecutorEvent:
-        """A program call's report: each node's times here, stamped as its token is ready."""
+        """A program call's report: each node's times here, stamped a group of nodes at a
+        time as they are done (see ``_stamp``)."""
         call = record.command.call
         event = pb.ExecutorEvent(
             seq=record.command.seq, computation_id=call.id, executor=self.index
         )
         failed = ""  # the first node failing on the devices
         assert record.nodes is not None
-        while (node := record.nodes.get()) is not None:
-            index, awaited, dispatched = node
-            try:
-                for value in awaited:
-                    value.block_until_ready()
-            except Exception as error:
-                failed = failed or (
-                    f"node {index} of call {call.id!r} failed on executor {self.index}: "
-                    f"{type(error).__name__}: {error}"
-                )
-            end = time.time_ns()
-            start = max(dispatched, self._last_end_ns)
-            self._last_end_ns = end
-            event.nodes.add(node=index, start_ns=start, end_ns=end)
+        while (group := record.nodes.get()) is not None:
+            in_group = ""
+            # The newest first: on one device set, once it is done so are the others.
+            for index, awaited, _ in reversed(group):
+                try:
+                    for value in awaited:
+                        value.block_until_ready()
+                except Exception as error:  # the group's first failing node is named last
+                    in_group = (
+                        f"node {index} of call {call.id!r} failed on executor {self.index}: "
+                        f"{type(error).__name__}: {error}"
+                    )
+            failed = failed or in_group
+            self._stamp(event, group, time.time_ns())
         failure = record.failure or failed  # a dispatch failure comes first, as before
         if record.watched:  # later computations may take them over now
             self._watched.difference_update(record.watched)
