@@ -12,7 +12,7 @@ import pytest
 from pathways_client.island_client import IslandClient
 from pathways_client.launcher import LocalIsland
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+sys.path.append(str(Path(__file__).parents[2] / "benchmarks"))  # after the rest: shadows nothing
 from multitenancy import Tenants, median_round_figure
 
 
