@@ -231,8 +231,9 @@ class _Dispatched:
         """Put the nodes dispatched since the last group as one group: when the runner is
         about to wait for anything, and once the call is dispatched. The completion thread
         then wakes once a group, not twice a node (it took the runner's place in the
-        interpreter each time: a 4-device all-reduce chain of 262,144 floats ran ~3% faster
-        with one wake-up a group, ~4-11% with none while dispatching)."""
+        interpreter each time): on a 4-device all-reduce chain its CPU per node halved.
+        Handing the call over only once dispatched (no wake-up meanwhile) ran 4-11% faster
+        still, but stamped every node that ended before then at once."""
         if self.unsent:
             assert self.nodes is not None
             self.nodes.put(self.unsent)

@@ -176,8 +176,8 @@ def test_at_the_bound_the_runner_waits_for_its_oldest_work_only() -> None:
 def test_a_call_of_collectives_is_stamped_a_group_of_nodes_at_a_time(monkeypatch) -> None:
     """The completion thread gets a call's nodes in groups: those dispatched before each wait
     of the runner for the devices, and the rest at the end (one wake-up a group: waking it
-    twice a node cost a 4-device all-reduce chain ~3%). Each node still gets times of its own,
-    in order, none taking the span of the ones around it."""
+    twice a node took twice the thread's CPU). Each node still gets times of its own, in
+    order, none taking the span of the ones around it."""
     runner, events = four_device_runner()
     groups: list[list[int]] = []
     send = runner_module._Dispatched.send_nodes
