@@ -455,7 +455,7 @@ class IslandClient:
 
     def _read(self) -> None:
         try:
-            for batch in messages(self._session.recv_into, pb.ClientEventBatch.FromString):
+            for batch in messages(self._session.recv, pb.ClientEventBatch.FromString):
                 for event in batch.events:
                     self._on_event(event)
             reason = self._rejected or "the scheduler closed the session"

@@ -73,7 +73,7 @@ class ControlServer:
                 connection.close()
                 return
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        incoming = messages(connection.recv_into, pb.CommandBatch.FromString)
+        incoming = messages(connection.recv, pb.CommandBatch.FromString)
         if not self._hello(connection, incoming):
             connection.close()
             return

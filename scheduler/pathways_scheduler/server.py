@@ -261,7 +261,7 @@ class SchedulerService:
         def incoming() -> None:
             reason = "its command stream ended"
             try:
-                for batch in messages(connection.recv_into, pb.EventBatch.FromString):
+                for batch in messages(connection.recv, pb.EventBatch.FromString):
                     self._handle(
                         lambda d, b=batch: [i for e in b.events for i in d.executor_event(e)]
                     )
@@ -344,7 +344,7 @@ class SchedulerService:
     def _session(self, connection: socket.socket) -> None:
         """One client's session: a hello naming the client, then its requests; events back."""
         peer = Peer(connection, lambda events: pb.ClientEventBatch(events=events), hand_off=True)
-        incoming = messages(connection.recv_into, pb.ClientBatch.FromString)
+        incoming = messages(connection.recv, pb.ClientBatch.FromString)
         client = ""
         try:
             # The hello must come soon: a peer that sends nothing holds its thread briefly.

@@ -69,7 +69,7 @@ def first_event(address: tuple[str, int], data: bytes) -> pb.ExecutorEvent | Non
         connection.settimeout(BOUND)
         try:
             connection.sendall(data)
-            for batch in messages(connection.recv_into, pb.EventBatch.FromString):
+            for batch in messages(connection.recv, pb.EventBatch.FromString):
                 if batch.events:
                     return batch.events[0]
         except (ConnectionResetError, BrokenPipeError):

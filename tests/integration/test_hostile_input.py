@@ -318,7 +318,7 @@ def _until_marker(connection: socket.socket, marker: str) -> list[pb.ClientEvent
     """Events of a session up to the refusal of the marker registration (the scheduler
     handles a session's messages in order, so everything before it was handled)."""
     seen: list[pb.ClientEvent] = []
-    for batch in messages(connection.recv_into, pb.ClientEventBatch.FromString):
+    for batch in messages(connection.recv, pb.ClientEventBatch.FromString):
         seen += batch.events
         if any(e.function_id == marker for e in batch.events):
             return seen
@@ -421,7 +421,7 @@ def test_a_burst_of_large_registrations_does_not_cut_an_executor_off(
         ]
         connection.sendall(frame(pb.ClientBatch(messages=runs)))
         outcomes: dict[str, pb.ClientEvent] = {}
-        for batch in messages(connection.recv_into, pb.ClientEventBatch.FromString):
+        for batch in messages(connection.recv, pb.ClientEventBatch.FromString):
             outcomes.update((e.computation_id, e) for e in batch.events if e.computation_id)
             if len(outcomes) == len(runs):
                 break
@@ -901,7 +901,7 @@ class _Events:
 
     def _read(self) -> None:
         with contextlib.suppress(OSError):
-            for batch in messages(self._connection.recv_into, pb.EventBatch.FromString):
+            for batch in messages(self._connection.recv, pb.EventBatch.FromString):
                 with self._changed:
                     self._seen += batch.events
                     self._changed.notify_all()

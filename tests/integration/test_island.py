@@ -423,7 +423,7 @@ def test_a_session_that_is_not_ours_is_refused_and_the_island_keeps_serving(
         ]:
             with socket.create_connection((host, int(port)), timeout=10) as raw:
                 raw.sendall(garbage)
-                events = list(messages(raw.recv_into, pb.ClientEventBatch.FromString))
+                events = list(messages(raw.recv, pb.ClientEventBatch.FromString))
             assert [e.kind for b in events for e in b.events] == [pb.ClientEvent.REJECTED]
             assert reason in events[0].events[0].message
         x = client.put(np.ones(4, np.float32), device=1)

@@ -193,12 +193,9 @@ def test_both_directions_at_once_with_many_writers(authority, tmp_path) -> None:
             stream.sendall(b"%d:%06d:" % (tag, i) + body + b"\n")
 
     def read(stream, name: str) -> None:
-        # The server reads as the control streams do (``recv_into`` a kept buffer), the
-        # client with ``recv``.
         expected = writers * count * (size + 10)
-        buffer = memoryview(bytearray(1 << 16))
         while len(received[name]) < expected:
-            data = buffer[: stream.recv_into(buffer)] if name == "server" else stream.recv(1 << 16)
+            data = stream.recv(1 << 16)
             if not data:
                 return
             received[name] += data

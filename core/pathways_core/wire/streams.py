@@ -34,7 +34,11 @@ HANDSHAKE_TIMEOUT_SECONDS = 10.0
 # island's scheduler and executors; empty when unset). Anything else is dropped without touching
 # the current stream, so a stranger cannot cut the island off its executor.
 CONTROL_TOKEN_ENV = "PATHWAYS_CONTROL_TOKEN"
-RECEIVE_BYTES = 1 << 18
+# The most one read of a stream asks for. ``recv`` allocates that much and shrinks it to what
+# arrived: 256 KiB, above glibc's 128 KiB threshold, was mapped, shrunk with mremap and
+# unmapped at every read (~20 µs a small frame, against ~3.5 µs at 64 KiB from the heap); a
+# buffer kept per stream would hold its size for every idle session.
+RECEIVE_BYTES = 1 << 16
 
 
 def batches(pending: queue.Queue, wrap: Callable[[list[Any]], Any]) -> Iterator[Any]:
@@ -99,7 +103,7 @@ class FrameDecoder:
         self._max = max_bytes
         self._pending = bytearray()
 
-    def feed(self, data: bytes | memoryview) -> list[Any]:
+    def feed(self, data: bytes) -> list[Any]:
         """The messages completed by ``data`` (possibly none); raises ``FrameError`` on a frame
         longer than allowed or one that does not parse."""
         pending = self._pending
@@ -129,17 +133,11 @@ class FrameDecoder:
         return bool(self._pending)
 
 
-def messages(
-    receive_into: Callable[[memoryview], int], parse: Callable[[bytes], Any]
-) -> Iterator[Any]:
-    """The messages of a control stream read with ``receive_into`` (a socket's ``recv_into``)
-    until the peer closes it; raises ``FrameError`` if it closes in the middle of a frame."""
+def messages(receive: Callable[[int], bytes], parse: Callable[[bytes], Any]) -> Iterator[Any]:
+    """The messages of a control stream read with ``receive`` (a socket's ``recv``) until the
+    peer closes it; raises ``FrameError`` if it closes in the middle of a frame."""
     decoder = FrameDecoder(parse)
-    # One buffer for the stream's life: ``recv(RECEIVE_BYTES)`` allocates that much a read,
-    # which glibc serves with mmap, mremap and munmap (strace: all three at every read of the
-    # scheduler's; ~20 µs a read of a small frame against ~4 µs into a kept buffer).
-    buffer = memoryview(bytearray(RECEIVE_BYTES))
-    while count := receive_into(buffer):
-        yield from decoder.feed(buffer[:count])
+    while data := receive(RECEIVE_BYTES):
+        yield from decoder.feed(data)
     if decoder.partial:
         raise FrameError("the control stream ended in the middle of a frame")

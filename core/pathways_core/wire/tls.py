@@ -17,7 +17,7 @@ the REST API may give the CA alone (it authenticates with its bearer token).
 This module opens no file or socket and starts no thread: the components read the files
 (:func:`read_pem` is given their reading function), build their ``ssl.SSLContext`` and gRPC
 credentials, and hand ``TlsStream`` their connected socket and locks (as ``streams.messages``
-reads through the ``recv_into`` it is given); the TLS state itself lives in memory buffers
+reads through the ``recv`` it is given); the TLS state itself lives in memory buffers
 (``ssl.MemoryBIO``).
 """
 
@@ -29,6 +29,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pathways_core.wire.streams import RECEIVE_BYTES
+
 Bytes = bytes | bytearray | memoryview
 
 CERT_ENV = "PATHWAYS_TLS_CERT"
@@ -38,7 +40,6 @@ SERVER_NAME_ENV = "PATHWAYS_TLS_SERVER_NAME"
 # A peer that has not finished its handshake by then is dropped: a connection that sends
 # nothing must not hold a server's thread forever.
 HANDSHAKE_TIMEOUT_SECONDS = 30.0
-RECEIVE_BYTES = 1 << 18
 
 
 class TlsConfigError(ValueError):
@@ -140,7 +141,6 @@ class Connection(Protocol):
     """What ``TlsStream`` needs of a connected socket."""
 
     def recv(self, size: int, /) -> bytes: ...
-    def recv_into(self, buffer: memoryview, /) -> int: ...
     def sendall(self, data: Bytes, /) -> None: ...
     def settimeout(self, timeout: float | None, /) -> None: ...
 
@@ -175,9 +175,6 @@ class TlsStream:
             server_hostname=None if server_side else server_hostname,
         )
         self._state_lock, self._write_lock = state_lock, write_lock
-        # Encrypted bytes are read into this (the one reader's): ``recv`` would allocate
-        # RECEIVE_BYTES a read (see ``streams.messages``).
-        self._received = memoryview(bytearray(RECEIVE_BYTES))
 
     @classmethod
     def opened(
@@ -217,7 +214,7 @@ class TlsStream:
             except ssl.SSLError:
                 self._flush()  # the alert tells the peer why
                 raise
-            received = self._receive()
+            received = self.connection.recv(RECEIVE_BYTES)
             if not received:
                 raise ConnectionResetError("the peer closed the connection during the handshake")
             self._incoming.write(received)
@@ -226,29 +223,19 @@ class TlsStream:
 
     def recv(self, size: int) -> bytes:
         """Up to ``size`` decrypted bytes; ``b""`` when the peer closed the stream."""
-        buffer = bytearray(size)
-        return bytes(buffer[: self.recv_into(memoryview(buffer))])
-
-    def recv_into(self, buffer: memoryview) -> int:
-        """Decrypted bytes written into ``buffer`` (as many as are in hand, at most its
-        length): their count, 0 when the peer closed the stream."""
         while True:
             with self._state_lock:
                 try:
-                    return self._tls.read(len(buffer), buffer)
+                    return self._tls.read(size)
                 except ssl.SSLWantReadError:
                     pass
                 except ssl.SSLZeroReturnError:
-                    return 0
-            received = self._receive()
+                    return b""
+            received = self.connection.recv(RECEIVE_BYTES)
             if not received:
-                return 0
+                return b""
             with self._state_lock:
                 self._incoming.write(received)
-
-    def _receive(self) -> memoryview:
-        """The encrypted bytes one read of the socket gave (empty once the peer closed it)."""
-        return self._received[: self.connection.recv_into(self._received)]
 
     def sendall(self, data: Bytes) -> None:
         """Encrypt and send all of ``data`` (with whatever TLS records reading produced, such
