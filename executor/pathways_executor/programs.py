@@ -55,6 +55,8 @@ class Plan:
     # then known to fit).
     bound: dict[int, Any] = field(default_factory=dict)
     checked: bool = False
+    # Filled by the runner once checked: its runs of chain links by first position.
+    links: dict[int, Any] | None = None
 
     def stored_ids(self, call: pb.ProgramCall) -> list[str]:
         """The buffer ids this executor's nodes make as buffers in ``call``."""

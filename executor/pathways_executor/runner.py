@@ -271,6 +271,83 @@ def _moved(
     return arguments, donations
 
 
+@dataclass(frozen=True)
+class _LinkRun:
+    """Consecutive links of a chain: steps on one device, each reading one input, the one
+    output of the step just before it (on one device too, and read nowhere else), and making
+    one output, with no token on either side (so no input is taken over). Once a call ran
+    every step, a run is dispatched in a tight loop of copy and launch: the general loop body
+    cost ~20 µs a node more (the engine alone, alternated in one process: 46 µs a node against
+    66, a 16-node chain's call 1.08 ms against 1.43 ms)."""
+
+    end: int  # the position after the run's last step
+    input: str  # the first link's input, a local output
+    # Per link: its node's index, its jitted function, and the arguments of the copy to its
+    # device (None: the input is on its device already).
+    links: tuple[tuple[int, Any, tuple[list[Any], ...] | None], ...]
+    output: str  # the last link's output, its result position and whether it is a buffer
+    result: int
+    stored: bool
+
+
+def _is_link(known: Plan, position: int) -> bool:
+    """Whether a checked plan's step at ``position`` is a link (see _LinkRun)."""
+    if position == 0:
+        return False
+    step, before = known.steps[position], known.steps[position - 1]
+    function, devices, _, moves = known.bound[position]
+    producer, producer_devices, _, _ = known.bound[position - 1]
+    return (
+        moves is not None
+        and len(moves) == 1
+        and moves[0][1]  # its last read
+        and len(before.outputs) == 1
+        and moves[0][0] == before.outputs[0][0]
+        and len(devices) == len(producer_devices) == 1
+        and function.token_sharding is None
+        and producer.token_sharding is None
+        and function.out_count == len(step.outputs) == 1
+    )
+
+
+def _link_runs(known: Plan) -> dict[int, _LinkRun]:
+    """A checked plan's runs of links by their first position. A link whose output is a
+    buffer ends its run."""
+    runs: dict[int, _LinkRun] = {}
+    positions: list[int] = []
+    for position, step in enumerate(known.steps):
+        if _is_link(known, position):
+            positions.append(position)
+            if not step.stored[0]:
+                continue
+        if positions:
+            runs[positions[0]] = _link_run(known, positions)
+            positions = []
+    if positions:
+        runs[positions[0]] = _link_run(known, positions)
+    return runs
+
+
+def _link_run(known: Plan, positions: list[int]) -> _LinkRun:
+    """The run of links at ``positions`` (consecutive) of a checked plan."""
+    links = []
+    for position in positions:
+        function, devices, _, moves = known.bound[position]
+        producer_device = known.bound[position - 1][1][0]
+        copy = moves[0][3] if producer_device != devices[0] else None
+        links.append((known.steps[position].index, function.run, copy))
+    last = known.steps[positions[-1]]
+    ((output, result),) = last.outputs
+    return _LinkRun(
+        end=positions[-1] + 1,
+        input=known.bound[positions[0]][3][0][0],
+        links=tuple(links),
+        output=output,
+        result=result,
+        stored=last.stored[0],
+    )
+
+
 # Donating variants to compile, by function and positions: one node's arguments each (holding
 # every node's would keep each intermediate alive until the call's end).
 _Variants = dict[tuple[int, tuple[int, ...]], tuple[Callable, list[Any]]]
@@ -590,7 +667,16 @@ class Runner:
         failure = ""
         to_prepare: _Variants = {}
         bound, checked = known.bound, known.checked
+        resume = 0  # the position after a run of links dispatched
         for position, step in enumerate(known.steps):
+            if position < resume:
+                continue
+            run = known.links.get(position) if known.links else None
+            if run is not None and run.input in local:
+                problem = self._run_links(call, known, run, local, through, watched, failed, record)
+                failure = failure or problem
+                resume = run.end
+                continue
             node = step.node
             upstream = (
                 next((failed[n] for _, _, n in step.inputs if n in failed), "") if failed else ""
@@ -679,11 +765,52 @@ class Runner:
                 self._note_collective(awaited)
             if unprepared:
                 to_prepare.setdefault((id(function), unprepared), (function, arguments))
-        known.checked = known.checked or not failure
+        if not (known.checked or failure):
+            known.checked, known.links = True, _link_runs(known)
         self._watched.update(watched)
         self.executed.append(call.id)
         record.failure, record.watched = failure, tuple(watched)
         return to_prepare
+
+    def _run_links(
+        self,
+        call: pb.ProgramCall,
+        known: Plan,
+        run: _LinkRun,
+        local: dict[str, Any],
+        through: set[str],
+        watched: list[str],
+        failed: dict[str, str],
+        record: _Dispatched,
+    ) -> str:
+        """Dispatch a run of links, as ``_call_nodes`` does its nodes; returns the first
+        failure, if any."""
+        unsent = record.unsent
+        first = len(unsent)
+        value = local.pop(run.input)
+        try:
+            for index, function, copy_arguments in run.links:
+                started = time.time_ns()
+                if copy_arguments is not None:
+                    value = _COPY([value], *copy_arguments)[0]
+                outputs = function(value)
+                value = outputs[0]
+                unsent.append((index, outputs, started))
+        except Exception as error:  # XLA or JAX refused the call; the links after it fail
+            start = run.end - len(run.links) + len(unsent) - first
+            failing = known.steps[start].node
+            problem = self._node_failure(call, failing, f"{type(error).__name__}: {error}")
+            for step in known.steps[start : run.end]:
+                self._fail_outputs(call, step, problem, failed)
+            return problem
+        if run.stored:
+            buffer_id = output_id(call, run.output, run.result)
+            self.buffers.set(buffer_id, value)
+            watched.append(buffer_id)
+        else:
+            local[run.output] = value
+            through.add(run.output)
+        return ""
 
     def _bind(
         self, step: Step

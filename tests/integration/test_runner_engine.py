@@ -7,6 +7,7 @@ buffers of inputs it is the last use of."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import itertools
@@ -23,6 +24,7 @@ from conftest import chain_nodes, export, f32, increment
 
 from pathways_core.wire import pb
 from pathways_executor import runner as runner_module
+from pathways_executor.buffers import BufferError
 from pathways_executor.functions import TOKEN_FROM_BYTES, FunctionCache
 from pathways_executor.runner import (
     HAND_OVER_EVERY,
@@ -407,6 +409,19 @@ def test_a_program_call_frees_each_intermediate_at_its_last_read(on_one_device: 
         runner.stop()
 
 
+def count_moves(monkeypatch) -> list[int]:
+    """Inputs per call of ``_moved`` (a node's local inputs moved straight), from now on."""
+    moved: list[int] = []
+    moved_straight = runner_module._moved
+
+    def counted(moves, *rest):
+        moved.append(len(moves))
+        return moved_straight(moves, *rest)
+
+    monkeypatch.setattr(runner_module, "_moved", counted)
+    return moved
+
+
 def test_later_calls_move_local_inputs_straight_and_compute_what_the_first_call_did(
     monkeypatch,
 ) -> None:
@@ -417,14 +432,7 @@ def test_later_calls_move_local_inputs_straight_and_compute_what_the_first_call_
     events: queue.Queue[pb.ExecutorEvent] = queue.Queue()
     devices = {d.id: d for d in jax.devices()[:4]}
     runner = Runner(0, devices, lambda source: None, lambda batch: [events.put(e) for e in batch])
-    moved = []
-
-    def counted(moves, *rest):
-        moved.append(len(moves))
-        return runner_module._moved_straight(moves, *rest)
-
-    monkeypatch.setattr(runner_module, "_moved_straight", runner_module._moved, raising=False)
-    monkeypatch.setattr(runner_module, "_moved", counted)
+    moved = count_moves(monkeypatch)
     try:
         artifacts = {
             "one": increment(FLOATS),
@@ -473,6 +481,115 @@ def test_later_calls_move_local_inputs_straight_and_compute_what_the_first_call_
         assert moved == [1, 1, 2, 1] * 2
         # "d" takes one of its inputs over in each later call (the first compiles the variant).
         assert taken_over[2] - taken_over[1] == taken_over[1] - taken_over[0] >= 1
+    finally:
+        runner.stop()
+
+
+def small_chain_runner() -> tuple[Runner, queue.Queue[pb.ExecutorEvent], list[pb.ExecutorCommand]]:
+    """A runner of 4 devices, ``x`` put on device 0, and the commands registering program
+    ``p`` of small (token-less) nodes: a -> b -> c -> d -> e -> f, each adding 1. b, c and d
+    are a run of links (b copies its input from device 0, c reads it on its device, d's
+    output is a result); e reads d as a buffer, so it is no link; f alone is a run."""
+    events: queue.Queue[pb.ExecutorEvent] = queue.Queue()
+    devices = {d.id: d for d in jax.devices()[:4]}
+    runner = Runner(0, devices, lambda source: None, lambda batch: [events.put(e) for e in batch])
+    function_id = hashlib.sha256(increment()).hexdigest()
+    register = pb.FunctionRegistration(function_id=function_id, artifact=increment())
+    placement = {"a": 0, "b": 1, "c": 1, "d": 2, "e": 3, "f": 0}
+    nodes, previous = [], "x"
+    for name, device in placement.items():
+        nodes.append(
+            pb.Computation(
+                id=name,
+                function_id=function_id,
+                devices=[device],
+                inputs=[previous],
+                outputs=[name],
+            )
+        )
+        previous = name
+    program = pb.ProgramRegistration(
+        program_id="p", nodes=nodes, arguments=["x"], results=["d", "f"]
+    )
+    runner.put_array("x", np.ones(4, np.float32))
+    return (
+        runner,
+        events,
+        [
+            pb.ExecutorCommand(seq=1, register=register),
+            pb.ExecutorCommand(seq=2, program=program),
+        ],
+    )
+
+
+def call_p(runner: Runner, n: int, commands: list[pb.ExecutorCommand] = ()) -> None:
+    call = pb.ProgramCall(id=f"c{n}", program_id="p", arguments=["x"], results=[f"d{n}", f"f{n}"])
+    runner.submit([*commands, pb.ExecutorCommand(seq=10 + n, call=call)])
+
+
+def test_later_calls_dispatch_runs_of_links_in_one_loop_and_compute_what_the_first_did(
+    monkeypatch,
+) -> None:
+    """From a program's second call on, consecutive single-device nodes each reading the one
+    output of the node before them (a chain's links) go out in one tight loop, not through
+    ``_moved`` and the general loop body; every call computes the same, reports each node's
+    times, and makes its results as buffers on their nodes' devices."""
+    runner, events, commands = small_chain_runner()
+    moved = count_moves(monkeypatch)
+    try:
+        for n in range(3):
+            call_p(runner, n, commands if n == 0 else ())
+            event = events.get(timeout=60)
+            assert event.ok, event.message
+            assert [node.node for node in event.nodes] == list(range(6))
+            assert all(node.start_ns <= node.end_ns for node in event.nodes)
+            for result, value, device in ((f"d{n}", 5.0, 2), (f"f{n}", 7.0, 0)):
+                array = runner.buffers.get(result, 10)
+                assert array.sharding == jax.sharding.SingleDeviceSharding(runner.devices[device])
+                np.testing.assert_array_equal(np.asarray(array), value)
+            if n == 0:  # the first call checks every input; then the plan has its links
+                plan = runner._plans["p"]
+                assert {
+                    start: (run.end, len(run.links), run.stored)
+                    for start, run in plan.links.items()
+                } == {1: (4, 3, True), 5: (6, 1, True)}
+                # b copies from device 0, c and its input share device 1, d copies to 2.
+                assert [copy is None for _, _, copy in plan.links[1].links] == [False, True, False]
+        assert moved == []  # b, c, d and f went out as links in the later calls
+    finally:
+        runner.stop()
+
+
+def test_a_link_refused_at_dispatch_fails_its_call_naming_it_and_the_runner_goes_on() -> None:
+    """A link whose launch raises fails its node, the links after it and the nodes reading
+    them, and the call names it; the program's next call runs as before."""
+    runner, events, commands = small_chain_runner()
+    try:
+        call_p(runner, 0, commands)
+        assert events.get(timeout=60).ok
+        plan = runner._plans["p"]
+        links = plan.links[1]
+
+        def refused(value):
+            raise RuntimeError("the devices are gone")
+
+        index, _, copy = links.links[1]  # c
+        plan.links[1] = dataclasses.replace(
+            links, links=(links.links[0], (index, refused, copy), links.links[2])
+        )
+        call_p(runner, 1)
+        event = events.get(timeout=60)
+        assert not event.ok
+        assert "computation 'c' of call 'c1'" in event.message
+        assert "RuntimeError: the devices are gone" in event.message
+        for result in ("d1", "f1"):  # d is after c in its run; f reads d through e
+            with pytest.raises(BufferError, match="the devices are gone"):
+                runner.buffers.get(result, 10)
+
+        plan.links[1] = links
+        call_p(runner, 2)
+        assert events.get(timeout=60).ok
+        np.testing.assert_array_equal(np.asarray(runner.buffers.get("f2", 10)), 7.0)
     finally:
         runner.stop()
 
