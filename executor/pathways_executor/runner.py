@@ -1065,10 +1065,18 @@ class Runner:
         one before it here ended (or when it was dispatched, if later) and takes an even
         share of the time left until ``end``. A group of one is stamped as it ended; a
         group of like nodes (a chain's steps) gets what each took."""
+        indices, starts, ends = [], [], []
+        last = self._last_end_ns
         for position, (index, _, dispatched) in enumerate(group):
-            start = max(dispatched, self._last_end_ns)
-            self._last_end_ns = start + (end - start) // (len(group) - position)
-            event.nodes.add(node=index, start_ns=start, end_ns=self._last_end_ns)
+            start = max(dispatched, last)
+            last = start + (end - start) // (len(group) - position)
+            indices.append(index)
+            starts.append(start)
+            ends.append(last)
+        self._last_end_ns = last
+        event.node_indices.extend(indices)
+        event.node_starts_ns.extend(starts)
+        event.node_ends_ns.extend(ends)
 
     def _complete_call(self, record: _Dispatched) -> pb.ExecutorEvent:
         """A program call's report: each node's times here, stamped a group of nodes at a
@@ -1097,8 +1105,8 @@ class Runner:
         if record.watched:  # later computations may take them over now
             self._watched.difference_update(record.watched)
         event.ok, event.message = not failure, failure
-        if event.nodes:
-            event.start_ns, event.end_ns = event.nodes[0].start_ns, event.nodes[-1].end_ns
+        if event.node_indices:
+            event.start_ns, event.end_ns = event.node_starts_ns[0], event.node_ends_ns[-1]
         else:
             event.start_ns = event.end_ns = time.time_ns()
         return event

@@ -73,8 +73,9 @@ def test_a_call_completes_once_with_a_trace_record_per_node() -> None:
     sent = to_executors(dispatcher.call("a", call(program, 1)))
     seq = sent[-1][1].seq
     event = pb.ExecutorEvent(seq=seq, computation_id="a/p1", executor=0, ok=True)
-    event.nodes.add(node=0, start_ns=10, end_ns=20)
-    event.nodes.add(node=1, start_ns=20, end_ns=30)
+    event.node_indices.extend([0, 1])
+    event.node_starts_ns.extend([10, 20])
+    event.node_ends_ns.extend([20, 30])
     (done,) = client_events(dispatcher.executor_event(event))
     assert (done.kind, done.computation_id) == (Event.COMPLETED, "a/p1")
     assert [(r.computation_id, r.devices, r.start_ns, r.end_ns) for r in dispatcher.trace] == [
@@ -102,8 +103,9 @@ def test_the_trace_keeps_the_latest_reports_in_order_and_calls_cost_no_records_u
     for n in range(60):
         sent = to_executors(dispatcher.call("a", call(program, n)))
         event = pb.ExecutorEvent(seq=sent[-1][1].seq, computation_id=f"a/p{n}", ok=True)
-        for k in range(4):
-            event.nodes.add(node=k, start_ns=k, end_ns=k + 1)
+        event.node_indices.extend(range(4))
+        event.node_starts_ns.extend(range(4))
+        event.node_ends_ns.extend(range(1, 5))
         dispatcher.executor_event(event)
         expected += [f"a/p{n}/s{k}" for k in range(4)]
         (run,) = [c for _, c in to_executors(dispatcher.submit("a", computation("a", n)))]

@@ -348,7 +348,7 @@ class IslandDispatcher:
         if flight is None:
             return []  # a registration's failure, or a computation already failed
         if isinstance(flight.item, _Call):
-            self._keep((event, flight.client, flight.item), max(1, len(event.nodes)))
+            self._keep((event, flight.client, flight.item), max(1, len(event.node_indices)))
         else:
             record = self._trace_record(
                 event.seq,
@@ -707,16 +707,20 @@ class IslandDispatcher:
         ``<call id>/<node id>``, its node's name)."""
         nodes = item.program.registration.nodes
         records = []
-        for timing in event.nodes:
-            node = nodes[timing.node]
+        # Three arrays of one length, from an executor (not strict: a shorter one would only
+        # cut the records short, not stop the island).
+        for index, start_ns, end_ns in zip(
+            event.node_indices, event.node_starts_ns, event.node_ends_ns, strict=False
+        ):
+            node = nodes[index]
             records.append(
                 self._trace_record(
                     event.seq,
                     client,
                     node,
                     event.executor,
-                    timing.start_ns,
-                    timing.end_ns,
+                    start_ns,
+                    end_ns,
                     event.ok,
                     computation_id=intermediate_id(item.call.id, node.id),
                     name=node.name or node.id,
@@ -734,7 +738,7 @@ class IslandDispatcher:
             while self._trace_size > keep:
                 oldest = self._trace.popleft()
                 self._trace_size -= (
-                    1 if isinstance(oldest, TraceRecord) else max(1, len(oldest[0].nodes))
+                    1 if isinstance(oldest, TraceRecord) else max(1, len(oldest[0].node_indices))
                 )
 
     def _trace_record(

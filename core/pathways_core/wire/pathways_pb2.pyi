@@ -247,7 +247,7 @@ class ControlHello(_message.Message):
     def __init__(self, island: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class ExecutorEvent(_message.Message):
-    __slots__ = ("seq", "computation_id", "ok", "message", "start_ns", "end_ns", "executor", "nodes")
+    __slots__ = ("seq", "computation_id", "ok", "message", "start_ns", "end_ns", "executor", "node_indices", "node_starts_ns", "node_ends_ns")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     COMPUTATION_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
@@ -255,7 +255,9 @@ class ExecutorEvent(_message.Message):
     START_NS_FIELD_NUMBER: _ClassVar[int]
     END_NS_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
-    NODES_FIELD_NUMBER: _ClassVar[int]
+    NODE_INDICES_FIELD_NUMBER: _ClassVar[int]
+    NODE_STARTS_NS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ENDS_NS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     computation_id: str
     ok: bool
@@ -263,18 +265,10 @@ class ExecutorEvent(_message.Message):
     start_ns: int
     end_ns: int
     executor: int
-    nodes: _containers.RepeatedCompositeFieldContainer[NodeTiming]
-    def __init__(self, seq: _Optional[int] = ..., computation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., executor: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeTiming, _Mapping]]] = ...) -> None: ...
-
-class NodeTiming(_message.Message):
-    __slots__ = ("node", "start_ns", "end_ns")
-    NODE_FIELD_NUMBER: _ClassVar[int]
-    START_NS_FIELD_NUMBER: _ClassVar[int]
-    END_NS_FIELD_NUMBER: _ClassVar[int]
-    node: int
-    start_ns: int
-    end_ns: int
-    def __init__(self, node: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ...) -> None: ...
+    node_indices: _containers.RepeatedScalarFieldContainer[int]
+    node_starts_ns: _containers.RepeatedScalarFieldContainer[int]
+    node_ends_ns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq: _Optional[int] = ..., computation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., executor: _Optional[int] = ..., node_indices: _Optional[_Iterable[int]] = ..., node_starts_ns: _Optional[_Iterable[int]] = ..., node_ends_ns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ArrayChunk(_message.Message):
     __slots__ = ("buffer_id", "dtype", "shape", "total_bytes", "data", "begin", "region_start", "region_stop")
