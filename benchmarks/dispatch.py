@@ -12,7 +12,7 @@
    and across two: each stage submitted once its predecessor completed, against the chain
    registered once as a program and dispatched in one call (the target), and against its
    computations submitted together in one batch; and the same chain in plain JAX with no
-   control plane (``jax_stage_chain.py``): the most any dispatcher reaches on this machine.
+   control plane, as a JAX user writes it (``jax_stage_chain.py``).
 3. Pulling 1 KiB to 256 MiB from an executor over the bulk data plane (the code executors pull
    inputs with, over a kept connection) against raw loopback TCP between two processes over a
    kept connection.
@@ -411,7 +411,7 @@ def chain_records(rates: dict[str, float], stages: int, label: str) -> list[dict
     figures = [
         ("program", f"parallel-dispatch-{stages}", sequential, 8.0 if stages == 16 else None),
         ("batch", f"parallel-dispatch-{stages}, computations in one batch", sequential, None),
-        # The same chain with no control plane: the most any dispatcher reaches here.
+        # The same chain in plain JAX with no control plane, as a JAX user writes it.
         ("plain JAX", f"parallel-dispatch-{stages}, plain JAX", sequential, None),
     ]
     if stages == 16:  # how close one program call comes to it

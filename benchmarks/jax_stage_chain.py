@@ -1,5 +1,6 @@
-"""Plain JAX running the parallel suite's chain with no control plane at all: the least any
-dispatcher pays for it on this machine. One process per host of 4 fake CPU devices; stage s
+"""Plain JAX running the parallel suite's chain with no control plane at all, as a JAX user
+writes it (the island's executor, moving inputs through the runtime's copy, dispatches a
+node faster than ``jax.device_put`` does). One process per host of 4 fake CPU devices; stage s
 runs ``x * 1.0001 + 1`` on 1,024 floats on the island's device s % (4 x hosts), as in
 ``dispatch.py``'s chain suite, each stage's input put on its device by ``jax.device_put`` as a
 JAX user does. Where the chain moves to the other host the array goes over one kept loopback
