@@ -275,19 +275,24 @@ def _moved(
 class _LinkRun:
     """Consecutive links of a chain: steps on one device, each reading one input, the one
     output of the step just before it (on one device too, and read nowhere else), and making
-    one output, with no token on either side (so no input is taken over). Once a call ran
-    every step, a run is dispatched in a tight loop of copy and launch: the general loop body
-    cost ~20 µs a node more (the engine alone, alternated in one process: 46 µs a node against
-    66, a 16-node chain's call 1.08 ms against 1.43 ms)."""
+    one output, with no token on either side (so no input is taken over). A run may start at
+    a head: such a step reading one of the call's arguments instead, taken when the argument
+    is in hand on one device with the shape and dtype the head takes. Once a call ran every
+    step, a run is dispatched in a tight loop of copy and launch: the general loop body cost
+    ~20 µs a node more (the engine alone, alternated in one process: 46 µs a node against 66,
+    a 16-node chain's call 1.08 ms against 1.43 ms)."""
 
     end: int  # the position after the run's last step
-    input: str  # the first link's input, a local output
+    input: str  # the first link's input, a local output ("" after a head)
     # Per link: its node's index, its jitted function, and the arguments of the copy to its
-    # device (None: the input is on its device already).
+    # device (None: the input is on its device already; a head's always copies, which
+    # reuses the argument's buffer where it is on that device).
     links: tuple[tuple[int, Any, tuple[list[Any], ...] | None], ...]
     output: str  # the last link's output, its result position and whether it is a buffer
     result: int
     stored: bool
+    head: Callable | None = None  # a head's function, and the argument it reads
+    argument: int = -1
 
 
 def _is_link(known: Plan, position: int) -> bool:
@@ -310,41 +315,71 @@ def _is_link(known: Plan, position: int) -> bool:
     )
 
 
+def _is_head(known: Plan, position: int) -> bool:
+    """Whether a checked plan's step at ``position`` is a head (see _LinkRun)."""
+    step = known.steps[position]
+    function, devices, _, _ = known.bound[position]
+    return (
+        _COPY is not None
+        and len(step.inputs) == 1
+        and step.inputs[0][0] is Source.ARGUMENT
+        and len(devices) == 1
+        and isinstance(function.in_shardings[0], SingleDeviceSharding)
+        and function.token_sharding is None
+        and function.out_count == len(step.outputs) == 1
+    )
+
+
 def _link_runs(known: Plan) -> dict[int, _LinkRun]:
     """A checked plan's runs of links by their first position. A link whose output is a
-    buffer ends its run."""
+    buffer ends its run. A run from a head is also found from the link after it, for calls
+    whose argument the head does not take."""
     runs: dict[int, _LinkRun] = {}
     positions: list[int] = []
-    for position, step in enumerate(known.steps):
-        if _is_link(known, position):
-            positions.append(position)
-            if not step.stored[0]:
-                continue
+
+    def close() -> None:
         if positions:
             runs[positions[0]] = _link_run(known, positions)
-            positions = []
-    if positions:
-        runs[positions[0]] = _link_run(known, positions)
+            if len(positions) > 1 and runs[positions[0]].head is not None:
+                runs[positions[1]] = _link_run(known, positions[1:])
+            positions.clear()
+
+    for position, step in enumerate(known.steps):
+        if not _is_link(known, position):
+            close()
+            if not _is_head(known, position):
+                continue
+        positions.append(position)
+        if step.stored[0]:
+            close()
+    close()
     return runs
 
 
 def _link_run(known: Plan, positions: list[int]) -> _LinkRun:
-    """The run of links at ``positions`` (consecutive) of a checked plan."""
+    """The run of links at ``positions`` (consecutive) of a checked plan, from a head if the
+    first is one."""
     links = []
     for position in positions:
         function, devices, _, moves = known.bound[position]
-        producer_device = known.bound[position - 1][1][0]
-        copy = moves[0][3] if producer_device != devices[0] else None
+        if moves is None:  # a head
+            copy = _copy_arguments(function.in_shardings[0])
+        else:
+            producer_device = known.bound[position - 1][1][0]
+            copy = moves[0][3] if producer_device != devices[0] else None
         links.append((known.steps[position].index, function.run, copy))
-    last = known.steps[positions[-1]]
+    first, last = known.steps[positions[0]], known.steps[positions[-1]]
     ((output, result),) = last.outputs
+    head = first.inputs[0][0] is Source.ARGUMENT
     return _LinkRun(
         end=positions[-1] + 1,
-        input=known.bound[positions[0]][3][0][0],
+        input="" if head else first.inputs[0][2],
         links=tuple(links),
         output=output,
         result=result,
         stored=last.stored[0],
+        head=known.bound[positions[0]][0] if head else None,
+        argument=first.inputs[0][1] if head else -1,
     )
 
 
@@ -672,8 +707,12 @@ class Runner:
             if position < resume:
                 continue
             run = known.links.get(position) if known.links else None
-            if run is not None and run.input in local:
-                problem = self._run_links(call, known, run, local, through, watched, failed, record)
+            value = self._run_input(call, run, local) if run is not None else None
+            if value is not None:
+                assert run is not None
+                problem = self._run_links(
+                    call, known, run, value, through, local, watched, failed, record
+                )
                 failure = failure or problem
                 resume = run.end
                 continue
@@ -772,22 +811,37 @@ class Runner:
         record.failure, record.watched = failure, tuple(watched)
         return to_prepare
 
+    def _run_input(self, call: pb.ProgramCall, run: _LinkRun, local: dict[str, Any]) -> Any | None:
+        """A run's first input, taken from ``local``, if the run can go: a local output in hand,
+        or a head's argument on one device with the shape and dtype it takes. None: the
+        general loop takes the step (and checks the argument)."""
+        if run.head is None:
+            return local.pop(run.input) if run.input in local else None
+        value = self.buffers.peek(call.arguments[run.argument])
+        if (
+            isinstance(value, jax.Array)
+            and type(value.sharding) is SingleDeviceSharding
+            and (value.shape, value.dtype) == run.head.signature[0]
+        ):
+            return value
+        return None
+
     def _run_links(
         self,
         call: pb.ProgramCall,
         known: Plan,
         run: _LinkRun,
-        local: dict[str, Any],
+        value: Any,
         through: set[str],
+        local: dict[str, Any],
         watched: list[str],
         failed: dict[str, str],
         record: _Dispatched,
     ) -> str:
-        """Dispatch a run of links, as ``_call_nodes`` does its nodes; returns the first
-        failure, if any."""
+        """Dispatch a run of links from its first input ``value``, as ``_call_nodes`` does its
+        nodes; returns the first failure, if any."""
         unsent = record.unsent
         first = len(unsent)
-        value = local.pop(run.input)
         try:
             for index, function, copy_arguments in run.links:
                 started = time.time_ns()

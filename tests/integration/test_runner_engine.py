@@ -486,10 +486,11 @@ def test_later_calls_move_local_inputs_straight_and_compute_what_the_first_call_
 
 
 def small_chain_runner() -> tuple[Runner, queue.Queue[pb.ExecutorEvent], list[pb.ExecutorCommand]]:
-    """A runner of 4 devices, ``x`` put on device 0, and the commands registering program
-    ``p`` of small (token-less) nodes: a -> b -> c -> d -> e -> f, each adding 1. b, c and d
-    are a run of links (b copies its input from device 0, c reads it on its device, d's
-    output is a result); e reads d as a buffer, so it is no link; f alone is a run."""
+    """A runner of 4 devices, ``x`` put on device 0 (a host array), and the commands
+    registering program ``p`` of small (token-less) nodes: a -> b -> c -> d -> e -> f, each
+    adding 1. a, b, c and d are a run from a head (a reads the argument, b copies its input
+    from device 0, c reads it on its device, d's output is a result), also found from b on;
+    e reads d as a buffer, so it is no link; f alone is a run."""
     events: queue.Queue[pb.ExecutorEvent] = queue.Queue()
     devices = {d.id: d for d in jax.devices()[:4]}
     runner = Runner(0, devices, lambda source: None, lambda batch: [events.put(e) for e in batch])
@@ -522,8 +523,12 @@ def small_chain_runner() -> tuple[Runner, queue.Queue[pb.ExecutorEvent], list[pb
     )
 
 
-def call_p(runner: Runner, n: int, commands: list[pb.ExecutorCommand] = ()) -> None:
-    call = pb.ProgramCall(id=f"c{n}", program_id="p", arguments=["x"], results=[f"d{n}", f"f{n}"])
+def call_p(
+    runner: Runner, n: int, commands: list[pb.ExecutorCommand] = (), argument: str = "x"
+) -> None:
+    call = pb.ProgramCall(
+        id=f"c{n}", program_id="p", arguments=[argument], results=[f"d{n}", f"f{n}"]
+    )
     runner.submit([*commands, pb.ExecutorCommand(seq=10 + n, call=call)])
 
 
@@ -532,31 +537,54 @@ def test_later_calls_dispatch_runs_of_links_in_one_loop_and_compute_what_the_fir
 ) -> None:
     """From a program's second call on, consecutive single-device nodes each reading the one
     output of the node before them (a chain's links) go out in one tight loop, not through
-    ``_moved`` and the general loop body; every call computes the same, reports each node's
-    times, and makes its results as buffers on their nodes' devices."""
+    ``_moved`` and the general loop body, from the node reading the call's argument where the
+    argument is a device array of the shape it takes; every call computes the same, reports
+    each node's times, and makes its results as buffers on their nodes' devices. An argument
+    of another shape still gets the general loop's clear error."""
     runner, events, commands = small_chain_runner()
     moved = count_moves(monkeypatch)
+    through_general_loop: list[str] = []
+    node_inputs = runner._node_inputs
+
+    def counted_inputs(call, step, *rest):
+        through_general_loop.append(step.node.id)
+        return node_inputs(call, step, *rest)
+
+    runner._node_inputs = counted_inputs
     try:
-        for n in range(3):
-            call_p(runner, n, commands if n == 0 else ())
+        # Calls 0-2 read x (a host array: a takes the general loop), call 3 reads d2 (a device
+        # array on device 2: a heads the run).
+        for n, argument, first in ((0, "x", 1.0), (1, "x", 1.0), (2, "x", 1.0), (3, "d2", 5.0)):
+            through_general_loop.clear()
+            call_p(runner, n, commands if n == 0 else (), argument)
             event = events.get(timeout=60)
             assert event.ok, event.message
             assert list(event.node_indices) == list(range(6))
             times = zip(event.node_starts_ns, event.node_ends_ns, strict=True)
             assert all(start <= end for start, end in times)
-            for result, value, device in ((f"d{n}", 5.0, 2), (f"f{n}", 7.0, 0)):
+            for result, value, device in ((f"d{n}", first + 4, 2), (f"f{n}", first + 6, 0)):
                 array = runner.buffers.get(result, 10)
                 assert array.sharding == jax.sharding.SingleDeviceSharding(runner.devices[device])
                 np.testing.assert_array_equal(np.asarray(array), value)
             if n == 0:  # the first call checks every input; then the plan has its links
                 plan = runner._plans["p"]
                 assert {
-                    start: (run.end, len(run.links), run.stored)
+                    start: (run.end, len(run.links), run.stored, run.head is not None)
                     for start, run in plan.links.items()
-                } == {1: (4, 3, True), 5: (6, 1, True)}
+                } == {0: (4, 4, True, True), 1: (4, 3, True, False), 5: (6, 1, True, False)}
                 # b copies from device 0, c and its input share device 1, d copies to 2.
                 assert [copy is None for _, _, copy in plan.links[1].links] == [False, True, False]
+            else:
+                assert through_general_loop == (["a", "e"] if argument == "x" else ["e"])
         assert moved == []  # b, c, d and f went out as links in the later calls
+
+        runner.buffers.set("wide", jax.device_put(np.ones(8, np.float32), runner.devices[0]))
+        call_p(runner, 4, (), "wide")
+        event = events.get(timeout=60)
+        assert not event.ok
+        assert "input 0 of function" in event.message and "float32[8], expected float32[4]" in (
+            event.message
+        )
     finally:
         runner.stop()
 
