@@ -817,6 +817,8 @@ class Runner:
         general loop takes the step (and checks the argument)."""
         if run.head is None:
             return local.pop(run.input) if run.input in local else None
+        if run.argument >= len(call.arguments):  # the general loop names what is missing
+            return None
         value = self.buffers.peek(call.arguments[run.argument])
         if (
             isinstance(value, jax.Array)

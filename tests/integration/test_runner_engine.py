@@ -540,7 +540,8 @@ def test_later_calls_dispatch_runs_of_links_in_one_loop_and_compute_what_the_fir
     ``_moved`` and the general loop body, from the node reading the call's argument where the
     argument is a device array of the shape it takes; every call computes the same, reports
     each node's times, and makes its results as buffers on their nodes' devices. An argument
-    of another shape still gets the general loop's clear error."""
+    of another shape still gets the general loop's clear error, and a call missing its
+    argument fails alone."""
     runner, events, commands = small_chain_runner()
     moved = count_moves(monkeypatch)
     through_general_loop: list[str] = []
@@ -585,6 +586,13 @@ def test_later_calls_dispatch_runs_of_links_in_one_loop_and_compute_what_the_fir
         assert "input 0 of function" in event.message and "float32[8], expected float32[4]" in (
             event.message
         )
+        # A call missing its argument (the scheduler refuses one): the general loop fails it,
+        # and the runner goes on.
+        short = pb.ProgramCall(id="c5", program_id="p", arguments=[], results=["d5", "f5"])
+        runner.submit([pb.ExecutorCommand(seq=15, call=short)])
+        assert not events.get(timeout=60).ok
+        call_p(runner, 6)
+        assert events.get(timeout=60).ok
     finally:
         runner.stop()
 
