@@ -231,7 +231,10 @@ def test_a_call_of_collectives_is_stamped_a_group_of_nodes_at_a_time(monkeypatch
         times = list(zip(report.node_starts_ns, report.node_ends_ns, strict=True))
         assert all(start < end for start, end in times)
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(times))
-        spans = [end - start for start, end in times]
+        # The first node is a group of one, stamped as it ended: its span is its own, however
+        # long the host kept it (4.1 ms of 9.4 in one CI run). A grouped node taking its
+        # group's span would take ~1/3 of the call.
+        spans = [end - start for start, end in times[1:]]
         assert max(spans) < (times[-1][1] - times[0][0]) / 4, spans
     finally:
         runner.stop()
