@@ -707,11 +707,9 @@ class Runner:
             if position < resume:
                 continue
             run = known.links.get(position) if known.links else None
-            value = self._run_input(call, run, local) if run is not None else None
-            if value is not None:
-                assert run is not None
+            if run is not None and (value := self._run_input(call, run, local)) is not None:
                 problem = self._run_links(
-                    call, known, run, value, through, local, watched, failed, record
+                    call, known, run, value, local, through, watched, failed, record
                 )
                 failure = failure or problem
                 resume = run.end
@@ -834,8 +832,8 @@ class Runner:
         known: Plan,
         run: _LinkRun,
         value: Any,
-        through: set[str],
         local: dict[str, Any],
+        through: set[str],
         watched: list[str],
         failed: dict[str, str],
         record: _Dispatched,
