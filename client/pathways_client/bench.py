@@ -379,6 +379,45 @@ def write_results(path: Path, section: str) -> None:
     path.write_text(text)
 
 
+def check_outputs(json_path: Path | None, plots: Path | None, results: Path | None) -> None:
+    """Make the folders the outputs go to and try writing there, or fail before any suite
+    runs (a full run takes ~20 minutes, and its figures would be lost at the end), naming
+    the option."""
+    for option, path, is_folder in (
+        ("--json", json_path, False),
+        ("--results", results, False),
+        ("--plots", plots, True),
+    ):
+        if path is None:
+            continue
+        folder = path if is_folder else path.parent
+        in_the_way = next(p for p in (path, *path.parents) if p.exists())
+        if in_the_way != path and not in_the_way.is_dir():
+            raise click.BadParameter(f"{in_the_way} is a file, not a folder", param_hint=option)
+        if path.exists() and path.is_dir() != is_folder:
+            expected = "a folder" if is_folder else "a file"
+            raise click.BadParameter(f"{path} is not {expected}", param_hint=option)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            _try_writing(path, is_folder)
+        except OSError as error:
+            raise click.BadParameter(
+                f"cannot write {path}: {error.strerror or error}", param_hint=option
+            ) from None
+
+
+def _try_writing(path: Path, is_folder: bool) -> None:
+    """Write to ``path`` (a file in it if a folder) without changing what is there."""
+    if is_folder:
+        with tempfile.TemporaryFile(dir=path):
+            return
+    existed = path.exists()
+    with path.open("a"):
+        pass
+    if not existed:
+        path.unlink()
+
+
 def plot(records: list[dict[str, Any]], directory: Path) -> list[Path]:
     """One PNG per suite: each figure's ratio against its target."""
     import matplotlib
@@ -464,12 +503,14 @@ def bench_command(
 ) -> None:
     """Run the paper's evaluation on fake devices: each figure a ratio against a baseline
     measured in the same run."""
+    check_outputs(json_path, plots, results)
     # A log or a file gets lines as wide as the figures' names need, not 80 columns.
     console = Console() if sys.stdout.isatty() else Console(width=160)
     chosen = [suite for suite in SUITES if not only or suite.name in only]
     info = machine()
     command = "pathways bench " + " ".join(sys.argv[2:])
     records: list[dict[str, Any]] = []
+    interrupted = ""  # the suite a Ctrl-C stopped
     seconds: dict[str, float] = {}  # by suite (the control suite runs three scripts)
     with Progress(
         SpinnerColumn(),
@@ -482,7 +523,11 @@ def bench_command(
         for suite in chosen:
             progress.update(task, description=f"{suite.name}: {suite.description}")
             started = time.monotonic()
-            records += run_suite(suite, quick, plots=plots)
+            try:
+                records += run_suite(suite, quick, plots=plots)
+            except KeyboardInterrupt:  # what finished is still reported and written
+                interrupted = f"{suite.name} ({suite.script})"
+                break
             seconds[suite.name] = seconds.get(suite.name, 0.0) + time.monotonic() - started
             progress.advance(task)
     for table in summary_tables(records):
@@ -503,6 +548,13 @@ def bench_command(
         written += sorted(plots.glob("figure9-*.png"))
     for path in written:
         console.print(f"plot: {path}")
+    if interrupted:
+        console.print(
+            f"Interrupted in {interrupted}: the figures above are of the suites that finished"
+            + (f"; {results} was left as it was." if results else "."),
+            style="red",
+        )
+        raise SystemExit(130)
     if results:
         write_results(results, markdown(records, command, info, written, seconds))
         console.print(f"results: {results}")

@@ -3,18 +3,23 @@ the generated section of RESULTS.md."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+from click.testing import CliRunner
 from rich.console import Console
 
+from pathways_client import bench
 from pathways_client.bench import (
     BEGIN,
     END,
     SUITES,
     Suite,
+    bench_command,
     command_line,
     cpu_caches,
     cpu_model,
@@ -56,6 +61,112 @@ def test_a_failing_script_becomes_a_failed_record() -> None:
     missing = Suite("control", "no_such_benchmark.py", (), (), "")
     (record,) = run_suite(missing, quick=True)
     assert verdict(record) == "FAILED" and "is missing" in record["error"]
+
+
+def test_outputs_that_cannot_be_written_fail_before_any_suite_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full run takes ~20 minutes: an output path it could not write at the end is named,
+    with why, before the first suite starts, and nothing is left behind."""
+
+    def must_not_run(*args: Any, **kwargs: Any) -> list[dict]:
+        raise AssertionError("a suite ran")
+
+    monkeypatch.setattr(bench, "run_suite", must_not_run)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("kept")
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark results\n")
+    for arguments, expected in (
+        (["--json", f"{a_file}/deeper/records.json"], f"--json: {a_file} is a file, not a folder"),
+        (["--json", str(tmp_path)], f"--json: {tmp_path} is not a file"),
+        (["--plots", str(a_file)], f"--plots: {a_file} is not a folder"),
+        (["--results", str(tmp_path)], f"--results: {tmp_path} is not a file"),
+        (["--json", "/proc/records.json"], "--json: cannot write /proc/records.json: "),
+        (["--plots", "/proc/plots"], "--plots: cannot write /proc/plots: "),
+        # One bad output among good ones: the good ones' folders may be made, nothing runs.
+        (
+            [
+                "--results",
+                str(results),
+                "--json",
+                str(tmp_path / "new" / "r.json"),
+                "--plots",
+                f"{a_file}/plots",
+            ],
+            f"--plots: {a_file} is a file, not a folder",
+        ),
+    ):
+        result = CliRunner().invoke(bench_command, ["--only", "control", *arguments])
+        assert result.exit_code == 2, (arguments, result.output)
+        assert expected in " ".join(result.output.split()), (arguments, result.output)
+    assert a_file.read_text() == "kept" and results.read_text() == "# Benchmark results\n"
+    assert not (tmp_path / "new" / "r.json").exists()
+
+
+def test_output_folders_are_made_before_the_suites_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    json_path, plots = tmp_path / "out" / "records.json", tmp_path / "figures" / "png"
+    results = tmp_path / "docs" / "RESULTS.md"
+    seen: list[bool] = []
+
+    def one_record(suite: Suite, quick: bool, plots: Path | None = None) -> list[dict]:
+        seen.append(json_path.parent.is_dir() and plots is not None and plots.is_dir())
+        record = {
+            "name": suite.script,
+            "value": 2.0,
+            "baseline": 1.0,
+            "ratio": 2.0,
+            "unit": "x",
+            "target": None,
+            "parameters": {},
+        }
+        return normalize([record], suite)
+
+    monkeypatch.setattr(bench, "run_suite", one_record)
+    arguments = ["--only", "control", "--json", str(json_path), "--plots", str(plots)]
+    result = CliRunner().invoke(bench_command, [*arguments, "--results", str(results)])
+    assert result.exit_code == 0, result.output
+    assert seen and all(seen)
+    assert len(json.loads(json_path.read_text())) == len(seen)
+    assert BEGIN in results.read_text() and (plots / "bench-control.png").stat().st_size > 0
+
+
+def test_an_interrupted_run_reports_and_writes_the_suites_that_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C in the third suite: the first two suites' figures are printed, written to the
+    JSON and drawn; the hand-kept RESULTS.md is not replaced by a part of a run."""
+    ran: list[str] = []
+
+    def interrupted_third(suite: Suite, quick: bool, plots: Path | None = None) -> list[dict]:
+        ran.append(suite.name)
+        if len(ran) == 3:
+            raise KeyboardInterrupt
+        record = {
+            "name": f"figure-{len(ran)}",
+            "value": 2.0,
+            "baseline": 1.0,
+            "ratio": 2.0,
+            "unit": "x",
+            "target": 1.5,
+            "parameters": {},
+        }
+        return normalize([record], suite)
+
+    monkeypatch.setattr(bench, "run_suite", interrupted_third)
+    json_path, plots, results = tmp_path / "r.json", tmp_path / "plots", tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark results\n")
+    arguments = ["--json", str(json_path), "--plots", str(plots), "--results", str(results)]
+    result = CliRunner().invoke(bench_command, arguments)
+    assert result.exit_code == 130, result.output
+    output = " ".join(result.output.split())
+    assert "figure-1" in output and "figure-2" in output
+    assert f"Interrupted in {SUITES[2].name} ({SUITES[2].script})" in output
+    assert f"{results} was left as it was" in output
+    assert [r["name"] for r in json.loads(json_path.read_text())] == ["figure-1", "figure-2"]
+    assert list(plots.glob("bench-*.png")) and results.read_text() == "# Benchmark results\n"
 
 
 def test_verdicts_against_targets() -> None:
