@@ -22,6 +22,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from arguments import at_least
 from rich.console import Console
 from rich.table import Table
 
@@ -146,8 +147,8 @@ def run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--islands", type=int, default=64)
-    parser.add_argument("--decisions", type=int, default=40_000)
+    parser.add_argument("--islands", type=at_least(1), default=64)
+    parser.add_argument("--decisions", type=at_least(1), default=40_000)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import yaml
+from arguments import at_least
 
 PROGRAM = {
     "apiVersion": "pathways.dev/v1alpha1",
@@ -155,8 +156,8 @@ def measure(kind: str, requests: int, connections: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=3000)
-    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--requests", type=at_least(1), default=3000)
+    parser.add_argument("--connections", type=at_least(1), default=16)
     parser.add_argument("--serve", choices=["bare", "embedded"], help=argparse.SUPPRESS)
     parser.add_argument("--state", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="1,000 requests")

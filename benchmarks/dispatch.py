@@ -41,6 +41,7 @@ jax.config.update("jax_platforms", "cpu")
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from arguments import at_least  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 from jax_chain import all_reduce_step  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -512,9 +513,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     parser.add_argument("--only", nargs="*", choices=["dispatch", "chain", "transfer"])
     parser.add_argument("--json", help="write the figures to this file")
-    parser.add_argument("--sizes", type=int, nargs="*", help="floats per device to sweep")
+    parser.add_argument("--sizes", type=at_least(1), nargs="*", help="floats per device to sweep")
     parser.add_argument(
-        "--hosts", type=int, nargs="*", default=[2, 1], help="dispatch layouts: executors"
+        "--hosts",
+        type=int,
+        choices=[1, 2],
+        nargs="*",
+        default=[2, 1],
+        help="dispatch layouts: executors",
     )
     args = parser.parse_args()
     repeats = 3 if args.quick else 5

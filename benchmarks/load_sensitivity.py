@@ -20,6 +20,7 @@ import os
 import time
 from typing import Any
 
+from arguments import at_least, fraction
 from dispatch import CHAIN, JaxProcesses, interleaved_best
 from rich.console import Console
 from rich.table import Table
@@ -54,9 +55,9 @@ def loaded_rate(run, share: float, niceness: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="*", default=[16, 524_288])
-    parser.add_argument("--loads", type=float, nargs="*", default=[0.1, 0.2, 0.3])
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--sizes", type=at_least(1), nargs="*", default=[16, 524_288])
+    parser.add_argument("--loads", type=fraction, nargs="*", default=[0.1, 0.2, 0.3])
+    parser.add_argument("--repeats", type=at_least(1), default=3, help="best of this many runs")
     args = parser.parse_args()
     console = Console(width=120)
     table = Table(title=f"single-process JAX, 4 devices, all-reduce chained {CHAIN} steps")

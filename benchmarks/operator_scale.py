@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "operator"))
 
+from arguments import at_least  # noqa: E402
 from kube_cluster import Cluster  # noqa: E402
 from kube_manifests import island, vslice  # noqa: E402
 
@@ -112,8 +113,8 @@ def free_port() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--slices", type=int, default=500)
-    parser.add_argument("--islands", type=int, default=16)
+    parser.add_argument("--slices", type=at_least(1), default=500)
+    parser.add_argument("--islands", type=at_least(1), default=16)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.slices > args.islands * 32:

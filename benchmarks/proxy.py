@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from arguments import at_least
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WINDOW = 4
 
@@ -107,9 +109,9 @@ def _run(args: list[str], timeout: float = 600) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--devices", type=int, default=4)
+    parser.add_argument("--steps", type=at_least(1), default=200)
+    parser.add_argument("--rounds", type=at_least(1), default=3)
+    parser.add_argument("--devices", type=at_least(1), default=4)
     args = parser.parse_args()
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "proxy"))
     from proxy_harness import start_proxy, stop_proxy  # the tests' launcher

@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from arguments import at_least
+
 from pathways_client.api_client import ApiCallError, ApiClient
 from pathways_client.bench import machine
 from pathways_client.embedded import STABLE_AFTER, IslandSpec, down, read_info, tokens, up
@@ -207,7 +209,7 @@ def record(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=at_least(1), default=3)
     parser.add_argument("--quick", action="store_true", help="One repetition.")
     parser.add_argument("--json", type=Path)
     arguments = parser.parse_args()

@@ -15,6 +15,7 @@ import grpc
 import jax
 import jax.numpy as jnp
 import numpy as np
+from arguments import at_least
 from rich.progress import track
 
 from pathways_client.island_client import IslandClient
@@ -35,7 +36,7 @@ def resident_mib(pid: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--sessions", type=at_least(1), default=200)
     args = parser.parse_args()
     if args.sessions <= WARM:
         parser.error(f"--sessions must be more than {WARM}")

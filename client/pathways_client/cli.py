@@ -186,6 +186,7 @@ STATE_OPTION = click.option(
     default=None,
     help="State directory of the embedded cluster [default: $PATHWAYS_STATE or ~/.pathways].",
 )
+COUNT = click.IntRange(min=1)
 
 
 def _state(state: Path | None) -> Path:
@@ -268,9 +269,9 @@ def _phase(document: dict[str, Any]) -> str:
 
 @main.command()
 @STATE_OPTION
-@click.option("--islands", default=1, show_default=True, help="Number of islands.")
-@click.option("--hosts", default=1, show_default=True, help="Executor hosts per island.")
-@click.option("--devices", default=4, show_default=True, help="Fake CPU devices per host.")
+@click.option("--islands", type=COUNT, default=1, show_default=True, help="Number of islands.")
+@click.option("--hosts", type=COUNT, default=1, show_default=True, help="Hosts per island.")
+@click.option("--devices", type=COUNT, default=4, show_default=True, help="Fake devices per host.")
 @click.option(
     "--policy",
     type=click.Choice([policy.value for policy in Policy]),

@@ -8,7 +8,8 @@ import os
 COMPILATION_CACHE_BYTES = 4 << 30
 
 
-def parse() -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: a wrong number is named with what it must be."""
     parser = argparse.ArgumentParser(prog="pathways_executor", description=__doc__)
     parser.add_argument("--index", type=int, default=0, help="executor (host) index in the island")
     parser.add_argument(
@@ -18,7 +19,7 @@ def parse() -> argparse.Namespace:
         "--fake-devices",
         type=int,
         default=0,
-        help="run on N fake CPU devices instead of the host's accelerators",
+        help="run on N fake CPU devices instead of the host's accelerators (0: the host's)",
     )
     parser.add_argument(
         "--hosts", type=int, default=1, help="executors in the island (one JAX distributed group)"
@@ -44,7 +45,33 @@ def parse() -> argparse.Namespace:
         action="store_true",
         help="stop when standard input closes (a local launcher holds its other end)",
     )
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    problem = _argument_problem(args)
+    if problem:
+        parser.error(problem)
+    return args
+
+
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the numbers of the command line, if anything."""
+    for flag, value, least in (
+        ("--hosts", args.hosts, 1),
+        ("--index", args.index, 0),
+        ("--first-device", args.first_device, 0),
+        ("--fake-devices", args.fake_devices, 0),
+        ("--heartbeat-timeout", args.heartbeat_timeout, 1),
+        ("--port", args.port, 0),
+    ):
+        if value < least:
+            return f"{flag} must be >= {least}, not {value}"
+    if args.port > 65535:
+        return f"--port must be at most 65535, not {args.port}"
+    if args.hosts > 1:  # the executor joins a JAX group of --hosts processes as --index
+        if args.index >= args.hosts:
+            return f"--index must be below --hosts ({args.hosts}), not {args.index}"
+        if not args.coordinator:
+            return "--hosts > 1 needs --coordinator (host:port of executor 0's JAX coordinator)"
+    return None
 
 
 def configure(args: argparse.Namespace) -> None:

@@ -555,6 +555,8 @@ def _apply(dispatcher: IslandDispatcher, client: str, batch: Any) -> list[Instru
 def _limit_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the queue and artifact limits of the command line, if anything
     (``args.max_artifact_bytes`` is resolved from the environment when not given)."""
+    if args.max_in_flight < 1:
+        return f"--max-in-flight must be >= 1, not {args.max_in_flight}"
     if args.max_queued < 1:
         return f"--max-queued must be >= 1, not {args.max_queued}"
     if args.max_queued_per_client is not None and args.max_queued_per_client < 1:
@@ -583,7 +585,12 @@ def main() -> None:
         help="executor endpoint host:port, in host order (repeatable)",
     )
     parser.add_argument("--policy", default=Policy.FIFO.value, choices=[p.value for p in Policy])
-    parser.add_argument("--max-in-flight", type=int, default=16)
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=16,
+        help="computations dispatched and unfinished at once; the policy picks among the rest",
+    )
     parser.add_argument(
         "--max-queued",
         type=int,

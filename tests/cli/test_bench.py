@@ -16,6 +16,7 @@ from rich.console import Console
 from pathways_client import bench
 from pathways_client.bench import (
     BEGIN,
+    BENCHMARKS,
     END,
     SUITES,
     Suite,
@@ -362,3 +363,29 @@ def test_the_plain_jax_chain_runs_each_length_across_two_processes() -> None:
         for process in processes:
             process.kill()
             process.wait()
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        ("dispatch.py --sizes -5", "argument --sizes: must be >= 1, not -5"),
+        ("dispatch.py --hosts 3", "argument --hosts: invalid choice: 3 (choose from 1, 2)"),
+        ("allocator.py --decisions 0", "argument --decisions: must be >= 1, not 0"),
+        ("api.py --connections many", "argument --connections: expected a whole number, not"),
+        ("load_sensitivity.py --loads 1.5", "argument --loads: must be above 0 and below 1"),
+        ("operator_scale.py --slices 0", "argument --slices: must be >= 1, not 0"),
+        ("recovery.py --repeats 0", "argument --repeats: must be >= 1, not 0"),
+        ("session_memory.py --sessions -1", "argument --sessions: must be >= 1, not -1"),
+    ],
+)
+def test_each_script_refuses_a_number_out_of_range_before_starting_anything(
+    command: str, message: str
+) -> None:
+    script, *arguments = command.split()
+    run = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and message in run.stderr, run.stderr

@@ -161,3 +161,14 @@ def test_a_killed_supervisor_leaves_nothing_running(state: Path, pathways) -> No
     assert len(pids) == 4 and all(_alive(pid) for pid in pids)  # API, manager, scheduler, executor
     os.kill(info.supervisor, signal.SIGKILL)
     assert_all_stop(pids)
+
+
+@pytest.mark.parametrize("flag", ["--islands", "--hosts", "--devices"])
+def test_up_refuses_a_count_below_one_naming_it_and_starts_nothing(
+    tmp_path: Path, pathways, flag: str
+) -> None:
+    state = tmp_path / "state"
+    result = pathways("up", "--state", str(state), flag, "0")
+    assert result.exit_code == 2
+    assert f"Invalid value for '{flag}': 0 is not in the range x>=1." in result.output
+    assert not (state / "cluster.json").exists()

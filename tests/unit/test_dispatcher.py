@@ -129,6 +129,12 @@ def test_window_bounds_work_in_flight_and_completion_releases_the_next() -> None
     assert [c.run.id for _, c in to_executors(instructions)] == ["a/c2"]
 
 
+def test_a_window_of_no_computations_is_refused() -> None:
+    """It would queue every computation and dispatch none."""
+    with pytest.raises(ValueError, match=r"max_in_flight must be >= 1 \(got 0\)"):
+        island(max_in_flight=0)
+
+
 def test_a_computation_completes_only_when_every_executor_reports() -> None:
     dispatcher = island()
     sent = to_executors(dispatcher.submit("a", computation("a", 1, devices=(3, 4))))

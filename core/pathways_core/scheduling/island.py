@@ -151,6 +151,8 @@ class IslandDispatcher:
         max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
         run_length: int = DEFAULT_RUN_LENGTH,
     ) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1 (got {max_in_flight})")
         self.island = island
         self.executors = {spec.index: spec for spec in executors}
         self.device_owner = {d: spec.index for spec in executors for d in spec.devices}

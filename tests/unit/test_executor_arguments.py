@@ -1,0 +1,39 @@
+"""The executor's command line: a wrong number is refused at once, naming the flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from pathways_executor.__main__ import parse
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--fake-devices", "-2"], "--fake-devices must be >= 0, not -2"),
+        (["--index", "-1"], "--index must be >= 0, not -1"),
+        (["--hosts", "0"], "--hosts must be >= 1, not 0"),
+        (["--first-device", "-4"], "--first-device must be >= 0, not -4"),
+        (["--heartbeat-timeout", "0"], "--heartbeat-timeout must be >= 1, not 0"),
+        (["--port", "70000"], "--port must be at most 65535, not 70000"),
+        (["--hosts", "2", "--coordinator", "h:1", "--index", "2"], "--index must be below"),
+        (["--hosts", "2", "--index", "1"], "--hosts > 1 needs --coordinator"),
+        (["--fake-devices", "four"], "invalid int value: 'four'"),
+    ],
+)
+def test_bad_numbers_are_refused_naming_the_flag(
+    arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse(arguments)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_what_the_launcher_and_the_operator_pass_is_accepted() -> None:
+    """A launcher's island of several hosts without a JAX group gives each executor its index
+    alone; the operator's pods of a group give the group's size and coordinator."""
+    alone = parse(["--index", "1", "--first-device", "4", "--fake-devices", "4"])
+    assert (alone.index, alone.hosts, alone.fake_devices) == (1, 1, 4)
+    group = parse(["--hosts", "2", "--coordinator", "h:8476", "--index", "1", "--port", "0"])
+    assert (group.index, group.hosts) == (1, 2)
