@@ -83,6 +83,11 @@ class LocalIsland:
     # The running island's control token: kept out of repr and logs.
     _control_token: str = field(default="", repr=False, init=False)
 
+    def __post_init__(self) -> None:
+        for name in ("hosts", "devices_per_host", "max_in_flight"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LocalIsland's {name} must be >= 1, not {getattr(self, name)}")
+
     @property
     def scheduler_endpoint(self) -> str:
         assert self.scheduler is not None, "the island is not started"

@@ -222,3 +222,11 @@ def test_the_scheduler_refuses_bad_limits_naming_the_setting(
     )
     assert run.returncode == 2, run.stderr
     assert message in run.stderr
+
+
+@pytest.mark.parametrize("setting", ["hosts", "devices_per_host", "max_in_flight"])
+def test_a_local_island_refuses_a_count_below_one_naming_it(setting: str) -> None:
+    """Before: no hosts failed in the scheduler's usage text, no devices per host started
+    executors on the host's one real CPU device."""
+    with pytest.raises(ValueError, match=f"LocalIsland's {setting} must be >= 1, not 0"):
+        LocalIsland(**{setting: 0})
