@@ -31,9 +31,9 @@ from pathways_core.scheduling.limits import (
     client_window,
     is_busy,
 )
-from pathways_core.scheduling.programs import program_digest
+from pathways_core.scheduling.programs import program_digest, slice_problem
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
-from pathways_core.wire.arrays import Assembly, to_chunks
+from pathways_core.wire.arrays import Assembly, numeric_dtype, to_chunks
 from pathways_core.wire.streams import (
     FRAME_LENGTH,
     MAX_FRAME_BYTES,
@@ -236,11 +236,21 @@ class IslandClient:
         return Submitted(call_id, result_ids, done)
 
     def put(self, array: np.ndarray, device: int) -> str:
-        """Upload a host array to the executor owning ``device``; returns its buffer id."""
+        """Upload a host array to the executor owning ``device``; returns its buffer id.
+        ``IslandError`` for a device the island does not have, ``TypeError`` for an array of
+        something other than numbers or booleans."""
+        problem = slice_problem("put", [device], self.device_owner)
+        if problem:
+            raise IslandError(problem)
+        array = np.asarray(array)
+        try:
+            numeric_dtype(array.dtype)
+        except ValueError as error:
+            raise TypeError(f"put: {error}; devices hold numbers and booleans") from None
         buffer_id = self._new_id("put")
         executor = self.device_owner[device]
         stub(self._executors[executor], EXECUTOR, "PutArray")(
-            to_chunks(buffer_id, np.asarray(array)), timeout=120
+            to_chunks(buffer_id, array), timeout=120
         )
         self._locations[buffer_id] = (executor,)
         self._send(pb.ClientMessage(placed=pb.PlacedBuffer(buffer_id=buffer_id, executor=executor)))
@@ -280,6 +290,8 @@ class IslandClient:
         """Queue a computation; returns at once with its future outputs. ``describe``: compile
         a STABLEHLO function for ``devices`` and output its ``pb.CompiledProgram`` (as uint8)
         instead of running it."""
+        if outputs < 0:
+            raise ValueError(f"outputs must be >= 0, not {outputs}")
         computation_id = self._new_id("c")
         output_ids = tuple(self._new_id("b") for _ in range(outputs))
         done = self._pending_future(computation_id)

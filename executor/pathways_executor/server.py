@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from pathways_core.wire import EXECUTOR, pb
-from pathways_core.wire.arrays import Assembly, from_chunks, region_chunks
+from pathways_core.wire.arrays import Assembly, from_chunks, numeric_dtype, region_chunks
 from pathways_core.wire.streams import CONTROL_TOKEN_ENV
 from pathways_executor.arrays import local_regions
 from pathways_executor.buffers import BufferError
@@ -244,14 +244,7 @@ def _checked_upload(chunks: Iterable[pb.ArrayChunk]) -> Iterator[pb.ArrayChunk]:
                     f"buffer_id must hold 1 to {MAX_BUFFER_ID} characters, "
                     f"not {len(chunk.buffer_id)}"
                 )
-            try:
-                dtype = np.dtype(chunk.dtype)
-            except Exception:  # numpy's TypeError, or SyntaxError for odd spellings
-                raise ValueError(f"dtype {chunk.dtype[:64]!r} is not a dtype") from None
-            plain = dtype.names is None and dtype.subdtype is None and not dtype.hasobject
-            if not plain or dtype.kind not in "biufcV" or dtype.itemsize == 0:
-                # (kind V: bfloat16 and the other ml_dtypes types)
-                raise ValueError(f"dtype {chunk.dtype[:64]!r} is not a numeric dtype")
+            dtype = numeric_dtype(chunk.dtype)
             shape = list(chunk.shape)
             if len(shape) > 64 or any(n < 0 for n in shape):
                 raise ValueError(f"shape {shape[:8]} must be at most 64 sizes, each >= 0")

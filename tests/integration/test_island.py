@@ -218,6 +218,14 @@ def test_failures_name_the_node_and_keep_the_island_serving(island: LocalIsland)
         )
         with pytest.raises(IslandError, match=r"'double': the artifact's sha256 .* does not match"):
             corrupted.result(10)
+        # Refused in the client before anything is sent: a device the island lacks, an
+        # array of something other than numbers, a negative count of outputs.
+        with pytest.raises(IslandError, match=r"put names devices \[9\] the island does not"):
+            client.put(np.ones(4, np.float32), device=9)
+        with pytest.raises(TypeError, match="put: dtype 'object' is not a numeric dtype"):
+            client.put(np.array([object()] * 4), device=0)
+        with pytest.raises(ValueError, match="outputs must be >= 0, not -1"):
+            client.submit(increment, [0], [wrong_shape], -1)
         # Still serving.
         x = client.put(np.ones(4, np.float32), device=3)
         ok = client.submit(increment, [3], [x], 1)

@@ -55,3 +55,21 @@ def test_truncated_or_inconsistent_streams_are_refused() -> None:
         from_chunks(bad)
     with pytest.raises(ValueError, match="does not cover the whole array"):
         from_chunks([])
+
+
+def test_only_dtypes_devices_hold_are_numeric() -> None:
+    import ml_dtypes
+
+    for spelled in ("float32", "int8", "bool", "complex64", np.dtype(ml_dtypes.bfloat16)):
+        assert arrays.numeric_dtype(spelled) == np.dtype(spelled)
+    for spelled, why in (
+        ("object", "is not a numeric dtype"),
+        (np.dtype(object), "is not a numeric dtype"),
+        ("U4", "is not a numeric dtype"),
+        ("i4,i4", "is not a numeric dtype"),
+        ("(3,)f4", "is not a numeric dtype"),
+        ("V0", "is not a numeric dtype"),
+        ("nonsense", "is not a dtype"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            arrays.numeric_dtype(spelled)

@@ -19,6 +19,20 @@ CHUNK_BYTES = 16 << 20
 Region = tuple[slice, ...]
 
 
+def numeric_dtype(spelled: Any) -> np.dtype:
+    """The dtype ``spelled`` (a name or a dtype) if arrays of it can live on devices (numbers
+    and booleans, bfloat16 and the other ml_dtypes types); otherwise ``ValueError`` saying
+    why."""
+    try:
+        dtype = np.dtype(spelled)
+    except Exception:  # numpy's TypeError, or SyntaxError for odd spellings
+        raise ValueError(f"dtype {str(spelled)[:64]!r} is not a dtype") from None
+    plain = dtype.names is None and dtype.subdtype is None and not dtype.hasobject
+    if not plain or dtype.kind not in "biufcV" or dtype.itemsize == 0:  # V: the ml_dtypes types
+        raise ValueError(f"dtype {str(spelled)[:64]!r} is not a numeric dtype")
+    return dtype
+
+
 def to_chunks(buffer_id: str, array: np.ndarray) -> Iterator[pb.ArrayChunk]:
     """Chunks of a whole array."""
     whole = tuple(slice(0, n) for n in array.shape)
