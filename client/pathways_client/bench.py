@@ -25,6 +25,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from pathways_client.outputs import OutputPath
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 BEGIN = "<!-- pathways bench: generated, do not edit by hand -->"
 END = "<!-- pathways bench: end -->"
@@ -379,45 +381,6 @@ def write_results(path: Path, section: str) -> None:
     path.write_text(text)
 
 
-def check_outputs(json_path: Path | None, plots: Path | None, results: Path | None) -> None:
-    """Make the folders the outputs go to and try writing there, or fail before any suite
-    runs (a full run takes ~20 minutes, and its figures would be lost at the end), naming
-    the option."""
-    for option, path, is_folder in (
-        ("--json", json_path, False),
-        ("--results", results, False),
-        ("--plots", plots, True),
-    ):
-        if path is None:
-            continue
-        folder = path if is_folder else path.parent
-        in_the_way = next(p for p in (path, *path.parents) if p.exists())
-        if in_the_way != path and not in_the_way.is_dir():
-            raise click.BadParameter(f"{in_the_way} is a file, not a folder", param_hint=option)
-        if path.exists() and path.is_dir() != is_folder:
-            expected = "a folder" if is_folder else "a file"
-            raise click.BadParameter(f"{path} is not {expected}", param_hint=option)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            _try_writing(path, is_folder)
-        except OSError as error:
-            raise click.BadParameter(
-                f"cannot write {path}: {error.strerror or error}", param_hint=option
-            ) from None
-
-
-def _try_writing(path: Path, is_folder: bool) -> None:
-    """Write to ``path`` (a file in it if a folder) without changing what is there."""
-    if is_folder:
-        with tempfile.TemporaryFile(dir=path):
-            return
-    existed = path.exists()
-    with path.open("a"):
-        pass
-    if not existed:
-        path.unlink()
-
-
 def plot(records: list[dict[str, Any]], directory: Path) -> list[Path]:
     """One PNG per suite: each figure's ratio against its target."""
     import matplotlib
@@ -487,11 +450,11 @@ def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
 @click.command("bench")
 @click.option("--quick", is_flag=True, help="Fewer sizes and repeats: under 5 minutes.")
 @click.option("--only", "only", multiple=True, type=click.Choice(NAMES), help="Suites to run.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the records.")
-@click.option("--plots", type=click.Path(path_type=Path), help="Folder for the PNG plots.")
+@click.option("--json", "json_path", type=OutputPath(), help="Write the records.")
+@click.option("--plots", type=OutputPath(folder=True), help="Folder for the PNG plots.")
 @click.option(
     "--results",
-    type=click.Path(path_type=Path),
+    type=OutputPath(),
     help="Rewrite the generated section of this RESULTS.md.",
 )
 def bench_command(
@@ -503,7 +466,6 @@ def bench_command(
 ) -> None:
     """Run the paper's evaluation on fake devices: each figure a ratio against a baseline
     measured in the same run."""
-    check_outputs(json_path, plots, results)
     # A log or a file gets lines as wide as the figures' names need, not 80 columns.
     console = Console() if sys.stdout.isatty() else Console(width=160)
     chosen = [suite for suite in SUITES if not only or suite.name in only]

@@ -17,6 +17,7 @@ from pathways_client.bench import bench_command
 from pathways_client.crd_files import check_crds, write_crds
 from pathways_client.manifests import Document, manifest_files, read_documents
 from pathways_client.mesh_view import islands_table, slice_styles
+from pathways_client.outputs import OutputPath
 from pathways_client.proxy.command import proxy_command
 from pathways_client.proxy.tunnel import tunnel_command
 from pathways_core.allocator import Allocator, Bound, IslandInventory, slice_requests
@@ -559,7 +560,7 @@ def logs(name: str, state: Path | None, api: str | None, token: str | None, tena
 @api_options
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputPath(suffixes=(".json", ".png")),
     required=True,
     help="trace.json (Chrome/Perfetto trace events) or trace.png (devices x time).",
 )
@@ -586,17 +587,15 @@ def write_trace(records: list[dict[str, Any]], out: Path, title: str) -> None:
 
     if out.suffix == ".png":
         plot_timeline(records, out, title=title)
-    elif out.suffix == ".json":
+    else:  # .json: OutputPath took no other ending
         out.write_text(json.dumps(chrome_trace(records)))
-    else:
-        _fail(f"--out must end in .json or .png, not {out.suffix or 'nothing'!r}")  # type: ignore[arg-type]
 
 
 @main.command()
 @STATE_OPTION
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputPath(),
     default=Path("trace.png"),
     show_default=True,
     help="Where to write the multi-tenant trace picture.",

@@ -79,12 +79,15 @@ def test_outputs_that_cannot_be_written_fail_before_any_suite_runs(
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n")
     for arguments, expected in (
-        (["--json", f"{a_file}/deeper/records.json"], f"--json: {a_file} is a file, not a folder"),
-        (["--json", str(tmp_path)], f"--json: {tmp_path} is not a file"),
-        (["--plots", str(a_file)], f"--plots: {a_file} is not a folder"),
-        (["--results", str(tmp_path)], f"--results: {tmp_path} is not a file"),
-        (["--json", "/proc/records.json"], "--json: cannot write /proc/records.json: "),
-        (["--plots", "/proc/plots"], "--plots: cannot write /proc/plots: "),
+        (
+            ["--json", f"{a_file}/deeper/records.json"],
+            f"'--json': {a_file} is a file, not a folder",
+        ),
+        (["--json", str(tmp_path)], f"'--json': {tmp_path} is not a file"),
+        (["--plots", str(a_file)], f"'--plots': {a_file} is not a folder"),
+        (["--results", str(tmp_path)], f"'--results': {tmp_path} is not a file"),
+        (["--json", "/proc/records.json"], "'--json': cannot write /proc/records.json: "),
+        (["--plots", "/proc/plots"], "'--plots': cannot write /proc/plots: "),
         # One bad output among good ones: the good ones' folders may be made, nothing runs.
         (
             [
@@ -95,7 +98,7 @@ def test_outputs_that_cannot_be_written_fail_before_any_suite_runs(
                 "--plots",
                 f"{a_file}/plots",
             ],
-            f"--plots: {a_file} is a file, not a folder",
+            f"'--plots': {a_file} is a file, not a folder",
         ),
     ):
         result = CliRunner().invoke(bench_command, ["--only", "control", *arguments])
