@@ -69,7 +69,7 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     if args.hosts > 1:  # the executor joins a JAX group of --hosts processes as --index
         if args.index >= args.hosts:
             return f"--index must be below --hosts ({args.hosts}), not {args.index}"
-        if not args.coordinator:
+        if not args.coordinator and args.fake_devices:  # (on TPU hosts JAX may find it)
             return "--hosts > 1 needs --coordinator (host:port of executor 0's JAX coordinator)"
     return None
 

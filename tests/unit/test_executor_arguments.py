@@ -17,7 +17,7 @@ from pathways_executor.__main__ import parse
         (["--heartbeat-timeout", "0"], "--heartbeat-timeout must be >= 1, not 0"),
         (["--port", "70000"], "--port must be at most 65535, not 70000"),
         (["--hosts", "2", "--coordinator", "h:1", "--index", "2"], "--index must be below"),
-        (["--hosts", "2", "--index", "1"], "--hosts > 1 needs --coordinator"),
+        (["--fake-devices", "4", "--hosts", "2", "--index", "1"], "--hosts > 1 needs --coordi"),
         (["--fake-devices", "four"], "invalid int value: 'four'"),
     ],
 )
@@ -32,8 +32,11 @@ def test_bad_numbers_are_refused_naming_the_flag(
 
 def test_what_the_launcher_and_the_operator_pass_is_accepted() -> None:
     """A launcher's island of several hosts without a JAX group gives each executor its index
-    alone; the operator's pods of a group give the group's size and coordinator."""
+    alone; the operator's pods of a group give the group's size and coordinator; on
+    accelerators the coordinator may be left to JAX."""
     alone = parse(["--index", "1", "--first-device", "4", "--fake-devices", "4"])
     assert (alone.index, alone.hosts, alone.fake_devices) == (1, 1, 4)
     group = parse(["--hosts", "2", "--coordinator", "h:8476", "--index", "1", "--port", "0"])
     assert (group.index, group.hosts) == (1, 2)
+    # On accelerator hosts JAX may find the group's coordinator itself (TPU slices do).
+    assert parse(["--hosts", "4", "--index", "3"]).coordinator == ""
