@@ -49,6 +49,10 @@ class Callable:
     # The jitted Python function behind ``run``, where there is one (jax.export artifacts).
     # It returns its outputs flat (no pytree to walk on every call), then its token if any.
     traced: Any = None
+    # ``run`` takes an input on another of this process's devices and moves it itself, in
+    # its C++ call (single-device jax.export functions): a chain's link then costs ~7 µs less
+    # than a copy before the call (36 against 29 µs a link in a bare loop).
+    moves_inputs: bool = False
     # Where ``traced`` puts its last result, a token: a boolean scalar that is ready exactly
     # when the computation is done. The executor waits for it instead of the outputs, which
     # a later computation may take over meanwhile. None: no token (the outputs are waited for,
@@ -226,7 +230,9 @@ class FunctionCache:
             results = tuple(jax.tree.leaves(exported.call(*arguments)))
             return results if token is None else (*results, jnp.zeros((), jnp.bool_))
 
-        run = jax.jit(traced, out_shardings=_traced_shardings(len(outputs), token))
+        single = len(devices) == 1
+        placed = {"in_shardings": shardings} if single else {}
+        run = jax.jit(traced, out_shardings=_traced_shardings(len(outputs), token), **placed)
         built = Callable(
             name=name,
             run=run,
@@ -235,6 +241,7 @@ class FunctionCache:
             out_count=len(exported.out_avals),
             donatable=_reusable(inputs, outputs) if in_process else frozenset(),
             traced=traced,
+            moves_inputs=single,
             token_sharding=token,
         )
         with self._lock:

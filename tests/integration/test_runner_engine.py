@@ -576,11 +576,25 @@ def test_later_calls_dispatch_runs_of_links_in_one_loop_and_compute_what_the_fir
                     start: (run.end, len(run.links), run.stored, run.head is not None)
                     for start, run in plan.links.items()
                 } == {0: (4, 4, True, True), 1: (4, 3, True, False), 5: (6, 1, True, False)}
-                # b copies from device 0, c and its input share device 1, d copies to 2.
-                assert [copy is None for _, _, copy in plan.links[1].links] == [False, True, False]
+                # Each link's function moves its input from the device before itself: no copy.
+                assert [copy for _, _, copy in plan.links[1].links] == [None, None, None]
             else:
                 assert through_general_loop == (["a", "e"] if argument == "x" else ["e"])
         assert moved == []  # b, c, d and f went out as links in the later calls
+
+        # Functions that do not move their inputs (STABLEHLO programs) get a copy where the
+        # device changes: b from device 0, none for c (its input on device 1 too), d to 2.
+        kept = {
+            i: (dataclasses.replace(f, moves_inputs=False), *rest)
+            for i, (f, *rest) in plan.bound.items()
+        }
+        copying = runner_module._link_runs(dataclasses.replace(plan, bound=kept))
+        assert [copy is None for _, _, copy in copying[1].links] == [False, True, False]
+        saved, plan.links = plan.links, copying
+        call_p(runner, 7, (), "d2")
+        assert events.get(timeout=60).ok
+        np.testing.assert_array_equal(np.asarray(runner.buffers.get("f7", 10)), 11.0)
+        plan.links = saved
 
         runner.buffers.set("wide", jax.device_put(np.ones(8, np.float32), runner.devices[0]))
         call_p(runner, 4, (), "wide")
