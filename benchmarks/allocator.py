@@ -22,13 +22,13 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from arguments import at_least
 from rich.console import Console
 from rich.table import Table
 
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.allocator import Allocator, Bound, IslandInventory, Request
 from pathways_core.allocator.placement import bits, orientations, placement_table
+from pathways_core.flags import at_least
 
 MESH = (16, 16)
 SHAPES = [(1,), (2,), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16)]

@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 import yaml
-from arguments import at_least
+
+from pathways_core.flags import at_least
 
 PROGRAM = {
     "apiVersion": "pathways.dev/v1alpha1",

@@ -41,7 +41,6 @@ jax.config.update("jax_platforms", "cpu")
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from arguments import at_least  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 from jax_chain import all_reduce_step  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -49,6 +48,7 @@ from rich.table import Table  # noqa: E402
 
 from pathways_client.island_client import IslandClient  # noqa: E402
 from pathways_client.launcher import LocalIsland  # noqa: E402
+from pathways_core.flags import at_least  # noqa: E402
 from pathways_core.wire import pb  # noqa: E402
 
 CHAIN = 128

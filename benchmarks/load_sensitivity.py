@@ -20,10 +20,11 @@ import os
 import time
 from typing import Any
 
-from arguments import at_least, fraction
 from dispatch import CHAIN, JaxProcesses, interleaved_best
 from rich.console import Console
 from rich.table import Table
+
+from pathways_core.flags import at_least, fraction
 
 QUANTUM_SECONDS = 0.0002
 

@@ -34,9 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "operator"))
 
-from arguments import at_least  # noqa: E402
 from kube_cluster import Cluster  # noqa: E402
 from kube_manifests import island, vslice  # noqa: E402
+
+from pathways_core.flags import at_least  # noqa: E402
 
 
 class BoundWatcher:

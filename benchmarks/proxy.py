@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from arguments import at_least
+from pathways_core.flags import at_least
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WINDOW = 4

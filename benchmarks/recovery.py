@@ -38,11 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arguments import at_least
-
 from pathways_client.api_client import ApiCallError, ApiClient
 from pathways_client.bench import machine
 from pathways_client.embedded import STABLE_AFTER, IslandSpec, down, read_info, tokens, up
+from pathways_core.flags import at_least
 
 TENANT = "bench"
 DRIVER = textwrap.dedent(

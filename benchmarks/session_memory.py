@@ -15,12 +15,12 @@ import grpc
 import jax
 import jax.numpy as jnp
 import numpy as np
-from arguments import at_least
 from rich.progress import track
 
 from pathways_client.island_client import IslandClient
 from pathways_client.launcher import LocalIsland
 from pathways_client.rpc import stub
+from pathways_core.flags import at_least
 from pathways_core.wire import EXECUTOR, pb
 
 WARM = 10  # sessions before the baseline

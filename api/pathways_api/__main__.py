@@ -20,6 +20,7 @@ from pathways_api.app import MAX_BODY_BYTES, create_app
 from pathways_api.lifeline import stop_when_stdin_closes
 from pathways_api.ratelimit import RATE_LIMIT_ENV, READ_RATE_LIMIT_ENV, budgets_from
 from pathways_api.tls import TlsConfigError, https_options
+from pathways_core import flags
 from pathways_core.control.rate_limit import Budgets
 
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     """Parse the flags and serve."""
     parser = argparse.ArgumentParser(prog="python -m pathways_api", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080, help="0 picks a free port.")
+    parser.add_argument("--port", type=flags.port, default=8080, help="0 picks a free port.")
     parser.add_argument("--state", type=Path, default=os.environ.get("PATHWAYS_STATE"))
     parser.add_argument("--tokens", type=Path, default=None, help="Tokens file (embedded).")
     parser.add_argument(

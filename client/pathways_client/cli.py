@@ -42,7 +42,7 @@ def main() -> None:
 @click.option(
     "--out",
     "folders",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutputPath(folder=True),
     multiple=True,
     default=[Path("crds")],
     show_default=True,

@@ -5,36 +5,46 @@ from __future__ import annotations
 import argparse
 import os
 
+from pathways_core.flags import at_least, port
+
 COMPILATION_CACHE_BYTES = 4 << 30
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked: a wrong number is named with what it must be."""
     parser = argparse.ArgumentParser(prog="pathways_executor", description=__doc__)
-    parser.add_argument("--index", type=int, default=0, help="executor (host) index in the island")
     parser.add_argument(
-        "--first-device", type=int, default=0, help="island device id of this host's first device"
+        "--index", type=at_least(0), default=0, help="executor (host) index in the island"
+    )
+    parser.add_argument(
+        "--first-device",
+        type=at_least(0),
+        default=0,
+        help="island device id of this host's first device",
     )
     parser.add_argument(
         "--fake-devices",
-        type=int,
+        type=at_least(0),
         default=0,
         help="run on N fake CPU devices instead of the host's accelerators (0: the host's)",
     )
     parser.add_argument(
-        "--hosts", type=int, default=1, help="executors in the island (one JAX distributed group)"
+        "--hosts",
+        type=at_least(1),
+        default=1,
+        help="executors in the island (one JAX distributed group)",
     )
     parser.add_argument(
         "--coordinator", default="", help="host:port of the island's JAX coordinator (executor 0)"
     )
     parser.add_argument(
         "--heartbeat-timeout",
-        type=int,
+        type=at_least(1),
         default=100,
         help="seconds after which the group gives up on a silent executor",
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--port", type=port, default=0, help="0 picks a free port")
     parser.add_argument(
         "--compilation-cache",
         default=os.path.expanduser("~/.cache/pathways/xla"),
@@ -53,19 +63,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _argument_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with the numbers of the command line, if anything."""
-    for flag, value, least in (
-        ("--hosts", args.hosts, 1),
-        ("--index", args.index, 0),
-        ("--first-device", args.first_device, 0),
-        ("--fake-devices", args.fake_devices, 0),
-        ("--heartbeat-timeout", args.heartbeat_timeout, 1),
-        ("--port", args.port, 0),
-    ):
-        if value < least:
-            return f"{flag} must be >= {least}, not {value}"
-    if args.port > 65535:
-        return f"--port must be at most 65535, not {args.port}"
+    """What is wrong with the flags together, if anything (each alone is checked by its type)."""
     if args.hosts > 1:  # the executor joins a JAX group of --hosts processes as --index
         if args.index >= args.hosts:
             return f"--index must be below --hosts ({args.hosts}), not {args.index}"

@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from pathways_core import flags
 from pathways_core.scheduling import (
     ARTIFACT_LIMIT_ENV,
     DEFAULT_MAX_ARTIFACT_BYTES,
@@ -618,9 +619,12 @@ def main() -> None:
         "client's turn (1 switches at every computation)",
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="gRPC port (0 picks a free one)")
+    parser.add_argument("--port", type=flags.port, default=0, help="gRPC port (0 picks a free one)")
     parser.add_argument(
-        "--session-port", type=int, default=0, help="client sessions' port (0 picks a free one)"
+        "--session-port",
+        type=flags.port,
+        default=0,
+        help="client sessions' port (0 picks a free one)",
     )
     parser.add_argument(
         "--exit-with-launcher",

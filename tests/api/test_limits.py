@@ -229,6 +229,7 @@ def test_the_defaults_do_not_throttle_the_api_benchmark() -> None:
         (["--rate-limit", "lots"], {}, "--rate-limit: the rate 'lots' is not a number"),
         ([], {"PATHWAYS_API_READ_RATE_LIMIT": "5,0"}, "PATHWAYS_API_READ_RATE_LIMIT: a burst"),
         (["--max-body", "0"], {}, "--max-body (or PATHWAYS_API_MAX_BODY) must be >= 1"),
+        (["--port", "70000"], {}, "argument --port: must be from 0 to 65535, not 70000"),
     ],
 )
 def test_the_server_refuses_bad_limits_naming_the_setting(

@@ -1,5 +1,6 @@
-"""Output paths of the CLI's commands are checked when the command line is read: a path that
-cannot be written fails at once, naming its option, before any work or any call to the API."""
+"""Output paths and ports of the CLI's commands are checked when the command line is read: a
+path that cannot be written fails at once, naming its option, before any work or any call to
+the API."""
 
 from __future__ import annotations
 
@@ -44,3 +45,16 @@ def test_an_output_in_folders_yet_to_be_made_is_made_room_for(tmp_path: Path) ->
     assert path.parent.is_dir() and not path.exists()  # tried, and left as it was
     folder = OutputPath(folder=True).convert(str(tmp_path / "plots" / "png"), None, None)
     assert folder.is_dir() and not any(folder.iterdir())
+
+
+def test_crds_refuses_a_folder_it_could_not_write(a_file: Path, pathways) -> None:
+    result = pathways("crds", "--out", str(a_file))
+    assert result.exit_code == 2
+    assert f"Invalid value for '--out': {a_file} is not a folder" in result.output
+
+
+def test_the_proxy_refuses_a_port_out_of_range(pathways) -> None:
+    """gRPC would have listened on 99999 as 34463."""
+    result = pathways("proxy", "--port", "99999")
+    assert result.exit_code == 2
+    assert "Invalid value for '--port': 99999 is not in the range 0<=x<=65535." in result.output

@@ -208,6 +208,9 @@ def test_a_burst_larger_than_one_frame_is_split_and_the_session_survives(
         (["--max-queued-per-client", "-1"], {}, "--max-queued-per-client must be >= 1"),
         (["--run-length", "0"], {}, "--run-length must be >= 1"),
         (["--max-in-flight", "0"], {}, "--max-in-flight must be >= 1, not 0"),
+        # gRPC would listen on 99999 as 34463
+        (["--port", "99999"], {}, "argument --port: must be from 0 to 65535, not 99999"),
+        (["--session-port", "-1"], {}, "argument --session-port: must be from 0 to 65535"),
     ],
 )
 def test_the_scheduler_refuses_bad_limits_naming_the_setting(

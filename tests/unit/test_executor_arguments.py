@@ -10,15 +10,19 @@ from pathways_executor.__main__ import parse
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--fake-devices", "-2"], "--fake-devices must be >= 0, not -2"),
-        (["--index", "-1"], "--index must be >= 0, not -1"),
-        (["--hosts", "0"], "--hosts must be >= 1, not 0"),
-        (["--first-device", "-4"], "--first-device must be >= 0, not -4"),
-        (["--heartbeat-timeout", "0"], "--heartbeat-timeout must be >= 1, not 0"),
-        (["--port", "70000"], "--port must be at most 65535, not 70000"),
+        (["--fake-devices", "-2"], "argument --fake-devices: must be >= 0, not -2"),
+        (["--index", "-1"], "argument --index: must be >= 0, not -1"),
+        (["--hosts", "0"], "argument --hosts: must be >= 1, not 0"),
+        (["--first-device", "-4"], "argument --first-device: must be >= 0, not -4"),
+        (["--heartbeat-timeout", "0"], "argument --heartbeat-timeout: must be >= 1, not 0"),
+        (["--port", "70000"], "argument --port: must be from 0 to 65535, not 70000"),
+        (["--port", "-1"], "argument --port: must be from 0 to 65535, not -1"),
         (["--hosts", "2", "--coordinator", "h:1", "--index", "2"], "--index must be below"),
         (["--fake-devices", "4", "--hosts", "2", "--index", "1"], "--hosts > 1 needs --coordi"),
-        (["--fake-devices", "four"], "invalid int value: 'four'"),
+        (
+            ["--fake-devices", "four"],
+            "argument --fake-devices: expected a whole number, not 'four'",
+        ),
     ],
 )
 def test_bad_numbers_are_refused_naming_the_flag(

@@ -58,7 +58,13 @@ def _islands(value: str | None) -> dict[str, str] | None:
 
 @click.command("proxy")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8476, show_default=True, help="Port to listen on (0: any free).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8476,
+    show_default=True,
+    help="Port to listen on (0: any free).",
+)
 @click.option(
     "--backend",
     type=click.Choice(["island", "local"]),
