@@ -42,7 +42,7 @@ def main() -> None:
 @click.option(
     "--out",
     "folders",
-    type=OutputPath(folder=True),
+    type=click.Path(file_okay=False, path_type=Path),
     multiple=True,
     default=[Path("crds")],
     show_default=True,
@@ -65,7 +65,13 @@ def crds(folders: tuple[Path, ...], check: bool) -> None:
         console.print(f"[green]CRDs up to date[/] in {', '.join(str(f) for f in folders)}")
         return
     for folder in folders:
-        for path in write_crds(folder):
+        try:
+            written = write_crds(folder)
+        except OSError as error:  # --check writes nothing, so the folder is checked here
+            raise click.BadParameter(
+                f"cannot write {folder}: {error.strerror or error}", param_hint="'--out'"
+            ) from None
+        for path in written:
             console.print(f"wrote {path}")
 
 

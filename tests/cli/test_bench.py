@@ -108,6 +108,19 @@ def test_outputs_that_cannot_be_written_fail_before_any_suite_runs(
     assert not (tmp_path / "new" / "r.json").exists()
 
 
+def _doubled(name: str, target: float | None = None) -> dict[str, Any]:
+    """A script's record of a figure twice its baseline."""
+    return {
+        "name": name,
+        "value": 2.0,
+        "baseline": 1.0,
+        "ratio": 2.0,
+        "unit": "x",
+        "target": target,
+        "parameters": {},
+    }
+
+
 def test_output_folders_are_made_before_the_suites_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -117,16 +130,7 @@ def test_output_folders_are_made_before_the_suites_run(
 
     def one_record(suite: Suite, quick: bool, plots: Path | None = None) -> list[dict]:
         seen.append(json_path.parent.is_dir() and plots is not None and plots.is_dir())
-        record = {
-            "name": suite.script,
-            "value": 2.0,
-            "baseline": 1.0,
-            "ratio": 2.0,
-            "unit": "x",
-            "target": None,
-            "parameters": {},
-        }
-        return normalize([record], suite)
+        return normalize([_doubled(suite.script)], suite)
 
     monkeypatch.setattr(bench, "run_suite", one_record)
     arguments = ["--only", "control", "--json", str(json_path), "--plots", str(plots)]
@@ -148,16 +152,7 @@ def test_an_interrupted_run_reports_and_writes_the_suites_that_finished(
         ran.append(suite.name)
         if len(ran) == 3:
             raise KeyboardInterrupt
-        record = {
-            "name": f"figure-{len(ran)}",
-            "value": 2.0,
-            "baseline": 1.0,
-            "ratio": 2.0,
-            "unit": "x",
-            "target": 1.5,
-            "parameters": {},
-        }
-        return normalize([record], suite)
+        return normalize([_doubled(f"figure-{len(ran)}", target=1.5)], suite)
 
     monkeypatch.setattr(bench, "run_suite", interrupted_third)
     json_path, plots, results = tmp_path / "r.json", tmp_path / "plots", tmp_path / "RESULTS.md"

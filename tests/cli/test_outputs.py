@@ -48,9 +48,11 @@ def test_an_output_in_folders_yet_to_be_made_is_made_room_for(tmp_path: Path) ->
 
 
 def test_crds_refuses_a_folder_it_could_not_write(a_file: Path, pathways) -> None:
-    result = pathways("crds", "--out", str(a_file))
-    assert result.exit_code == 2
-    assert f"Invalid value for '--out': {a_file} is not a folder" in result.output
+    for out in (a_file, a_file / "crds"):
+        result = pathways("crds", "--out", str(out))
+        assert result.exit_code == 2
+        assert "Invalid value for '--out'" in result.output
+    assert a_file.read_text() == "kept"
 
 
 def test_the_proxy_refuses_a_port_out_of_range(pathways) -> None:
