@@ -25,6 +25,7 @@ from typing import Any
 
 import click
 
+from pathways_core.flags import PORT_MAX
 from pathways_core.scheduling import Policy
 
 ENV_SETTINGS = ("PATHWAYS_SLICES", "PATHWAYS_ISLANDS", "PATHWAYS_API")
@@ -60,7 +61,7 @@ def _islands(value: str | None) -> dict[str, str] | None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port",
-    type=click.IntRange(0, 65535),
+    type=click.IntRange(0, PORT_MAX),
     default=8476,
     show_default=True,
     help="Port to listen on (0: any free).",
