@@ -80,7 +80,7 @@ logger = logging.getLogger("pathways_api.manager")
 
 def island_document(name: str, entry: dict[str, Any]) -> Document:
     """The Island of a local island (``islands.json`` entry: endpoint, hosts,
-    devicesPerHost, policy)."""
+    devicesPerHost, policy, and topology, one axis of all its devices when absent)."""
     hosts, per_host = int(entry["hosts"]), int(entry["devicesPerHost"])
     return {
         "apiVersion": GROUP_VERSION,
@@ -92,7 +92,7 @@ def island_document(name: str, entry: dict[str, Any]) -> Document:
         },
         "spec": {
             "acceleratorKind": "cpu-fake",
-            "topology": str(hosts * per_host),
+            "topology": str(entry.get("topology") or hosts * per_host),
             "hosts": hosts,
             "devicesPerHost": per_host,
             "scheduler": {"policy": entry.get("policy", "fifo")},

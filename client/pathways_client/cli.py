@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from pathways_client.proxy.tunnel import tunnel_command
 from pathways_core.allocator import Allocator, Bound, IslandInventory, slice_requests
 from pathways_core.resources import Island
 from pathways_core.scheduling import Policy
-from pathways_core.topology import format_shape
+from pathways_core.topology import device_count, format_shape, parse_shape
 
 # Rich assumes 80 columns when output is not a terminal; tables read better wider in logs.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
@@ -280,6 +281,12 @@ def _phase(document: dict[str, Any]) -> str:
 @click.option("--hosts", type=COUNT, default=1, show_default=True, help="Hosts per island.")
 @click.option("--devices", type=COUNT, default=4, show_default=True, help="Fake devices per host.")
 @click.option(
+    "--topology",
+    default="",
+    help="Mesh shape of each island's devices, such as 2x4, for slices that ask for a shape "
+    "[default: one axis of all of them, HOSTS*DEVICES].",
+)
+@click.option(
     "--policy",
     type=click.Choice([policy.value for policy in Policy]),
     default="proportional-share",
@@ -292,19 +299,41 @@ def _phase(document: dict[str, Any]) -> str:
     multiple=True,
     help="Tenant to create a token for (repeatable; 'default' always exists).",
 )
+@click.pass_context
 def up(
+    context: click.Context,
     state: Path | None,
     islands: int,
     hosts: int,
     devices: int,
+    topology: str,
     policy: str,
     tenants: tuple[str, ...],
 ) -> None:
     """Start the embedded cluster (islands, resource manager, API) in the background."""
-    from pathways_client.embedded import DEFAULT_TENANTS, EmbeddedError, IslandSpec
+    from pathways_client.embedded import DEFAULT_TENANTS, EmbeddedError, IslandSpec, read_info
     from pathways_client.embedded import up as start
 
-    specs = [IslandSpec(f"island-{i}", hosts, devices, policy) for i in range(islands)]
+    specs = [
+        IslandSpec(f"island-{i}", hosts, devices, policy, topology=topology) for i in range(islands)
+    ]
+    _check_island(specs[0])  # the islands are alike
+    running = read_info(_state(state))
+    if running is not None and running.ready:
+        given = {
+            name
+            for name in ("islands", "hosts", "devices", "topology", "policy")
+            if context.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
+        }
+        differences = _differences(running.islands, specs, given)
+        if differences:
+            _fail(
+                EmbeddedError(
+                    f"the embedded cluster of {_state(state)} is already running, and "
+                    f"{'; '.join(differences)}: run 'pathways down' first (its state is kept), "
+                    "then 'pathways up' with these options"
+                )
+            )
     try:
         info = _with_spinner(
             "starting the embedded cluster",
@@ -318,6 +347,59 @@ def up(
     except EmbeddedError as error:
         _fail(error)
     _print_cluster(_state(state), info)
+
+
+ISLAND_OPTIONS = {"hosts": "--hosts", "devicesPerHost": "--devices", "topology": "--topology"}
+"""The option of ``pathways up`` that sets each field of an Island."""
+
+
+def _check_island(spec: Any) -> None:
+    """Refuse, naming the option, an island the resource manager would refuse to register."""
+    if spec.topology:
+        with contextlib.suppress(ValueError):  # a malformed shape is the model's to name
+            total, count = (
+                device_count(parse_shape(spec.topology)),
+                spec.hosts * spec.devices_per_host,
+            )
+            if total != count:
+                raise click.BadParameter(
+                    f"{spec.topology} has {total} devices, but --hosts x --devices is "
+                    f"{spec.hosts} x {spec.devices_per_host} = {count}",
+                    param_hint="'--topology'",
+                )
+    # A count's own limit first: a topology made from the counts is wrong because they are.
+    problems = sorted(spec.problems(), key=lambda problem: problem.path == "topology")
+    if problems:
+        option = ISLAND_OPTIONS.get(problems[0].path, "--topology")
+        raise click.BadParameter(problems[0].message, param_hint=f"'{option}'")
+
+
+def _differences(
+    running: dict[str, dict[str, Any]], wanted: list[Any], given: set[str]
+) -> list[str]:
+    """How the running cluster's islands differ from the options given on the command line."""
+    found = []
+    if "islands" in given and len(running) != len(wanted):
+        found.append(f"it has {len(running)} islands, not --islands {len(wanted)}")
+    for spec in wanted:
+        island = running.get(spec.name)
+        if island is None:
+            continue
+        pairs = {
+            "hosts": (island["hosts"], spec.hosts),
+            "devices": (island["devicesPerHost"], spec.devices_per_host),
+            "topology": (
+                island.get("topology") or str(island["hosts"] * island["devicesPerHost"]),
+                spec.mesh,
+            ),
+            "policy": (island["policy"], spec.policy),
+        }
+        found += [
+            f"{spec.name} has {option} {have}, not --{option} {asked}"
+            for option, (have, asked) in pairs.items()
+            if option in given and have != asked
+        ]
+    return found
 
 
 def _with_spinner(what: str, work: Callable[[Callable[[str], None]], Any]) -> Any:
@@ -338,12 +420,13 @@ def _print_cluster(state: Path, info: Any) -> None:
     from pathways_client.embedded import tokens
 
     table = Table(title=f"Embedded cluster ({state})")
-    for column in ("Island", "Devices", "Policy", "Scheduler"):
+    for column in ("Island", "Devices", "Mesh", "Policy", "Scheduler"):
         table.add_column(column)
     for name, island in info.islands.items():
         table.add_row(
             name,
             f"{island['hosts']} x {island['devicesPerHost']}",
+            island.get("topology", ""),
             island["policy"],
             island["endpoint"],
         )
@@ -388,13 +471,14 @@ def status(state: Path | None, api: str | None, token: str | None, tenant: str) 
         f"{me['usage']['programs']}/{me['quotas']['programs']} programs"
     )
     table = Table(title="Islands")
-    for column in ("Island", "Phase", "Devices free/total", "Scheduler"):
+    for column in ("Island", "Phase", "Mesh", "Devices free/total", "Scheduler"):
         table.add_column(column)
     for island in islands:
         status = island.get("status") or {}
         table.add_row(
             island["metadata"]["name"],
             _phase(island),
+            (island.get("spec") or {}).get("topology", ""),
             f"{status.get('devicesFree', '?')}/{status.get('devicesTotal', '?')}",
             status.get("schedulerEndpoint") or "",
         )
@@ -431,6 +515,13 @@ def _print_programs(programs: list[dict[str, Any]]) -> None:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @api_options
 @click.option("--wait", is_flag=True, help="Wait until every program finishes; print its logs.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="With --wait: stop waiting after this many seconds, exit 1 and say where each "
+    "unfinished program stands (it keeps running) [default: no limit].",
+)
 @click.option("--idempotency-key", default=None, help="Make retries of this submission safe.")
 def submit(
     file: Path,
@@ -439,11 +530,14 @@ def submit(
     token: str | None,
     tenant: str,
     wait: bool,
+    timeout: float | None,
     idempotency_key: str | None,
 ) -> None:
     """Submit the PathwaysPrograms and VirtualSlices of a YAML or JSON FILE."""
     import yaml
 
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout is a limit of --wait: give both, or neither")
     try:
         documents = [d for d in yaml.safe_load_all(file.read_text()) if d is not None]
     except yaml.YAMLError as error:
@@ -466,15 +560,44 @@ def submit(
                 f"[green]✓[/] {stored['kind']} [bold]{stored['metadata']['name']}[/] submitted"
             )
         if wait:
-            from pathways_client.watch import wait_programs
-
             programs = [d["metadata"]["name"] for d in created if d["kind"] == "PathwaysProgram"]
-            finished = wait_programs({n: (client, n) for n in programs}, console).values()
-            for document in finished:
-                console.print(f"{document['metadata']['name']}: {_phase(document)}")
-                console.print(client.logs(document["metadata"]["name"]), markup=False)
-            if any((d.get("status") or {}).get("phase") != "Succeeded" for d in finished):
-                sys.exit(1)
+            _wait_and_print_logs(client, programs, timeout)
+
+
+def _wait_and_print_logs(client: ApiClient, programs: list[str], timeout: float | None) -> None:
+    """``submit --wait``: each program's phase as it changes, then its logs; exit 1 unless
+    every one succeeded."""
+    from pathways_client.watch import WaitTimeout, phase_of, wait_programs
+
+    stays_submitted = (
+        "the programs stay submitted: see them with 'pathways get NAME', stop them with "
+        "'pathways cancel NAME'"
+    )
+    pending: dict[Any, dict[str, Any]] = {}
+    try:
+        finished = wait_programs(
+            {n: (client, n) for n in programs}, console, timeout=timeout, report=True
+        )
+    except WaitTimeout as error:
+        finished, pending = error.finished, error.pending
+    except KeyboardInterrupt:
+        errors.print(f"stopped waiting (interrupted); {stays_submitted}")
+        sys.exit(130)
+    except ApiCallError as error:
+        _fail(error)
+    for name, document in finished.items():
+        console.print(f"{name}: {_phase(document)}")
+        console.print(client.logs(name), markup=False)
+    for name, document in pending.items():
+        errors.print(f"[red]✗[/] {name}: {phase_of(document)} after {timeout:g} s")
+    if pending:
+        errors.print(f"stopped waiting; {stays_submitted}")
+    if pending or any(phase_of(document) != "Succeeded" for document in finished.values()):
+        sys.exit(1)
+
+
+KINDS = ["programs", "virtualslices", "islands"]
+"""What ``pathways get --kind`` lists."""
 
 
 @main.command()
@@ -482,7 +605,7 @@ def submit(
 @api_options
 @click.option(
     "--kind",
-    type=click.Choice(["programs", "virtualslices", "islands"]),
+    type=click.Choice(KINDS),
     default="programs",
     show_default=True,
 )
@@ -508,6 +631,11 @@ def get(
             found = client.get(kind, name) if name else client.list(kind)
             happened = client.events(name) if name and events and kind == "programs" else []
         except ApiCallError as error:
+            plural = f"{name}s" if f"{name}s" in KINDS else name
+            if error.code == "NotFound" and plural in KINDS:
+                # kubectl's habit: ``get islands`` means the kind, which --kind names here.
+                listing = "pathways get" + ("" if plural == "programs" else f" --kind {plural}")
+                _fail(RuntimeError(f"{error}; to list {plural}: {listing}"))
             _fail(error)
     if output == "json":
         console.print_json(json.dumps(found))

@@ -56,9 +56,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from pathways_client.launcher import LocalIsland
 from pathways_client.tls import load as load_tls
+from pathways_core.manifests import Problem, problems_of
+from pathways_core.resources import IslandSpec as IslandModel
 
 DEFAULT_TENANTS = ("default",)
 READY_TIMEOUT = 300.0
@@ -87,6 +90,25 @@ class IslandSpec:
     devices_per_host: int = 4
     policy: str = "proportional-share"
     max_in_flight: int = 16
+    topology: str = ""
+    """Mesh shape of the island's devices, such as ``2x4``; empty for one axis of them all."""
+
+    @property
+    def mesh(self) -> str:
+        """The island's topology as its Island records it."""
+        return self.topology or str(self.hosts * self.devices_per_host)
+
+    def problems(self) -> list[Problem]:
+        """What an Island of these fake CPU devices would be refused for (wire field names:
+        ``topology``, ``hosts``, ``devicesPerHost``); empty when it is valid."""
+        fields = {"hosts": self.hosts, "devicesPerHost": self.devices_per_host}
+        try:
+            IslandModel.model_validate(
+                {"acceleratorKind": "cpu-fake", "topology": self.mesh, **fields}
+            )
+        except ValidationError as error:
+            return problems_of(error, IslandModel)
+        return []
 
 
 @dataclass
@@ -281,6 +303,7 @@ class Supervisor:
             "hosts": spec.hosts,
             "devicesPerHost": spec.devices_per_host,
             "policy": spec.policy,
+            "topology": spec.mesh,
             "readyHosts": list(range(spec.hosts)),
             "schedulerReady": True,
             "generation": generation,
@@ -288,7 +311,10 @@ class Supervisor:
         with self._lock:
             self.registered[spec.name] = entry
             self.info.islands[spec.name] = {
-                **{k: entry[k] for k in ("endpoint", "hosts", "devicesPerHost", "policy")},
+                **{
+                    k: entry[k]
+                    for k in ("endpoint", "hosts", "devicesPerHost", "topology", "policy")
+                },
                 "pids": [p.popen.pid for p in [*island.executors, island.scheduler] if p],
                 "executors": [p.popen.pid for p in island.executors],
                 "scheduler": island.scheduler.popen.pid if island.scheduler else 0,
@@ -572,7 +598,8 @@ def up(
     for spec in islands:
         arguments += [
             "--island",
-            f"{spec.name}:{spec.hosts}:{spec.devices_per_host}:{spec.policy}:{spec.max_in_flight}",
+            f"{spec.name}:{spec.hosts}:{spec.devices_per_host}:{spec.policy}:{spec.max_in_flight}:"
+            f"{spec.topology}",
         ]
     if previous_port:
         arguments += ["--port", str(previous_port)]
@@ -631,14 +658,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--state", type=Path, required=True)
     parser.add_argument(
-        "--island", action="append", default=[], help="NAME:HOSTS:DEVICES:POLICY:MAX_IN_FLIGHT"
+        "--island",
+        action="append",
+        default=[],
+        help="NAME:HOSTS:DEVICES:POLICY:MAX_IN_FLIGHT:TOPOLOGY (an empty TOPOLOGY: one axis)",
     )
     parser.add_argument("--port", type=int, default=None)
     arguments = parser.parse_args(argv)
     specs = []
     for item in arguments.island:
-        name, hosts, devices, policy, in_flight = item.split(":")
-        specs.append(IslandSpec(name, int(hosts), int(devices), policy, int(in_flight)))
+        name, hosts, devices, policy, in_flight, topology = item.split(":")
+        specs.append(IslandSpec(name, int(hosts), int(devices), policy, int(in_flight), topology))
     Supervisor(arguments.state, specs, arguments.port).serve()
 
 

@@ -14,15 +14,39 @@ from pathways_client.api_client import ApiClient
 TERMINAL = ("Succeeded", "Failed")
 
 
+class WaitTimeout(TimeoutError):
+    """The wait's time ran out: ``finished`` and ``pending`` hold the programs' last documents
+    (by the keys the wait was given), those that finished and those that had not."""
+
+    def __init__(
+        self,
+        message: str,
+        finished: dict[Hashable, dict[str, Any]],
+        pending: dict[Hashable, dict[str, Any]],
+    ) -> None:
+        super().__init__(message)
+        self.finished, self.pending = finished, pending
+
+
+def phase_of(document: dict[str, Any]) -> str:
+    """A program's phase (``Pending`` until its status says otherwise)."""
+    return (document.get("status") or {}).get("phase") or "Pending"
+
+
 def wait_programs(
     programs: Mapping[Hashable, tuple[ApiClient, str]],
     console: Console,
     what: str = "programs",
-    timeout: float = 1800.0,
+    timeout: float | None = 1800.0,
+    report: bool = False,
 ) -> dict[Hashable, dict[str, Any]]:
     """Poll programs (any key -> the client of its tenant and its name) until each is
-    Succeeded or Failed; their last documents. TimeoutError after ``timeout`` seconds."""
+    Succeeded or Failed; their last documents. With ``report``, print a line each time a
+    program's phase or status message changes (why it waits, in logs too, where the progress
+    bar is not drawn). :class:`WaitTimeout` after ``timeout`` seconds (``None``: no limit)."""
     done: dict[Hashable, dict[str, Any]] = {}
+    last: dict[Hashable, dict[str, Any]] = {}
+    said: dict[Hashable, tuple[str, str]] = {}
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -33,22 +57,31 @@ def wait_programs(
         transient=True,
     ) as progress:
         task = progress.add_task(what, total=len(programs))
-        deadline = time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         while len(done) < len(programs):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: still running after {timeout:.0f} s")
             phases = []
             for key, (client, name) in programs.items():
                 if key in done:
                     continue
-                document = client.get("programs", name)
-                phase = (document.get("status") or {}).get("phase") or "Pending"
+                document = last[key] = client.get("programs", name)
+                phase = phase_of(document)
+                message = (document.get("status") or {}).get("message") or ""
+                if report and said.get(key) != (phase, message):
+                    said[key] = (phase, message)
+                    progress.console.print(
+                        f"{name}: {phase}" + (f" ({message})" if message else ""), markup=False
+                    )
                 phases.append(f"{name}: {phase}")
                 if phase in TERMINAL:
                     done[key] = document
             progress.update(
                 task, completed=len(done), description=f"{what} ({', '.join(phases[:2])})"
             )
-            if len(done) < len(programs):
-                time.sleep(0.3)
+            if len(done) == len(programs):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                pending = {key: last[key] for key in programs if key not in done}
+                finished = {key: done[key] for key in programs if key in done}
+                raise WaitTimeout(f"{what}: still running after {timeout:g} s", finished, pending)
+            time.sleep(0.3)
     return {key: done[key] for key in programs}

@@ -18,8 +18,11 @@ def stop_when_stdin_closes() -> None:
     to the thread that started them."""
 
     def watch() -> None:
-        while sys.stdin.buffer.read(4096):
+        # The file descriptor, not sys.stdin: a thread blocked in the buffered reader holds
+        # its lock, and the interpreter's shutdown, which takes it, aborts the process.
+        while os.read(descriptor, 4096):
             pass
         os.kill(os.getpid(), signal.SIGTERM)
 
+    descriptor = sys.stdin.fileno()
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()

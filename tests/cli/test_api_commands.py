@@ -35,3 +35,13 @@ def test_submit_refuses_a_file_that_is_not_yaml(pathways, tmp_path: Path) -> Non
     bad.write_text("a: [\n")
     result = pathways("submit", str(bad), "--api", "http://127.0.0.1:9", "--token", "t")
     assert result.exit_code == 1 and "not valid YAML" in result.output
+
+
+def test_submit_refuses_a_timeout_without_wait_before_reading_the_file(
+    pathways, tmp_path: Path
+) -> None:
+    result = pathways("submit", __file__, "--timeout", "5", "--api", "http://127.0.0.1:9")
+    assert result.exit_code == 2
+    assert "--timeout is a limit of --wait" in result.output
+    refused = pathways("submit", __file__, "--wait", "--timeout", "0")
+    assert refused.exit_code == 2 and "Invalid value for '--timeout'" in refused.output

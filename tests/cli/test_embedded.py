@@ -172,3 +172,87 @@ def test_up_refuses_a_count_below_one_naming_it_and_starts_nothing(
     assert result.exit_code == 2
     assert f"Invalid value for '{flag}': 0 is not in the range x>=1." in result.output
     assert not (state / "cluster.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "option", "expected"),
+    [
+        (("--devices", "100"), "--devices", "expected a number <= 64 (got 100)"),
+        (("--hosts", "5000"), "--hosts", "expected a number <= 4096 (got 5000)"),
+        (
+            ("--topology", "3x3"),
+            "--topology",
+            "3x3 has 9 devices, but --hosts x --devices is 1 x 4 = 4",
+        ),
+        (("--topology", "2x2x2x2"), "--topology", "expected a mesh shape of 1 to 3"),
+        (("--hosts", "2", "--topology", "2x2"), "--topology", "2x2 has 4 devices, but"),
+    ],
+)
+def test_up_refuses_an_island_its_resource_manager_would_refuse_and_starts_nothing(
+    tmp_path: Path, pathways, arguments: tuple[str, ...], option: str, expected: str
+) -> None:
+    """An island of more fake devices per host than a cpu-fake host can have used to start,
+    and stay Pending with no devices forever (the manager could not register it)."""
+    state = tmp_path / "state"
+    result = pathways("up", "--state", str(state), *arguments)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}': {expected}" in result.output
+    assert not (state / "cluster.json").exists()
+
+
+SHAPED = textwrap.dedent(
+    """
+    kind: PathwaysProgram
+    metadata: {name: square}
+    spec:
+      slices: [{name: main, shape: 2x2}]
+      driver: {source: "print('on', 2 * 2, 'devices')"}
+    ---
+    kind: PathwaysProgram
+    metadata: {name: too-large}
+    spec:
+      slices: [{name: main, shape: 4x4}]
+      driver: {source: "print('never')"}
+    """
+)
+
+
+def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_waits(
+    state: Path, tmp_path: Path, pathways
+) -> None:
+    started = pathways(
+        "up", "--state", str(state), "--hosts", "2", "--devices", "2", "--topology", "2x2"
+    )
+    assert started.exit_code == 0, started.output
+    assert "2x2" in started.output
+
+    # The running cluster is kept; options that ask for another one are refused, naming them.
+    same = pathways("up", "--state", str(state))
+    assert same.exit_code == 0, same.output
+    other = pathways("up", "--state", str(state), "--hosts", "1", "--policy", "fifo")
+    assert other.exit_code == 1
+    assert "island-0 has hosts 2, not --hosts 1" in other.output
+    assert "island-0 has policy proportional-share, not --policy fifo" in other.output
+    assert "pathways down" in other.output
+    assert read_info(state).islands["island-0"]["hosts"] == 2  # type: ignore[union-attr]
+
+    status = pathways("status", "--state", str(state))
+    assert "2x2" in status.output
+    # kubectl's ``get islands`` is told how this command lists them.
+    kind = pathways("get", "islands", "--state", str(state))
+    assert kind.exit_code == 1
+    assert "to list islands: pathways get --kind islands" in kind.output
+    manifest = tmp_path / "shaped.yaml"
+    manifest.write_text(SHAPED)
+    began = time.monotonic()
+    waited = pathways("submit", str(manifest), "--state", str(state), "--wait", "--timeout", "20")
+    assert waited.exit_code == 1, waited.output
+    assert time.monotonic() - began < 60
+    # The finished program's logs, then where the other stands and why.
+    assert "square: Succeeded" in waited.output and "on 4 devices" in waited.output
+    assert "too-large: Pending (main: ShapeDoesNotFit" in waited.output
+    assert "(meshes: 2x2)" in waited.output
+    assert "too-large: Pending after 20 s" in waited.output
+    assert "the programs stay submitted" in waited.output
+    shown = yaml.safe_load(pathways("get", "square", "--state", str(state), "-o", "yaml").output)
+    assert [s["island"] for s in shown["status"]["slices"]] == ["island-0"]

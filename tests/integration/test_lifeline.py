@@ -1,0 +1,56 @@
+"""The embedded mode's processes stop with their supervisor (``lifeline.py``: standard input
+closed) and, stopped by SIGTERM while it is open, exit cleanly rather than abort."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+MODULES = ["pathways_api", "pathways_scheduler", "pathways_executor"]
+
+PROCESS = """
+import signal, threading
+from {module}.lifeline import stop_when_stdin_closes
+stopped = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+stop_when_stdin_closes()
+print("ready", flush=True)
+assert stopped.wait(60)
+print("stopped", flush=True)
+"""
+
+
+def _start(module: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", PROCESS.format(module=module)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    return process
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_a_process_stops_when_its_standard_input_closes(module: str) -> None:
+    process = _start(module)
+    assert process.stdin is not None
+    process.stdin.close()
+    assert process.wait(timeout=30) == 0, process.stderr.read()  # type: ignore[union-attr]
+    assert process.stdout.read() == "stopped\n"
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_a_process_stopped_while_its_standard_input_is_open_exits_cleanly(module: str) -> None:
+    """``pathways down`` sends SIGTERM while the watching thread still reads: the interpreter's
+    shutdown must not wait for that read (it aborted with "Fatal Python error:
+    _enter_buffered_busy" when the thread read ``sys.stdin``)."""
+    process = _start(module)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert out == "stopped\n" and "Fatal Python error" not in err
