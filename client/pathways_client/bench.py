@@ -24,6 +24,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from pathways_client.outputs import OutputPath
 
@@ -435,9 +436,9 @@ def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
                 table.add_column(column, justify="right", no_wrap=True)
             table.add_column("target", ratio=1)
             table.add_column("", no_wrap=True)
-        table.add_row(
-            r["name"],
-            r.get("error") or describe(r),
+        table.add_row(  # names and errors as text: brackets in them are not markup
+            Text(r["name"]),
+            Text(r.get("error") or describe(r)),
             _value(r),
             _number(r["baseline"]),
             _number(r["ratio"]),
@@ -498,27 +499,28 @@ def bench_command(
     console.print(f"Time by suite: {durations(seconds)}")
     console.print(shortfalls_heading(missed, records))
     for r in missed:
-        console.print(f"  {shortfall(r)}", style="red", highlight=False)
+        console.print(f"  {shortfall(r)}", style="red", highlight=False, markup=False)
     for r in records:
         r["machine"] = info
         r["command"] = command
     if json_path:
         json_path.write_text(json.dumps(records, indent=2, default=str))
-        console.print(f"records: {json_path}")
+        console.print(f"records: {json_path}", markup=False)
     written = plot(records, plots) if plots else []
     if plots:
         written += sorted(plots.glob("figure9-*.png"))
     for path in written:
-        console.print(f"plot: {path}")
+        console.print(f"plot: {path}", markup=False)
     if interrupted:
         console.print(
             f"Interrupted in {interrupted}: the figures above are of the suites that finished"
             + (f"; {results} was left as it was." if results else "."),
             style="red",
+            markup=False,
         )
         raise SystemExit(130)
     if results:
         write_results(results, markdown(records, command, info, written, seconds))
-        console.print(f"results: {results}")
+        console.print(f"results: {results}", markup=False)
     if any(r.get("error") for r in records):
         raise SystemExit(1)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from pathways_client.api_client import ApiCallError, ApiClient
 from pathways_client.bench import bench_command
@@ -55,15 +58,15 @@ def crds(folders: tuple[Path, ...], check: bool) -> None:
     if check:
         drifts = [drift for folder in folders for drift in check_crds(folder)]
         for drift in drifts:
-            errors.print(f"[red]{drift.path}[/]: {drift.problem}")
+            errors.print(f"[red]{escape(str(drift.path))}[/]: {escape(drift.problem)}")
         if drifts:
             errors.print(
                 "The CRDs differ from the models: run [bold]pathways crds --out "
-                + " --out ".join(str(f) for f in folders)
+                + " --out ".join(escape(str(f)) for f in folders)
                 + "[/] and commit the result."
             )
             sys.exit(1)
-        console.print(f"[green]CRDs up to date[/] in {', '.join(str(f) for f in folders)}")
+        console.print(f"[green]CRDs up to date[/] in {escape(', '.join(str(f) for f in folders))}")
         return
     for folder in folders:
         try:
@@ -73,7 +76,7 @@ def crds(folders: tuple[Path, ...], check: bool) -> None:
                 f"cannot write {folder}: {error.strerror or error}", param_hint="'--out'"
             ) from None
         for path in written:
-            console.print(f"wrote {path}")
+            console.print(f"wrote {path}", markup=False)
 
 
 @main.command()
@@ -89,7 +92,7 @@ def validate(paths: tuple[Path, ...]) -> None:
     for document in documents:
         for problem in document.checked.problems:
             problems += 1
-            errors.print(f"{document.label}: [red]{problem}[/]")
+            errors.print(f"{escape(document.label)}: [red]{escape(str(problem))}[/]")
     valid = sum(1 for d in documents if d.checked.resource is not None)
     skipped = sum(1 for d in documents if d.checked.skipped)
     summary = f"{valid} valid, {problems} problem(s)" + (f", {skipped} skipped" if skipped else "")
@@ -113,7 +116,7 @@ def place(paths: tuple[Path, ...], no_preempt: bool) -> None:
     invalid = [d for d in documents if d.checked.problems]
     for document in invalid:
         for problem in document.checked.problems:
-            errors.print(f"{document.label}: [red]{problem}[/]")
+            errors.print(f"{escape(document.label)}: [red]{escape(str(problem))}[/]")
     if invalid:
         errors.print("[red]✗[/] fix these manifests first (see [bold]pathways validate[/])")
         sys.exit(1)
@@ -180,7 +183,8 @@ def _read(paths: tuple[Path, ...]) -> list[Document]:
     files = manifest_files(paths)
     if not files:
         errors.print(
-            f"[red]no manifest files[/] (*.yaml, *.yml, *.json) in {', '.join(map(str, paths))}"
+            "[red]no manifest files[/] (*.yaml, *.yml, *.json) in "
+            + escape(", ".join(map(str, paths)))
         )
         sys.exit(1)
     return [document for path in files for document in read_documents(path)]
@@ -253,7 +257,7 @@ def api_options(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _fail(error: Exception) -> None:
-    errors.print(f"[red]✗[/] {error}")
+    errors.print(f"[red]✗[/] {escape(str(error))}")
     sys.exit(1)
 
 
@@ -311,13 +315,22 @@ def up(
     tenants: tuple[str, ...],
 ) -> None:
     """Start the embedded cluster (islands, resource manager, API) in the background."""
-    from pathways_client.embedded import DEFAULT_TENANTS, EmbeddedError, IslandSpec, read_info
+    from pathways_client.embedded import (
+        DEFAULT_TENANTS,
+        EmbeddedError,
+        IslandSpec,
+        read_info,
+        tenant_problem,
+    )
     from pathways_client.embedded import up as start
 
     specs = [
         IslandSpec(f"island-{i}", hosts, devices, policy, topology=topology) for i in range(islands)
     ]
     _check_island(specs[0])  # the islands are alike
+    for tenant in tenants:
+        if problem := tenant_problem(tenant):
+            raise click.BadParameter(problem, param_hint="'--tenant'")
     running = read_info(_state(state))
     if running is not None and running.ready:
         given = {
@@ -419,7 +432,7 @@ def _with_spinner(what: str, work: Callable[[Callable[[str], None]], Any]) -> An
 def _print_cluster(state: Path, info: Any) -> None:
     from pathways_client.embedded import tokens
 
-    table = Table(title=f"Embedded cluster ({state})")
+    table = Table(title=f"Embedded cluster ({escape(str(state))})")
     for column in ("Island", "Devices", "Mesh", "Policy", "Scheduler"):
         table.add_column(column)
     for name, island in info.islands.items():
@@ -488,7 +501,7 @@ def status(state: Path | None, api: str | None, token: str | None, tenant: str) 
         restarts = ", ".join(f"{name} {count}" for name, count in sorted(info.restarts.items()))
         console.print(f"restarts: {restarts or 'none'}")
         if info.error:
-            console.print(f"[red]error[/]: {info.error}")
+            console.print(f"[red]error[/]: {escape(info.error)}")
     _print_programs(programs)
 
 
@@ -506,7 +519,7 @@ def _print_programs(programs: list[dict[str, Any]]) -> None:
             _phase(program),
             str(status.get("runs", 0)),
             slices,
-            (status.get("message") or "")[:80],
+            Text((status.get("message") or "")[:80]),
         )
     console.print(table)
 
@@ -587,7 +600,7 @@ def _wait_and_print_logs(client: ApiClient, programs: list[str], timeout: float 
         _fail(error)
     for name, document in finished.items():
         console.print(f"{name}: {_phase(document)}")
-        console.print(client.logs(name), markup=False)
+        click.echo(client.logs(name))  # as written: not wrapped to the console's width
     for name, document in pending.items():
         errors.print(f"[red]✗[/] {name}: {phase_of(document)} after {timeout:g} s")
     if pending:
@@ -637,10 +650,11 @@ def get(
                 listing = "pathways get" + ("" if plural == "programs" else f" --kind {plural}")
                 _fail(RuntimeError(f"{error}; to list {plural}: {listing}"))
             _fail(error)
+    # Documents as written, for files and pipes: the console would wrap long lines.
     if output == "json":
-        console.print_json(json.dumps(found))
+        click.echo(json.dumps(found, indent=2))
     elif output == "yaml" or name:
-        console.print(yaml.safe_dump(found, sort_keys=False), markup=False, end="")
+        click.echo(yaml.safe_dump(found, sort_keys=False), nl=False)
     elif kind == "programs":
         _print_programs(found)
     else:
@@ -657,11 +671,13 @@ def get(
                 _devices_text(tuple(devices))
                 if devices
                 else f"{status.get('devicesFree', '?')}/{status.get('devicesTotal', '?')} free",
-                (status.get("message") or "")[:80],
+                Text((status.get("message") or "")[:80]),
             )
         console.print(table)
     for event in happened:
-        console.print(f"{event['time']} {event['type']} {event['reason']}: {event['message']}")
+        console.print(
+            f"{event['time']} {event['type']} {event['reason']}: {event['message']}", markup=False
+        )
 
 
 @main.command()
@@ -680,13 +696,52 @@ def cancel(name: str, state: Path | None, api: str | None, token: str | None, te
 @main.command()
 @click.argument("name")
 @api_options
-def logs(name: str, state: Path | None, api: str | None, token: str | None, tenant: str) -> None:
-    """Print a program's output."""
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Keep printing the output as it comes, until the program succeeds or fails.",
+)
+def logs(
+    name: str, state: Path | None, api: str | None, token: str | None, tenant: str, follow: bool
+) -> None:
+    """Print a program's output (each run's after a '--- run N ---' line)."""
+    from pathways_client.watch import TERMINAL, phase_of
+
     with _api(state, api, token, tenant) as client:
         try:
-            console.print(client.logs(name), markup=False)
+            shown = _print_new_output(client, name, "")
+            if follow:
+                while phase_of(client.get("programs", name)) not in TERMINAL:
+                    time.sleep(LOG_POLL)
+                    shown = _print_new_output(client, name, shown)
+                shown = _print_new_output(client, name, shown)  # written just before the end
+            if not shown:
+                program = client.get("programs", name)
+                message = (program.get("status") or {}).get("message")
+                errors.print(
+                    f"{name} has no output yet: {phase_of(program)}"
+                    + (f" ({message})" if message else ""),
+                    markup=False,
+                )
         except ApiCallError as error:
             _fail(error)
+        except KeyboardInterrupt:
+            sys.exit(130)
+    if shown and not shown.endswith("\n"):
+        click.echo()
+
+
+def _print_new_output(client: ApiClient, name: str, shown: str) -> str:
+    """Print what a program wrote since ``shown`` (all of it again if its output is no longer
+    an extension of ``shown``); its output now. As written: not wrapped, no markup."""
+    text = client.logs(name)
+    click.echo(text.removeprefix(shown) if text.startswith(shown) else text, nl=False)
+    return text
+
+
+LOG_POLL = 0.5
+"""Seconds between two looks at a followed program's output."""
 
 
 @main.command()
@@ -710,7 +765,7 @@ def trace(
     if not records:
         _fail(f"program {name!r} has no trace yet (traces are kept when a run ends)")  # type: ignore[arg-type]
     write_trace(records, out, title=f"program {name}")
-    console.print(f"[green]✓[/] {len(records)} computations written to {out}")
+    console.print(f"[green]✓[/] {len(records)} computations written to {escape(str(out))}")
 
 
 def write_trace(records: list[dict[str, Any]], out: Path, title: str) -> None:

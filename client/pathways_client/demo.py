@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pathways_client.api_client import ApiClient
@@ -160,7 +161,7 @@ def run_demo(state: Path | None, out: Path, keep: bool, console: Console) -> Non
     console.print(
         f"[green]✓[/] cluster up in {time.monotonic() - began:.0f} s: API {info.api}, islands "
         + ", ".join(f"{n} ({i['hosts']}x{i['devicesPerHost']})" for n, i in info.islands.items())
-        + f", state in {state}"
+        + f", state in {escape(str(state))}"
     )
     keys = tokens(state)
     clients = {tenant: ApiClient(info.api, keys[tenant]) for tenant in tenants}
@@ -257,4 +258,4 @@ def _tenants(clients: dict[str, ApiClient], out: Path, console: Console) -> None
         title="Island 'shared': device time of four tenants, weights 1:2:4:8",
         labels={client: by_client[client] for client in by_client},
     )
-    console.print(f"trace of {len(records)} computations drawn in [bold]{out}[/]")
+    console.print(f"trace of {len(records)} computations drawn in [bold]{escape(str(out))}[/]")

@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import ssl
@@ -62,6 +63,7 @@ from pathways_client.launcher import LocalIsland
 from pathways_client.tls import load as load_tls
 from pathways_core.manifests import Problem, problems_of
 from pathways_core.resources import IslandSpec as IslandModel
+from pathways_core.resources.base import DNS_LABEL_PATTERN
 
 DEFAULT_TENANTS = ("default",)
 READY_TIMEOUT = 300.0
@@ -171,10 +173,25 @@ def tokens(state: Path) -> dict[str, str]:
     }
 
 
+def tenant_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a tenant, whose name is its namespace's; None if it can."""
+    if re.match(DNS_LABEL_PATTERN, name):
+        return None
+    return (
+        f"{name!r} is not a lowercase RFC 1123 label (a-z, 0-9 and '-', at most 63 "
+        "characters): a tenant's name is its namespace's"
+    )
+
+
 def ensure_tenants(
     state: Path, tenants: Sequence[str], quotas: dict[str, int] | None = None
 ) -> dict[str, str]:
-    """Add tenants (with a fresh random token each) to the tokens file; keep existing ones."""
+    """Add tenants (with a fresh random token each) to the tokens file; keep existing ones.
+    ValueError for a name that cannot be a tenant (each is a namespace: a DNS label)."""
+    for name in tenants:
+        problem = tenant_problem(name)
+        if problem:
+            raise ValueError(problem)
     path = state / "tokens.yaml"
     try:
         document = yaml.safe_load(path.read_text()) or {}

@@ -387,3 +387,17 @@ def test_each_script_refuses_a_number_out_of_range_before_starting_anything(
         timeout=120,
     )
     assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+def test_a_failure_is_printed_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A suite's error text is not the console's markup: a closing tag in it (``[/x]``) made
+    the end of a whole run a traceback."""
+    original = bench.run_suite
+
+    def failing(suite: Suite, quick: bool, plots: Path | None = None) -> list[dict]:
+        return original(Suite(suite.name, "no_such[/x].py", (), (), ""), quick=True)
+
+    monkeypatch.setattr(bench, "run_suite", failing)
+    result = CliRunner().invoke(bench_command, ["--quick", "--only", "control"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "no_such[/x].py is missing" in " ".join(result.output.split())

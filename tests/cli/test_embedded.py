@@ -186,6 +186,7 @@ def test_up_refuses_a_count_below_one_naming_it_and_starts_nothing(
         ),
         (("--topology", "2x2x2x2"), "--topology", "expected a mesh shape of 1 to 3"),
         (("--hosts", "2", "--topology", "2x2"), "--topology", "2x2 has 4 devices, but"),
+        (("--tenant", "Team_[/x]"), "--tenant", "'Team_[/x]' is not a lowercase RFC 1123 label"),
     ],
 )
 def test_up_refuses_an_island_its_resource_manager_would_refuse_and_starts_nothing(
@@ -213,6 +214,12 @@ SHAPED = textwrap.dedent(
     spec:
       slices: [{name: main, shape: 4x4}]
       driver: {source: "print('never')"}
+    ---
+    kind: PathwaysProgram
+    metadata: {name: noisy}
+    spec:
+      slices: [{name: main, devices: 1}]
+      driver: {source: "print('y' * 300); raise SystemExit('bad [/x] [bold]input')"}
     """
 )
 
@@ -256,3 +263,23 @@ def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_wa
     assert "the programs stay submitted" in waited.output
     shown = yaml.safe_load(pathways("get", "square", "--state", str(state), "-o", "yaml").output)
     assert [s["island"] for s in shown["status"]["slices"]] == ["island-0"]
+
+    # What programs write is shown as written: never wrapped, never read as the console's
+    # markup (a closing tag in a status message made `get` and its events a traceback).
+    line = "y" * 300
+    assert "noisy: Failed" in waited.output and line in waited.output.splitlines()
+    at = ("--state", str(state))
+    listed = pathways("get", *at)
+    assert listed.exit_code == 0 and "[/x]" in listed.output, listed.output
+    events = pathways("get", "noisy", *at, "--events")
+    assert events.exit_code == 0 and "bad [/x] [bold]input" in events.output
+    as_yaml = yaml.safe_load(pathways("get", "noisy", *at, "-o", "yaml").output)
+    assert as_yaml == json.loads(pathways("get", "noisy", *at, "-o", "json").output)
+    assert "[/x]" in as_yaml["status"]["message"]
+    for follow in ((), ("--follow",)):
+        logs = pathways("logs", "noisy", *at, *follow)
+        assert logs.exit_code == 0
+        assert sorted(logs.output.splitlines()) == ["--- run 1 ---", "bad [/x] [bold]input", line]
+    never = pathways("logs", "too-large", *at)
+    assert never.exit_code == 0
+    assert "too-large has no output yet: Pending (main: ShapeDoesNotFit" in never.output

@@ -185,3 +185,17 @@ def test_folder_without_manifests_is_an_error(pathways, tmp_path: Path) -> None:
     result = pathways("validate", str(tmp_path))
     assert result.exit_code == 1
     assert "no manifest files" in result.stderr
+
+
+def test_paths_and_fields_are_printed_as_written(pathways, tmp_path: Path) -> None:
+    """Brackets in a file's name or a field's are text, not the console's markup: rich took
+    ``[x]`` for a style (and dropped it) and ``[/x]`` for a closing tag (a traceback)."""
+    path = tmp_path / "bad[x].yaml"
+    path.write_text(SLICE + '  devices: 2\n  "[/x]": 1\n')
+    result = pathways("validate", str(path))
+    assert result.exit_code == 1
+    assert f"{path}: document 1 (VirtualSlice vs): spec[/x]: unknown field" in result.stderr
+    empty = tmp_path / "nothing[x]"
+    empty.mkdir()
+    nothing = pathways("validate", str(empty))
+    assert nothing.exit_code == 1 and f"in {empty}" in nothing.stderr
