@@ -26,12 +26,21 @@ from pathways_api.store import (
     Store,
 )
 from pathways_core.control.common import Document
-from pathways_core.resources import GROUP_VERSION, PathwaysProgram, VirtualSlice
+from pathways_core.resources import (
+    GROUP_VERSION,
+    IslandPhase,
+    PathwaysProgram,
+    ProgramPhase,
+    SlicePhase,
+    VirtualSlice,
+)
 from pathways_core.resources.base import Model
 
 IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 SYSTEM_METADATA = ("uid", "resourceVersion", "generation", "creationTimestamp")
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+PHASES = {PROGRAM: ProgramPhase, SLICE: SlicePhase, ISLAND: IslandPhase}
+"""The phases each kind's objects can be in (what a list's ``phase`` filter may ask for)."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +179,12 @@ class Service:
 
     async def list(self, tenant: Tenant, kind: str, query: ListQuery) -> Page:
         """A page of the tenant's objects of a kind (islands are everyone's)."""
+        phases = [phase.value for phase in PHASES[kind]]
+        if query.phase is not None and query.phase not in phases:
+            # A phase no object can be in is a mistake, not a filter that matches nothing.
+            raise InvalidField(
+                f"expected one of {', '.join(phases)} (got {query.phase!r})", field="query phase"
+            )
         namespace = None if kind == ISLAND else tenant.name
         return await self.store.list(
             kind,

@@ -64,9 +64,11 @@ def openapi_schema(info: KindInfo) -> dict[str, Any]:
     spec_and_status = {
         name: _structural(schema["properties"][name], defs) for name in ("spec", "status")
     }
+    name_rule = getattr(info.model, "NAME_RULE", None)
     return {
         "type": "object",
         "description": " ".join(schema.get("description", "").split()),
+        **({"x-kubernetes-validations": [name_rule.cel()]} if name_rule else {}),
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object."},

@@ -160,6 +160,14 @@ def test_filters_by_phase_and_labels(a: httpx.Client) -> None:
     assert a.get("/v1/programs", params={"phase": "Running"}).json()["items"] == []
     bad = a.get("/v1/programs", params={"labelSelector": "team"})
     assert error_of(bad)["field"] == "query labelSelector"
+    # A phase no object of the kind can be in is named, not answered with an empty list.
+    wrong = a.get("/v1/programs", params={"phase": "Bound"})
+    assert wrong.status_code == 422 and error_of(wrong)["field"] == "query phase"
+    assert (
+        "expected one of Pending, Running, Suspended, Succeeded, Failed (got 'Bound')"
+        in (error_of(wrong)["message"])
+    )
+    assert a.get("/v1/virtualslices", params={"phase": "Bound"}).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -390,3 +398,17 @@ def test_me_reports_quotas_and_usage(a: httpx.Client) -> None:
     }
     assert a.delete("/v1/virtualslices/s").status_code == 200
     assert a.get("/v1/me").json()["usage"] == {"devices": 3, "programs": 1}
+
+
+def test_a_name_its_jobs_could_not_carry_is_refused_and_nothing_is_stored(a: httpx.Client) -> None:
+    """A program of 253 characters was admitted, then waited forever: its VirtualSlices and
+    Jobs (``<name>-run-<n>``, at most 63 characters) could not be made."""
+    refused = a.post("/v1/programs", json=program("p" * 55))
+    assert refused.status_code == 422 and error_of(refused)["field"] == "metadata.name"
+    assert "at most 54 characters" in error_of(refused)["message"]
+    generated = a.post(
+        "/v1/programs", json={**program(None), "metadata": {"generateName": "g" * 50}}
+    )
+    assert error_of(generated)["field"] == "metadata.generateName"
+    assert a.get("/v1/programs").json()["items"] == []
+    assert a.post("/v1/programs", json=program("p" * 54)).status_code == 201

@@ -93,3 +93,45 @@ GRAPH = {"functions": [{"name": "f", "uri": "gs://b/f"}],
 def test_rules_reject_what_the_models_reject(document: dict, failure: str) -> None:
     assert check_document(document).problems, "the model must reject it too"
     assert failure in failed_rules(SCHEMAS[document["kind"]], document)
+
+
+ISLAND_SPEC = {"acceleratorKind": "cpu-fake", "topology": "4"}
+DRIVER = {"slices": [{"name": "a", "devices": 1}], "driver": {"source": "x"}}
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "name", "valid"),
+    [
+        ("PathwaysProgram", DRIVER, "p" * 54, True),
+        ("PathwaysProgram", DRIVER, "p" * 55, False),  # its Job p...p-run-1001 has 64
+        ("PathwaysProgram", DRIVER, "1st-run", True),
+        ("PathwaysProgram", DRIVER, "a.b", False),  # a subdomain is no label value's form
+        ("Island", ISLAND_SPEC, "i" * 43, True),
+        ("Island", ISLAND_SPEC, "i" * 44, False),  # its StatefulSet i...i-executor has 53
+        ("Island", ISLAND_SPEC, "0-island", False),  # a Service's name starts with a letter
+    ],
+)
+def test_names_that_the_objects_made_for_them_cannot_carry_are_refused_by_both(
+    kind: str, spec: dict, name: str, valid: bool
+) -> None:
+    """A program named with 253 characters used to be admitted and then wait forever: its
+    VirtualSlices and Jobs could not be made."""
+    document = {"apiVersion": "pathways.dev/v1alpha1", "kind": kind, "metadata": {"name": name}}
+    document["spec"] = spec
+    problems = [str(problem) for problem in check_document(document).problems]
+    failures = [f for f in failed_rules(SCHEMAS[kind], document) if f.startswith(": metadata")]
+    if valid:
+        assert problems == [] and failures == []
+    else:
+        assert len(problems) == 1 and problems[0].startswith("metadata.name: expected a lowercase")
+        assert failures == [": " + problems[0].split(" (got ")[0]]
+
+
+def test_a_generated_name_is_checked_with_the_characters_the_server_appends() -> None:
+    """The server appends five characters to a generateName, then checks the name (in a
+    cluster, with the CRD's rule above): a prefix of 50 cannot make a program's name."""
+    document = {**PROGRAM, "metadata": {"generateName": "g" * 49}, "spec": DRIVER}
+    assert check_document(document).problems == ()
+    document["metadata"] = {"generateName": "g" * 50}
+    (problem,) = check_document(document).problems
+    assert problem.path == "metadata.generateName" and "at most 54 characters" in problem.message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
@@ -15,6 +17,8 @@ GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+"""A label that starts with a letter, as a Service's name must."""
 
 
 class Model(BaseModel):
@@ -208,3 +212,38 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+@dataclass(frozen=True)
+class NameRule:
+    """What a kind's ``metadata.name`` must be beyond a DNS subdomain, because objects made
+    for it are named after it or carry it as a label. Checked by the model and, as a CEL rule
+    at the root of its CRD, by the API server."""
+
+    pattern: str
+    max_length: int
+    expected: str
+    """What the pattern allows, in words."""
+    reason: str
+
+    def problem(self, metadata: ObjectMeta) -> FieldError | None:
+        """Why the object's name breaks the rule, or None. A ``generateName`` is checked with
+        the five characters the server appends to it."""
+        field, name = "metadata.name", metadata.name
+        if name is None and metadata.generate_name is not None:
+            field, name = "metadata.generateName", metadata.generate_name + "x" * 5
+        if name is None or (len(name) <= self.max_length and re.match(self.pattern, name)):
+            return None
+        return FieldError(field, f"{self.message} (got {name!r}, {len(name)} characters)")
+
+    @property
+    def message(self) -> str:
+        return f"expected {self.expected} of at most {self.max_length} characters: {self.reason}"
+
+    def cel(self) -> dict[str, str]:
+        """The rule as an ``x-kubernetes-validations`` entry of the CRD's root schema."""
+        return {
+            "rule": f"self.metadata.name.size() <= {self.max_length} && "
+            f"self.metadata.name.matches('{self.pattern}')",
+            "message": f"metadata.name: {self.message}",
+        }

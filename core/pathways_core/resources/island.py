@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal, Self
+from typing import ClassVar, Literal, Self
 
 from pydantic import Field, model_validator
 
 from pathways_core.accelerators import AcceleratorKind, accelerator_info
 from pathways_core.resources.base import (
+    DNS_1035_LABEL_PATTERN,
     GROUP_VERSION,
     Conditions,
     FieldError,
     Model,
+    NameRule,
     ObjectMeta,
     ResourceRequirements,
     Toleration,
@@ -20,6 +22,14 @@ from pathways_core.resources.base import (
 from pathways_core.topology import MeshShape, device_count, parse_shape
 
 DEFAULT_IMAGE = "ghcr.io/pathways-k8s/pathways:0.1.0"
+ISLAND_NAME = NameRule(
+    DNS_1035_LABEL_PATTERN,
+    52 - len("-executor"),
+    "a lowercase RFC 1035 label (a letter, then a-z, 0-9 and '-')",
+    "an island's servers are the Services <name>-scheduler and <name>-executor and the "
+    "StatefulSet <name>-executor, whose name, with the hash its pods' revision label adds, "
+    "has at most 52 characters",
+)
 
 
 class SchedulingPolicy(StrEnum):
@@ -202,8 +212,16 @@ class Island(Model):
     """An island of accelerators: devices joined by a fast interconnect (a TPU slice over ICI,
     the GPUs of one NVLink domain) with one gang scheduler and one executor per host."""
 
+    NAME_RULE: ClassVar[NameRule] = ISLAND_NAME
+
     api_version: Literal["pathways.dev/v1alpha1"] = GROUP_VERSION
     kind: Literal["Island"] = "Island"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: IslandSpec
     status: IslandStatus = Field(default_factory=IslandStatus)
+
+    @model_validator(mode="after")
+    def _check_name(self) -> Self:
+        if problem := self.NAME_RULE.problem(self.metadata):
+            raise problem
+        return self

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal, Self
+from typing import ClassVar, Literal, Self
 
 from pydantic import Field, model_validator
 
 from pathways_core.graph import CycleError, topological_order
 from pathways_core.resources.base import (
+    DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
     GROUP_VERSION,
     Conditions,
@@ -17,6 +18,7 @@ from pathways_core.resources.base import (
     EnvVar,
     FieldError,
     Model,
+    NameRule,
     ObjectMeta,
     Priority,
     ResourceRequirements,
@@ -25,6 +27,14 @@ from pathways_core.resources.base import (
 from pathways_core.resources.virtual_slice import SliceRequest
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+MAX_RESTARTS = 1000
+PROGRAM_NAME = NameRule(
+    DNS_LABEL_PATTERN,
+    63 - len(f"-run-{MAX_RESTARTS + 1}"),
+    "a lowercase RFC 1123 label",
+    "a program's runs are the Jobs <name>-run-<n>, whose names, like the label "
+    "pathways.dev/program they carry, have at most 63 characters",
+)
 
 
 def _named_list(key: str = "name") -> dict[str, object]:
@@ -299,7 +309,10 @@ class PathwaysProgramSpec(Model):
         description="Never, or OnFailure: restart from the last completed step.",
     )
     max_restarts: int = Field(
-        default=3, ge=0, le=1000, description="Restarts allowed before the program fails."
+        default=3,
+        ge=0,
+        le=MAX_RESTARTS,
+        description="Restarts allowed before the program fails.",
     )
     suspend: bool = Field(
         default=False,
@@ -402,8 +415,16 @@ class PathwaysProgram(Model):
     """A Pathways program: a DAG of compiled JAX functions on virtual slices, or a driver that
     builds one, run by the island schedulers and tracked to Succeeded or Failed."""
 
+    NAME_RULE: ClassVar[NameRule] = PROGRAM_NAME
+
     api_version: Literal["pathways.dev/v1alpha1"] = GROUP_VERSION
     kind: Literal["PathwaysProgram"] = "PathwaysProgram"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: PathwaysProgramSpec
     status: PathwaysProgramStatus = Field(default_factory=PathwaysProgramStatus)
+
+    @model_validator(mode="after")
+    def _check_name(self) -> Self:
+        if problem := self.NAME_RULE.problem(self.metadata):
+            raise problem
+        return self
