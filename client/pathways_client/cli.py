@@ -697,6 +697,65 @@ def cancel(name: str, state: Path | None, api: str | None, token: str | None, te
 @click.argument("name")
 @api_options
 @click.option(
+    "--kind",
+    type=click.Choice(["programs", "virtualslices"]),
+    default="programs",
+    show_default=True,
+)
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    show_default=True,
+    help="Wait until the object is gone: what it held released (a run stopped, slices freed).",
+)
+def delete(
+    name: str,
+    state: Path | None,
+    api: str | None,
+    token: str | None,
+    tenant: str,
+    kind: str,
+    wait: bool,
+) -> None:
+    """Delete a program (its run stops, its slices go) or a VirtualSlice; its name is free
+    again once it is gone."""
+    with _api(state, api, token, tenant) as client:
+        try:
+            client.delete(kind, name)
+            deadline = time.monotonic() + DELETE_TIMEOUT
+            with console.status(f"deleting {name}"):
+                while wait and _exists(client, kind, name):
+                    if time.monotonic() > deadline:
+                        _fail(
+                            RuntimeError(
+                                f"{name} is still being deleted after {DELETE_TIMEOUT:g} s "
+                                "(what it holds is being released); see it with 'pathways get'"
+                            )
+                        )
+                    time.sleep(0.2)
+        except ApiCallError as error:
+            _fail(error)
+    console.print(f"[green]✓[/] {kind.rstrip('s')} [bold]{name}[/] deleted")
+
+
+DELETE_TIMEOUT = 120.0
+"""Seconds ``pathways delete`` waits for an object to be gone."""
+
+
+def _exists(client: ApiClient, kind: str, name: str) -> bool:
+    try:
+        client.get(kind, name)
+    except ApiCallError as error:
+        if error.code == "NotFound":
+            return False
+        raise
+    return True
+
+
+@main.command()
+@click.argument("name")
+@api_options
+@click.option(
     "-f",
     "--follow",
     is_flag=True,

@@ -283,3 +283,12 @@ def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_wa
     never = pathways("logs", "too-large", *at)
     assert never.exit_code == 0
     assert "too-large has no output yet: Pending (main: ShapeDoesNotFit" in never.output
+
+    # Deleted, a program and the slices made for it are gone, and its name is free again.
+    deleted = pathways("delete", "too-large", *at)
+    assert deleted.exit_code == 0 and "program too-large deleted" in deleted.output
+    assert "NotFound" in pathways("get", "too-large", *at).output
+    slices = json.loads(pathways("get", "--kind", "virtualslices", *at, "-o", "json").output)
+    assert "too-large-main" not in [item["metadata"]["name"] for item in slices]
+    again = pathways("delete", "too-large", *at)
+    assert again.exit_code == 1 and "NotFound" in again.output
