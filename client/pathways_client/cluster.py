@@ -138,6 +138,8 @@ class Cluster:
             )
         if (devices is None) == (shape is None):
             raise SliceError("request a slice with devices=N or shape=(...), not both")
+        if devices is not None and int(devices) < 1:
+            raise SliceError(f"devices must be at least 1 (got {devices})")
         shape = tuple(shape) if shape is not None else (int(devices),)  # type: ignore[arg-type]
         if any(side < 1 for side in shape):
             raise SliceError(f"shape {list(shape)} must have positive sides")
@@ -188,6 +190,7 @@ class Cluster:
         deleting its VirtualSlice through the API."""
         if self._bound.get(item.name) is item:
             del self._bound[item.name]
+            item.released = True
             if self._allocator is not None:
                 self._allocator.release(item.name)
             if self.api is not None:

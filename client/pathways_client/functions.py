@@ -33,6 +33,10 @@ class CompiledFunction:
         input_specs: Sequence[Any] | None = None,
         name: str | None = None,
     ) -> None:
+        if not callable(fun):
+            raise TypeError(f"pw.function places a callable (got {type(fun).__name__})")
+        if not isinstance(slice, Slice):
+            raise TypeError(f"slice must be a Slice from cluster.slice(...) (got {slice!r})")
         self.fun = fun
         self.slice = slice
         self.name = name or getattr(fun, "__name__", "function").replace("_", "-").strip("-<>")

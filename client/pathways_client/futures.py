@@ -21,10 +21,10 @@ import numpy as np
 
 from pathways_client.errors import DeletedError, NodeFailed
 from pathways_client.island_client import IslandClient, IslandError
+from pathways_client.slices import Slice
 
 if TYPE_CHECKING:
     from pathways_client.cluster import Cluster
-    from pathways_client.slices import Slice
 
 RESULT_TIMEOUT_SECONDS = 600.0
 
@@ -133,6 +133,12 @@ class ArrayFuture(Shaped):
             self._done.result(timeout)
         except IslandError as error:
             raise NodeFailed(self.node, self.slice.island, str(error)) from None
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.node!r} was not computed on island {self.slice.island!r} within "
+                f"{timeout:g} s (it is still queued or running; wait longer, or pass "
+                "timeout=None to wait as long as it takes)"
+            ) from None
 
     def result(self, timeout: float | None = RESULT_TIMEOUT_SECONDS) -> np.ndarray:
         """The array's value on the host."""
@@ -195,8 +201,11 @@ def _delete_copies(cluster: Cluster, copies: dict[str, str]) -> None:
                 session.delete([buffer_id])
 
 
-def put(slice: Slice, value: Any) -> ArrayFuture:
-    """Upload a host value to ``slice`` once, as a future any number of calls can use."""
+def put(value: Any, slice: Slice) -> ArrayFuture:
+    """Upload a host value to ``slice`` once, as a future any number of calls can use (the
+    order of ``jax.device_put``'s arguments)."""
+    if not isinstance(slice, Slice):
+        raise TypeError(f"put: slice must be a Slice from cluster.slice(...) (got {slice!r})")
     cluster = slice.cluster_or_fail()
     array = host_array(value)
     buffer_id = _upload(cluster.session(slice.island), array, slice, "put")

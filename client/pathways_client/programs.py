@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from pydantic import ValidationError
 
 from pathways_client.errors import NodeFailed
 from pathways_client.functions import CompiledFunction
@@ -35,10 +36,10 @@ from pathways_client.futures import (
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.slices import Slice
 from pathways_core.dataflow import Dataflow, Node, Ref, Source
-from pathways_core.resources import ObjectMeta, PathwaysProgram
+from pathways_core.manifests import problems_of
+from pathways_core.resources import PathwaysProgram
 from pathways_core.resources.program import (
     FunctionArtifact,
-    PathwaysProgramSpec,
     ProgramSlice,
 )
 from pathways_core.topology import format_shape
@@ -53,10 +54,29 @@ def active_trace() -> Trace | None:
     return _ACTIVE.get()
 
 
+def _host_operation(what: str) -> Callable[..., Any]:
+    def refuse(self: Traced, *_: Any, **__: Any) -> Any:
+        raise TypeError(
+            f"{what} of {self!r} inside a @pw.program: the program's values are arrays the "
+            "islands will compute, so compute with them in pw.function calls (and with their "
+            "results after the program returns)"
+        )
+
+    return refuse
+
+
 class Traced(Shaped):
     """A value inside a program being traced: an argument, or a node's output."""
 
     __slots__ = ("aval", "ref", "slice")
+
+    # Python on such a value cannot be traced into the graph: say what to do instead.
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _host_operation("arithmetic")
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _host_operation("arithmetic")
+    __matmul__ = __rmatmul__ = __pow__ = __neg__ = __abs__ = _host_operation("arithmetic")
+    __getitem__ = _host_operation("indexing")
+    __bool__ = _host_operation("a truth test")
+    __array__ = __float__ = __int__ = _host_operation("the host value")
 
     def __init__(self, ref: Ref, aval: jax.ShapeDtypeStruct, slice: Slice | None) -> None:
         self.ref = ref
@@ -190,16 +210,21 @@ class Program:
             for key, (_, specialized) in functions.items()
         }
         slices = {item.name: item for item, _ in functions.values()}
-        spec = PathwaysProgramSpec(
-            slices=[_program_slice(item) for item in slices.values()],
-            graph=flow.to_graph(artifacts),
-            steps=steps,
-            weight=weight,
-            priority=priority,
-        )
-        return PathwaysProgram(
-            metadata=ObjectMeta(name=name or self.name, namespace=namespace), spec=spec
-        )
+        document = {
+            "metadata": {"name": name or self.name, "namespace": namespace},
+            "spec": {
+                "slices": [_program_slice(item) for item in slices.values()],
+                "graph": flow.to_graph(artifacts),
+                "steps": steps,
+                "weight": weight,
+                "priority": priority,
+            },
+        }
+        try:
+            return PathwaysProgram.model_validate(document)
+        except ValidationError as error:  # one line naming each field, as the API would
+            problems = "; ".join(map(str, problems_of(error, PathwaysProgram)))
+            raise ValueError(f"program {self.name!r} as a resource: {problems}") from None
 
 
 def program(fun: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
@@ -365,7 +390,7 @@ def _upload_host_values(
 
     def upload(ref: Ref) -> ArrayFuture:
         given = (arguments if ref.source is Source.ARGUMENT else constants)[ref.index]
-        return put(first_use[ref], given)
+        return put(given, first_use[ref])
 
     return {ref: _UPLOADS.submit(upload, ref) for ref in first_use}
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from jax.sharding import AbstractMesh, AxisType
 
+from pathways_client.errors import SliceError
+
 if TYPE_CHECKING:
     from pathways_client.cluster import Cluster
 
@@ -24,6 +26,8 @@ class Slice:
     devices: tuple[int, ...]
     shape: tuple[int, ...]
     cluster: Cluster | None = field(default=None, repr=False)
+    released: bool = field(default=False, repr=False)
+    """Its devices were given back: they may be another slice's now."""
 
     def __post_init__(self) -> None:
         if math.prod(self.shape) != len(self.devices):
@@ -49,7 +53,12 @@ class Slice:
         return AbstractMesh(self.shape, tuple(names), axis_types=(AxisType.Auto,) * len(names))
 
     def cluster_or_fail(self) -> Cluster:
-        """The session holding this slice."""
+        """The session holding this slice; SliceError once it was released."""
+        if self.released:
+            raise SliceError(
+                f"slice {self.name!r} was released (its devices may be another slice's now): "
+                "request a new one with cluster.slice(...)"
+            )
         if self.cluster is None:
             raise RuntimeError(f"slice {self.name!r} belongs to no session")
         return self.cluster

@@ -248,3 +248,52 @@ def test_a_failed_node_raises_with_its_name_island_and_the_executors_message(
         assert (failure.value.node, failure.value.island) == ("bad-node", "local")
         # The island keeps serving.
         np.testing.assert_array_equal(increment(np.zeros(4, np.float32)).result(), 1)
+
+
+def test_misuse_is_named_where_it_happens(cluster: pw.Cluster) -> None:
+    """Each of these was a bare AttributeError, an empty TimeoutError, a raw pydantic report
+    or, for a released slice, work on devices that may be another's now."""
+    with pytest.raises(pw.SliceError, match=r"devices must be at least 1 \(got 0\)"):
+        cluster.slice(devices=0)
+    with cluster.slice(devices=1) as one:
+        with pytest.raises(TypeError, match=r"pw.function places a callable \(got int\)"):
+            pw.function(42, slice=one)
+        with pytest.raises(TypeError, match=r"slice must be a Slice .* \(got None\)"):
+            pw.function(lambda v: v, slice=None)  # type: ignore[arg-type]
+        increment = pw.function(lambda v: v + 1, slice=one, name="increment")
+
+        # put takes its arguments in jax.device_put's order, and says when they are swapped.
+        ones = pw.put(np.ones(3, np.float32), one)
+        np.testing.assert_array_equal(increment(ones).result(), np.full(3, 2, np.float32))
+        with pytest.raises(TypeError, match=r"put: slice must be a Slice"):
+            pw.put(one, np.ones(3, np.float32))  # type: ignore[arg-type]
+
+        slow = pw.function(lambda v: jnp.linalg.matrix_power(v, 64), slice=one, name="slow")
+        pending = slow(np.eye(512, dtype=np.float32))
+        with pytest.raises(TimeoutError, match=r"'slow' was not computed on island .* within 0 s"):
+            pending.result(timeout=0)
+        pending.wait()
+
+        @pw.program
+        def host_math(v):
+            return increment(v) * 2
+
+        with pytest.raises(TypeError, match=r"arithmetic of Traced\(float32\[3\].*pw.function"):
+            host_math(np.zeros(3, np.float32))
+
+        @pw.program
+        def twice(v):
+            return increment(increment(v))
+
+        with pytest.raises(ValueError, match=r"as a resource: spec.steps: expected a number >= 1"):
+            twice.to_resource(np.zeros(3, np.float32), name="twice", steps=0)
+        with pytest.raises(ValueError, match=r"metadata.name: expected a lowercase RFC 1123 la"):
+            twice.to_resource(np.zeros(3, np.float32), name="t" * 55)
+    # Released, the slice's devices may be bound to another slice: nothing more runs on it.
+    with pytest.raises(pw.SliceError, match=r"slice '.*' was released"):
+        increment(np.zeros(3, np.float32))
+    with pytest.raises(pw.SliceError, match=r"was released"):
+        pw.put(np.zeros(3, np.float32), one)
+    with pytest.raises(pw.SliceError, match=r"was released"):
+        twice(np.zeros(3, np.float32))
+    np.testing.assert_array_equal(ones.result(), np.ones(3, np.float32))  # made before: kept
