@@ -57,7 +57,7 @@ def tenant_process(endpoint: str, name: str, weight: int, commands: Connection) 
             width, calls, chains = command
             x = inputs.get(width)
             if x is None:  # uploaded, compiled and registered before the clock starts
-                x = inputs[width] = pw.put(devices, np.ones((4, width), np.float32))
+                x = inputs[width] = pw.put(np.ones((4, width), np.float32), devices)
                 step(x).result()
             commands.send("ready")
             if commands.recv() != "go":  # called off: another tenant of the run failed
