@@ -525,7 +525,7 @@ def _print_programs(programs: list[dict[str, Any]]) -> None:
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @api_options
 @click.option("--wait", is_flag=True, help="Wait until every program finishes; print its logs.")
 @click.option(
@@ -537,7 +537,7 @@ def _print_programs(programs: list[dict[str, Any]]) -> None:
 )
 @click.option("--idempotency-key", default=None, help="Make retries of this submission safe.")
 def submit(
-    file: Path,
+    file: str,
     state: Path | None,
     api: str | None,
     token: str | None,
@@ -546,28 +546,33 @@ def submit(
     timeout: float | None,
     idempotency_key: str | None,
 ) -> None:
-    """Submit the PathwaysPrograms and VirtualSlices of a YAML or JSON FILE."""
+    """Submit the PathwaysPrograms and VirtualSlices of a YAML or JSON FILE ('-' for
+    standard input)."""
     import yaml
 
     if timeout is not None and not wait:
         raise click.UsageError("--timeout is a limit of --wait: give both, or neither")
+    where = "standard input" if file == "-" else file
     try:
-        documents = [d for d in yaml.safe_load_all(file.read_text()) if d is not None]
+        with click.open_file(file, encoding="utf-8") as stream:
+            documents = [d for d in yaml.safe_load_all(stream.read()) if d is not None]
+    except (OSError, UnicodeDecodeError) as error:
+        _fail(f"{where}: cannot be read as UTF-8 text: {error}")  # type: ignore[arg-type]
     except yaml.YAMLError as error:
-        _fail(f"{file}: not valid YAML: {error}")  # type: ignore[arg-type]
+        _fail(f"{where}: not valid YAML: {error}")  # type: ignore[arg-type]
     if not documents:
-        _fail(f"{file}: no documents")  # type: ignore[arg-type]
+        _fail(f"{where}: no documents")  # type: ignore[arg-type]
     created = []
     with _api(state, api, token, tenant) as client:
         for index, document in enumerate(documents):
             if not isinstance(document, dict):
-                _fail(f"{file}: document {index + 1} is not a mapping")  # type: ignore[arg-type]
+                _fail(f"{where}: document {index + 1} is not a mapping")  # type: ignore[arg-type]
             document = {k: v for k, v in document.items() if k != "status"}
             key = f"{idempotency_key}-{index}" if idempotency_key and len(documents) > 1 else None
             try:
                 stored = client.submit(document, key or idempotency_key)
             except ApiCallError as error:
-                _fail(f"{file}: document {index + 1}: {error}")  # type: ignore[arg-type]
+                _fail(f"{where}: document {index + 1}: {error}")  # type: ignore[arg-type]
             created.append(stored)
             console.print(
                 f"[green]✓[/] {stored['kind']} [bold]{stored['metadata']['name']}[/] submitted"

@@ -45,3 +45,22 @@ def test_submit_refuses_a_timeout_without_wait_before_reading_the_file(
     assert "--timeout is a limit of --wait" in result.output
     refused = pathways("submit", __file__, "--wait", "--timeout", "0")
     assert refused.exit_code == 2 and "Invalid value for '--timeout'" in refused.output
+
+
+def test_submit_reads_standard_input_and_names_a_file_it_cannot_read(
+    pathways, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from pathways_client.cli import main
+
+    api = ("--api", "http://127.0.0.1:9", "--token", "t")
+    piped = CliRunner().invoke(main, ["submit", "-", *api], input="kind: PathwaysProgram\n")
+    assert piped.exit_code == 1
+    assert "standard input: document 1: Unreachable" in piped.output  # read, then sent
+    broken = CliRunner().invoke(main, ["submit", "-", *api], input="a: [\n")
+    assert broken.exit_code == 1 and "standard input: not valid YAML" in broken.output
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    result = pathways("submit", str(binary), *api)
+    assert result.exit_code == 1 and "cannot be read as UTF-8 text" in result.output
