@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -51,7 +52,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,8 @@ MAX_QUICK_FAILURES = 5
 """After this many failures in a row, each within STABLE_AFTER seconds of its start, a
 component is not started again: the error is recorded in ``cluster.json``."""
 MAX_BACKOFF = 10.0
+SUPERVISOR_RUNNING = 3
+"""The exit status of a supervisor started for a state whose supervisor already runs."""
 
 
 def default_state() -> Path:
@@ -594,8 +597,29 @@ def up(
     progress: Callable[[str], None] | None = None,
     timeout: float = READY_TIMEOUT,
 ) -> ClusterInfo:
-    """Start the cluster of ``state`` detached (or return the one already running)."""
+    """Start the cluster of ``state`` detached (or return the one already running). Two at
+    once on one state take turns: the second finds the cluster the first started."""
     state.mkdir(parents=True, exist_ok=True)
+    with _locked(state / "up.lock"):
+        return _up(state, islands, tenants, progress, timeout)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path``, waiting for it (it goes with the process that
+    holds it, however that ends)."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _up(
+    state: Path,
+    islands: Sequence[IslandSpec],
+    tenants: Sequence[str],
+    progress: Callable[[str], None] | None,
+    timeout: float,
+) -> ClusterInfo:
     running = read_info(state)
     if running is not None and running.ready:
         ensure_tenants(state, tenants)
@@ -686,6 +710,14 @@ def main(argv: list[str] | None = None) -> None:
     for item in arguments.island:
         name, hosts, devices, policy, in_flight, topology = item.split(":")
         specs.append(IslandSpec(name, int(hosts), int(devices), policy, int(in_flight), topology))
+    # One supervisor per state (a second would run the same store's Jobs twice): the lock
+    # is held until this process ends, however it ends.
+    lock = (arguments.state / "supervisor.lock").open("a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"another supervisor runs the cluster of {arguments.state}", file=sys.stderr)
+        sys.exit(SUPERVISOR_RUNNING)
     Supervisor(arguments.state, specs, arguments.port).serve()
 
 

@@ -292,3 +292,36 @@ def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_wa
     assert "too-large-main" not in [item["metadata"]["name"] for item in slices]
     again = pathways("delete", "too-large", *at)
     assert again.exit_code == 1 and "NotFound" in again.output
+
+
+def test_two_ups_at_once_start_one_cluster_and_a_second_supervisor_refuses(
+    state: Path,
+) -> None:
+    """Two `pathways up` of one state at once started two supervisors: two islands, two
+    resource managers running the same store's Jobs, two APIs."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pathways_client.embedded import SUPERVISOR_RUNNING, IslandSpec, up
+
+    specs = [IslandSpec("island-0", 1, 2)]
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(lambda _: up(state, specs), range(2))
+    assert first.supervisor == second.supervisor and first.api == second.api
+    supervisors = subprocess.run(
+        ["pgrep", "-f", f"pathways_client.embedded --state {state}"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert supervisors == [str(first.supervisor)]
+    supervisor = [sys.executable, "-m", "pathways_client.embedded", "--state", str(state)]
+    another = subprocess.run(
+        [*supervisor, "--island", "other:1:1:fifo:1:"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert another.returncode == SUPERVISOR_RUNNING
+    assert "another supervisor runs the cluster of" in another.stderr
+    assert read_info(state).supervisor == first.supervisor  # type: ignore[union-attr]
