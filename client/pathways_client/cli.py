@@ -359,6 +359,9 @@ def up(
         )
     except EmbeddedError as error:
         _fail(error)
+    except OSError as error:  # the state directory cannot be made or written
+        where = f" ({error.filename})" if error.filename else ""
+        _fail(RuntimeError(f"cannot use the state directory: {error.strerror or error}{where}"))
     _print_cluster(_state(state), info)
 
 

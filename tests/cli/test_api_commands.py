@@ -64,3 +64,13 @@ def test_submit_reads_standard_input_and_names_a_file_it_cannot_read(
     binary.write_bytes(b"\xff\xfe\x00")
     result = pathways("submit", str(binary), *api)
     assert result.exit_code == 1 and "cannot be read as UTF-8 text" in result.output
+
+
+def test_up_names_a_state_directory_it_cannot_make(pathways, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = pathways("up", "--state", str(blocker / "state"))
+    assert result.exit_code == 1
+    assert f"cannot use the state directory: Not a directory ({blocker / 'state'})" in (
+        result.output
+    )
