@@ -252,6 +252,8 @@ def test_a_tunnel_that_does_not_trust_the_proxy_carries_nothing(
         (["h:1"], "give --ca FILE or set PATHWAYS_TLS_CA"),
         (["h:1", "--ca", __file__], "not a PEM CA certificate"),
         (["no-port", "--ca", "CA"], "'no-port' is not host:port"),
+        (["h:99999", "--ca", "CA"], "'h:99999' is not host:port (a port of 1 to 65535)"),
+        (["h:1", "--ca", "CA", "--listen", "127.0.0.1:70000"], "is not HOST:PORT"),
     ],
 )
 def test_the_tunnel_refuses_bad_arguments_by_name(

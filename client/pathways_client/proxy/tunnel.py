@@ -27,6 +27,8 @@ from pathlib import Path
 
 import click
 
+from pathways_core.flags import PORT_MAX
+
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 16
@@ -46,8 +48,8 @@ class Tunnel:
         server_name: str | None = None,
     ) -> None:
         host, _, port = target.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"target {target!r} is not host:port")
+        if not host or not port.isdigit() or not 0 < int(port) <= PORT_MAX:
+            raise ValueError(f"target {target!r} is not host:port (a port of 1 to {PORT_MAX})")
         self.host, self.port = host.strip("[]"), int(port)
         self.server_name = server_name or self.host
         self.context = context
@@ -162,7 +164,7 @@ def client_context(ca: Path | None) -> ssl.SSLContext:
 def _listen_address(value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
-    if not port.isdigit() or int(port) > 65535:
+    if not port.isdigit() or int(port) > PORT_MAX:
         raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint="--listen")
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
