@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
@@ -28,6 +28,9 @@ from pathways_core.allocator import Allocator, Bound, IslandInventory, slice_req
 from pathways_core.resources import Island
 from pathways_core.scheduling import Policy
 from pathways_core.topology import device_count, format_shape, parse_shape
+
+if TYPE_CHECKING:
+    from pathways_client.embedded import IslandSpec
 
 # Rich assumes 80 columns when output is not a terminal; tables read better wider in logs.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
@@ -234,7 +237,6 @@ def _api(state: Path | None, api: str | None, token: str | None, tenant: str) ->
         return ApiClient(url, token)
     except ValueError as error:  # TlsConfigError: the PATHWAYS_TLS_* variables are half set
         _fail(error)
-        raise
 
 
 def api_options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -256,7 +258,7 @@ def api_options(function: Callable[..., Any]) -> Callable[..., Any]:
     return function
 
 
-def _fail(error: Exception) -> None:
+def _fail(error: Exception | str) -> NoReturn:
     errors.print(f"[red]✗[/] {escape(str(error))}")
     sys.exit(1)
 
@@ -341,11 +343,9 @@ def up(
         differences = _differences(running.islands, specs, given)
         if differences:
             _fail(
-                EmbeddedError(
-                    f"the embedded cluster of {_state(state)} is already running, and "
-                    f"{'; '.join(differences)}: run 'pathways down' first (its state is kept), "
-                    "then 'pathways up' with these options"
-                )
+                f"the embedded cluster of {_state(state)} is already running, and "
+                f"{'; '.join(differences)}: run 'pathways down' first (its state is kept), "
+                "then 'pathways up' with these options"
             )
     try:
         info = _with_spinner(
@@ -361,7 +361,7 @@ def up(
         _fail(error)
     except OSError as error:  # the state directory cannot be made or written
         where = f" ({error.filename})" if error.filename else ""
-        _fail(RuntimeError(f"cannot use the state directory: {error.strerror or error}{where}"))
+        _fail(f"cannot use the state directory: {error.strerror or error}{where}")
     _print_cluster(_state(state), info)
 
 
@@ -369,7 +369,7 @@ ISLAND_OPTIONS = {"hosts": "--hosts", "devicesPerHost": "--devices", "topology":
 """The option of ``pathways up`` that sets each field of an Island."""
 
 
-def _check_island(spec: Any) -> None:
+def _check_island(spec: IslandSpec) -> None:
     """Refuse, naming the option, an island the resource manager would refuse to register."""
     if spec.topology:
         with contextlib.suppress(ValueError):  # a malformed shape is the model's to name
@@ -391,7 +391,7 @@ def _check_island(spec: Any) -> None:
 
 
 def _differences(
-    running: dict[str, dict[str, Any]], wanted: list[Any], given: set[str]
+    running: dict[str, dict[str, Any]], wanted: list[IslandSpec], given: set[str]
 ) -> list[str]:
     """How the running cluster's islands differ from the options given on the command line."""
     found = []
@@ -536,7 +536,7 @@ def _print_programs(programs: list[dict[str, Any]]) -> None:
     type=click.FloatRange(min=0, min_open=True),
     default=None,
     help="With --wait: stop waiting after this many seconds, exit 1 and say where each "
-    "unfinished program stands (it keeps running) [default: no limit].",
+    "unfinished program stands (they stay submitted) [default: no limit].",
 )
 @click.option("--idempotency-key", default=None, help="Make retries of this submission safe.")
 def submit(
@@ -560,22 +560,22 @@ def submit(
         with click.open_file(file, encoding="utf-8") as stream:
             documents = [d for d in yaml.safe_load_all(stream.read()) if d is not None]
     except (OSError, UnicodeDecodeError) as error:
-        _fail(f"{where}: cannot be read as UTF-8 text: {error}")  # type: ignore[arg-type]
+        _fail(f"{where}: cannot be read as UTF-8 text: {error}")
     except yaml.YAMLError as error:
-        _fail(f"{where}: not valid YAML: {error}")  # type: ignore[arg-type]
+        _fail(f"{where}: not valid YAML: {error}")
     if not documents:
-        _fail(f"{where}: no documents")  # type: ignore[arg-type]
+        _fail(f"{where}: no documents")
     created = []
     with _api(state, api, token, tenant) as client:
         for index, document in enumerate(documents):
             if not isinstance(document, dict):
-                _fail(f"{where}: document {index + 1} is not a mapping")  # type: ignore[arg-type]
+                _fail(f"{where}: document {index + 1} is not a mapping")
             document = {k: v for k, v in document.items() if k != "status"}
             key = f"{idempotency_key}-{index}" if idempotency_key and len(documents) > 1 else None
             try:
                 stored = client.submit(document, key or idempotency_key)
             except ApiCallError as error:
-                _fail(f"{where}: document {index + 1}: {error}")  # type: ignore[arg-type]
+                _fail(f"{where}: document {index + 1}: {error}")
             created.append(stored)
             console.print(
                 f"[green]✓[/] {stored['kind']} [bold]{stored['metadata']['name']}[/] submitted"
@@ -656,7 +656,7 @@ def get(
             if error.code == "NotFound" and plural in KINDS:
                 # kubectl's habit: ``get islands`` means the kind, which --kind names here.
                 listing = "pathways get" + ("" if plural == "programs" else f" --kind {plural}")
-                _fail(RuntimeError(f"{error}; to list {plural}: {listing}"))
+                _fail(f"{error}; to list {plural}: {listing}")
             _fail(error)
     # Documents as written, for files and pipes: the console would wrap long lines.
     if output == "json":
@@ -735,10 +735,8 @@ def delete(
                 while wait and _exists(client, kind, name):
                     if time.monotonic() > deadline:
                         _fail(
-                            RuntimeError(
-                                f"{name} is still being deleted after {DELETE_TIMEOUT:g} s "
-                                "(what it holds is being released); see it with 'pathways get'"
-                            )
+                            f"{name} is still being deleted after {DELETE_TIMEOUT:g} s (what "
+                            "it holds is being released); see it with 'pathways get'"
                         )
                     time.sleep(0.2)
         except ApiCallError as error:
@@ -751,6 +749,7 @@ DELETE_TIMEOUT = 120.0
 
 
 def _exists(client: ApiClient, kind: str, name: str) -> bool:
+    """Whether the API still has the object (one being deleted is still there)."""
     try:
         client.get(kind, name)
     except ApiCallError as error:
@@ -830,7 +829,7 @@ def trace(
         except ApiCallError as error:
             _fail(error)
     if not records:
-        _fail(f"program {name!r} has no trace yet (traces are kept when a run ends)")  # type: ignore[arg-type]
+        _fail(f"program {name!r} has no trace yet (traces are kept when a run ends)")
     write_trace(records, out, title=f"program {name}")
     console.print(f"[green]✓[/] {len(records)} computations written to {escape(str(out))}")
 
