@@ -15,12 +15,19 @@ import ssl
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from pathways_client import tls
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+
+
+def _path(*segments: str) -> str:
+    """An API path of quoted segments: a name is one segment, whatever it holds (``a/../b``
+    names no object, rather than the object ``b``)."""
+    return "/v1/" + "/".join(quote(segment, safe="") for segment in segments)
 
 
 class ApiCallError(RuntimeError):
@@ -125,7 +132,7 @@ class ApiClient:
             parameters = {k: v for k, v in query.items() if v is not None}
             if token:
                 parameters["continue"] = token
-            page = self.call("GET", f"/v1/{collection}", params=parameters)
+            page = self.call("GET", _path(collection), params=parameters)
             items += page["items"]
             token = page.get("continue")
             if not token:
@@ -133,27 +140,27 @@ class ApiClient:
 
     def get(self, collection: str, name: str) -> dict[str, Any]:
         """One object."""
-        return self.call("GET", f"/v1/{collection}/{name}")
+        return self.call("GET", _path(collection, name))
 
     def cancel(self, name: str) -> dict[str, Any]:
         """Cancel a program."""
-        return self.call("POST", f"/v1/programs/{name}/cancel")
+        return self.call("POST", _path("programs", name, "cancel"))
 
     def delete(self, collection: str, name: str) -> dict[str, Any]:
         """Delete a program or release a virtual slice."""
-        return self.call("DELETE", f"/v1/{collection}/{name}")
+        return self.call("DELETE", _path(collection, name))
 
     def logs(self, name: str) -> str:
         """A program's output."""
-        return self.call("GET", f"/v1/programs/{name}/logs")["logs"]
+        return self.call("GET", _path("programs", name, "logs"))["logs"]
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """A program's Events."""
-        return self.call("GET", f"/v1/programs/{name}/events")["items"]
+        return self.call("GET", _path("programs", name, "events"))["items"]
 
     def trace(self, name: str) -> list[dict[str, Any]]:
         """A program's island trace records."""
-        return self.call("GET", f"/v1/programs/{name}/trace")["records"]
+        return self.call("GET", _path("programs", name, "trace"))["records"]
 
     def me(self) -> dict[str, Any]:
         """The caller's tenant, quotas and usage."""

@@ -412,3 +412,18 @@ def test_a_name_its_jobs_could_not_carry_is_refused_and_nothing_is_stored(a: htt
     assert error_of(generated)["field"] == "metadata.generateName"
     assert a.get("/v1/programs").json()["items"] == []
     assert a.post("/v1/programs", json=program("p" * 54)).status_code == 201
+
+
+def test_the_sdk_client_sends_a_name_as_one_path_segment(server: Server) -> None:
+    """``pathways delete 'x/../target'`` deleted ``target``: the name went into the path as
+    written, and the HTTP client resolved the ``..``."""
+    from pathways_client.api_client import ApiCallError, ApiClient
+
+    with ApiClient(server.url, "token-a") as client:
+        client.submit(program("target"))
+        for name in ("x/../target", "../programs/target", "target?x=1", "target/cancel"):
+            with pytest.raises(ApiCallError) as refused:
+                client.delete("programs", name)
+            assert refused.value.status in (404, 405), name  # no such object, or route
+        assert client.get("programs", "target")["metadata"]["name"] == "target"
+        assert "deletionTimestamp" not in client.get("programs", "target")["metadata"]
