@@ -777,12 +777,7 @@ def logs(
     with _api(state, api, token, tenant) as client:
         try:
             shown = _print_new_output(client, name, "")
-            if follow:
-                while phase_of(client.get("programs", name)) not in TERMINAL:
-                    time.sleep(LOG_POLL)
-                    shown = _print_new_output(client, name, shown)
-                shown = _print_new_output(client, name, shown)  # written just before the end
-            if not shown:
+            if not shown:  # say why, before following what comes
                 program = client.get("programs", name)
                 message = (program.get("status") or {}).get("message")
                 errors.print(
@@ -790,6 +785,11 @@ def logs(
                     + (f" ({message})" if message else ""),
                     markup=False,
                 )
+            if follow:
+                while phase_of(client.get("programs", name)) not in TERMINAL:
+                    time.sleep(LOG_POLL)
+                    shown = _print_new_output(client, name, shown)
+                shown = _print_new_output(client, name, shown)  # written just before the end
         except ApiCallError as error:
             _fail(error)
         except KeyboardInterrupt:

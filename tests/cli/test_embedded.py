@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -283,6 +285,19 @@ def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_wa
     never = pathways("logs", "too-large", *at)
     assert never.exit_code == 0
     assert "too-large has no output yet: Pending (main: ShapeDoesNotFit" in never.output
+    # Following a program that waits says why at once, then keeps following until stopped.
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "pathways_client", "logs", "too-large", *at, "--follow"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stderr is not None
+        assert "too-large has no output yet: Pending" in follower.stderr.readline()
+        assert follower.poll() is None
+    finally:
+        follower.send_signal(signal.SIGINT)
+    assert follower.wait(timeout=30) == 130
 
     # Deleted, a program and the slices made for it are gone, and its name is free again.
     deleted = pathways("delete", "too-large", *at)
@@ -299,8 +314,6 @@ def test_two_ups_at_once_start_one_cluster_and_a_second_supervisor_refuses(
 ) -> None:
     """Two `pathways up` of one state at once started two supervisors: two islands, two
     resource managers running the same store's Jobs, two APIs."""
-    import subprocess
-    import sys
     from concurrent.futures import ThreadPoolExecutor
 
     from pathways_client.embedded import SUPERVISOR_RUNNING, IslandSpec, up
