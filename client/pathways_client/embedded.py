@@ -293,12 +293,17 @@ class Supervisor:
         try:
             return popen, json.loads(line)
         except ValueError:
-            if popen.poll() is None:
+            try:
+                popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
                 popen.kill()
                 popen.wait()
+            log = self.state / f"{name}.log"
+            last = _last_line(log)
             raise EmbeddedError(
-                f"the {name} did not start (exit code {popen.poll()}); see "
-                f"{self.state / (name + '.log')}"
+                f"the {name} did not start (exit code {popen.returncode})"
+                + (f": {last}" if last else "")
+                + f"; see {log}"
             ) from None
 
     # -- starting each component -----------------------------------------------------------------
@@ -654,13 +659,14 @@ def _up(
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     deadline = time.monotonic() + timeout
-    said = ""
+    said, failure = "", None
     while time.monotonic() < deadline:
         info = read_info(state)
         if info is not None and info.supervisor == supervisor.pid:
             if info.ready:
                 return info
             if info.error:
+                failure = info.error
                 break
             stage = f"islands {len(info.islands)}/{len(islands)}"
             if len(info.islands) == len(islands):
@@ -673,10 +679,23 @@ def _up(
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(supervisor.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        supervisor.wait(timeout=30)  # its last words are in its log once it has ended
     tail = "\n".join((state / "supervisor.log").read_text(errors="replace").splitlines()[-15:])
     raise EmbeddedError(
-        f"the embedded cluster did not start; {state}/supervisor.log ends with:\n{tail}"
+        "the embedded cluster did not start"
+        + (f": {failure}" if failure else "")
+        + f"\n{state}/supervisor.log ends with:\n{tail}"
     )
+
+
+def _last_line(log: Path) -> str:
+    """The last line a component wrote to its log (its error, when it failed to start)."""
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:500] if lines else ""
 
 
 def down(state: Path, timeout: float = 90.0) -> bool:

@@ -338,3 +338,17 @@ def test_two_ups_at_once_start_one_cluster_and_a_second_supervisor_refuses(
     assert another.returncode == SUPERVISOR_RUNNING
     assert "another supervisor runs the cluster of" in another.stderr
     assert read_info(state).supervisor == first.supervisor  # type: ignore[union-attr]
+
+
+def test_a_component_that_cannot_start_is_named_with_its_error(state: Path, pathways) -> None:
+    """A hand-edited tokens file the API refuses: `up` said the cluster did not start and
+    showed an empty log tail; now it says which component, and the error it died of."""
+    state.mkdir(parents=True)
+    (state / "tokens.yaml").write_text("tenants:\n  Bad_Name:\n    tokens: [abc]\n")
+    result = pathways("up", "--state", str(state))
+    assert result.exit_code == 1
+    assert "the embedded cluster did not start: the api did not start (exit code 1): " in (
+        result.output
+    )
+    assert "TokensFileError" in result.output and "tenants.Bad_Name" in result.output
+    assert read_info(state) is None  # nothing left running
