@@ -56,6 +56,9 @@ def pipeline_vs_spmd(quick: bool, cache: Path) -> list[dict[str, Any]]:
     with (
         LocalIsland(hosts=2, devices_per_host=4, compilation_cache=cache) as island,
         pw.connect(island) as cluster,
+        # The SPMD baseline's own session, which binds the same 8 devices as the stages:
+        # a session never uses a slice it gave back, and the two models run in turn.
+        pw.connect(island) as baseline,
     ):
         for stages, microbatches in shapes:
             config = pipeline.Config(
@@ -69,9 +72,7 @@ def pipeline_vs_spmd(quick: bool, cache: Path) -> list[dict[str, Any]]:
             slices = [cluster.slice(devices=8 // stages, name=f"stage-{s}") for s in range(stages)]
             model = pipeline.Pipeline(slices, config)
             params, inputs, targets = pipeline.init(config)
-            for item in slices:  # the SPMD slice takes the same 8 devices
-                item.release()
-            whole = cluster.slice(devices=8, name="spmd")
+            whole = baseline.slice(devices=8, name="spmd")
             spmd = pipeline.Spmd(whole, config)
             samples = config.steps * config.microbatches * config.batch
             rates = interleaved(
@@ -82,7 +83,8 @@ def pipeline_vs_spmd(quick: bool, cache: Path) -> list[dict[str, Any]]:
                 samples,
                 repeats=2 if quick else 3,
             )
-            whole.release()
+            for item in [*slices, whole]:
+                item.release()
             record = _record(
                 f"pipeline (S={stages}, M={microbatches}) vs SPMD",
                 rates,
