@@ -401,3 +401,13 @@ def test_a_failure_is_printed_as_written(monkeypatch: pytest.MonkeyPatch) -> Non
     result = CliRunner().invoke(bench_command, ["--quick", "--only", "control"])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
     assert "no_such[/x].py is missing" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("name", ["pipeline", "islands"])
+def test_the_suites_whose_models_use_the_sdk_run_to_their_records(name: str) -> None:
+    """Their models use slices, functions and programs: an SDK change they rely on breaks
+    here, not 20 minutes into `make bench` (the pipeline suite used slices it had released)."""
+    (suite,) = [suite for suite in SUITES if suite.name == name]
+    records = run_suite(suite, quick=True)
+    assert records and not any(record.get("error") for record in records), records
+    assert all(record["ratio"] > 0 for record in records)
