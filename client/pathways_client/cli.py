@@ -394,6 +394,8 @@ def _differences(
     running: dict[str, dict[str, Any]], wanted: list[IslandSpec], given: set[str]
 ) -> list[str]:
     """How the running cluster's islands differ from the options given on the command line."""
+    from pathways_client.embedded import IslandSpec
+
     found = []
     if "islands" in given and len(running) != len(wanted):
         found.append(f"it has {len(running)} islands, not --islands {len(wanted)}")
@@ -401,14 +403,18 @@ def _differences(
         island = running.get(spec.name)
         if island is None:
             continue
+        have = IslandSpec(
+            spec.name,
+            island["hosts"],
+            island["devicesPerHost"],
+            island["policy"],
+            topology=island.get("topology", ""),
+        )
         pairs = {
-            "hosts": (island["hosts"], spec.hosts),
-            "devices": (island["devicesPerHost"], spec.devices_per_host),
-            "topology": (
-                island.get("topology") or str(island["hosts"] * island["devicesPerHost"]),
-                spec.mesh,
-            ),
-            "policy": (island["policy"], spec.policy),
+            "hosts": (have.hosts, spec.hosts),
+            "devices": (have.devices_per_host, spec.devices_per_host),
+            "topology": (have.mesh, spec.mesh),
+            "policy": (have.policy, spec.policy),
         }
         found += [
             f"{spec.name} has {option} {have}, not --{option} {asked}"
@@ -772,19 +778,14 @@ def logs(
     name: str, state: Path | None, api: str | None, token: str | None, tenant: str, follow: bool
 ) -> None:
     """Print a program's output (each run's after a '--- run N ---' line)."""
-    from pathways_client.watch import TERMINAL, phase_of
+    from pathways_client.watch import TERMINAL, phase_of, standing
 
     with _api(state, api, token, tenant) as client:
         try:
             shown = _print_new_output(client, name, "")
             if not shown:  # say why, before following what comes
                 program = client.get("programs", name)
-                message = (program.get("status") or {}).get("message")
-                errors.print(
-                    f"{name} has no output yet: {phase_of(program)}"
-                    + (f" ({message})" if message else ""),
-                    markup=False,
-                )
+                errors.print(f"{name} has no output yet: {standing(program)}", markup=False)
             if follow:
                 while phase_of(client.get("programs", name)) not in TERMINAL:
                     time.sleep(LOG_POLL)

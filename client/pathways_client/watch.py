@@ -33,6 +33,12 @@ def phase_of(document: dict[str, Any]) -> str:
     return (document.get("status") or {}).get("phase") or "Pending"
 
 
+def standing(document: dict[str, Any]) -> str:
+    """Where a program stands: its phase, and why (its status message), if it says."""
+    message = (document.get("status") or {}).get("message")
+    return phase_of(document) + (f" ({message})" if message else "")
+
+
 def wait_programs(
     programs: Mapping[Hashable, tuple[ApiClient, str]],
     console: Console,
@@ -46,7 +52,7 @@ def wait_programs(
     bar is not drawn). :class:`WaitTimeout` after ``timeout`` seconds (``None``: no limit)."""
     done: dict[Hashable, dict[str, Any]] = {}
     last: dict[Hashable, dict[str, Any]] = {}
-    said: dict[Hashable, tuple[str, str]] = {}
+    said: dict[Hashable, str] = {}
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -64,13 +70,10 @@ def wait_programs(
                 if key in done:
                     continue
                 document = last[key] = client.get("programs", name)
-                phase = phase_of(document)
-                message = (document.get("status") or {}).get("message") or ""
-                if report and said.get(key) != (phase, message):
-                    said[key] = (phase, message)
-                    progress.console.print(
-                        f"{name}: {phase}" + (f" ({message})" if message else ""), markup=False
-                    )
+                phase, now = phase_of(document), standing(document)
+                if report and said.get(key) != now:
+                    said[key] = now
+                    progress.console.print(f"{name}: {now}", markup=False)
                 phases.append(f"{name}: {phase}")
                 if phase in TERMINAL:
                     done[key] = document
