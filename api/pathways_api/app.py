@@ -32,7 +32,7 @@ from pathways_api.ratelimit import DEFAULT_BUDGETS, ApiRateLimiter
 from pathways_api.service import ListQuery, Service, parse_labels
 from pathways_api.store import ISLAND, PROGRAM, SLICE
 from pathways_core.control.rate_limit import Budgets
-from pathways_core.manifests import format_path, problems_of
+from pathways_core.manifests import expanded_size, format_path, problems_of
 from pathways_core.resources import Island, PathwaysProgram, VirtualSlice
 from pathways_core.resources.base import DNS_SUBDOMAIN_PATTERN
 
@@ -263,47 +263,6 @@ async def validation_error(request: Request, error: Exception) -> JSONResponse:
     return _error(422, "InvalidField", str(first.get("msg")), where or None)
 
 
-class _SelfReference(Exception):
-    pass
-
-
-def _expanded_weight(document: Any, limit: int) -> int | None:
-    """About how many bytes ``document`` takes as JSON, every YAML alias expanded (a shared
-    node counts once per use), counting at most to ``limit + 1``; ``None`` if an alias refers
-    to a node containing it (such a document has no JSON form)."""
-    weights: dict[int, int] = {}
-    visiting: set[int] = set()
-
-    def weigh(node: Any) -> int:
-        if isinstance(node, str | bytes):
-            return len(node) + 2
-        if isinstance(node, dict):
-            children: Any = (item for pair in node.items() for item in pair)
-        elif isinstance(node, list):
-            children = node
-        else:
-            return 8  # numbers, booleans, null, dates: a few bytes each
-        key = id(node)
-        if key in weights:
-            return weights[key]
-        if key in visiting:
-            raise _SelfReference
-        visiting.add(key)
-        total = 2
-        for child in children:
-            total += weigh(child) + 1
-            if total > limit:
-                break  # enough to refuse it: never expand further
-        visiting.discard(key)
-        weights[key] = min(total, limit + 1)
-        return weights[key]
-
-    try:
-        return weigh(document)
-    except _SelfReference:
-        return None
-
-
 class BodyLimit:
     """ASGI middleware: bodies over ``limit`` bytes get 413 before they are read further;
     YAML bodies are turned into JSON (malformed YAML gets 400); every request is counted."""
@@ -367,7 +326,7 @@ class BodyLimit:
                 parsed = yaml.safe_load(body) if body else None
                 # Aliases may repeat a node any number of times: bound the document as JSON
                 # (what the API reads) before writing it out, not only the YAML text.
-                weight = _expanded_weight(parsed, self.limit)
+                weight = expanded_size(parsed, self.limit)
             except yaml.YAMLError as error:
                 where = getattr(error, "problem_mark", None)
                 at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""

@@ -19,7 +19,13 @@ from rich.text import Text
 from pathways_client.api_client import ApiCallError, ApiClient
 from pathways_client.bench import bench_command
 from pathways_client.crd_files import check_crds, write_crds
-from pathways_client.manifests import Document, manifest_files, read_documents
+from pathways_client.manifests import (
+    Document,
+    ManifestSyntaxError,
+    manifest_files,
+    parse_documents,
+    read_documents,
+)
 from pathways_client.mesh_view import islands_table, slice_styles
 from pathways_client.outputs import OutputPath
 from pathways_client.proxy.command import proxy_command
@@ -557,18 +563,19 @@ def submit(
 ) -> None:
     """Submit the PathwaysPrograms and VirtualSlices of a YAML or JSON FILE ('-' for
     standard input)."""
-    import yaml
-
     if timeout is not None and not wait:
         raise click.UsageError("--timeout is a limit of --wait: give both, or neither")
     where = "standard input" if file == "-" else file
     try:
         with click.open_file(file, encoding="utf-8") as stream:
-            documents = [d for d in yaml.safe_load_all(stream.read()) if d is not None]
+            text = stream.read()
     except (OSError, UnicodeDecodeError) as error:
         _fail(f"{where}: cannot be read as UTF-8 text: {error}")
-    except yaml.YAMLError as error:
-        _fail(f"{where}: not valid YAML: {error}")
+    documents: list[Any] = []
+    try:
+        documents.extend(parse_documents(text))
+    except ManifestSyntaxError as error:  # nothing is submitted: the file is read whole first
+        _fail(f"{where}: document {len(documents) + 1}: {error}")
     if not documents:
         _fail(f"{where}: no documents")
     created = []

@@ -5,10 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from pathways_core.manifests import Checked, Problem, check_document
+from pathways_core.manifests import (
+    MANIFEST_LIMIT_BYTES,
+    Checked,
+    Problem,
+    check_document,
+    expanded_size,
+)
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -40,9 +47,46 @@ def manifest_files(paths: Iterable[Path]) -> list[Path]:
     return files
 
 
+class ManifestSyntaxError(Exception):
+    """Text that cannot be read as manifests; the message says where and why."""
+
+
+def parse_documents(text: str) -> Iterator[Any]:
+    """The documents of YAML (or JSON) text, empty ones skipped, each bounded once its YAML
+    aliases are expanded. Raises ManifestSyntaxError where the text stops making sense (the
+    documents before it are yielded first)."""
+    try:
+        for document in yaml.safe_load_all(text):
+            if document is None:  # an empty document between separators
+                continue
+            size = expanded_size(document, MANIFEST_LIMIT_BYTES)
+            if size is None:
+                raise ManifestSyntaxError(
+                    "a YAML alias refers to a node that contains it (such a document has no "
+                    "JSON form)"
+                )
+            if size > MANIFEST_LIMIT_BYTES:
+                raise ManifestSyntaxError(
+                    f"larger than {MANIFEST_LIMIT_BYTES >> 20} MiB once its YAML aliases are "
+                    "expanded (no API server accepts it)"
+                )
+            yield document
+    except yaml.YAMLError as error:
+        where = ""
+        mark = getattr(error, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(error, "problem", None) or str(error)
+        raise ManifestSyntaxError(f"invalid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ManifestSyntaxError("invalid YAML: nested too deeply") from None
+    except ValueError as error:  # an integer of more digits than Python converts
+        raise ManifestSyntaxError(f"invalid YAML: {str(error).split(';')[0]}") from None
+
+
 def read_documents(path: Path) -> Iterator[Document]:
-    """Parse and check every document of one file; unreadable files and YAML syntax errors
-    become documents carrying a problem."""
+    """Parse and check every document of one file; unreadable files, YAML syntax errors and
+    documents too large to read become documents carrying a problem."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -50,18 +94,11 @@ def read_documents(path: Path) -> Iterator[Document]:
         return
     index = 0
     try:
-        for document in yaml.safe_load_all(text):
-            if document is None:  # an empty document between separators
-                continue
+        for document in parse_documents(text):
             index += 1
             yield Document(path, index, check_document(document))
-    except yaml.YAMLError as error:
-        where = ""
-        mark = getattr(error, "problem_mark", None)
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
-        problem = getattr(error, "problem", None) or str(error)
-        yield Document(path, index + 1, _failed(f"invalid YAML{where}: {problem}"))
+    except ManifestSyntaxError as error:
+        yield Document(path, index + 1, _failed(str(error)))
 
 
 def _failed(message: str) -> Checked:

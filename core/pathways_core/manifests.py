@@ -148,6 +148,54 @@ def problems_of(error: ValidationError, model: type[Model]) -> list[Problem]:
     return problems
 
 
+MANIFEST_LIMIT_BYTES = 16 << 20
+"""The most a manifest may weigh as JSON once its YAML aliases are expanded: sixteen times the
+REST API's default body limit, five times what a Kubernetes API server accepts. Reading stops
+there, so a few hundred bytes of nested aliases (a "billion laughs") cannot take a reader's
+memory and time."""
+
+
+class _SelfReference(Exception):
+    pass
+
+
+def expanded_size(document: Any, limit: int) -> int | None:
+    """About how many bytes ``document`` takes as JSON, every YAML alias expanded (a shared
+    node counts once per use), counting at most to ``limit + 1``; ``None`` if an alias refers
+    to a node containing it (such a document has no JSON form)."""
+    weights: dict[int, int] = {}
+    visiting: set[int] = set()
+
+    def weigh(node: Any) -> int:
+        if isinstance(node, str | bytes):
+            return len(node) + 2
+        if isinstance(node, dict):
+            children: Any = (item for pair in node.items() for item in pair)
+        elif isinstance(node, list):
+            children = node
+        else:
+            return 8  # numbers, booleans, null, dates: a few bytes each
+        key = id(node)
+        if key in weights:
+            return weights[key]
+        if key in visiting:
+            raise _SelfReference
+        visiting.add(key)
+        total = 2
+        for child in children:
+            total += weigh(child) + 1
+            if total > limit:
+                break  # enough to refuse it: never expand further
+        visiting.discard(key)
+        weights[key] = min(total, limit + 1)
+        return weights[key]
+
+    try:
+        return weigh(document)
+    except _SelfReference:
+        return None
+
+
 def check_document(document: Any) -> Checked:
     """Validate one parsed document against the model of its kind."""
     if not isinstance(document, dict):

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from api_server import MAX_BODY, Server, error_of, program, serve
+from hostile_yaml import alias_bomb
 
 from pathways_api.app import MAX_BODY_BYTES
 from pathways_api.ratelimit import DEFAULT_BUDGETS, ApiRateLimiter, budgets_from
@@ -293,14 +294,6 @@ def test_inline_artifacts_are_bounded_by_the_spec_and_the_body_limit(
             assert error_of(answer)["field"] == field
             assert stored(default_sized) == 0
         assert a.post("/v1/programs", json=program()).status_code == 201
-
-
-def alias_bomb(levels: int) -> str:
-    """YAML of a few hundred bytes whose aliases expand to 9**levels strings."""
-    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    for n in range(1, levels):
-        lines.append(f"a{n}: &a{n} [" + ",".join([f"*a{n - 1}"] * 9) + "]")
-    return "\n".join(lines)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hostile_yaml import HOSTILE_MANIFESTS
 
 
 @pytest.mark.parametrize(
@@ -34,7 +35,19 @@ def test_submit_refuses_a_file_that_is_not_yaml(pathways, tmp_path: Path) -> Non
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: [\n")
     result = pathways("submit", str(bad), "--api", "http://127.0.0.1:9", "--token", "t")
-    assert result.exit_code == 1 and "not valid YAML" in result.output
+    assert result.exit_code == 1 and "invalid YAML at line 2" in result.output
+
+
+@pytest.mark.parametrize(("manifest", "expected"), [case[1:] for case in HOSTILE_MANIFESTS])
+def test_submit_refuses_a_hostile_file_before_sending_it(
+    pathways, tmp_path: Path, manifest: str, expected: str
+) -> None:
+    path = tmp_path / "hostile.yaml"
+    path.write_text(manifest)
+    result = pathways("submit", str(path), "--api", "http://127.0.0.1:9", "--token", "t")
+    assert result.exit_code == 1
+    assert f"{path}: document 1: " in result.output and expected in result.output
+    assert "Unreachable" not in result.output  # refused before sending
 
 
 def test_submit_refuses_a_timeout_without_wait_before_reading_the_file(
@@ -59,7 +72,8 @@ def test_submit_reads_standard_input_and_names_a_file_it_cannot_read(
     assert piped.exit_code == 1
     assert "standard input: document 1: Unreachable" in piped.output  # read, then sent
     broken = CliRunner().invoke(main, ["submit", "-", *api], input="a: [\n")
-    assert broken.exit_code == 1 and "standard input: not valid YAML" in broken.output
+    assert broken.exit_code == 1
+    assert "standard input: document 1: invalid YAML at line 2" in broken.output
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"\xff\xfe\x00")
     result = pathways("submit", str(binary), *api)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hostile_yaml import HOSTILE_MANIFESTS
 
 ISLAND = """\
 apiVersion: pathways.dev/v1alpha1
@@ -29,6 +30,7 @@ GRAPH = """\
   graph:
     functions: [{name: f, uri: "gs://bucket/f.jaxexport"}]
 """
+
 
 BAD = [
     pytest.param(
@@ -143,6 +145,7 @@ BAD = [
         "invalid YAML at line 2, column 1",
         id="yaml-syntax",
     ),
+    *(pytest.param(text, expected, id=name) for name, text, expected in HOSTILE_MANIFESTS),
 ]
 
 
