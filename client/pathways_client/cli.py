@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from pathways_client.proxy.command import proxy_command
 from pathways_client.proxy.tunnel import tunnel_command
 from pathways_core.allocator import Allocator, Bound, IslandInventory, slice_requests
 from pathways_core.resources import Island
+from pathways_core.resources.base import DNS_SUBDOMAIN_PATTERN
 from pathways_core.scheduling import Policy
 from pathways_core.topology import device_count, format_shape, parse_shape
 
@@ -208,6 +210,26 @@ STATE_OPTION = click.option(
     help="State directory of the embedded cluster [default: $PATHWAYS_STATE or ~/.pathways].",
 )
 COUNT = click.IntRange(min=1)
+
+
+class ObjectName(click.ParamType):
+    """The name of a program, slice or island: a DNS subdomain, checked before it is sent (a
+    name such as ``a/../b`` names no object, and the API could only say no route has it)."""
+
+    name = "name"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if len(value) <= 253 and re.match(DNS_SUBDOMAIN_PATTERN, value):
+            return value
+        self.fail(
+            f"{value!r} cannot name an object: names are lowercase letters, digits, '-' and '.', "
+            "at most 253 characters",
+            param,
+            ctx,
+        )
+
+
+OBJECT_NAME = ObjectName()
 
 
 def _state(state: Path | None) -> Path:
@@ -635,7 +657,7 @@ KINDS = ["programs", "virtualslices", "islands"]
 
 
 @main.command()
-@click.argument("name", required=False)
+@click.argument("name", required=False, type=OBJECT_NAME)
 @api_options
 @click.option(
     "--kind",
@@ -702,7 +724,7 @@ def get(
 
 
 @main.command()
-@click.argument("name")
+@click.argument("name", type=OBJECT_NAME)
 @api_options
 def cancel(name: str, state: Path | None, api: str | None, token: str | None, tenant: str) -> None:
     """Cancel a program: its run stops and its slices are released."""
@@ -715,7 +737,7 @@ def cancel(name: str, state: Path | None, api: str | None, token: str | None, te
 
 
 @main.command()
-@click.argument("name")
+@click.argument("name", type=OBJECT_NAME)
 @api_options
 @click.option(
     "--kind",
@@ -773,7 +795,7 @@ def _exists(client: ApiClient, kind: str, name: str) -> bool:
 
 
 @main.command()
-@click.argument("name")
+@click.argument("name", type=OBJECT_NAME)
 @api_options
 @click.option(
     "-f",
@@ -819,7 +841,7 @@ LOG_POLL = 0.5
 
 
 @main.command()
-@click.argument("name")
+@click.argument("name", type=OBJECT_NAME)
 @api_options
 @click.option(
     "--out",

@@ -26,6 +26,16 @@ def test_an_unreachable_api_is_named(pathways, tmp_path: Path) -> None:
     assert "Unreachable" in result.output and "127.0.0.1:9" in result.output
 
 
+@pytest.mark.parametrize("command", ["get", "cancel", "delete", "logs", "trace"])
+@pytest.mark.parametrize("name", ["a/../b", "Big", "x" * 254, "x."])
+def test_a_name_no_object_can_have_is_refused_before_calling_the_api(
+    pathways, command: str, name: str
+) -> None:
+    result = pathways(command, name, "--api", "http://127.0.0.1:9", "--token", "t")
+    assert result.exit_code == 2  # a usage error: Unreachable (exit 1) would mean it was sent
+    assert "cannot name an object: names are lowercase letters" in result.output
+
+
 def test_down_without_a_cluster(pathways, tmp_path: Path) -> None:
     result = pathways("down", "--state", str(tmp_path))
     assert result.exit_code == 0 and "no embedded cluster is running" in result.output
