@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pathways_api import metrics
 from pathways_api.auth import Authenticator, Tenant, bearer_token
 from pathways_api.errors import ERROR_RESPONSES, ApiError
+from pathways_api.logs import MAX_LOG_BYTES, LogWindow
 from pathways_api.ratelimit import DEFAULT_BUDGETS, ApiRateLimiter
 from pathways_api.service import ListQuery, Service, parse_labels
 from pathways_api.store import ISLAND, PROGRAM, SLICE
@@ -108,10 +109,16 @@ class TraceResponse(BaseModel):
 
 
 class Logs(BaseModel):
-    """The output of a program's runs."""
+    """A window on the output of a program's runs."""
 
     program: str
     logs: str = Field(description="Each run's output after a '--- run N ---' line.")
+    start: int = Field(description="Where ``logs`` starts: a byte offset into all the output.")
+    end: int = Field(
+        description="Where ``logs`` ends: the offset to ask from for what comes next "
+        "(before any character still being written)."
+    )
+    size: int = Field(description="How many bytes of output there were.")
 
 
 class Amounts(BaseModel):
@@ -189,6 +196,30 @@ async def list_query(
 
 
 Listing = Annotated[ListQuery, Depends(list_query)]
+
+
+async def log_window(
+    offset: Annotated[
+        int, Query(ge=0, description="Start at this byte of the output (a previous `end`).")
+    ] = 0,
+    tail_lines: Annotated[
+        int | None, Query(alias="tailLines", ge=0, description="Only the last lines.")
+    ] = None,
+    limit_bytes: Annotated[
+        int,
+        Query(
+            alias="limitBytes",
+            ge=1,
+            le=MAX_LOG_BYTES,
+            description="At most this many bytes: the last ones.",
+        ),
+    ] = MAX_LOG_BYTES,
+) -> LogWindow:
+    """Which part of a program's output to answer with."""
+    return LogWindow(offset, tail_lines, limit_bytes)
+
+
+Window = Annotated[LogWindow, Depends(log_window)]
 
 
 def page(result: Any) -> JSONResponse:
@@ -482,8 +513,10 @@ def _routes() -> Any:
         return JSONResponse({"items": await api.events(caller, PROGRAM, name)})
 
     @r.get("/v1/programs/{name}/logs", response_model=Logs)
-    async def program_logs(name: str, caller: Caller, api: Api) -> JSONResponse:
-        return JSONResponse({"program": name, "logs": await api.logs(caller, name)})
+    async def program_logs(name: str, caller: Caller, api: Api, window: Window) -> JSONResponse:
+        text = await api.logs(caller, name, window)
+        body = {"logs": text.text, "start": text.start, "end": text.end, "size": text.size}
+        return JSONResponse({"program": name, **body})
 
     @r.get("/v1/programs/{name}/trace", response_model=TraceResponse)
     async def program_trace(name: str, caller: Caller, api: Api) -> JSONResponse:

@@ -34,6 +34,7 @@ import yaml
 
 from pathways_api.auth import Quotas, Tenant
 from pathways_api.errors import Conflict, NotFound, Unauthorized, Unavailable
+from pathways_api.logs import LogBytes, Part
 from pathways_api.store import (
     ANNOTATION_CANCELLED,
     ISLAND,
@@ -327,14 +328,15 @@ class KubernetesStore:
             and (event.get("involvedObject") or {}).get("kind") == kind
         ]
 
-    async def logs(self, namespace: str, name: str) -> str | None:
-        """See :meth:`~pathways_api.store.Store.logs`: the logs of its Jobs' pods."""
+    async def logs(self, namespace: str, name: str) -> list[tuple[int, Part]]:
+        """See :meth:`~pathways_api.store.Store.logs`: the logs of its Jobs' pods (the
+        kubelet bounds each, rotating it), by run."""
         body = await self._call(
             "GET",
             f"/api/v1/namespaces/{namespace}/pods",
             params={"labelSelector": f"pathways.dev/program={name}"},
         )
-        parts = []
+        parts: list[tuple[int, Part]] = []
         for pod in (body or {}).get("items") or []:
             labels = pod["metadata"].get("labels") or {}
             if labels.get("pathways.dev/program") != name:
@@ -343,9 +345,10 @@ class KubernetesStore:
             answer = await self.http.get(
                 f"/api/v1/namespaces/{namespace}/pods/{pod_name}/log", headers=self._headers()
             )
-            if answer.status_code == 200:
-                parts.append(f"--- run {labels.get('pathways.dev/run', '?')} ---\n{answer.text}")
-        return "\n".join(parts)
+            run = labels.get("pathways.dev/run", "")
+            if answer.status_code == 200 and run.isdigit():
+                parts.append((int(run), LogBytes(answer.content)))
+        return sorted(parts, key=lambda part: part[0])
 
     async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """See :meth:`~pathways_api.store.Store.trace`: not kept in a cluster."""

@@ -7,6 +7,7 @@ keys make a retried submission return the object the first one created.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -16,6 +17,7 @@ from typing import Any
 
 from pathways_api.auth import Tenant
 from pathways_api.errors import Conflict, InvalidField, NotFound
+from pathways_api.logs import LogText, LogWindow, read_window, run_parts
 from pathways_api.store import (
     ANNOTATION_CANCELLED,
     ISLAND,
@@ -212,10 +214,11 @@ class Service:
         await self._get(kind, tenant.name, name)
         return await self.store.events(kind, tenant.name, name)
 
-    async def logs(self, tenant: Tenant, name: str) -> str:
-        """The output of a program's runs."""
+    async def logs(self, tenant: Tenant, name: str, window: LogWindow) -> LogText:
+        """The window's part of the output of a program's runs."""
         await self._get(PROGRAM, tenant.name, name)
-        return await self.store.logs(tenant.name, name) or ""
+        parts = run_parts(await self.store.logs(tenant.name, name))
+        return await asyncio.to_thread(read_window, parts, window)  # files: off the event loop
 
     async def trace(self, tenant: Tenant, name: str) -> list[dict[str, Any]]:
         """The island trace records of a program's finished runs."""

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from pathways_api.auth import Tenant
 from pathways_api.errors import Conflict, InvalidField, NotFound, QuotaExceeded
+from pathways_api.logs import LogFile, Part
 from pathways_core.control.common import Document, Event, timestamp
 
 PROGRAM, SLICE, ISLAND = "PathwaysProgram", "VirtualSlice", "Island"
@@ -99,7 +100,9 @@ class Store(Protocol):
 
     async def events(self, kind: str, namespace: str, name: str) -> list[dict[str, Any]]: ...
 
-    async def logs(self, namespace: str, name: str) -> str | None: ...
+    async def logs(self, namespace: str, name: str) -> list[tuple[int, Part]]:
+        """Each run's number and output, oldest first."""
+        ...
 
     async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]: ...
 
@@ -557,16 +560,12 @@ class SqliteStore:
             for t, reason, message, time in rows.fetchall()
         ]
 
-    async def logs(self, namespace: str, name: str) -> str | None:
-        """See :meth:`Store.logs`: the output of the program's runs, oldest first."""
+    async def logs(self, namespace: str, name: str) -> list[tuple[int, Part]]:
+        """See :meth:`Store.logs`: the runs' log files, as long as each is now."""
         document = self.read(PROGRAM, namespace, name)
         runs = int(((document or {}).get("status") or {}).get("runs") or 0)
-        parts = []
-        for run in range(1, runs + 1):
-            path = self.log_path(namespace, f"{name}-run-{run}")
-            if path.exists():
-                parts.append(f"--- run {run} ---\n{path.read_text(errors='replace')}")
-        return "\n".join(parts)
+        paths = ((run, self.log_path(namespace, f"{name}-run-{run}")) for run in range(1, runs + 1))
+        return [(run, LogFile(path)) for run, path in paths if path.exists()]
 
     async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """See :meth:`Store.trace`: the trace records of every finished run."""

@@ -151,8 +151,22 @@ class ApiClient:
         return self.call("DELETE", _path(collection, name))
 
     def logs(self, name: str) -> str:
-        """A program's output."""
-        return self.call("GET", _path("programs", name, "logs"))["logs"]
+        """A program's output (its last 16 MiB, when there is more)."""
+        return self.log_window(name)["logs"]
+
+    def log_window(
+        self,
+        name: str,
+        offset: int = 0,
+        tail_lines: int | None = None,
+        limit_bytes: int | None = None,
+    ) -> dict[str, Any]:
+        """Part of a program's output: from byte ``offset``, its last ``tail_lines`` lines, at
+        most its last ``limit_bytes`` bytes; with ``start``, ``end`` (ask from there for what
+        comes next) and ``size``, all byte offsets."""
+        window = {"offset": offset, "tailLines": tail_lines, "limitBytes": limit_bytes}
+        parameters = {key: value for key, value in window.items() if value is not None}
+        return self.call("GET", _path("programs", name, "logs"), params=parameters)
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """A program's Events."""

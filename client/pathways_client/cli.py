@@ -643,7 +643,8 @@ def _wait_and_print_logs(client: ApiClient, programs: list[str], timeout: float 
         _fail(error)
     for name, document in finished.items():
         console.print(f"{name}: {_phase(document)}")
-        click.echo(client.logs(name))  # as written: not wrapped to the console's width
+        _print_output(client.log_window(name), 0)
+        click.echo()
     for name, document in pending.items():
         errors.print(f"[red]✗[/] {name}: {phase_of(document)} after {timeout:g} s")
     if pending:
@@ -803,37 +804,68 @@ def _exists(client: ApiClient, kind: str, name: str) -> bool:
     is_flag=True,
     help="Keep printing the output as it comes, until the program succeeds or fails.",
 )
+@click.option(
+    "--tail",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Only the last N lines (then what comes, with --follow) [default: all].",
+)
+@click.option(
+    "--limit-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="At most the last N bytes of the output, each look [default: the API's most, 16 MiB].",
+)
 def logs(
-    name: str, state: Path | None, api: str | None, token: str | None, tenant: str, follow: bool
+    name: str,
+    state: Path | None,
+    api: str | None,
+    token: str | None,
+    tenant: str,
+    follow: bool,
+    tail: int | None,
+    limit_bytes: int | None,
 ) -> None:
     """Print a program's output (each run's after a '--- run N ---' line)."""
     from pathways_client.watch import TERMINAL, phase_of, standing
 
     with _api(state, api, token, tenant) as client:
         try:
-            shown = _print_new_output(client, name, "")
-            if not shown:  # say why, before following what comes
+            window = client.log_window(name, tail_lines=tail, limit_bytes=limit_bytes)
+            _print_output(window, 0 if tail is None else window["start"])
+            if not window["size"]:  # say why, before following what comes
                 program = client.get("programs", name)
                 errors.print(f"{name} has no output yet: {standing(program)}", markup=False)
-            if follow:
-                while phase_of(client.get("programs", name)) not in TERMINAL:
+            written = window["logs"]
+            while follow:
+                ended = phase_of(client.get("programs", name)) in TERMINAL
+                offset = window["end"]
+                window = client.log_window(name, offset, limit_bytes=limit_bytes)
+                if window["size"] < offset:  # not the output followed: a program made anew
+                    offset, window = 0, client.log_window(name, limit_bytes=limit_bytes)
+                _print_output(window, offset)
+                written = window["logs"] or written
+                follow = not ended  # the output written before the end was read after it
+                if follow:
                     time.sleep(LOG_POLL)
-                    shown = _print_new_output(client, name, shown)
-                shown = _print_new_output(client, name, shown)  # written just before the end
         except ApiCallError as error:
             _fail(error)
         except KeyboardInterrupt:
             sys.exit(130)
-    if shown and not shown.endswith("\n"):
+    if written and not written.endswith("\n"):
         click.echo()
 
 
-def _print_new_output(client: ApiClient, name: str, shown: str) -> str:
-    """Print what a program wrote since ``shown`` (all of it again if its output is no longer
-    an extension of ``shown``); its output now. As written: not wrapped, no markup."""
-    text = client.logs(name)
-    click.echo(text.removeprefix(shown) if text.startswith(shown) else text, nl=False)
-    return text
+def _print_output(window: dict[str, Any], asked_from: int) -> None:
+    """Print a window on a program's output as written (not wrapped, no markup), after saying
+    how much of the output from ``asked_from`` on it leaves out."""
+    if window["start"] > asked_from:
+        errors.print(
+            f"… {window['start'] - asked_from} bytes of output not shown: one look reads at most "
+            "the last --limit-bytes",
+            markup=False,
+        )
+    click.echo(window["logs"], nl=False)
 
 
 LOG_POLL = 0.5

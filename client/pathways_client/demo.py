@@ -134,7 +134,7 @@ def _wait(programs: dict[str, tuple[ApiClient, str]], console: Console, what: st
     for tenant, document in finished.items():
         if document["status"]["phase"] != "Succeeded":
             client, name = programs[tenant]
-            tail = "\n".join(client.logs(name).splitlines()[-20:])
+            tail = client.log_window(name, tail_lines=20)["logs"]
             raise RuntimeError(f"program {tenant}/{name} failed; its output ends with:\n{tail}")
 
 

@@ -11,6 +11,8 @@ import httpx
 import pytest
 from api_server import MAX_BODY, Server, error_of, program, serve, vslice
 
+from pathways_api.store import PROGRAM
+
 ISOLATED = [
     ("GET", "/v1/programs/p"),
     ("POST", "/v1/programs/p/cancel"),
@@ -427,3 +429,35 @@ def test_the_sdk_client_sends_a_name_as_one_path_segment(server: Server) -> None
             assert refused.value.status in (404, 405), name  # no such object, or route
         assert client.get("programs", "target")["metadata"]["name"] == "target"
         assert "deletionTimestamp" not in client.get("programs", "target")["metadata"]
+
+
+def test_logs_are_read_through_a_window_and_bad_windows_are_named(
+    server: Server, a: httpx.Client
+) -> None:
+    assert a.post("/v1/programs", json=program("talker")).status_code == 201
+    stored = server.store.read(PROGRAM, "team-a", "talker")
+    server.store.write_status(stored, {**(stored.get("status") or {}), "runs": 2})
+    for run, text in ((1, "one\ntwo\n"), (2, "three\n")):
+        log = server.store.log_path("team-a", f"talker-run-{run}")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(text)
+    whole = a.get("/v1/programs/talker/logs").json()
+    assert whole["logs"] == "--- run 1 ---\none\ntwo\n\n--- run 2 ---\nthree\n"
+    assert whole["start"] == 0 and whole["end"] == whole["size"] == len(whole["logs"])
+    tail = a.get("/v1/programs/talker/logs", params={"tailLines": 2}).json()
+    assert tail["logs"] == "--- run 2 ---\nthree\n"
+    last = a.get("/v1/programs/talker/logs", params={"limitBytes": 6}).json()
+    assert last["logs"] == "three\n" and last["start"] == whole["size"] - 6
+    after = a.get("/v1/programs/talker/logs", params={"offset": whole["end"]}).json()
+    assert after["logs"] == "" and after["end"] == whole["end"]
+    for parameters, field in (
+        ({"tailLines": -1}, "query tailLines"),
+        ({"tailLines": "ten"}, "query tailLines"),
+        ({"limitBytes": 0}, "query limitBytes"),
+        ({"limitBytes": (16 << 20) + 1}, "query limitBytes"),
+        ({"offset": -1}, "query offset"),
+    ):
+        refused = a.get("/v1/programs/talker/logs", params=parameters)
+        assert refused.status_code == 422, parameters
+        assert error_of(refused)["field"] == field
+    assert a.get("/v1/programs/nobody/logs").status_code == 404

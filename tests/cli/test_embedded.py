@@ -352,3 +352,54 @@ def test_a_component_that_cannot_start_is_named_with_its_error(state: Path, path
     )
     assert "TokensFileError" in result.output and "tenants.Bad_Name" in result.output
     assert read_info(state) is None  # nothing left running
+
+
+TICKER = textwrap.dedent(
+    """
+    apiVersion: pathways.dev/v1alpha1
+    kind: PathwaysProgram
+    metadata: {name: ticker}
+    spec:
+      slices:
+        - {name: main, devices: 1}
+      driver:
+        source: |
+          import sys, time
+          for i in range(30):
+              print("tick", i, flush=True)
+              time.sleep(0.1)
+          out = sys.stdout.buffer
+          out.write("café".encode()[:-1]); out.flush()  # a character in two writes
+          time.sleep(1.5)
+          out.write("é".encode()[-1:] + b"\\n"); out.flush()
+    """
+)
+
+
+def test_logs_follow_a_running_program_each_byte_once_and_tail_its_last_lines(
+    state: Path, tmp_path: Path, pathways
+) -> None:
+    """`logs --follow` once asked for all of a program's output every half second, and printed
+    what extended what it had shown; now it asks from where it stopped."""
+    at = ("--state", str(state))
+    assert pathways("up", *at, "--hosts", "1", "--devices", "2").exit_code == 0
+    manifest = tmp_path / "ticker.yaml"
+    manifest.write_text(TICKER)
+    assert pathways("submit", str(manifest), *at).exit_code == 0
+    follower = subprocess.run(
+        [sys.executable, "-m", "pathways_client", "logs", "ticker", *at, "--follow"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert follower.returncode == 0, follower.stderr
+    whole = pathways("logs", "ticker", *at).output
+    expected = ["--- run 1 ---", *(f"tick {i}" for i in range(30)), "café"]
+    assert whole.splitlines() == expected
+    assert follower.stdout == whole
+    assert "\ufffd" not in follower.stdout
+    tail = pathways("logs", "ticker", *at, "--tail", "2")
+    assert tail.output.splitlines() == ["tick 29", "café"]
+    cut = pathways("logs", "ticker", *at, "--limit-bytes", "6")
+    assert cut.output.endswith("café\n")
+    assert f"… {len(whole.encode()) - 6} bytes of output not shown" in cut.output

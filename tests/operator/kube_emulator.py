@@ -17,7 +17,8 @@ controller's correctness depends on. This subclass adds:
   ``a notin (x)``);
 - ``GET /api/v1/namespaces`` lists the namespaces objects live in;
 - garbage collection: deleting an object deletes the objects whose ownerReferences name it;
-- ``hooks``: async callables run before each request, to delay or fail chosen requests.
+- ``hooks``: async callables run before each request, to delay or fail chosen requests;
+- ``pod_logs``: what a pod's ``log`` subresource answers.
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ class Emulator(kmock.KubernetesEmulator):
     status_subresource: set[str] = attrs.field(factory=set)
     """Plurals of the kinds that have a status subresource."""
     hooks: list[Hook] = attrs.field(factory=list)
+    pod_logs: dict[tuple[str, str], bytes] = attrs.field(factory=dict)
+    """What ``GET .../pods/NAME/log`` answers (as text), by namespace and pod name."""
     _revision: int = attrs.field(default=0, init=False)
     _log: dict[Any, list[tuple[int, dict[str, Any]]]] = attrs.field(
         factory=lambda: collections.defaultdict(list), init=False
@@ -129,6 +132,13 @@ class Emulator(kmock.KubernetesEmulator):
     async def _handle(self, request: kmock.Request) -> Any:
         for hook in list(self.hooks):
             await hook(request)
+        if request.subresource == "log" and getattr(request.resource, "plural", None) == "pods":
+            log = self.pod_logs.get((request.namespace or "", request.name or ""))
+            if log is None:
+                return await self._render_error(kmock.KubernetesError(404, "NotFound", "no log"))
+            return await kmock.Response(payload=log, headers={"Content-Type": "text/plain"})(
+                request
+            )
         try:
             if request.resource is not None:
                 async with self._lock:

@@ -178,3 +178,23 @@ def test_islands_virtual_slices_and_probes(cluster: Cluster, api: Api) -> None:
     assert call(api, "token-b", "DELETE", "/v1/virtualslices/held").status_code == 200
     assert cluster.get("VirtualSlice", "held", "team-b") is None
     assert call(api, None, "GET", "/readyz").json() == {"status": "ok"}
+
+
+def test_logs_are_the_pods_logs_by_run_through_a_window(cluster: Cluster, api: Api) -> None:
+    assert call(api, "token-a", "POST", "/v1/programs", json=program("talker")).status_code == 201
+    logs = {2: "three\n", 1: "one\ntwo\n"}  # listed out of order: answered by run
+    for run in logs:
+        labels = {"pathways.dev/program": "talker", "pathways.dev/run": str(run)}
+        pod = f"talker-run-{run}-x"
+        meta = {"name": pod, "namespace": "team-a", "labels": labels}
+        cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": meta})
+        cluster.emulator.pod_logs[("team-a", pod)] = logs[run].encode()
+    other = {"pathways.dev/program": "another", "pathways.dev/run": "1"}
+    meta = {"name": "another-run-1", "namespace": "team-a", "labels": other}
+    cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": meta})
+    cluster.emulator.pod_logs[("team-a", "another-run-1")] = b"not talker's\n"
+    whole = call(api, "token-a", "GET", "/v1/programs/talker/logs").json()
+    assert whole["logs"] == "--- run 1 ---\none\ntwo\n\n--- run 2 ---\nthree\n"
+    tail = call(api, "token-a", "GET", "/v1/programs/talker/logs", params={"tailLines": 1})
+    assert tail.json()["logs"] == "three\n"
+    assert call(api, "token-b", "GET", "/v1/programs/talker/logs").status_code == 404
