@@ -54,10 +54,10 @@ class CompiledFunction:
 
     # -- compiling ---------------------------------------------------------------------------
 
-    def specialize(self, *avals: Any) -> Specialized:
+    def specialize(self, *avals: Any, **keyword_avals: Any) -> Specialized:
         """The function exported for arguments of these shapes and dtypes (pytrees of
-        ``jax.ShapeDtypeStruct``); cached."""
-        leaves, tree = jax.tree.flatten(avals)
+        ``jax.ShapeDtypeStruct``, by position and by keyword); cached."""
+        leaves, tree = jax.tree.flatten((avals, keyword_avals))
         key = (tree, tuple((tuple(a.shape), np.dtype(a.dtype)) for a in leaves))
         cached = self._specialized.get(key)
         if cached is not None:
@@ -65,27 +65,45 @@ class CompiledFunction:
         # Executors call functions with flat lists of arrays: export a flat view of the
         # function, and keep the user's argument and result structure here.
         try:
-            out_tree = jax.tree.structure(jax.eval_shape(self.fun, *avals))
+            outputs = jax.eval_shape(self.fun, *avals, **keyword_avals)
         except Exception as error:
-            raise TypeError(
-                f"function {self.name!r} cannot be compiled for arguments "
-                f"{self._describe_arguments(avals)}: {error}"
-            ) from error
+            raise self._uncompilable(avals, keyword_avals, error) from error
+        out_tree = jax.tree.structure(outputs)
+        for leaf in jax.tree.leaves(outputs):
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
+                raise TypeError(
+                    f"function {self.name!r} returns an array of {leaf.dtype} (typed PRNG "
+                    "keys), which islands cannot hold: return jax.random.key_data(key), and "
+                    "make the key again where it is used with jax.random.wrap_key_data"
+                )
 
         def flat(*arguments: Any) -> tuple[Any, ...]:
-            return tuple(jax.tree.leaves(self.fun(*jax.tree.unflatten(tree, arguments))))
+            positional, keywords = jax.tree.unflatten(tree, arguments)
+            return tuple(jax.tree.leaves(self.fun(*positional, **keywords)))
 
         if self.slice.size == 1:
             jitted = jax.jit(flat)
         else:
+            if keyword_avals and not _is_spec(self._in_shardings):
+                raise TypeError(
+                    f"function {self.name!r}: keyword arguments "
+                    f"({', '.join(sorted(keyword_avals))}) need in_shardings given as one "
+                    "PartitionSpec for every argument (as jax.jit has it): pass them by "
+                    "position, or give one PartitionSpec"
+                )
             jitted = jax.jit(
                 flat,
-                in_shardings=self._flat_shardings(self._in_shardings, avals),
+                in_shardings=self._flat_shardings(
+                    self._in_shardings, (avals, keyword_avals) if keyword_avals else avals
+                ),
                 out_shardings=self._flat_shardings(
                     self._out_shardings, jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
                 ),
             )
-        exported = jax.export.export(jitted)(*leaves)
+        try:
+            exported = jax.export.export(jitted)(*leaves)
+        except ValueError as error:  # shardings that do not fit the arguments' ranks
+            raise self._uncompilable(avals, keyword_avals, error) from error
         specialized = Specialized(
             name=self.name,
             artifact=bytes(exported.serialize()),
@@ -98,18 +116,25 @@ class CompiledFunction:
         self._specialized[key] = specialized
         return specialized
 
+    def _uncompilable(
+        self, avals: tuple[Any, ...], keyword_avals: dict[str, Any], error: Exception
+    ) -> TypeError:
+        first_line = str(error).split("\n", 1)[0]  # JAX appends advice on its tracebacks
+        return TypeError(
+            f"function {self.name!r} cannot be compiled for arguments "
+            f"{self._describe_arguments(avals, keyword_avals)}: {first_line}"
+        )
+
     def _flat_shardings(self, given: Any, values: Any) -> tuple[NamedSharding, ...]:
         """One sharding per leaf of ``values``: ``given`` is one PartitionSpec for all, or a
         prefix of ``values`` (one per argument, as with ``jax.jit``); unspecified means
         replicated."""
-        is_spec = lambda x: x is None or isinstance(x, PartitionSpec | NamedSharding)  # noqa: E731
-
         def named(spec: Any) -> NamedSharding:
             if isinstance(spec, NamedSharding):
                 return spec
             return NamedSharding(self.mesh, PartitionSpec() if spec is None else spec)
 
-        if is_spec(given):
+        if _is_spec(given):
             return (named(given),) * len(jax.tree.leaves(values))
         if isinstance(given, list):
             given = tuple(given)
@@ -120,7 +145,7 @@ class CompiledFunction:
                 lambda spec, value: jax.tree.map(lambda _: named(spec), value),
                 given,
                 values,
-                is_leaf=is_spec,
+                is_leaf=_is_spec,
             )
         except ValueError as error:
             raise TypeError(
@@ -131,13 +156,16 @@ class CompiledFunction:
 
     # -- calling -----------------------------------------------------------------------------
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from pathways_client.programs import active_trace
 
+        if kwargs:
+            args, kwargs = self._bind(args, kwargs)
         avals = tuple(jax.tree.map(self._aval, arg) for arg in args)
-        self._check_fixed(avals)
-        specialized = self.specialize(*avals)
-        leaves = jax.tree.leaves(args)
+        keyword_avals = {name: jax.tree.map(self._aval, arg) for name, arg in kwargs.items()}
+        self._check_fixed(avals, keyword_avals)
+        specialized = self.specialize(*avals, **keyword_avals)
+        leaves = jax.tree.leaves((args, kwargs))
         trace = active_trace()
         if trace is not None:
             outputs = trace.record(self, specialized, leaves)
@@ -148,9 +176,22 @@ class CompiledFunction:
                 specialized,
                 leaves,
                 node=self.name,
-                names=self._leaf_names(args),
+                names=self._leaf_names(args, kwargs),
             )
         return jax.tree.unflatten(specialized.out_tree, outputs)
+
+    def _bind(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Keyword arguments of positional parameters become positional, as a call by
+        position compiles (and is cached) the same; the rest stay keywords."""
+        try:
+            bound = inspect.signature(self.fun).bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"function {self.name!r}: {error}") from None
+        except ValueError:  # no signature to read (a builtin): as given
+            return args, kwargs
+        return bound.args, bound.kwargs
 
     def _aval(self, value: Any) -> jax.ShapeDtypeStruct:
         if isinstance(value, ArrayFuture):
@@ -161,9 +202,14 @@ class CompiledFunction:
         array = host_array(value)
         return jax.ShapeDtypeStruct(array.shape, array.dtype)
 
-    def _check_fixed(self, avals: tuple[Any, ...]) -> None:
+    def _check_fixed(self, avals: tuple[Any, ...], keyword_avals: dict[str, Any]) -> None:
         if self._fixed is None:
             return
+        if keyword_avals:
+            raise TypeError(
+                f"function {self.name!r} has input_specs by position: pass "
+                f"{', '.join(sorted(keyword_avals))} by position"
+            )
         if len(avals) != len(self._fixed):
             raise TypeError(
                 f"function {self.name!r} takes {len(self._fixed)} argument(s), got {len(avals)}"
@@ -189,18 +235,22 @@ class CompiledFunction:
             return f"argument {self._parameters[position]!r} (position {position})"
         return f"argument {position}"
 
-    def _leaf_names(self, args: tuple[Any, ...]) -> list[str]:
+    def _leaf_names(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+        """A label per leaf, in the order of ``jax.tree.leaves((args, kwargs))``."""
         names = []
         for position, arg in enumerate(args):
             names.extend([self._label(position)] * len(jax.tree.leaves(arg)))
+        for name in sorted(kwargs):  # a dict's leaves come in sorted key order
+            names.extend([f"argument {name!r}"] * len(jax.tree.leaves(kwargs[name])))
         return names
 
-    def _describe_arguments(self, avals: tuple[Any, ...]) -> str:
+    def _describe_arguments(self, avals: tuple[Any, ...], keyword_avals: dict[str, Any]) -> str:
         """``a=float32[2, 3], b=float32[3]``: each argument by name, leaves by shape."""
         names = [*self._parameters, *(str(i) for i in range(len(self._parameters), len(avals)))]
+        named = [*zip(names, avals, strict=False), *sorted(keyword_avals.items())]
         return ", ".join(
             f"{name}=" + ", ".join(describe(leaf) for leaf in jax.tree.leaves(aval))
-            for name, aval in zip(names, avals, strict=False)
+            for name, aval in named
         )
 
     def __repr__(self) -> str:
@@ -237,6 +287,11 @@ def function(
         )
 
     return wrap if fun is None else wrap(fun)
+
+
+def _is_spec(value: Any) -> bool:
+    """One sharding for every leaf (None: replicated)."""
+    return value is None or isinstance(value, PartitionSpec | NamedSharding)
 
 
 def _parameter_names(fun: Callable[..., Any]) -> list[str]:

@@ -72,6 +72,13 @@ def describe(aval: Any) -> str:
 
 def host_array(value: Any) -> np.ndarray:
     """A host value as the array JAX would make of it (64-bit types narrowed unless x64)."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        raise TypeError(
+            f"an array of {dtype} (a typed PRNG key, from jax.random.key) cannot be sent to "
+            "an island: send jax.random.key_data(key), and make the key again inside the "
+            "function with jax.random.wrap_key_data"
+        )
     array = np.asarray(value)
     dtype = jax.dtypes.canonicalize_dtype(array.dtype)
     return array if array.dtype == dtype else array.astype(dtype)

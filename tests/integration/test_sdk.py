@@ -54,6 +54,65 @@ def test_pytrees_go_in_and_come_out(cluster: pw.Cluster) -> None:
         assert float(out["n"].result()) == x.sum()
 
 
+def test_keyword_arguments_are_passed_as_jax_jit_takes_them(cluster: pw.Cluster) -> None:
+    """Keywords were a TypeError of ``__call__``; now as with ``jax.jit``: one naming a
+    positional parameter is that position (the same compiled function), keyword-only ones and
+    ``**kwargs`` are traced too, and misuse is named."""
+    with cluster.slice(devices=2) as devices:
+        ones = np.ones(4, np.float32)
+
+        def affine(x, y=1.0, *, scale, **extra):
+            return (x + y) * scale + sum(jax.tree.leaves(extra), start=0.0)
+
+        step = pw.function(affine, slice=devices, name="affine")
+        out = step(ones, y=ones, scale=np.float32(3), bias={"b": np.float32(0.5)})
+        np.testing.assert_allclose(out.result(), np.full(4, 6.5))
+        by_keyword = step(x=ones, scale=np.float32(2)).result()  # y stays its default
+        np.testing.assert_allclose(by_keyword, np.full(4, 4.0))
+        count = len(step._specialized)
+        step(ones, ones, scale=np.float32(2)).wait()  # by position: compiled the same
+        step(ones, y=ones, scale=np.float32(5)).wait()
+        assert len(step._specialized) == count + 1
+        with pytest.raises(TypeError, match=r"'affine': missing a required argument: 'x'"):
+            step(y=ones, scale=np.float32(1))
+        with pytest.raises(TypeError, match=r"missing 1 required keyword-only argument: 'scale'"):
+            step(ones)
+        with pytest.raises(TypeError, match=r"for arguments x=float32\[4\], scale=float32\[3\]"):
+            step(ones, scale=np.ones(3, np.float32))
+        per_argument = pw.function(affine, slice=devices, in_shardings=(P("x"),), name="per")
+        with pytest.raises(TypeError, match=r"keyword arguments \(scale\) need in_shardings"):
+            per_argument(ones, scale=np.float32(1))
+        # One PartitionSpec is every argument's, keywords too: a scalar cannot take P("x").
+        sharded = pw.function(affine, slice=devices, in_shardings=P("x"), name="sharded")
+        np.testing.assert_allclose(sharded(ones, scale=ones).result(), np.full(4, 2.0))
+        with pytest.raises(TypeError, match=r"'sharded' cannot be compiled .*scale=float32\[\]: "):
+            sharded(ones, scale=np.float32(1))
+
+        @pw.program
+        def twice(x):
+            return step(step(x, scale=np.float32(1)), y=x, scale=np.float32(1))
+
+        np.testing.assert_allclose(twice(ones).result(), np.full(4, 3.0))
+
+
+def test_typed_prng_keys_are_refused_saying_how_to_send_them(cluster: pw.Cluster) -> None:
+    """Sent, a ``jax.random.key`` failed in numpy; returned, on the executor."""
+    with cluster.slice(devices=1) as one:
+        sample = pw.function(
+            lambda data: jax.random.normal(jax.random.wrap_key_data(data), (3,)), slice=one
+        )
+        key = jax.random.key(0)
+        with pytest.raises(TypeError, match=r"typed PRNG key.*send jax.random.key_data\(key\)"):
+            pw.function(lambda k: jax.random.normal(k, (3,)), slice=one)(key)
+        expected = jax.random.normal(key, (3,))
+        np.testing.assert_allclose(sample(jax.random.key_data(key)).result(), expected)
+        split = pw.function(
+            lambda data: jax.random.split(jax.random.wrap_key_data(data)), slice=one
+        )
+        with pytest.raises(TypeError, match=r"returns an array of key<fry> \(typed PRNG keys\)"):
+            split(jax.random.key_data(key))
+
+
 def test_futures_feed_later_calls_and_programs_run_parallel_or_sequential(
     cluster: pw.Cluster,
 ) -> None:
