@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from pathways_client.api_client import ApiCallError, ApiClient
@@ -38,7 +39,7 @@ from pathways_core.accelerators import AcceleratorKind
 from pathways_core.allocator import Allocator, Bound, IslandInventory, Request
 from pathways_core.resources import SliceRequest
 from pathways_core.resources.base import GROUP_VERSION
-from pathways_core.topology import format_shape
+from pathways_core.topology import format_shape, parse_shape
 
 ENV_SLICES = "PATHWAYS_SLICES"
 ENV_ISLANDS = "PATHWAYS_ISLANDS"
@@ -114,7 +115,7 @@ class Cluster:
         name: str | None = None,
         *,
         devices: int | None = None,
-        shape: Sequence[int] | None = None,
+        shape: Sequence[int] | str | None = None,
         island: str | None = None,
         accelerator: str | None = None,
         island_selector: Mapping[str, str] | None = None,
@@ -140,9 +141,14 @@ class Cluster:
             raise SliceError("request a slice with devices=N or shape=(...), not both")
         if devices is not None and int(devices) < 1:
             raise SliceError(f"devices must be at least 1 (got {devices})")
+        if isinstance(shape, str):
+            try:
+                shape = parse_shape(shape)
+            except ValueError as error:
+                raise SliceError(f"shape: {error}") from None
         shape = tuple(shape) if shape is not None else (int(devices),)  # type: ignore[arg-type]
-        if any(side < 1 for side in shape):
-            raise SliceError(f"shape {list(shape)} must have positive sides")
+        if not all(isinstance(side, int | np.integer) and side >= 1 for side in shape):
+            raise SliceError(f"shape {list(shape)} must have positive integer sides")
         with self._lock:
             self._names += 1
             # Through the API, names are the tenant's VirtualSlices: keep this session's apart.

@@ -129,6 +129,7 @@ class CompiledFunction:
         """One sharding per leaf of ``values``: ``given`` is one PartitionSpec for all, or a
         prefix of ``values`` (one per argument, as with ``jax.jit``); unspecified means
         replicated."""
+
         def named(spec: Any) -> NamedSharding:
             if isinstance(spec, NamedSharding):
                 return spec

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -99,8 +99,26 @@ class Shaped:
         return np.dtype(self.aval.dtype)
 
 
+def _on_the_island(what: str) -> Callable[..., Any]:
+    def refuse(self: ArrayFuture, *_: Any, **__: Any) -> Any:
+        raise TypeError(
+            f"{what} of {self!r}: the array is on its island, so compute with it in a "
+            "pw.function call, or take its value with .result() first"
+        )
+
+    return refuse
+
+
 class ArrayFuture(Shaped):
-    """An array that is, or will be, computed on ``slice``: output ``output`` of ``node``."""
+    """An array that is, or will be, computed on ``slice``: output ``output`` of ``node``.
+
+    As with a ``jax.Array``, ``np.asarray``, ``float`` and ``int`` fetch its value (waiting for
+    it); arithmetic and indexing are refused, saying to compute in a ``pw.function``."""
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _on_the_island("arithmetic")
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _on_the_island("arithmetic")
+    __matmul__ = __rmatmul__ = __pow__ = __neg__ = __abs__ = _on_the_island("arithmetic")
+    __getitem__ = _on_the_island("indexing")
 
     def __init__(
         self,
@@ -156,9 +174,25 @@ class ArrayFuture(Shaped):
         except IslandError as error:
             raise NodeFailed(self.node, self.slice.island, str(error)) from None
 
+    def block_until_ready(self) -> ArrayFuture:
+        """As on a ``jax.Array``: wait until computed (see :meth:`wait`); return itself."""
+        self.wait()
+        return self
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         value = self.result()
         return value if dtype is None else value.astype(dtype)
+
+    def __float__(self) -> float:
+        return float(self.result())
+
+    def __int__(self) -> int:
+        return int(self.result())
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"len() of a 0-d array: {self!r}")
+        return self.shape[0]
 
     def delete(self) -> None:
         """Free the buffer on the island (after the computations already queued use it)."""

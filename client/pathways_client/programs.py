@@ -42,6 +42,7 @@ from pathways_core.resources.program import (
     FunctionArtifact,
     ProgramSlice,
 )
+from pathways_core.scheduling.programs import MAX_PROGRAM_NODES
 from pathways_core.topology import format_shape
 from pathways_core.wire import pb
 
@@ -138,9 +139,10 @@ class Program:
         self.name = _label(name or getattr(fun, "__name__", "program"))
         self._traces: dict[Any, Trace] = {}
 
-    def trace(self, *args: Any) -> Trace:
-        """Trace the function for arguments shaped like ``args`` (cached by shapes)."""
-        leaves, tree = jax.tree.flatten(args)
+    def trace(self, *args: Any, **kwargs: Any) -> Trace:
+        """Trace the function for arguments shaped like ``args`` and ``kwargs`` (cached by
+        shapes)."""
+        leaves, tree = jax.tree.flatten((args, kwargs))
         avals = [_aval(leaf) for leaf in leaves]
         key = (tree, tuple((tuple(a.shape), np.dtype(a.dtype)) for a in avals))
         cached = self._traces.get(key)
@@ -148,7 +150,7 @@ class Program:
             return cached
         trace = Trace(argument_avals=avals)
         trace.flow.arguments = len(avals)
-        traced_args = jax.tree.unflatten(
+        traced_args, traced_kwargs = jax.tree.unflatten(
             tree,
             [
                 Traced(Ref(Source.ARGUMENT, i), aval, getattr(leaf, "slice", None))
@@ -157,7 +159,7 @@ class Program:
         )
         token = _ACTIVE.set(trace)
         try:
-            result = self.fun(*traced_args)
+            result = self.fun(*traced_args, **traced_kwargs)
         finally:
             _ACTIVE.reset(token)
         out_leaves, trace.out_tree = jax.tree.flatten(result)
@@ -173,12 +175,12 @@ class Program:
         self._traces[key] = trace
         return trace
 
-    def __call__(self, *args: Any, sequential: bool = False) -> Any:
-        trace = self.trace(*args)
+    def __call__(self, *args: Any, sequential: bool = False, **kwargs: Any) -> Any:
+        trace = self.trace(*args, **kwargs)
         outputs = dispatch(
             trace.flow,
             trace.functions,
-            arguments=jax.tree.leaves(args),
+            arguments=jax.tree.leaves((args, kwargs)),
             constants=trace.constants,
             sequential=sequential,
             registered=trace.registered,
@@ -253,7 +255,8 @@ def dispatch(
     """
     order = flow.order()
     islands = {functions[node.function][0].island for node in order}
-    if not sequential and len(islands) == 1 and order:
+    # A graph larger than an island program may be goes node by node, as across islands.
+    if not sequential and len(islands) == 1 and 0 < len(order) <= MAX_PROGRAM_NODES:
         return _call_on_island(
             flow, order, functions, arguments, constants, {} if registered is None else registered
         )

@@ -149,6 +149,58 @@ def test_futures_feed_later_calls_and_programs_run_parallel_or_sequential(
         b.release()
 
 
+def test_programs_take_keywords_and_one_larger_than_an_island_program_goes_node_by_node(
+    cluster: pw.Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program of more nodes than an island program may have (4096) failed at its
+    registration; now it is submitted node by node, as a program across islands is."""
+    import pathways_client.programs as programs
+
+    with cluster.slice(devices=1) as one:
+        increment = pw.function(lambda v: v + 1, slice=one, name="increment")
+
+        @pw.program
+        def steps(v, *, times):
+            for _ in range(times.shape[0]):
+                v = increment(v)
+            return v
+
+        island_programs = []
+        on_island = programs._call_on_island
+        monkeypatch.setattr(
+            programs,
+            "_call_on_island",
+            lambda *given: island_programs.append(given) or on_island(*given),
+        )
+        start, times = np.zeros(2, np.float32), np.zeros(6)
+        np.testing.assert_array_equal(steps(start, times=times).result(), np.full(2, 6.0))
+        assert len(island_programs) == 1  # six nodes: one call of an island program
+        monkeypatch.setattr(programs, "MAX_PROGRAM_NODES", 5)
+        many = steps(start, times=times)
+        np.testing.assert_array_equal(many.result(), np.full(2, 6.0))
+        assert len(island_programs) == 1  # over the limit: node by node
+
+
+def test_futures_act_as_jax_arrays_do_where_it_makes_sense(cluster: pw.Cluster) -> None:
+    """``float``, ``int``, ``len`` and ``block_until_ready`` were errors; arithmetic was
+    Python's bare "unsupported operand"."""
+    with cluster.slice(shape="1x1") as one:
+        assert one.shape == (1, 1)
+        total = pw.function(lambda v: (v.sum(), v.astype(np.int32)), slice=one, name="total")
+        value, as_int = total(np.arange(3, dtype=np.float32))
+        assert value.block_until_ready() is value and value.ready()
+        assert float(value) == 3.0 and int(value) == 3 and len(as_int) == 3
+        with pytest.raises(TypeError, match=r"len\(\) of a 0-d array"):
+            len(value)
+        with pytest.raises(TypeError, match=r"arithmetic of ArrayFuture.*in a pw.function"):
+            value + 1
+        with pytest.raises(TypeError, match=r"indexing of ArrayFuture.*\.result\(\) first"):
+            as_int[0]
+    for shape, expected in (("2by2", "expected a mesh shape"), ((2, 0), "positive integer")):
+        with pytest.raises(pw.SliceError, match=expected):
+            cluster.slice(shape=shape)
+
+
 def test_a_program_written_as_a_resource_runs_without_its_python(
     cluster: pw.Cluster, island: LocalIsland, tmp_path: Path
 ) -> None:
