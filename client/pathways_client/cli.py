@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
+import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -542,23 +544,44 @@ def status(state: Path | None, api: str | None, token: str | None, tenant: str) 
     _print_programs(programs)
 
 
-def _print_programs(programs: list[dict[str, Any]]) -> None:
-    table = Table(title="Programs")
-    for column in ("Program", "Phase", "Runs", "Slices", "Message"):
-        table.add_column(column, overflow="fold")
-    for program in programs:
-        status = program.get("status") or {}
+PROGRAM_COLUMNS = ("Program", "Phase", "Runs", "Slices", "Message")
+OTHER_COLUMNS = ("Name", "Phase", "Island", "Devices", "Message")
+
+
+def _cells(document: dict[str, Any]) -> tuple[str, ...]:
+    """A program's, slice's or island's row: the values of its kind's columns, as text."""
+    status = document.get("status") or {}
+    phase = status.get("phase") or "-"
+    message = (status.get("message") or "")[:80]
+    if document.get("kind") == "PathwaysProgram":
         slices = ", ".join(
             f"{s['name']}@{s.get('island', '?')}" for s in status.get("slices") or []
         )
-        table.add_row(
-            program["metadata"]["name"],
-            _phase(program),
-            str(status.get("runs", 0)),
-            slices,
-            Text((status.get("message") or "")[:80]),
-        )
+        runs = str(status.get("runs", 0))
+        return (document["metadata"]["name"], phase, runs, slices, message)
+    devices = status.get("devices")
+    held = (
+        _devices_text(tuple(devices))
+        if devices
+        else f"{status.get('devicesFree', '?')}/{status.get('devicesTotal', '?')} free"
+    )
+    island = status.get("island") or ""
+    return (document["metadata"]["name"], phase, island, held, message)
+
+
+def _print_table(title: str, columns: tuple[str, ...], documents: list[dict[str, Any]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for document in documents:
+        name, phase, *rest = _cells(document)  # Text: what objects say is never markup
+        style = PHASE_STYLE.get(phase, "white")
+        table.add_row(Text(name), Text(phase, style=style), *(Text(cell) for cell in rest))
     console.print(table)
+
+
+def _print_programs(programs: list[dict[str, Any]]) -> None:
+    _print_table("Programs", PROGRAM_COLUMNS, programs)
 
 
 @main.command()
@@ -668,6 +691,13 @@ KINDS = ["programs", "virtualslices", "islands"]
 )
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table")
 @click.option("--events", is_flag=True, help="Also print a program's Events.")
+@click.option(
+    "-w",
+    "--watch",
+    is_flag=True,
+    help="After listing, print each object again when it changes (a row, or a document), "
+    "until interrupted or, for one NAME, until it is deleted.",
+)
 def get(
     name: str | None,
     state: Path | None,
@@ -677,12 +707,9 @@ def get(
     kind: str,
     output: str,
     events: bool,
+    watch: bool,
 ) -> None:
     """List objects, or show one (NAME)."""
-    import json
-
-    import yaml
-
     with _api(state, api, token, tenant) as client:
         try:
             found = client.get(kind, name) if name else client.list(kind)
@@ -694,34 +721,71 @@ def get(
                 listing = "pathways get" + ("" if plural == "programs" else f" --kind {plural}")
                 _fail(f"{error}; to list {plural}: {listing}")
             _fail(error)
-    # Documents as written, for files and pipes: the console would wrap long lines.
-    if output == "json":
-        click.echo(json.dumps(found, indent=2))
-    elif output == "yaml" or name:
-        click.echo(yaml.safe_dump(found, sort_keys=False), nl=False)
-    elif kind == "programs":
-        _print_programs(found)
-    else:
-        table = Table(title=kind)
-        for column in ("Name", "Phase", "Island", "Devices", "Message"):
-            table.add_column(column, overflow="fold")
-        for document in found:
-            status = document.get("status") or {}
-            devices = status.get("devices")
-            table.add_row(
-                document["metadata"]["name"],
-                _phase(document),
-                status.get("island") or "",
-                _devices_text(tuple(devices))
-                if devices
-                else f"{status.get('devicesFree', '?')}/{status.get('devicesTotal', '?')} free",
-                Text((status.get("message") or "")[:80]),
+        columns = PROGRAM_COLUMNS if kind == "programs" else OTHER_COLUMNS
+        # Documents as written, for files and pipes: the console would wrap long lines.
+        if output == "json":
+            click.echo(json.dumps(found, indent=2))
+        elif output == "yaml" or name:
+            click.echo(yaml.safe_dump(found, sort_keys=False), nl=False)
+        else:
+            _print_table("Programs" if kind == "programs" else kind, columns, found)
+        for event in happened:
+            console.print(
+                f"{event['time']} {event['type']} {event['reason']}: {event['message']}",
+                markup=False,
             )
-        console.print(table)
-    for event in happened:
-        console.print(
-            f"{event['time']} {event['type']} {event['reason']}: {event['message']}", markup=False
-        )
+        if watch:
+            _watch(client, kind, name, [found] if name else found, output, columns)
+
+
+def _watch(
+    client: ApiClient,
+    kind: str,
+    name: str | None,
+    shown: list[dict[str, Any]],
+    output: str,
+    columns: tuple[str, ...],
+) -> None:
+    """``get --watch``: look again every WATCH_POLL seconds and print each object changed
+    since (a new resourceVersion) as a row, a JSON line or a YAML document; a deleted one with
+    phase Deleted. Ends at Ctrl-C (exit 130), or when the one object watched is deleted."""
+    from pathways_client.watch import changes
+
+    if output == "table":
+        click.echo(_watch_line(tuple(column.upper() for column in columns)))
+    known = shown
+    try:
+        while True:
+            time.sleep(WATCH_POLL)
+            try:
+                current = [client.get(kind, name)] if name else client.list(kind)
+            except ApiCallError as error:
+                if not (name and error.code == "NotFound"):
+                    _fail(error)
+                current = []
+            for document in changes(known, current):
+                if output == "table":
+                    click.echo(_watch_line(_cells(document)))
+                elif output == "json":
+                    click.echo(json.dumps(document))  # one document a line
+                else:
+                    click.echo("---\n" + yaml.safe_dump(document, sort_keys=False), nl=False)
+            known = current
+            if name and not current:
+                return
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _watch_line(cells: tuple[str, ...]) -> str:
+    """A row of ``get --watch``: the columns at fixed widths, the message last, as written."""
+    widths = (24, 10, 12, 20)
+    padded = (cell.ljust(width) for cell, width in zip(cells[:-1], widths, strict=True))
+    return " ".join(padded) + " " + cells[-1]
+
+
+WATCH_POLL = 1.0
+"""Seconds between two looks of ``get --watch``."""
 
 
 @main.command()
@@ -898,8 +962,6 @@ def trace(
 
 def write_trace(records: list[dict[str, Any]], out: Path, title: str) -> None:
     """Write records as .json (Chrome trace events) or .png (timeline)."""
-    import json
-
     from pathways_client.trace_export import chrome_trace, plot_timeline
 
     if out.suffix == ".png":

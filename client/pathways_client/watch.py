@@ -88,3 +88,27 @@ def wait_programs(
                 raise WaitTimeout(f"{what}: still running after {timeout:g} s", finished, pending)
             time.sleep(0.3)
     return {key: done[key] for key in programs}
+
+
+def changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The objects of ``after`` that are new or changed since ``before`` (another
+    resourceVersion), in their order; then those of ``before`` gone from ``after``, each with
+    its phase set to Deleted."""
+    versions = {_key(d): d["metadata"].get("resourceVersion") for d in before}
+    changed = [
+        d
+        for d in after
+        if _key(d) not in versions or versions[_key(d)] != d["metadata"].get("resourceVersion")
+    ]
+    present = {_key(d) for d in after}
+    deleted = [
+        {**d, "status": {**(d.get("status") or {}), "phase": "Deleted"}}
+        for d in before
+        if _key(d) not in present
+    ]
+    return changed + deleted
+
+
+def _key(document: dict[str, Any]) -> tuple[str, str]:
+    meta = document["metadata"]
+    return meta.get("namespace") or "", meta["name"]

@@ -376,16 +376,20 @@ TICKER = textwrap.dedent(
 )
 
 
-def test_logs_follow_a_running_program_each_byte_once_and_tail_its_last_lines(
+def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     state: Path, tmp_path: Path, pathways
 ) -> None:
     """`logs --follow` once asked for all of a program's output every half second, and printed
-    what extended what it had shown; now it asks from where it stopped."""
+    what extended what it had shown; now it asks from where it stopped. `get --watch` prints
+    its changes as they come."""
     at = ("--state", str(state))
     assert pathways("up", *at, "--hosts", "1", "--devices", "2").exit_code == 0
     manifest = tmp_path / "ticker.yaml"
     manifest.write_text(TICKER)
+    command = [sys.executable, "-m", "pathways_client", "get", *at, "--watch"]
+    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert pathways("submit", str(manifest), *at).exit_code == 0
+    one = subprocess.Popen([*command, "ticker", "-o", "json"], stdout=subprocess.PIPE, text=True)
     follower = subprocess.run(
         [sys.executable, "-m", "pathways_client", "logs", "ticker", *at, "--follow"],
         capture_output=True,
@@ -403,3 +407,19 @@ def test_logs_follow_a_running_program_each_byte_once_and_tail_its_last_lines(
     cut = pathways("logs", "ticker", *at, "--limit-bytes", "6")
     assert cut.output.endswith("café\n")
     assert f"… {len(whole.encode()) - 6} bytes of output not shown" in cut.output
+
+    # `get --watch` prints an object again each time it changes: a row, or a JSON line. The
+    # watch of one object ends when it is deleted; the watch of a list at Ctrl-C.
+    assert pathways("delete", "ticker", *at).exit_code == 0
+    lines, _ = one.communicate(timeout=30)
+    assert one.returncode == 0
+    documents = [json.loads(line) for line in lines.splitlines()[1:] if line.startswith("{")]
+    phases = [d.get("status", {}).get("phase") for d in documents]
+    assert phases[-2:] == ["Succeeded", "Deleted"], phases
+    watcher.send_signal(signal.SIGINT)
+    rows, _ = watcher.communicate(timeout=30)
+    assert watcher.returncode == 130
+    header = next(line for line in rows.splitlines() if line.startswith("PROGRAM"))
+    assert header.split() == ["PROGRAM", "PHASE", "RUNS", "SLICES", "MESSAGE"]
+    changes = [line.split()[:2] for line in rows.splitlines() if line.startswith("ticker ")]
+    assert changes[-2:] == [["ticker", "Succeeded"], ["ticker", "Deleted"]], rows
