@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-body",
         type=int,
-        default=int(os.environ.get("PATHWAYS_API_MAX_BODY", MAX_BODY_BYTES)),
+        default=os.environ.get("PATHWAYS_API_MAX_BODY", str(MAX_BODY_BYTES)),
         help="Largest request body in bytes.",
     )
     parser.add_argument(

@@ -49,7 +49,13 @@ from pathlib import Path
 from typing import Any
 
 from pathways_api.lifeline import stop_when_stdin_closes
-from pathways_api.run_job import ALREADY_RUNNING, paths, process_start, read_json
+from pathways_api.run_job import (
+    ALREADY_RUNNING,
+    MAX_OUTPUT_BYTES,
+    paths,
+    process_start,
+    read_json,
+)
 from pathways_api.store import ISLAND, PROGRAM, SLICE, SqliteStore, now_text
 from pathways_core.control import (
     ANNOTATION_SCHEDULER_ENDPOINT,
@@ -159,11 +165,18 @@ class Manager:
     """Reconciles the store until stopped."""
 
     def __init__(
-        self, store: SqliteStore, state: Path, *, interval: float = 0.1, cwd: Path | None = None
+        self,
+        store: SqliteStore,
+        state: Path,
+        *,
+        interval: float = 0.1,
+        cwd: Path | None = None,
+        max_output: int = MAX_OUTPUT_BYTES,
     ) -> None:
         self.store = store
         self.state = state
         self.interval = interval
+        self.max_output = max_output
         self.cwd = cwd or Path.cwd()
         self.running: dict[str, Running] = {}
         self._stop = threading.Event()
@@ -518,7 +531,8 @@ class Manager:
         for stale in paths(record)[1:]:  # a same-named run of a deleted program
             stale.unlink(missing_ok=True)
         wrapper = [sys.executable, "-m", "pathways_api.run_job", "--record", str(record)]
-        wrapper += ["--uid", str(meta.get("uid") or ""), "--"]
+        wrapper += ["--uid", str(meta.get("uid") or ""), "--max-output", str(self.max_output)]
+        wrapper += ["--"]
         with log.open("wb") as output:
             popen = subprocess.Popen(
                 [*wrapper, *command],
@@ -689,15 +703,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state", type=Path, required=True, help="State directory.")
     parser.add_argument("--interval", type=float, default=0.1, help="Seconds between ticks.")
     parser.add_argument(
+        "--max-output",
+        type=int,
+        default=os.environ.get("PATHWAYS_MAX_OUTPUT_BYTES", str(MAX_OUTPUT_BYTES)),
+        help="Bytes of each run's output its log keeps (PATHWAYS_MAX_OUTPUT_BYTES; 1 GiB).",
+    )
+    parser.add_argument(
         "--exit-with-launcher",
         action="store_true",
         help="stop when standard input closes (the embedded supervisor holds its other end)",
     )
     arguments = parser.parse_args(argv)
+    if arguments.max_output < 1:
+        parser.error(
+            f"--max-output (or PATHWAYS_MAX_OUTPUT_BYTES) must be >= 1, not {arguments.max_output}"
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     arguments.state.mkdir(parents=True, exist_ok=True)
     store = SqliteStore(arguments.state / "pathways.db")
-    manager = Manager(store, arguments.state, interval=arguments.interval)
+    manager = Manager(
+        store, arguments.state, interval=arguments.interval, max_output=arguments.max_output
+    )
     signal.signal(signal.SIGTERM, lambda *_: manager._stop.set())
     if arguments.exit_with_launcher:
         stop_when_stdin_closes()

@@ -10,7 +10,10 @@ leaves it running). It
 2. writes ``PREFIX.json``: the Job's uid, its own pid and the start time of that pid (from
    ``/proc``), so a restarted manager can tell this process from a later one with the same pid
    and *adopt* the run;
-3. runs the command as its child and waits, passing SIGTERM and SIGINT on;
+3. runs the command as its child and waits, passing SIGTERM and SIGINT on; the child's output
+   (stdout and stderr) passes through it to its own, the run's log, up to ``--max-output``
+   bytes (then one line says the rest is dropped, and the rest is read and dropped: a program
+   printing in a loop can fill no disk, and never blocks on a full pipe);
 4. writes the exit status to ``PREFIX.exit`` (atomically, with the uid) and exits with it (a
    command killed by signal N exits 128 + N, as a shell says it).
 
@@ -28,12 +31,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 ALREADY_RUNNING = 75
 """Exit code of a wrapper that found another one running the same run (EX_TEMPFAIL)."""
+MAX_OUTPUT_BYTES = 1 << 30
+"""The most of a run's output its log keeps by default (the kubelet keeps 50 MiB of a
+container's, rotated; a run's log is kept whole, up to this)."""
 
 
 def paths(prefix: Path) -> tuple[Path, Path, Path]:
@@ -77,11 +84,50 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+OUTPUT_DRAIN_SECONDS = 5.0
+"""How long an ended command's last output is waited for."""
+
+
+def copy_output(source: int, limit: int) -> None:
+    """Copy what ``source`` gives to standard output (the run's log) until it closes: the
+    first ``limit`` bytes, then one line saying the rest is dropped."""
+    kept = 0
+    while chunk := _read(source):
+        if kept >= limit:
+            continue
+        _write_all(chunk[: limit - kept])
+        kept += len(chunk)
+        if kept >= limit:
+            _write_all(
+                f"\n[run_job] the output went over {limit} bytes: the rest is not kept "
+                "(--max-output of the resource manager, PATHWAYS_MAX_OUTPUT_BYTES)\n".encode()
+            )
+
+
+def _read(source: int) -> bytes:
+    try:
+        return os.read(source, 1 << 16)
+    except OSError:  # the pipe is gone
+        return b""
+
+
+def _write_all(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(sys.stdout.fileno(), view) :]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command once; return its exit status."""
     parser = argparse.ArgumentParser(prog="python -m pathways_api.run_job", description=__doc__)
     parser.add_argument("--record", type=Path, required=True, help="Prefix of the run's files.")
     parser.add_argument("--uid", required=True, help="The Job's uid.")
+    parser.add_argument(
+        "--max-output",
+        type=int,
+        default=MAX_OUTPUT_BYTES,
+        help="Bytes of the command's output to keep; the rest is dropped.",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     arguments = parser.parse_args(argv)
     command = arguments.command[1:] if arguments.command[:1] == ["--"] else arguments.command
@@ -109,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     try:
-        child = subprocess.Popen(command)
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except OSError as error:
         print(f"run_job: could not start {command[0]!r}: {error}", file=sys.stderr)
         write_json(exit_path, {"uid": arguments.uid, "code": 127, "error": str(error)})
@@ -121,7 +167,13 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    assert child.stdout is not None
+    pump = threading.Thread(
+        target=copy_output, args=(child.stdout.fileno(), arguments.max_output), daemon=True
+    )
+    pump.start()
     code = child.wait()
+    pump.join(timeout=OUTPUT_DRAIN_SECONDS)  # a process the command left may hold the pipe
     write_json(exit_path, {"uid": arguments.uid, "code": code, "ended": time.time()})
     return 128 - code if code < 0 else code
 

@@ -361,3 +361,35 @@ def test_a_run_started_twice_runs_once(tmp_path: Path) -> None:
     assert first.wait(timeout=60) == 0
     assert marker.read_text() == "x"
     assert read_json(tmp_path / "job.exit") == {"uid": "u", "code": 0, "ended": ANY}
+
+
+def test_a_run_keeps_its_output_up_to_the_limit_and_never_blocks(tmp_path: Path) -> None:
+    """A program printing in a loop filled the disk with its log; now the wrapper keeps the
+    first --max-output bytes, says so once, and reads and drops the rest."""
+    chatty = "import sys\nfor i in range(100_000): print('x' * 99)\nprint('err', file=sys.stderr)"
+    wrapper = [sys.executable, "-m", "pathways_api.run_job", "--record", str(tmp_path / "job")]
+    log = tmp_path / "job.log"
+    with log.open("wb") as output:
+        done = subprocess.run(
+            [*wrapper, "--uid", "u", "--max-output", "1000", "--", sys.executable, "-c", chatty],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            timeout=60,
+        )
+    assert done.returncode == 0
+    kept = log.read_bytes()
+    assert kept[:1000] == (b"x" * 99 + b"\n") * 10
+    assert kept.endswith(
+        b"the output went over 1000 bytes: the rest is not kept (--max-output "
+        b"of the resource manager, PATHWAYS_MAX_OUTPUT_BYTES)\n"
+    )
+    quiet = "import sys; print('out'); print('err', file=sys.stderr, flush=True)"
+    with log.open("wb") as output:
+        subprocess.run(
+            [*wrapper, "--uid", "v", "--", sys.executable, "-c", quiet],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            timeout=60,
+            check=True,
+        )
+    assert sorted(log.read_text().splitlines()) == ["err", "out"]  # stderr too, all of it

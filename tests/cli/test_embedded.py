@@ -9,9 +9,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 import yaml
@@ -390,6 +392,10 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     watcher = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert pathways("submit", str(manifest), *at).exit_code == 0
     one = subprocess.Popen([*command, "ticker", "-o", "json"], stdout=subprocess.PIPE, text=True)
+    for process in (watcher, one):  # a watch that hangs ends the lines the test reads
+        deadline = threading.Timer(120, process.kill)
+        deadline.daemon = True
+        deadline.start()
     follower = subprocess.run(
         [sys.executable, "-m", "pathways_client", "logs", "ticker", *at, "--follow"],
         capture_output=True,
@@ -409,17 +415,30 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     assert f"… {len(whole.encode()) - 6} bytes of output not shown" in cut.output
 
     # `get --watch` prints an object again each time it changes: a row, or a JSON line. The
-    # watch of one object ends when it is deleted; the watch of a list at Ctrl-C.
+    # watch of one object ends when it is deleted; the watch of a list at Ctrl-C. (They look
+    # every second: the test deletes the program once both have seen it succeed.)
+    assert watcher.stdout is not None and one.stdout is not None
+    rows = _lines_until(watcher.stdout, lambda line: "ticker" in line and "Succeeded" in line)
+    documents = _lines_until(one.stdout, lambda line: '"phase": "Succeeded"' in line)
     assert pathways("delete", "ticker", *at).exit_code == 0
-    lines, _ = one.communicate(timeout=30)
-    assert one.returncode == 0
-    documents = [json.loads(line) for line in lines.splitlines()[1:] if line.startswith("{")]
-    phases = [d.get("status", {}).get("phase") for d in documents]
-    assert phases[-2:] == ["Succeeded", "Deleted"], phases
+    rows += _lines_until(watcher.stdout, lambda line: "ticker" in line and "Deleted" in line)
     watcher.send_signal(signal.SIGINT)
-    rows, _ = watcher.communicate(timeout=30)
-    assert watcher.returncode == 130
-    header = next(line for line in rows.splitlines() if line.startswith("PROGRAM"))
+    assert watcher.wait(timeout=30) == 130
+    documents += one.communicate(timeout=30)[0].splitlines()
+    assert one.returncode == 0
+    phases = [json.loads(line)["status"]["phase"] for line in documents if line[:2] == '{"']
+    assert phases[-2:] == ["Succeeded", "Deleted"], phases
+    header = next(line for line in rows if line.startswith("PROGRAM"))
     assert header.split() == ["PROGRAM", "PHASE", "RUNS", "SLICES", "MESSAGE"]
-    changes = [line.split()[:2] for line in rows.splitlines() if line.startswith("ticker ")]
-    assert changes[-2:] == [["ticker", "Succeeded"], ["ticker", "Deleted"]], rows
+    succeeded, deleted = [line for line in rows if "ticker" in line][-2:]
+    assert "Succeeded" in succeeded and deleted.split()[:2] == ["ticker", "Deleted"], rows
+
+
+def _lines_until(stream: IO[str], last: Callable[[str], bool]) -> list[str]:
+    """Lines read from ``stream`` up to the first for which ``last`` is true (fails at EOF)."""
+    lines = []
+    while not lines or not last(lines[-1]):
+        line = stream.readline()
+        assert line, f"the stream ended after {lines}"
+        lines.append(line.rstrip("\n"))
+    return lines
