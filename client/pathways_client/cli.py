@@ -351,6 +351,7 @@ def up(
         DEFAULT_TENANTS,
         EmbeddedError,
         IslandSpec,
+        memory_problem,
         read_info,
         tenant_problem,
     )
@@ -377,6 +378,9 @@ def up(
                 f"{'; '.join(differences)}: run 'pathways down' first (its state is kept), "
                 "then 'pathways up' with these options"
             )
+    elif problem := memory_problem(specs):
+        option = "--islands" if islands > hosts else "--hosts"
+        raise click.BadParameter(problem, param_hint=f"'{option}'")
     try:
         info = _with_spinner(
             "starting the embedded cluster",

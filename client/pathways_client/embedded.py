@@ -176,6 +176,42 @@ def tokens(state: Path) -> dict[str, str]:
     }
 
 
+EXECUTOR_MEMORY = 256 << 20
+"""About what one executor process takes (a Python with JAX: ~220 MiB idle, measured)."""
+CLUSTER_MEMORY = 256 << 20
+"""About what the supervisor, the API, the resource manager and a scheduler take together."""
+
+
+def memory_problem(specs: Sequence[IslandSpec], available: int | None = None) -> str | None:
+    """Why these islands cannot start on this machine (every host is an executor process),
+    given ``available`` bytes (MemAvailable of /proc/meminfo when None, and no problem where
+    that cannot be read); None when they fit."""
+    if available is None:
+        available = _memory_available()
+        if available is None:
+            return None
+    executors = sum(spec.hosts for spec in specs)
+    needed = executors * EXECUTOR_MEMORY + len(specs) * CLUSTER_MEMORY
+    if needed <= available:
+        return None
+    return (
+        f"{len(specs)} island(s) of {specs[0].hosts} host(s) start {executors} executor "
+        f"processes, about {needed / (1 << 30):.1f} GiB of memory, and this machine has "
+        f"{available / (1 << 30):.1f} GiB available: give fewer --hosts or --islands (each "
+        "host is a process; more --devices per host cost little)"
+    )
+
+
+def _memory_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def tenant_problem(name: str) -> str | None:
     """Why ``name`` cannot be a tenant, whose name is its namespace's; None if it can."""
     if re.match(DNS_LABEL_PATTERN, name):

@@ -178,6 +178,28 @@ def test_up_refuses_a_count_below_one_naming_it_and_starts_nothing(
     assert not (state / "cluster.json").exists()
 
 
+def test_up_refuses_more_executor_processes_than_the_memory_holds_and_starts_nothing(
+    tmp_path: Path, pathways, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up --hosts 200` started 200 executor processes of ~220 MiB each, on any machine."""
+    import pathways_client.embedded as embedded
+
+    monkeypatch.setattr(embedded, "_memory_available", lambda: 3 << 30)
+    state = tmp_path / "state"
+    result = pathways("up", "--state", str(state), "--hosts", "12")
+    assert result.exit_code == 2
+    assert "Invalid value for '--hosts': 1 island(s) of 12 host(s) start 12 executor" in (
+        result.output
+    )
+    assert "about 3.2 GiB of memory, and this machine has 3.0 GiB available" in result.output
+    islands = pathways("up", "--state", str(state), "--islands", "6", "--hosts", "2")
+    assert islands.exit_code == 2 and "Invalid value for '--islands'" in islands.output
+    assert not (state / "cluster.json").exists()
+    spec = embedded.IslandSpec("i", hosts=2)
+    assert embedded.memory_problem([spec], available=1 << 30) is None  # 0.75 GiB needed
+    assert "start 4 executor processes" in str(embedded.memory_problem([spec] * 2, 1 << 30))
+
+
 @pytest.mark.parametrize(
     ("arguments", "option", "expected"),
     [
