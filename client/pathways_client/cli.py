@@ -589,7 +589,7 @@ def _print_programs(programs: list[dict[str, Any]]) -> None:
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, allow_dash=True))
 @api_options
 @click.option("--wait", is_flag=True, help="Wait until every program finishes; print its logs.")
 @click.option(
@@ -601,7 +601,7 @@ def _print_programs(programs: list[dict[str, Any]]) -> None:
 )
 @click.option("--idempotency-key", default=None, help="Make retries of this submission safe.")
 def submit(
-    file: str,
+    files: tuple[str, ...],
     state: Path | None,
     api: str | None,
     token: str | None,
@@ -610,34 +610,21 @@ def submit(
     timeout: float | None,
     idempotency_key: str | None,
 ) -> None:
-    """Submit the PathwaysPrograms and VirtualSlices of a YAML or JSON FILE ('-' for
-    standard input)."""
+    """Submit the PathwaysPrograms and VirtualSlices of YAML or JSON FILES (folders: the
+    manifests below them; '-': standard input), in order. All are read first: a file that
+    cannot be read, or a document of another kind, submits nothing; a document the API
+    refuses stops the submission there (those before it stay submitted)."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout is a limit of --wait: give both, or neither")
-    where = "standard input" if file == "-" else file
-    try:
-        with click.open_file(file, encoding="utf-8") as stream:
-            text = stream.read()
-    except (OSError, UnicodeDecodeError) as error:
-        _fail(f"{where}: cannot be read as UTF-8 text: {error}")
-    documents: list[Any] = []
-    try:
-        documents.extend(parse_documents(text))
-    except ManifestSyntaxError as error:  # nothing is submitted: the file is read whole first
-        _fail(f"{where}: document {len(documents) + 1}: {error}")
-    if not documents:
-        _fail(f"{where}: no documents")
+    documents = _submittable_documents(files)
     created = []
     with _api(state, api, token, tenant) as client:
-        for index, document in enumerate(documents):
-            if not isinstance(document, dict):
-                _fail(f"{where}: document {index + 1} is not a mapping")
-            document = {k: v for k, v in document.items() if k != "status"}
+        for index, (where, document) in enumerate(documents):
             key = f"{idempotency_key}-{index}" if idempotency_key and len(documents) > 1 else None
             try:
                 stored = client.submit(document, key or idempotency_key)
             except ApiCallError as error:
-                _fail(f"{where}: document {index + 1}: {error}")
+                _fail(f"{where}: {error}")
             created.append(stored)
             console.print(
                 f"[green]✓[/] {stored['kind']} [bold]{stored['metadata']['name']}[/] submitted"
@@ -645,6 +632,50 @@ def submit(
         if wait:
             programs = [d["metadata"]["name"] for d in created if d["kind"] == "PathwaysProgram"]
             _wait_and_print_logs(client, programs, timeout)
+
+
+SUBMITTABLE = ("PathwaysProgram", "VirtualSlice")
+"""The kinds a tenant submits (Islands are the cluster's, made by its administrators)."""
+
+
+def _submittable_documents(files: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
+    """Every document of ``files`` (folders expanded), labelled ``FILE: document N``, without
+    its status; exit naming the first file or document that cannot be submitted."""
+    paths: list[str] = []
+    for given in files:
+        if given == "-" or not Path(given).is_dir():
+            paths.append(given)
+        elif below := manifest_files([Path(given)]):
+            paths += map(str, below)
+        else:
+            _fail(f"{given}: a folder with no manifests (.yaml, .yml or .json) below it")
+    documents = []
+    for path in paths:
+        where = "standard input" if path == "-" else path
+        try:
+            with click.open_file(path, encoding="utf-8") as stream:
+                text = stream.read()
+        except (OSError, UnicodeDecodeError) as error:
+            _fail(f"{where}: cannot be read as UTF-8 text: {error}")
+        found: list[Any] = []
+        try:
+            found.extend(parse_documents(text))
+        except ManifestSyntaxError as error:
+            _fail(f"{where}: document {len(found) + 1}: {error}")
+        if not found:
+            _fail(f"{where}: no documents")
+        for number, document in enumerate(found, start=1):
+            label = f"{where}: document {number}"
+            if not isinstance(document, dict):
+                _fail(f"{label} is not a mapping")
+            if document.get("kind") not in SUBMITTABLE:
+                _fail(
+                    f"{label} is of kind {document.get('kind')!r}: only PathwaysPrograms and "
+                    "VirtualSlices are submitted (Islands are the cluster's: its "
+                    "administrators apply them)"
+                )
+            documents.append((label, {k: v for k, v in document.items() if k != "status"}))
+    return documents
 
 
 def _wait_and_print_logs(client: ApiClient, programs: list[str], timeout: float | None) -> None:

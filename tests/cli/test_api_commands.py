@@ -60,6 +60,37 @@ def test_submit_refuses_a_hostile_file_before_sending_it(
     assert "Unreachable" not in result.output  # refused before sending
 
 
+def test_submit_reads_every_file_and_folder_first_and_sends_nothing_if_one_is_wrong(
+    pathways, tmp_path: Path
+) -> None:
+    """Several files and folders, as `kubectl apply -f` takes them; nothing is sent (the API
+    here is unreachable) before every file was read and every document is of a kind a
+    tenant submits."""
+    api = ("--api", "http://127.0.0.1:9", "--token", "t")
+    folder = tmp_path / "manifests"
+    (folder / "nested").mkdir(parents=True)
+    (folder / "a.yaml").write_text("kind: PathwaysProgram\nmetadata: {name: a}\n")
+    (folder / "nested" / "b.yml").write_text("kind: VirtualSlice\nmetadata: {name: b}\n")
+    (folder / "notes.txt").write_text("not a manifest")
+    island = tmp_path / "island.yaml"
+    island.write_text("kind: Island\nmetadata: {name: i}\n")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("kind: [\n")
+    refused = pathways("submit", str(folder), str(island), *api)
+    assert refused.exit_code == 1
+    assert f"{island}: document 1 is of kind 'Island': only PathwaysPrograms" in refused.output
+    assert "Unreachable" not in refused.output
+    unreadable = pathways("submit", str(folder), str(broken), *api)
+    assert f"{broken}: document 1: invalid YAML" in unreadable.output
+    assert "Unreachable" not in unreadable.output
+    sent = pathways("submit", str(folder), *api)  # read and checked: the first is sent
+    assert f"{folder / 'a.yaml'}: document 1: Unreachable" in sent.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    nothing = pathways("submit", str(empty), *api)
+    assert nothing.exit_code == 1 and "a folder with no manifests" in nothing.output
+
+
 def test_submit_refuses_a_timeout_without_wait_before_reading_the_file(
     pathways, tmp_path: Path
 ) -> None:
