@@ -313,9 +313,15 @@ class KubernetesStore:
         """See :meth:`~pathways_api.store.Store.usage`."""
         return _usage(await self._all(PROGRAM, namespace), await self._all(SLICE, namespace))
 
-    async def events(self, kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
-        """See :meth:`~pathways_api.store.Store.events`."""
-        body = await self._call("GET", f"/api/v1/namespaces/{namespace}/events")
+    async def events(self, kind: str, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+        """See :meth:`~pathways_api.store.Store.events`: the Events whose involvedObject is
+        the object (selected by the API server; checked again, uid included, here)."""
+        body = await self._call(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/events",
+            params={"fieldSelector": f"involvedObject.kind={kind},involvedObject.name={name}"},
+        )
+        wanted = {"kind": kind, "name": name, **({"uid": uid} if uid else {})}
         return [
             {
                 "type": event.get("type") or "Normal",
@@ -324,8 +330,10 @@ class KubernetesStore:
                 "time": event.get("lastTimestamp") or event.get("eventTime") or "",
             }
             for event in (body or {}).get("items") or []
-            if (event.get("involvedObject") or {}).get("name") == name
-            and (event.get("involvedObject") or {}).get("kind") == kind
+            if all(
+                (event.get("involvedObject") or {}).get(field, value) == value
+                for field, value in wanted.items()
+            )
         ]
 
     async def logs(self, namespace: str, name: str) -> list[tuple[int, Part]]:

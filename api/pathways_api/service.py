@@ -211,8 +211,9 @@ class Service:
 
     async def events(self, tenant: Tenant, kind: str, name: str) -> list[dict[str, Any]]:
         """The Events of one of the tenant's objects."""
-        await self._get(kind, tenant.name, name)
-        return await self.store.events(kind, tenant.name, name)
+        document = await self._get(kind, tenant.name, name)
+        uid = document["metadata"].get("uid") or ""
+        return await self.store.events(kind, tenant.name, name, uid)
 
     async def logs(self, tenant: Tenant, name: str, window: LogWindow) -> LogText:
         """The window's part of the output of a program's runs."""

@@ -98,7 +98,9 @@ class Store(Protocol):
 
     async def usage(self, namespace: str) -> Usage: ...
 
-    async def events(self, kind: str, namespace: str, name: str) -> list[dict[str, Any]]: ...
+    async def events(self, kind: str, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+        """The Events of the object ``uid`` (not those of an earlier object of its name)."""
+        ...
 
     async def logs(self, namespace: str, name: str) -> list[tuple[int, Part]]:
         """Each run's number and output, oldest first."""
@@ -107,6 +109,11 @@ class Store(Protocol):
     async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]: ...
 
     async def ready(self) -> bool: ...
+
+
+EVENTS_KEPT = 200
+"""Events kept per object, the latest (the API server keeps them an hour; a program that fails
+and restarts all day would otherwise grow its list without end)."""
 
 
 def now_text() -> str:
@@ -368,12 +375,24 @@ class SqliteStore:
             )
 
     def remove(self, kind: str, namespace: str | None, name: str) -> None:
-        """Forget an object (after its finalization)."""
+        """Forget an object (after its finalization), and what was kept of it: its Events
+        and, of a program, its runs' traces and logs (a later object of its name starts
+        with none of them)."""
+        where = (kind, namespace or "", name)
         with self._transaction() as db:
-            db.execute(
-                "DELETE FROM objects WHERE kind = ? AND namespace = ? AND name = ?",
-                (kind, namespace or "", name),
-            )
+            row = db.execute(
+                "SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?", where
+            ).fetchone()
+            db.execute("DELETE FROM objects WHERE kind = ? AND namespace = ? AND name = ?", where)
+            db.execute("DELETE FROM events WHERE kind = ? AND namespace = ? AND name = ?", where)
+            if kind == PROGRAM:
+                db.execute(
+                    "DELETE FROM traces WHERE namespace = ? AND name = ?", (namespace or "", name)
+                )
+        if kind == PROGRAM and row is not None:
+            runs = int((json.loads(row[0]).get("status") or {}).get("runs") or 0)
+            for run in range(1, runs + 1):
+                self.log_path(namespace or "", f"{name}-run-{run}").unlink(missing_ok=True)
 
     def mark_deleting(self, kind: str, namespace: str | None, name: str) -> Document | None:
         """Set deletionTimestamp (idempotent); ``None`` if absent."""
@@ -397,9 +416,11 @@ class SqliteStore:
             return document
 
     def record_events(self, events: list[Event]) -> None:
-        """Store Events (the API serves them per object)."""
+        """Store Events (the API serves them per object), keeping each object's last
+        :data:`EVENTS_KEPT`."""
         if not events:
             return
+        targets = {(e.target.kind, e.target.namespace or "", e.target.name) for e in events}
         with self._transaction() as db:
             db.executemany(
                 "INSERT INTO events (kind, namespace, name, type, reason, message, time) "
@@ -416,6 +437,12 @@ class SqliteStore:
                     )
                     for e in events
                 ],
+            )
+            db.executemany(
+                "DELETE FROM events WHERE kind = ? AND namespace = ? AND name = ? AND id <= "
+                "(SELECT id FROM events WHERE kind = ? AND namespace = ? AND name = ? "
+                "ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                [(*target, *target, EVENTS_KEPT) for target in targets],
             )
 
     def store_trace(self, namespace: str, name: str, run: int, records: list[Any]) -> None:
@@ -548,8 +575,9 @@ class SqliteStore:
         )
         return Usage(*row) if row else Usage()
 
-    async def events(self, kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
-        """See :meth:`Store.events`."""
+    async def events(self, kind: str, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+        """See :meth:`Store.events`: an object's Events go with it (:meth:`remove`), so those
+        of its name are its own."""
         rows = self._db().execute(
             "SELECT type, reason, message, time FROM events "
             "WHERE kind = ? AND namespace = ? AND name = ? ORDER BY id",

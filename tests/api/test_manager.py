@@ -5,6 +5,7 @@ endpoint answers nothing): these drivers never connect to it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -21,7 +22,8 @@ import pytest
 
 from pathways_api.manager import Manager
 from pathways_api.run_job import ALREADY_RUNNING, process_start, read_json
-from pathways_api.store import SqliteStore
+from pathways_api.store import EVENTS_KEPT, SqliteStore
+from pathways_core.control import Event, ObjectRef
 
 T = TypeVar("T")
 ENDPOINT = "127.0.0.1:9"  # registered, never called by these drivers
@@ -187,6 +189,47 @@ def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running)
         assert running_job.popen.poll() is not None  # the processes are gone
     wait_for(lambda: store.read("VirtualSlice", "team", "long-main") is None)
     assert store.read("Job", "team", "doomed-run-1") is None
+
+
+def test_a_program_made_again_under_a_deleted_ones_name_starts_with_nothing_of_it(
+    running: Running,
+) -> None:
+    """The Events (and traces and logs) of a deleted program were kept, and shown as the
+    Events of the next program of its name."""
+    store = running.store
+
+    def events(name: str) -> list[str]:
+        found = asyncio.run(store.events("PathwaysProgram", "team", name, ""))
+        return [event["reason"] for event in found]
+
+    submit(store, "again", "print('first')")
+    wait_for(lambda: phase(store, "PathwaysProgram", "again") == "Succeeded")
+    store.store_trace("team", "again", 1, [{"client": "again"}])
+    assert events("again")[-1] == "JobSucceeded"
+    log = store.log_path("team", "again-run-1")
+    assert log.read_text() == "first\n"
+    store.mark_deleting("PathwaysProgram", "team", "again")
+    wait_for(lambda: store.read("PathwaysProgram", "team", "again") is None, what="deleted")
+    assert events("again") == [] and not log.exists()
+    assert asyncio.run(store.trace("team", "again")) == []
+    submit(store, "again", "print('second')")
+    wait_for(lambda: phase(store, "PathwaysProgram", "again") == "Succeeded")
+    assert events("again").count("JobSucceeded") == 1 and log.read_text() == "second\n"
+
+
+def test_an_objects_events_are_its_latest_two_hundred(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "pathways.db")
+    target = ObjectRef("pathways.dev/v1alpha1", "PathwaysProgram", "busy", "team")
+    other = ObjectRef("pathways.dev/v1alpha1", "PathwaysProgram", "quiet", "team")
+    store.record_events([Event(other, "Normal", "Started", "once")])
+    for batch in range(5):
+        store.record_events(
+            [Event(target, "Warning", "Restarting", f"{batch}-{i}") for i in range(50)]
+        )
+    kept = asyncio.run(store.events("PathwaysProgram", "team", "busy", ""))
+    assert len(kept) == EVENTS_KEPT == 200
+    assert kept[0]["message"] == "1-0" and kept[-1]["message"] == "4-49"
+    assert len(asyncio.run(store.events("PathwaysProgram", "team", "quiet", ""))) == 1
 
 
 def test_a_stopped_manager_keeps_bindings_and_fails_its_runs_as_lost(state: Path) -> None:

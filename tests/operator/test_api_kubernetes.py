@@ -198,3 +198,30 @@ def test_logs_are_the_pods_logs_by_run_through_a_window(cluster: Cluster, api: A
     tail = call(api, "token-a", "GET", "/v1/programs/talker/logs", params={"tailLines": 1})
     assert tail.json()["logs"] == "three\n"
     assert call(api, "token-b", "GET", "/v1/programs/talker/logs").status_code == 404
+
+
+def test_events_are_the_objects_own_not_those_of_an_earlier_one_of_its_name(
+    cluster: Cluster, api: Api
+) -> None:
+    created = call(api, "token-a", "POST", "/v1/programs", json=program("again"))
+    uid = created.json()["metadata"]["uid"]
+    for name, event_uid, reason in (
+        ("again", uid, "Running"),
+        ("again", "uid-of-a-deleted-again", "JobFailed"),
+        ("other", uid, "Elsewhere"),
+    ):
+        involved = {"kind": "PathwaysProgram", "name": name, "uid": event_uid}
+        cluster.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{name}.{reason.lower()}", "namespace": "team-a"},
+                "involvedObject": involved,
+                "type": "Normal",
+                "reason": reason,
+                "message": reason,
+            }
+        )
+    answer = call(api, "token-a", "GET", "/v1/programs/again/events")
+    assert answer.status_code == 200, answer.text
+    assert [event["reason"] for event in answer.json()["items"]] == ["Running"]
