@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -111,6 +111,8 @@ class Store(Protocol):
     async def ready(self) -> bool: ...
 
 
+EVENTS_OF_GONE_OBJECTS_KEPT = timedelta(hours=1)
+"""How long the Events of a removed object stay (a Kubernetes API server's default TTL)."""
 EVENTS_KEPT = 200
 """Events kept per object, the latest (the API server keeps them an hour; a program that fails
 and restarts all day would otherwise grow its list without end)."""
@@ -169,7 +171,8 @@ CREATE TABLE IF NOT EXISTS objects (
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
-    type TEXT NOT NULL, reason TEXT NOT NULL, message TEXT NOT NULL, time TEXT NOT NULL
+    type TEXT NOT NULL, reason TEXT NOT NULL, message TEXT NOT NULL, time TEXT NOT NULL,
+    uid TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS events_of ON events (kind, namespace, name);
 CREATE TABLE IF NOT EXISTS idempotency (
@@ -221,6 +224,9 @@ class SqliteStore:
         self.log_dir = logs or path.parent / "logs"
         self._local = threading.local()
         self._db().executescript(SCHEMA)
+        columns = {row[1] for row in self._db().execute("PRAGMA table_info(events)")}
+        if "uid" not in columns:  # a state folder from before Events carried their object's uid
+            self._db().execute("ALTER TABLE events ADD COLUMN uid TEXT NOT NULL DEFAULT ''")
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -375,16 +381,23 @@ class SqliteStore:
             )
 
     def remove(self, kind: str, namespace: str | None, name: str) -> None:
-        """Forget an object (after its finalization), and what was kept of it: its Events
-        and, of a program, its runs' traces and logs (a later object of its name starts
-        with none of them)."""
+        """Forget an object (after its finalization), and, of a program, its runs' traces
+        and logs (a later program of its name starts with none of them). Its Events stay an
+        hour, as a Kubernetes API server keeps them (they are served by uid: never as another
+        object's); older Events of objects gone are dropped here."""
         where = (kind, namespace or "", name)
+        expired = timestamp(datetime.now(UTC) - EVENTS_OF_GONE_OBJECTS_KEPT)
         with self._transaction() as db:
             row = db.execute(
                 "SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?", where
             ).fetchone()
             db.execute("DELETE FROM objects WHERE kind = ? AND namespace = ? AND name = ?", where)
-            db.execute("DELETE FROM events WHERE kind = ? AND namespace = ? AND name = ?", where)
+            db.execute(
+                "DELETE FROM events WHERE time < ? AND uid NOT IN (SELECT json_extract(body, "
+                "'$.metadata.uid') FROM objects WHERE json_extract(body, '$.metadata.uid') "
+                "IS NOT NULL)",
+                (expired,),
+            )
             if kind == PROGRAM:
                 db.execute(
                     "DELETE FROM traces WHERE namespace = ? AND name = ?", (namespace or "", name)
@@ -416,20 +429,24 @@ class SqliteStore:
             return document
 
     def record_events(self, events: list[Event]) -> None:
-        """Store Events (the API serves them per object), keeping each object's last
+        """Store Events (the API serves them per object, by uid), keeping each object's last
         :data:`EVENTS_KEPT`."""
         if not events:
             return
-        targets = {(e.target.kind, e.target.namespace or "", e.target.name) for e in events}
+        targets = {
+            (e.target.kind, e.target.namespace or "", e.target.name, e.target.uid or "")
+            for e in events
+        }
         with self._transaction() as db:
             db.executemany(
-                "INSERT INTO events (kind, namespace, name, type, reason, message, time) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO events (kind, namespace, name, uid, type, reason, message, time) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         e.target.kind,
                         e.target.namespace or "",
                         e.target.name,
+                        e.target.uid or "",
                         e.type,
                         e.reason,
                         e.message,
@@ -438,10 +455,10 @@ class SqliteStore:
                     for e in events
                 ],
             )
+            of_target = "kind = ? AND namespace = ? AND name = ? AND uid = ?"
             db.executemany(
-                "DELETE FROM events WHERE kind = ? AND namespace = ? AND name = ? AND id <= "
-                "(SELECT id FROM events WHERE kind = ? AND namespace = ? AND name = ? "
-                "ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                f"DELETE FROM events WHERE {of_target} AND id <= (SELECT id FROM events WHERE "
+                f"{of_target} ORDER BY id DESC LIMIT 1 OFFSET ?)",
                 [(*target, *target, EVENTS_KEPT) for target in targets],
             )
 
@@ -576,12 +593,11 @@ class SqliteStore:
         return Usage(*row) if row else Usage()
 
     async def events(self, kind: str, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
-        """See :meth:`Store.events`: an object's Events go with it (:meth:`remove`), so those
-        of its name are its own."""
+        """See :meth:`Store.events`."""
         rows = self._db().execute(
             "SELECT type, reason, message, time FROM events "
-            "WHERE kind = ? AND namespace = ? AND name = ? ORDER BY id",
-            (kind, namespace, name),
+            "WHERE kind = ? AND namespace = ? AND name = ? AND uid = ? ORDER BY id",
+            (kind, namespace, name, uid),
         )
         return [
             {"type": t, "reason": reason, "message": message, "time": time}

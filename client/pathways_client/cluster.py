@@ -37,6 +37,7 @@ from pathways_client.island_client import IslandClient
 from pathways_client.slices import Slice
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.allocator import Allocator, Bound, IslandInventory, Request
+from pathways_core.manifests import problems_of
 from pathways_core.resources import SliceRequest
 from pathways_core.resources.base import GROUP_VERSION
 from pathways_core.topology import format_shape, parse_shape
@@ -76,6 +77,7 @@ class Cluster:
         self._allocator: Allocator | None = None
         self._bound: dict[str, Slice] = {}
         self._names = 0
+        self._closed = False
         for name, item in (bound or {}).items():
             item.cluster = self
             self._bound[name] = item
@@ -83,8 +85,10 @@ class Cluster:
     # -- islands -----------------------------------------------------------------------------
 
     def session(self, island: str) -> IslandClient:
-        """The session with ``island``'s scheduler, opened on first use."""
+        """The session with ``island``'s scheduler, opened on first use; ConnectError once
+        this connection is closed."""
         with self._lock:
+            self._check_open()
             session = self._sessions.get(island)
             if session is None:
                 endpoint = self.islands.get(island)
@@ -103,6 +107,19 @@ class Cluster:
                     ) from None
                 self._sessions[island] = session
             return session
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (a ``with pw.connect(...)`` block ended)."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConnectError(
+                "this connection was closed (its 'with pw.connect(...)' block ended, or close() "
+                "was called): its islands freed its arrays; take results before closing, and "
+                "connect again for more work"
+            )
 
     def open_session(self, island: str) -> IslandClient | None:
         """The session with ``island`` if one is open (never opens one)."""
@@ -129,6 +146,7 @@ class Cluster:
         VirtualSlice, ``time_shared`` to
         share devices with other tenants' time-shared slices, waiting up to ``timeout`` for it
         to be bound). Raises ``SliceError`` with the reason when it cannot be bound."""
+        self._check_open()
         if devices is None and shape is None:
             if name is not None and name in self._bound:
                 return self._bound[name]
@@ -167,9 +185,7 @@ class Cluster:
         try:
             spec = SliceRequest.model_validate(size | where)
         except ValidationError as error:
-            first = error.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            raise SliceError(f"slice {name!r}: {field}: {first['msg']}") from None
+            raise SliceError(f"slice {name!r}: {problems_of(error, SliceRequest)[0]}") from None
         if self.api is not None:
             bound = self._bind_through_api(name, shape, spec.to_wire(), time_shared, timeout)
             self._bound[name] = bound
@@ -277,8 +293,12 @@ class Cluster:
     # -- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close every island session (queued work still runs; results are no longer fetched)."""
+        """Close every island session (queued work still runs; results are no longer fetched)
+        and refuse more work. Idempotent."""
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             sessions, self._sessions = list(self._sessions.values()), {}
         for session in sessions:
             session.close()
@@ -314,6 +334,11 @@ def connect(
     the ones the operator injects into a program's pod, ``PATHWAYS_API``, or
     ``PATHWAYS_ISLANDS``.
     """
+    if islands is not None and not isinstance(islands, Mapping):
+        raise TypeError(
+            f"islands must map island names to scheduler endpoints, such as "
+            f"{{'local': '127.0.0.1:8470'}} (got {type(islands).__name__})"
+        )
     env = os.environ
     if (
         state is not None

@@ -223,6 +223,12 @@ class ArrayFuture(Shaped):
                 f"the future of output of node {self.node!r} ({describe(self.aval)}) was "
                 "deleted; keep it alive while it is still used"
             )
+        if self.cluster.closed:
+            raise DeletedError(
+                f"the future of output of node {self.node!r} ({describe(self.aval)}) belongs "
+                "to a closed connection (its 'with pw.connect(...)' block ended): its island "
+                "freed it; take results before closing"
+            )
 
     def __repr__(self) -> str:
         state = "deleted" if self._deleted else ("ready" if self.ready() else "pending")

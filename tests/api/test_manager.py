@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 from unittest.mock import ANY
@@ -194,42 +195,65 @@ def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running)
 def test_a_program_made_again_under_a_deleted_ones_name_starts_with_nothing_of_it(
     running: Running,
 ) -> None:
-    """The Events (and traces and logs) of a deleted program were kept, and shown as the
-    Events of the next program of its name."""
+    """The Events (and traces) of a deleted program were shown as those of the next program of
+    its name, and its logs were kept for ever."""
     store = running.store
 
-    def events(name: str) -> list[str]:
-        found = asyncio.run(store.events("PathwaysProgram", "team", name, ""))
+    def events(uid: str) -> list[str]:
+        found = asyncio.run(store.events("PathwaysProgram", "team", "again", uid))
         return [event["reason"] for event in found]
 
     submit(store, "again", "print('first')")
     wait_for(lambda: phase(store, "PathwaysProgram", "again") == "Succeeded")
+    first = store.read("PathwaysProgram", "team", "again")["metadata"]["uid"]
     store.store_trace("team", "again", 1, [{"client": "again"}])
-    assert events("again")[-1] == "JobSucceeded"
+    assert events(first)[-1] == "JobSucceeded"
     log = store.log_path("team", "again-run-1")
     assert log.read_text() == "first\n"
     store.mark_deleting("PathwaysProgram", "team", "again")
     wait_for(lambda: store.read("PathwaysProgram", "team", "again") is None, what="deleted")
-    assert events("again") == [] and not log.exists()
-    assert asyncio.run(store.trace("team", "again")) == []
+    assert not log.exists() and asyncio.run(store.trace("team", "again")) == []
+    assert events(first)[-1] == "JobSucceeded"  # kept an hour, as an API server keeps them
     submit(store, "again", "print('second')")
     wait_for(lambda: phase(store, "PathwaysProgram", "again") == "Succeeded")
-    assert events("again").count("JobSucceeded") == 1 and log.read_text() == "second\n"
+    second = store.read("PathwaysProgram", "team", "again")["metadata"]["uid"]
+    assert events(second).count("JobSucceeded") == 1 and log.read_text() == "second\n"
 
 
-def test_an_objects_events_are_its_latest_two_hundred(tmp_path: Path) -> None:
+def test_events_are_an_objects_latest_two_hundred_and_of_gone_objects_an_hours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pathways_api.store as stores
+
     store = SqliteStore(tmp_path / "pathways.db")
-    target = ObjectRef("pathways.dev/v1alpha1", "PathwaysProgram", "busy", "team")
-    other = ObjectRef("pathways.dev/v1alpha1", "PathwaysProgram", "quiet", "team")
-    store.record_events([Event(other, "Normal", "Started", "once")])
+    for name in ("busy", "quiet", "gone"):
+        submit(store, name, "print(1)")
+    uid = {
+        name: store.read("PathwaysProgram", "team", name)["metadata"]["uid"]
+        for name in ("busy", "quiet", "gone")
+    }
+    ref = {
+        name: ObjectRef("pathways.dev/v1alpha1", "PathwaysProgram", name, "team", uid[name])
+        for name in uid
+    }
+    store.record_events([Event(ref["quiet"], "Normal", "Started", "once")])
+    store.record_events([Event(ref["gone"], "Normal", "Started", "once")])
     for batch in range(5):
         store.record_events(
-            [Event(target, "Warning", "Restarting", f"{batch}-{i}") for i in range(50)]
+            [Event(ref["busy"], "Warning", "Restarting", f"{batch}-{i}") for i in range(50)]
         )
-    kept = asyncio.run(store.events("PathwaysProgram", "team", "busy", ""))
+
+    def events(name: str) -> list[dict[str, Any]]:
+        return asyncio.run(store.events("PathwaysProgram", "team", name, uid[name]))
+
+    kept = events("busy")
     assert len(kept) == EVENTS_KEPT == 200
     assert kept[0]["message"] == "1-0" and kept[-1]["message"] == "4-49"
-    assert len(asyncio.run(store.events("PathwaysProgram", "team", "quiet", ""))) == 1
+    store.remove("PathwaysProgram", "team", "gone")
+    assert len(events("gone")) == 1  # an hour, not yet
+    monkeypatch.setattr(stores, "EVENTS_OF_GONE_OBJECTS_KEPT", timedelta(hours=-1))
+    store.remove("PathwaysProgram", "team", "never-was")  # any removal drops expired ones
+    assert events("gone") == [] and len(events("quiet")) == 1 and len(events("busy")) == 200
 
 
 def test_a_stopped_manager_keeps_bindings_and_fails_its_runs_as_lost(state: Path) -> None:
@@ -436,3 +460,23 @@ def test_a_run_keeps_its_output_up_to_the_limit_and_never_blocks(tmp_path: Path)
             check=True,
         )
     assert sorted(log.read_text().splitlines()) == ["err", "out"]  # stderr too, all of it
+
+
+def test_a_state_folder_from_before_events_had_uids_is_read(tmp_path: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "pathways.db") as db:
+        db.execute(
+            "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, "
+            "namespace TEXT NOT NULL, name TEXT NOT NULL, type TEXT NOT NULL, reason TEXT NOT "
+            "NULL, message TEXT NOT NULL, time TEXT NOT NULL)"
+        )
+        db.execute(
+            "INSERT INTO events VALUES (1, 'PathwaysProgram', 'team', 'old', 'Normal', "
+            "'Started', 'before', '2026-01-01T00:00:00Z')"
+        )
+    store = SqliteStore(tmp_path / "pathways.db")
+    ref = ObjectRef("pathways.dev/v1alpha1", "PathwaysProgram", "old", "team", "u-1")
+    store.record_events([Event(ref, "Normal", "Started", "after")])
+    found = asyncio.run(store.events("PathwaysProgram", "team", "old", "u-1"))
+    assert [event["message"] for event in found] == ["after"]  # not the uid-less one
