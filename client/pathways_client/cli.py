@@ -824,20 +824,29 @@ WATCH_POLL = 1.0
 
 
 @main.command()
-@click.argument("name", type=OBJECT_NAME)
+@click.argument("names", nargs=-1, required=True, type=OBJECT_NAME)
 @api_options
-def cancel(name: str, state: Path | None, api: str | None, token: str | None, tenant: str) -> None:
-    """Cancel a program: its run stops and its slices are released."""
+def cancel(
+    names: tuple[str, ...], state: Path | None, api: str | None, token: str | None, tenant: str
+) -> None:
+    """Cancel programs: their runs stop and their slices are released. Each NAME is tried;
+    exit 1 if one could not be cancelled."""
+    failed = False
     with _api(state, api, token, tenant) as client:
-        try:
-            client.cancel(name)
-        except ApiCallError as error:
-            _fail(error)
-    console.print(f"[green]✓[/] program [bold]{name}[/] cancelled")
+        for name in dict.fromkeys(names):
+            try:
+                client.cancel(name)
+            except ApiCallError as error:
+                errors.print(f"[red]✗[/] {escape(name)}: {escape(str(error))}")
+                failed = True
+                continue
+            console.print(f"[green]✓[/] program [bold]{escape(name)}[/] cancelled")
+    if failed:
+        sys.exit(1)
 
 
 @main.command()
-@click.argument("name", type=OBJECT_NAME)
+@click.argument("names", nargs=-1, required=True, type=OBJECT_NAME)
 @api_options
 @click.option(
     "--kind",
@@ -849,10 +858,10 @@ def cancel(name: str, state: Path | None, api: str | None, token: str | None, te
     "--wait/--no-wait",
     default=True,
     show_default=True,
-    help="Wait until the object is gone: what it held released (a run stopped, slices freed).",
+    help="Wait until the objects are gone: what they held released (runs stopped, slices freed).",
 )
 def delete(
-    name: str,
+    names: tuple[str, ...],
     state: Path | None,
     api: str | None,
     token: str | None,
@@ -860,23 +869,35 @@ def delete(
     kind: str,
     wait: bool,
 ) -> None:
-    """Delete a program (its run stops, its slices go) or a VirtualSlice; its name is free
-    again once it is gone."""
+    """Delete programs (their runs stop, their slices go) or VirtualSlices; a name is free
+    again once its object is gone. Each NAME is tried; exit 1 if one could not be deleted."""
+    noun = kind.rstrip("s")
+    failed = False
     with _api(state, api, token, tenant) as client:
+        deleting = []
+        for name in dict.fromkeys(names):  # all asked for first: they are released together
+            try:
+                client.delete(kind, name)
+                deleting.append(name)
+            except ApiCallError as error:
+                errors.print(f"[red]✗[/] {escape(name)}: {escape(str(error))}")
+                failed = True
+        deadline = time.monotonic() + DELETE_TIMEOUT
         try:
-            client.delete(kind, name)
-            deadline = time.monotonic() + DELETE_TIMEOUT
-            with console.status(f"deleting {name}"):
-                while wait and _exists(client, kind, name):
-                    if time.monotonic() > deadline:
-                        _fail(
-                            f"{name} is still being deleted after {DELETE_TIMEOUT:g} s (what "
-                            "it holds is being released); see it with 'pathways get'"
-                        )
-                    time.sleep(0.2)
+            with console.status(f"deleting {', '.join(deleting)}"):
+                for name in deleting:
+                    while wait and _exists(client, kind, name):
+                        if time.monotonic() > deadline:
+                            _fail(
+                                f"{name} is still being deleted after {DELETE_TIMEOUT:g} s "
+                                "(what it holds is being released); see it with 'pathways get'"
+                            )
+                        time.sleep(0.2)
+                    console.print(f"[green]✓[/] {noun} [bold]{escape(name)}[/] deleted")
         except ApiCallError as error:
             _fail(error)
-    console.print(f"[green]✓[/] {kind.rstrip('s')} [bold]{name}[/] deleted")
+    if failed:
+        sys.exit(1)
 
 
 DELETE_TIMEOUT = 120.0

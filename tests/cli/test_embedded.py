@@ -323,10 +323,18 @@ def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_wa
         follower.send_signal(signal.SIGINT)
     assert follower.wait(timeout=30) == 130
 
+    # Cancel and delete take several names, try each, and exit 1 if one failed.
+    cancelled = pathways("cancel", "noisy", "nobody", *at)
+    assert cancelled.exit_code == 1
+    assert "noisy: Conflict: program 'noisy' already failed" in cancelled.output
+    assert "nobody: NotFound" in cancelled.output
     # Deleted, a program and the slices made for it are gone, and its name is free again.
-    deleted = pathways("delete", "too-large", *at)
-    assert deleted.exit_code == 0 and "program too-large deleted" in deleted.output
-    assert "NotFound" in pathways("get", "too-large", *at).output
+    deleted = pathways("delete", "too-large", "nobody", "noisy", *at)
+    assert deleted.exit_code == 1 and "nobody: NotFound" in deleted.output
+    assert "program too-large deleted" in deleted.output
+    assert "program noisy deleted" in deleted.output
+    for name in ("too-large", "noisy"):
+        assert "NotFound" in pathways("get", name, *at).output
     slices = json.loads(pathways("get", "--kind", "virtualslices", *at, "-o", "json").output)
     assert "too-large-main" not in [item["metadata"]["name"] for item in slices]
     again = pathways("delete", "too-large", *at)
