@@ -374,6 +374,24 @@ def test_rbac_is_least_privilege_and_written_out(rendered) -> None:
         assert subjects[role]["namespace"] == "pathways-system"
 
 
+def test_users_roles_aggregate_pathways_kinds_into_edit_admin_and_view(rendered) -> None:
+    """Without them only cluster admins could use the kinds, and the REST API in kubernetes
+    mode (which asks whether a caller may create PathwaysPrograms) refused every tenant."""
+    run = rendered("values.yaml")
+    mine = ("pathwaysprograms virtualslices", "pathwaysprograms/status virtualslices/status")
+    assert rules_of(run, "-edit") == (
+        expand(PW, mine[0], WRITE) | expand(PW, f"islands {mine[1]}", READ)
+    )
+    assert rules_of(run, "-view") == expand(PW, f"{mine[0]} islands {mine[1]}", READ)
+    labels = {
+        name: run.one("ClusterRole", name)["metadata"]["labels"] for name in ("-edit", "-view")
+    }
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert labels["-edit"][aggregate + "edit"] == labels["-edit"][aggregate + "admin"] == "true"
+    assert labels["-view"][aggregate + "view"] == "true"
+    assert aggregate + "edit" not in labels["-view"]
+
+
 def test_optional_parts_are_off_by_default(rendered) -> None:
     run = rendered("values.yaml")
     assert not run.of_kind("Ingress") and not run.of_kind("ServiceMonitor")
@@ -382,7 +400,8 @@ def test_optional_parts_are_off_by_default(rendered) -> None:
     assert [d["metadata"]["name"] for d in without_api.of_kind("Deployment")] == [
         "pw-pathways-operator"
     ]
-    assert len(without_api.of_kind("ClusterRole")) == 1
+    roles = [d["metadata"]["name"] for d in without_api.of_kind("ClusterRole")]
+    assert sorted(roles) == ["pw-pathways-edit", "pw-pathways-operator", "pw-pathways-view"]
 
 
 # --- the IFRT proxy ----------------------------------------------------------------------------
