@@ -95,11 +95,7 @@ def changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[d
     resourceVersion), in their order; then those of ``before`` gone from ``after``, each with
     its phase set to Deleted."""
     versions = {_key(d): d["metadata"].get("resourceVersion") for d in before}
-    changed = [
-        d
-        for d in after
-        if _key(d) not in versions or versions[_key(d)] != d["metadata"].get("resourceVersion")
-    ]
+    changed = [d for d in after if versions.get(_key(d)) != d["metadata"]["resourceVersion"]]
     present = {_key(d) for d in after}
     deleted = [
         {**d, "status": {**(d.get("status") or {}), "phase": "Deleted"}}
