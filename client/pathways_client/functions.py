@@ -32,6 +32,8 @@ class CompiledFunction:
         axes: Sequence[str] | None = None,
         input_specs: Sequence[Any] | None = None,
         name: str | None = None,
+        static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = (),
     ) -> None:
         if not callable(fun):
             raise TypeError(f"pw.function places a callable (got {type(fun).__name__})")
@@ -44,6 +46,9 @@ class CompiledFunction:
         self._in_shardings = in_shardings
         self._out_shardings = out_shardings
         self._parameters = _parameter_names(fun)
+        self._static_positions, self._static_names = self._statics(static_argnums, static_argnames)
+        if input_specs is not None and (self._static_positions or self._static_names):
+            raise TypeError("give input_specs or static arguments, not both")
         self._fixed = None
         if input_specs is not None:
             self._fixed = [
@@ -54,20 +59,44 @@ class CompiledFunction:
 
     # -- compiling ---------------------------------------------------------------------------
 
+    def _statics(
+        self, numbers: int | Sequence[int], names: str | Sequence[str]
+    ) -> tuple[frozenset[int], frozenset[str]]:
+        """The static arguments' positions and names, each completed from the other through
+        the signature, as ``jax.jit`` does."""
+        numbers = (numbers,) if isinstance(numbers, int) else tuple(numbers)
+        names = (names,) if isinstance(names, str) else tuple(names)
+        if not all(isinstance(n, int) and n >= 0 for n in numbers):
+            raise TypeError(f"static_argnums: expected positions >= 0 (got {numbers})")
+        positions = {*numbers, *(self._parameters.index(n) for n in names if n in self._parameters)}
+        named = {*names, *(self._parameters[n] for n in numbers if n < len(self._parameters))}
+        return frozenset(positions), frozenset(named)
+
     def specialize(self, *avals: Any, **keyword_avals: Any) -> Specialized:
         """The function exported for arguments of these shapes and dtypes (pytrees of
         ``jax.ShapeDtypeStruct``, by position and by keyword); cached."""
+        return self._specialize(avals, keyword_avals, ())
+
+    def _specialize(
+        self, avals: tuple[Any, ...], keyword_avals: dict[str, Any], statics: Statics
+    ) -> Specialized:
+        """:meth:`specialize`, the static arguments' values put back in their places."""
         leaves, tree = jax.tree.flatten((avals, keyword_avals))
-        key = (tree, tuple((tuple(a.shape), np.dtype(a.dtype)) for a in leaves))
+        key = (tree, tuple((tuple(a.shape), np.dtype(a.dtype)) for a in leaves), statics)
         cached = self._specialized.get(key)
         if cached is not None:
             return cached
+
+        def fun(*positional: Any, **keywords: Any) -> Any:
+            positional, keywords = _with_statics(positional, keywords, statics)
+            return self.fun(*positional, **keywords)
+
         # Executors call functions with flat lists of arrays: export a flat view of the
         # function, and keep the user's argument and result structure here.
         try:
-            outputs = jax.eval_shape(self.fun, *avals, **keyword_avals)
+            outputs = jax.eval_shape(fun, *avals, **keyword_avals)
         except Exception as error:
-            raise self._uncompilable(avals, keyword_avals, error) from error
+            raise self._uncompilable(avals, keyword_avals, error, statics) from error
         out_tree = jax.tree.structure(outputs)
         for leaf in jax.tree.leaves(outputs):
             if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
@@ -79,7 +108,7 @@ class CompiledFunction:
 
         def flat(*arguments: Any) -> tuple[Any, ...]:
             positional, keywords = jax.tree.unflatten(tree, arguments)
-            return tuple(jax.tree.leaves(self.fun(*positional, **keywords)))
+            return tuple(jax.tree.leaves(fun(*positional, **keywords)))
 
         if self.slice.size == 1:
             jitted = jax.jit(flat)
@@ -103,7 +132,7 @@ class CompiledFunction:
         try:
             exported = jax.export.export(jitted)(*leaves)
         except ValueError as error:  # shardings that do not fit the arguments' ranks
-            raise self._uncompilable(avals, keyword_avals, error) from error
+            raise self._uncompilable(avals, keyword_avals, error, statics) from error
         specialized = Specialized(
             name=self.name,
             artifact=bytes(exported.serialize()),
@@ -117,12 +146,21 @@ class CompiledFunction:
         return specialized
 
     def _uncompilable(
-        self, avals: tuple[Any, ...], keyword_avals: dict[str, Any], error: Exception
+        self,
+        avals: tuple[Any, ...],
+        keyword_avals: dict[str, Any],
+        error: Exception,
+        statics: Statics,
     ) -> TypeError:
         first_line = str(error).split("\n", 1)[0]  # JAX appends advice on its tracebacks
+        if isinstance(error, jax.errors.ConcretizationTypeError):
+            first_line += (
+                " (an argument the function uses as a Python value, in an if or a shape, must "
+                "be static: pw.function(..., static_argnames=(...)))"
+            )
+        arguments = self._describe_arguments(*_with_statics(avals, keyword_avals, statics))
         return TypeError(
-            f"function {self.name!r} cannot be compiled for arguments "
-            f"{self._describe_arguments(avals, keyword_avals)}: {first_line}"
+            f"function {self.name!r} cannot be compiled for arguments {arguments}: {first_line}"
         )
 
     def _flat_shardings(self, given: Any, values: Any) -> tuple[NamedSharding, ...]:
@@ -162,10 +200,13 @@ class CompiledFunction:
 
         if kwargs:
             args, kwargs = self._bind(args, kwargs)
+        statics: Statics = ()
+        if self._static_positions or self._static_names:
+            args, kwargs, statics = self._split_statics(args, kwargs)
         avals = tuple(jax.tree.map(self._aval, arg) for arg in args)
         keyword_avals = {name: jax.tree.map(self._aval, arg) for name, arg in kwargs.items()}
         self._check_fixed(avals, keyword_avals)
-        specialized = self.specialize(*avals, **keyword_avals)
+        specialized = self._specialize(avals, keyword_avals, statics)
         leaves = jax.tree.leaves((args, kwargs))
         trace = active_trace()
         if trace is not None:
@@ -193,6 +234,30 @@ class CompiledFunction:
         except ValueError:  # no signature to read (a builtin): as given
             return args, kwargs
         return bound.args, bound.kwargs
+
+    def _split_statics(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any], Statics]:
+        """The arguments without their static ones (``None``, an empty pytree, in their
+        places), and the static ones by position or name: part of what is compiled."""
+        statics: list[tuple[int | str, Any]] = [
+            (position, args[position])
+            for position in sorted(self._static_positions)
+            if position < len(args)
+        ]
+        statics += [(name, kwargs[name]) for name in sorted(self._static_names) if name in kwargs]
+        for where, value in statics:
+            try:
+                hash(value)
+            except TypeError:
+                label = self._label(where) if isinstance(where, int) else f"argument {where!r}"
+                raise TypeError(
+                    f"{label} of function {self.name!r} is static, so it must be hashable "
+                    f"(got {type(value).__name__}; a tuple for a list)"
+                ) from None
+        dynamic = tuple(None if i in self._static_positions else a for i, a in enumerate(args))
+        others = {name: value for name, value in kwargs.items() if name not in self._static_names}
+        return dynamic, others, tuple(statics)
 
     def _aval(self, value: Any) -> jax.ShapeDtypeStruct:
         if isinstance(value, ArrayFuture):
@@ -250,7 +315,7 @@ class CompiledFunction:
         names = [*self._parameters, *(str(i) for i in range(len(self._parameters), len(avals)))]
         named = [*zip(names, avals, strict=False), *sorted(keyword_avals.items())]
         return ", ".join(
-            f"{name}=" + ", ".join(describe(leaf) for leaf in jax.tree.leaves(aval))
+            f"{name}=" + ", ".join(map(_describe_leaf, jax.tree.leaves(aval)))
             for name, aval in named
         )
 
@@ -267,6 +332,8 @@ def function(
     axes: Sequence[str] | None = None,
     input_specs: Sequence[Any] | None = None,
     name: str | None = None,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
 ) -> Any:
     """Place a JAX function on ``slice``.
 
@@ -274,6 +341,8 @@ def function(
     ``y``, ... or ``axes``), one per argument or one for all, as with ``jax.jit``; unspecified
     is replicated. ``input_specs`` (``jax.ShapeDtypeStruct`` pytrees, one per argument) fixes
     the signature: calls with other shapes or dtypes raise before anything is dispatched.
+    ``static_argnums`` / ``static_argnames`` name arguments passed as Python values, not
+    arrays, as with ``jax.jit``: each distinct (hashable) value compiles the function anew.
     """
 
     def wrap(target: Callable[..., Any]) -> CompiledFunction:
@@ -285,9 +354,35 @@ def function(
             axes=axes,
             input_specs=input_specs,
             name=name,
+            static_argnums=static_argnums,
+            static_argnames=static_argnames,
         )
 
     return wrap if fun is None else wrap(fun)
+
+
+Statics = tuple[tuple[int | str, Any], ...]
+"""Static arguments' values, each with its position or name."""
+
+
+def _with_statics(
+    args: tuple[Any, ...], kwargs: dict[str, Any], statics: Statics
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments with the static ones back in their places."""
+    if not statics:
+        return args, kwargs
+    positional, keywords = list(args), dict(kwargs)
+    for where, value in statics:
+        if isinstance(where, int):
+            positional[where] = value
+        else:
+            keywords[where] = value
+    return tuple(positional), keywords
+
+
+def _describe_leaf(leaf: Any) -> str:
+    """``float32[2, 3]`` for an array's shape, the value of a static argument."""
+    return describe(leaf) if isinstance(leaf, jax.ShapeDtypeStruct) else repr(leaf)
 
 
 def _is_spec(value: Any) -> bool:

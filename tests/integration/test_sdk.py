@@ -95,6 +95,38 @@ def test_keyword_arguments_are_passed_as_jax_jit_takes_them(cluster: pw.Cluster)
         np.testing.assert_allclose(twice(ones).result(), np.full(4, 3.0))
 
 
+def test_static_arguments_are_python_values_compiled_in_as_jax_jit_has_them(
+    cluster: pw.Cluster,
+) -> None:
+    with cluster.slice(devices=2) as devices:
+        ones = np.ones(4, np.float32)
+
+        def layer(x, training, rate=0.5):
+            return x * rate if training else x
+
+        with pytest.raises(TypeError, match=r"training=bool\[\]: .*must be static"):
+            pw.function(layer, slice=devices)(ones, True)
+        dropout = pw.function(layer, slice=devices, static_argnames="training", name="dropout")
+        np.testing.assert_allclose(dropout(ones, training=True).result(), ones * 0.5)
+        np.testing.assert_allclose(dropout(ones, False).result(), ones)  # by position too
+        dropout(ones, training=True).wait()
+        assert len(dropout._specialized) == 2  # one compiled function per static value
+        tile = pw.function(lambda x, n: jnp.tile(x, n), slice=devices, static_argnums=1)
+        assert tile(ones, 3).result().shape == (12,)
+        with pytest.raises(TypeError, match=r"argument 'n' \(position 1\) .* must be hashable"):
+            tile(ones, [3])
+        with pytest.raises(TypeError, match=r"arguments x=float32\[4\], n=5: "):
+            pw.function(lambda x, n: x.reshape(n), slice=devices, static_argnums=1)(ones, 5)
+
+        @pw.program
+        def twice(v):
+            return dropout(dropout(v, training=True), training=False)
+
+        np.testing.assert_allclose(twice(ones).result(), ones * 0.5)
+        with pytest.raises(TypeError, match=r"input_specs or static arguments, not both"):
+            pw.function(layer, slice=devices, static_argnums=1, input_specs=[ones])
+
+
 def test_typed_prng_keys_are_refused_saying_how_to_send_them(cluster: pw.Cluster) -> None:
     """Sent, a ``jax.random.key`` failed in numpy; returned, on the executor."""
     with cluster.slice(devices=1) as one:
