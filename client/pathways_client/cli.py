@@ -727,6 +727,13 @@ KINDS = ["programs", "virtualslices", "islands"]
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table")
 @click.option("--events", is_flag=True, help="Also print a program's Events.")
 @click.option(
+    "-l",
+    "--selector",
+    default=None,
+    help="List only objects with these labels: key=value,key2=value2.",
+)
+@click.option("--phase", default=None, help="List only objects in this phase (Running, ...).")
+@click.option(
     "-w",
     "--watch",
     is_flag=True,
@@ -742,12 +749,17 @@ def get(
     kind: str,
     output: str,
     events: bool,
+    selector: str | None,
+    phase: str | None,
     watch: bool,
 ) -> None:
     """List objects, or show one (NAME)."""
+    if name and (selector or phase):
+        raise click.UsageError("--selector and --phase filter a list: give them without NAME")
+    filters = {"labelSelector": selector, "phase": phase}
     with _api(state, api, token, tenant) as client:
         try:
-            found = client.get(kind, name) if name else client.list(kind)
+            found = client.get(kind, name) if name else client.list(kind, **filters)
             happened = client.events(name) if name and events and kind == "programs" else []
         except ApiCallError as error:
             plural = f"{name}s" if f"{name}s" in KINDS else name
@@ -770,13 +782,15 @@ def get(
                 markup=False,
             )
         if watch:
-            _watch(client, kind, name, [found] if name else found, output, columns)
+            shown = [found] if name else found
+            _watch(client, kind, name, filters, shown, output, columns)
 
 
 def _watch(
     client: ApiClient,
     kind: str,
     name: str | None,
+    filters: dict[str, str | None],
     shown: list[dict[str, Any]],
     output: str,
     columns: tuple[str, ...],
@@ -784,7 +798,7 @@ def _watch(
     """``get --watch``: look again every WATCH_POLL seconds and print each object changed
     since (a new resourceVersion) as a row, a JSON line or a YAML document; a deleted one with
     phase Deleted. Ends at Ctrl-C (exit 130), or when the one object watched is deleted."""
-    from pathways_client.watch import changes
+    from pathways_client.watch import changes, phase_of
 
     if output == "table":
         click.echo(_watch_line(tuple(column.upper() for column in columns)))
@@ -793,12 +807,15 @@ def _watch(
         while True:
             time.sleep(WATCH_POLL)
             try:
-                current = [client.get(kind, name)] if name else client.list(kind)
+                current = [client.get(kind, name)] if name else client.list(kind, **filters)
             except ApiCallError as error:
                 if not (name and error.code == "NotFound"):
                     _fail(error)
                 current = []
             for document in changes(known, current):
+                if any(filters.values()) and phase_of(document) == "Deleted":
+                    # Gone from a filtered list: deleted, or no longer matching the filter.
+                    document = _get_or_none(client, kind, document["metadata"]["name"]) or document
                 if output == "table":
                     click.echo(_watch_line(_cells(document)))
                 elif output == "json":
@@ -906,13 +923,17 @@ DELETE_TIMEOUT = 120.0
 
 def _exists(client: ApiClient, kind: str, name: str) -> bool:
     """Whether the API still has the object (one being deleted is still there)."""
+    return _get_or_none(client, kind, name) is not None
+
+
+def _get_or_none(client: ApiClient, kind: str, name: str) -> dict[str, Any] | None:
+    """The object as the API has it now; None once it is gone."""
     try:
-        client.get(kind, name)
+        return client.get(kind, name)
     except ApiCallError as error:
         if error.code == "NotFound":
-            return False
+            return None
         raise
-    return True
 
 
 @main.command()

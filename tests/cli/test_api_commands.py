@@ -36,6 +36,12 @@ def test_a_name_no_object_can_have_is_refused_before_calling_the_api(
     assert "cannot name an object: names are lowercase letters" in result.output
 
 
+def test_get_filters_a_list_not_one_object(pathways) -> None:
+    result = pathways("get", "p", "--phase", "Running", "--api", "http://127.0.0.1:9")
+    assert result.exit_code == 2
+    assert "--selector and --phase filter a list: give them without NAME" in result.output
+
+
 def test_down_without_a_cluster(pathways, tmp_path: Path) -> None:
     result = pathways("down", "--state", str(tmp_path))
     assert result.exit_code == 0 and "no embedded cluster is running" in result.output

@@ -420,9 +420,10 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     manifest.write_text(TICKER)
     command = [sys.executable, "-m", "pathways_client", "get", *at, "--watch"]
     watcher = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    running = subprocess.Popen([*command, "--phase", "Running"], stdout=subprocess.PIPE, text=True)
     assert pathways("submit", str(manifest), *at).exit_code == 0
     one = subprocess.Popen([*command, "ticker", "-o", "json"], stdout=subprocess.PIPE, text=True)
-    for process in (watcher, one):  # a watch that hangs ends the lines the test reads
+    for process in (watcher, running, one):  # a watch that hangs ends the lines read from it
         deadline = threading.Timer(120, process.kill)
         deadline.daemon = True
         deadline.start()
@@ -447,9 +448,18 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     # `get --watch` prints an object again each time it changes: a row, or a JSON line. The
     # watch of one object ends when it is deleted; the watch of a list at Ctrl-C. (They look
     # every second: the test deletes the program once both have seen it succeed.)
-    assert watcher.stdout is not None and one.stdout is not None
+    assert watcher.stdout is not None and one.stdout is not None and running.stdout is not None
     rows = _lines_until(watcher.stdout, lambda line: "ticker" in line and "Succeeded" in line)
     documents = _lines_until(one.stdout, lambda line: '"phase": "Succeeded"' in line)
+    # Filtered, a list shows an object that leaves it as it is now, not as deleted.
+    ended = (["ticker", "Succeeded"], ["ticker", "Deleted"])
+    left = _lines_until(running.stdout, lambda line: line.split()[:2] in ended)
+    assert left[-1].split()[:2] == ["ticker", "Succeeded"], left
+    running.send_signal(signal.SIGINT)
+    assert running.wait(timeout=30) == 130
+    listed = pathways("get", *at, "--phase", "Succeeded", "-o", "json").output
+    assert [item["metadata"]["name"] for item in json.loads(listed)] == ["ticker"]
+    assert json.loads(pathways("get", *at, "-l", "team=none", "-o", "json").output) == []
     assert pathways("delete", "ticker", *at).exit_code == 0
     rows += _lines_until(watcher.stdout, lambda line: "ticker" in line and "Deleted" in line)
     watcher.send_signal(signal.SIGINT)
