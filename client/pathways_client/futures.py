@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import jax
@@ -99,26 +99,49 @@ class Shaped:
         return np.dtype(self.aval.dtype)
 
 
-def _on_the_island(what: str) -> Callable[..., Any]:
-    def refuse(self: ArrayFuture, *_: Any, **__: Any) -> Any:
-        raise TypeError(
-            f"{what} of {self!r}: the array is on its island, so compute with it in a "
-            "pw.function call, or take its value with .result() first"
-        )
+HOST_OPERATIONS: dict[str, tuple[str, ...]] = {
+    "arithmetic": (
+        *("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__"),
+        *("__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__"),
+        *("__matmul__", "__rmatmul__", "__pow__", "__neg__", "__abs__"),
+    ),
+    "indexing": ("__getitem__",),
+}
+"""Python's operations on an array, by what they are: a value the islands hold refuses them."""
 
-    return refuse
+S = TypeVar("S", bound=type)
 
 
+def refuses_host_operations(
+    explanation: str, operations: dict[str, tuple[str, ...]] = HOST_OPERATIONS
+) -> Callable[[S], S]:
+    """A class decorator: each of ``operations`` on an instance raises TypeError naming it
+    and the instance, then ``explanation`` (what to do instead)."""
+
+    def refusal(what: str) -> Callable[..., Any]:
+        def refuse(self: Any, *_: Any, **__: Any) -> Any:
+            raise TypeError(f"{what} of {self!r}{explanation}")
+
+        return refuse
+
+    def decorate(cls: S) -> S:
+        for what, names in operations.items():
+            for name in names:
+                setattr(cls, name, refusal(what))
+        return cls
+
+    return decorate
+
+
+@refuses_host_operations(
+    ": the array is on its island, so compute with it in a pw.function call, or take its "
+    "value with .result() first"
+)
 class ArrayFuture(Shaped):
     """An array that is, or will be, computed on ``slice``: output ``output`` of ``node``.
 
     As with a ``jax.Array``, ``np.asarray``, ``float`` and ``int`` fetch its value (waiting for
     it); arithmetic and indexing are refused, saying to compute in a ``pw.function``."""
-
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _on_the_island("arithmetic")
-    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _on_the_island("arithmetic")
-    __matmul__ = __rmatmul__ = __pow__ = __neg__ = __abs__ = _on_the_island("arithmetic")
-    __getitem__ = _on_the_island("indexing")
 
     def __init__(
         self,

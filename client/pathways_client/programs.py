@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from pathways_client.errors import NodeFailed
 from pathways_client.functions import CompiledFunction
 from pathways_client.futures import (
+    HOST_OPERATIONS,
     ArrayFuture,
     Shaped,
     Specialized,
@@ -32,6 +33,7 @@ from pathways_client.futures import (
     describe,
     function_id_on,
     put,
+    refuses_host_operations,
 )
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.slices import Slice
@@ -55,29 +57,20 @@ def active_trace() -> Trace | None:
     return _ACTIVE.get()
 
 
-def _host_operation(what: str) -> Callable[..., Any]:
-    def refuse(self: Traced, *_: Any, **__: Any) -> Any:
-        raise TypeError(
-            f"{what} of {self!r} inside a @pw.program: the program's values are arrays the "
-            "islands will compute, so compute with them in pw.function calls (and with their "
-            "results after the program returns)"
-        )
-
-    return refuse
-
-
+# Python on such a value cannot be traced into the graph: say what to do instead.
+@refuses_host_operations(
+    " inside a @pw.program: the program's values are arrays the islands will compute, so "
+    "compute with them in pw.function calls (and with their results after the program returns)",
+    {
+        **HOST_OPERATIONS,
+        "a truth test": ("__bool__",),
+        "the host value": ("__array__", "__float__", "__int__"),
+    },
+)
 class Traced(Shaped):
     """A value inside a program being traced: an argument, or a node's output."""
 
     __slots__ = ("aval", "ref", "slice")
-
-    # Python on such a value cannot be traced into the graph: say what to do instead.
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _host_operation("arithmetic")
-    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _host_operation("arithmetic")
-    __matmul__ = __rmatmul__ = __pow__ = __neg__ = __abs__ = _host_operation("arithmetic")
-    __getitem__ = _host_operation("indexing")
-    __bool__ = _host_operation("a truth test")
-    __array__ = __float__ = __int__ = _host_operation("the host value")
 
     def __init__(self, ref: Ref, aval: jax.ShapeDtypeStruct, slice: Slice | None) -> None:
         self.ref = ref
