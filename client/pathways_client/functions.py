@@ -45,7 +45,8 @@ class CompiledFunction:
         self.mesh = slice.mesh(tuple(axes) if axes else None)
         self._in_shardings = in_shardings
         self._out_shardings = out_shardings
-        self._parameters = _parameter_names(fun)
+        self._signature = _signature(fun)  # read once: keyword calls bind through it
+        self._parameters = _parameter_names(self._signature)
         self._static_positions, self._static_names = self._statics(static_argnums, static_argnames)
         if input_specs is not None and (self._static_positions or self._static_names):
             raise TypeError("give input_specs or static arguments, not both")
@@ -227,12 +228,12 @@ class CompiledFunction:
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Keyword arguments of positional parameters become positional, as a call by
         position compiles (and is cached) the same; the rest stay keywords."""
+        if self._signature is None:  # no signature to read (a builtin): as given
+            return args, kwargs
         try:
-            bound = inspect.signature(self.fun).bind(*args, **kwargs)
+            bound = self._signature.bind(*args, **kwargs)
         except TypeError as error:
             raise TypeError(f"function {self.name!r}: {error}") from None
-        except ValueError:  # no signature to read (a builtin): as given
-            return args, kwargs
         return bound.args, bound.kwargs
 
     def _split_statics(
@@ -390,12 +391,18 @@ def _is_spec(value: Any) -> bool:
     return value is None or isinstance(value, PartitionSpec | NamedSharding)
 
 
-def _parameter_names(fun: Callable[..., Any]) -> list[str]:
+def _signature(fun: Callable[..., Any]) -> inspect.Signature | None:
     try:
-        return [
-            p.name
-            for p in inspect.signature(fun).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
+        return inspect.signature(fun)
     except (TypeError, ValueError):
+        return None
+
+
+def _parameter_names(signature: inspect.Signature | None) -> list[str]:
+    if signature is None:
         return []
+    return [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
