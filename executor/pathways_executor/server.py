@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from pathways_core.wire import EXECUTOR, pb
-from pathways_core.wire.arrays import Assembly, from_chunks, numeric_dtype, region_chunks
+from pathways_core.wire.arrays import Assembly, Chunk, from_chunks, numeric_dtype, region_chunks
 from pathways_core.wire.streams import CONTROL_TOKEN_ENV
 from pathways_executor.arrays import local_regions
 from pathways_executor.buffers import BufferError
@@ -228,7 +228,7 @@ def _not_yet(error: BufferError, buffer_id: str) -> bool:
     )
 
 
-def _checked_upload(chunks: Iterable[pb.ArrayChunk]) -> Iterator[pb.ArrayChunk]:
+def _checked_upload(chunks: Iterable[Chunk]) -> Iterator[Chunk]:
     """An upload's chunks, refused (``ValueError`` naming the field) as soon as they describe
     something other than one whole array whose bytes match its dtype and shape, so that no
     memory is set aside for sizes the bytes sent do not back."""

@@ -12,7 +12,7 @@ from proxy_harness import (
     start_proxy,
     stop_proxy,
 )
-from raw_client import RawSession, get_version
+from raw_client import P, RawSession, get_version
 
 
 def test_stock_jax_sees_the_proxy_devices(proxy: ProxyProcess) -> None:
@@ -94,6 +94,20 @@ def test_host_buffers_store_lookup_delete(proxy: ProxyProcess) -> None:
             session.store(9, b"abc", size=10)
         assert short.value.code() == grpc.StatusCode.DATA_LOSS
         assert "expected buffer_size 10 bytes but got 3" in short.value.details()
+        with pytest.raises(grpc.RpcError) as long:
+            session.store(9, b"abcdef", size=4, chunk=3)
+        assert long.value.code() == grpc.StatusCode.DATA_LOSS
+        assert "expected buffer_size 4 bytes but got more (6 so far)" in long.value.details()
+        with pytest.raises(grpc.RpcError) as negative:
+            session.store(9, b"", size=-1)
+        assert negative.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "buffer_size -1 is negative" in negative.value.details()
+        with pytest.raises(grpc.RpcError) as huge:
+            session.store(9, b"abc", size=1 << 62)
+        assert huge.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "does not fit in the proxy's memory" in huge.value.details()
+        session.store(9, b"abc")  # none of the refused stores kept the handle
+        assert session.lookup(9) == [b"abc"]
         with pytest.raises(grpc.RpcError) as twice:
             session.store(8, b"x")
         assert twice.value.code() == grpc.StatusCode.ALREADY_EXISTS
@@ -109,5 +123,12 @@ def test_host_buffers_store_lookup_delete(proxy: ProxyProcess) -> None:
             guess.lookup(8)
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
         assert str(guess.session_id) not in unknown.value.details()
+        # Nor do the proxy's logs show an id, not even of a request that failed.
+        unknown_array = P.CopyToHostBufferRequest(array_handle=999, host_buffer_handle=5)
+        failed = session.call("copy_to_host_buffer_request", unknown_array)
+        assert failed.response_metadata.status.code != 0
+        output = "".join(proxy.lines)
+        assert "copy_to_host_buffer_request (op" in output
+        assert str(init.session_id) not in output and str(second) not in output
         other.close()
         session.close()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
-from pathways_core.wire import arrays
+from pathways_core.wire import arrays, pb
 from pathways_core.wire.arrays import Assembly, from_chunks, region_chunks, to_chunks
+from pathways_core.wire.fields import append_bytes_field, split_bytes_field
 
 
 @pytest.mark.parametrize(
@@ -46,11 +48,11 @@ def test_regions_from_several_holders_assemble_the_array() -> None:
 
 def test_truncated_or_inconsistent_streams_are_refused() -> None:
     chunks = list(to_chunks("c/b", np.arange(8, dtype=np.float32)))
-    chunks[0].total_bytes += 4
+    chunks[0].header.total_bytes += 4
     with pytest.raises(ValueError, match="ended after 32 of 36 bytes"):
         from_chunks(chunks)
     bad = list(to_chunks("c/b", np.arange(8, dtype=np.float32)))
-    bad[0].dtype = "float99"
+    bad[0].header.dtype = "float99"
     with pytest.raises(ValueError, match="unknown dtype 'float99'"):
         from_chunks(bad)
     with pytest.raises(ValueError, match="does not cover the whole array"):
@@ -58,8 +60,6 @@ def test_truncated_or_inconsistent_streams_are_refused() -> None:
 
 
 def test_only_dtypes_devices_hold_are_numeric() -> None:
-    import ml_dtypes
-
     for spelled in ("float32", "int8", "bool", "complex64", np.dtype(ml_dtypes.bfloat16)):
         assert arrays.numeric_dtype(spelled) == np.dtype(spelled)
     for spelled, why in (
@@ -73,3 +73,56 @@ def test_only_dtypes_devices_hold_are_numeric() -> None:
     ):
         with pytest.raises(ValueError, match=why):
             arrays.numeric_dtype(spelled)
+
+
+def test_chunks_on_the_wire_are_arraychunk_messages_with_their_data_not_copied() -> None:
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    (chunk,) = to_chunks("c/b", array)
+    assert np.shares_memory(np.frombuffer(chunk.data, np.uint8), array)  # a view, not a copy
+    wire = arrays.ChunkCodec.SerializeToString(chunk)
+    # What the codec writes, protobuf reads as the whole message, and the other way round.
+    message = pb.ArrayChunk.FromString(wire)
+    assert message.data == array.tobytes() and message.begin and list(message.shape) == [3, 4]
+    received = arrays.ChunkCodec.FromString(message.SerializeToString())
+    assert received.header.data == b"" and received.buffer_id == "c/b"
+    assert bytes(received.data) == array.tobytes()
+    # Plain messages (what a hostile test sends) are serialized as protobuf does.
+    plain = pb.ArrayChunk(buffer_id="x", data=b"abc")
+    assert arrays.ChunkCodec.SerializeToString(plain) == plain.SerializeToString()
+    _, back = from_chunks(
+        arrays.ChunkCodec.FromString(arrays.ChunkCodec.SerializeToString(c))
+        for c in to_chunks("c/b", array)
+    )
+    np.testing.assert_array_equal(back, array)
+    assert back.ctypes.data % arrays.DEVICE_ALIGNMENT == 0  # JAX's CPU devices take it as is
+
+
+@pytest.mark.parametrize("shape", [(), (0, 3), (5, 7), 9])
+def test_aligned_arrays(shape: tuple[int, ...] | int) -> None:
+    for dtype in (np.float32, np.bool_, np.complex64, np.int8, np.dtype(ml_dtypes.bfloat16)):
+        array = arrays.aligned_empty(shape, dtype)
+        assert array.shape == (shape if isinstance(shape, tuple) else (shape,))
+        assert array.dtype == dtype
+        assert array.size == 0 or array.ctypes.data % arrays.DEVICE_ALIGNMENT == 0
+        array[...] = 1
+
+
+def test_bytes_fields_are_split_and_appended_as_protobuf_parses_them() -> None:
+    message = pb.ArrayChunk(buffer_id="b", shape=[2, 3], total_bytes=6, data=b"xyz", begin=True)
+    wire = message.SerializeToString()
+    rest, data = split_bytes_field(wire, 5)
+    assert bytes(data) == b"xyz"
+    without = pb.ArrayChunk.FromString(rest)
+    assert without.data == b"" and list(without.shape) == [2, 3] and without.begin
+    assert pb.ArrayChunk.FromString(append_bytes_field(rest, 5, data)) == message
+    # The last occurrence wins, as in protobuf; fields of every wire type are skipped.
+    twice = append_bytes_field(wire, 5, b"second")
+    assert pb.ArrayChunk.FromString(twice).data == b"second"
+    rest, data = split_bytes_field(twice, 5)
+    assert bytes(data) == b"second" and pb.ArrayChunk.FromString(rest).data == b""
+    fixed = pb.ArrayRequest(buffer_id="b", timeout_seconds=2.5).SerializeToString()
+    assert split_bytes_field(fixed, 5) == (fixed, memoryview(b""))
+    assert append_bytes_field(b"", 1, b"") == b""
+    for malformed in (b"\x0a\x05ab", b"\x0a", b"\xff", b"\x0b", b"\x2a\x80"):
+        with pytest.raises(ValueError):
+            split_bytes_field(malformed, 5)

@@ -320,7 +320,8 @@ class ArraySession(SessionState):
 
     def _reader(self, array: ArrayEntry) -> Callable[[], np.ndarray]:
         """A function returning the value of ``array`` on the host, once computed; called on a
-        worker thread, it reads what ``array`` holds now (a later delete does not change it)."""
+        worker thread, it reads what ``array`` holds now (a later delete does not change it).
+        Nothing may write to the value it returns: host buffers are made as views of it."""
         raise NotImplementedError
 
     def _when_ready(self, arrays: list[ArrayEntry], response: Callable[[], Any]) -> Future:

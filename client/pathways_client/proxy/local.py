@@ -191,7 +191,9 @@ class LocalSession(ArraySession):
 
     def _reader(self, array: _Array) -> Callable[[], np.ndarray]:
         value = array.value
-        return lambda: np.asarray(value)
+        # A copy: on CPU devices np.asarray is a view of the device buffer, which the client may
+        # delete or donate while its host buffer is kept.
+        return lambda: np.array(value)
 
     def _when_ready(self, arrays: list[_Array], response: Callable[[], Any]) -> Future:
         import jax

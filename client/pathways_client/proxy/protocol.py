@@ -29,6 +29,8 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from pathways_core.wire.fields import encode_varint, varint
+
 #: The file holding the service and the request/response messages.
 SERVICE_FILE = "xla/python/ifrt_proxy/common/grpc_ifrt_service.proto"
 #: The gRPC service's full name: methods are ``/xla.ifrt.proxy.GrpcIfrtService/<Method>``.
@@ -58,41 +60,16 @@ class ProtocolUnavailable(RuntimeError):
     """The installed jaxlib does not carry the IFRT proxy protocol (or it could not be read)."""
 
 
-def _varint(data: bytes | mmap.mmap, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return result, pos
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
-
-
 def _record_end(data: bytes | mmap.mmap, start: int) -> int:
     """Where the serialized FileDescriptorProto starting at ``start`` ends (see module doc)."""
     pos, last = start, 0
     while pos < len(data):
         try:
-            tag, after = _varint(data, pos)
+            tag, after = varint(data, pos)
             field, wire = tag >> 3, tag & 7
             if _FILE_FIELDS.get(field) != wire or field < last:
                 return pos
-            length, after = _varint(data, after)
+            length, after = varint(data, after)
             if wire == 2:
                 after += length
             if after > len(data):
@@ -105,7 +82,7 @@ def _record_end(data: bytes | mmap.mmap, start: int) -> int:
 
 def _find_file(data: bytes | mmap.mmap, name: str) -> descriptor_pb2.FileDescriptorProto | None:
     encoded = name.encode()
-    needle = b"\x0a" + _encode_varint(len(encoded)) + encoded
+    needle = b"\x0a" + encode_varint(len(encoded)) + encoded
     for match in re.finditer(re.escape(needle), data):
         end = _record_end(data, match.start())
         proto = descriptor_pb2.FileDescriptorProto()

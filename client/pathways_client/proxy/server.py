@@ -9,7 +9,8 @@ A stock JAX program with the ``proxy`` backend registered (see ``docs/proxy.md``
 - ``IfrtSession`` is one bidirectional stream per client: requests are handled in order by a
   :class:`~pathways_client.proxy.session.Session`; replies go back as they complete.
 - ``HostBufferStore`` / ``HostBufferLookup`` / ``HostBufferDelete`` move array bytes in and out of
-  a session's host buffer store, in 1 MiB chunks.
+  a session's host buffer store, in 1 MiB chunks (read and written without the protobuf
+  classes' copies, and held in memory JAX's CPU devices can take as it is).
 
 The messages come from the installed jaxlib (:mod:`pathways_client.proxy.protocol`).
 """
@@ -27,10 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import numpy as np
 
 from pathways_client.proxy import protocol
 from pathways_client.proxy.backend import Backend
 from pathways_client.proxy.session import HostBuffers, Session
+from pathways_core.wire.arrays import aligned_empty
+from pathways_core.wire.fields import append_bytes_field, split_bytes_field
 
 log = logging.getLogger(__name__)
 
@@ -218,33 +222,55 @@ class ProxyServer:
             malformed=grpc.StatusCode.DATA_LOSS,
         )
         buffers = self._buffers(metadata.session_id, context)
-        data = bytearray()
-        for chunk in requests:
-            data += chunk.data
-        if len(data) != metadata.buffer_size:
+        size = metadata.buffer_size
+        if size < 0:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"host buffer {metadata.handle}: buffer_size {size} is negative",
+            )
+        try:
+            data = aligned_empty(size, np.uint8)
+        except MemoryError:
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"host buffer {metadata.handle}: buffer_size {size} bytes does not fit in the "
+                "proxy's memory",
+            )
+        filled = 0
+        for chunk in requests:  # each a view of the chunk's bytes (_chunk_data)
+            end = filled + len(chunk)
+            if end > size:
+                context.abort(
+                    grpc.StatusCode.DATA_LOSS,
+                    f"host buffer {metadata.handle}: expected buffer_size {size} bytes but got "
+                    f"more ({end} so far)",
+                )
+            data[filled:end] = np.frombuffer(chunk, np.uint8)
+            filled = end
+        if filled != size:
             context.abort(
                 grpc.StatusCode.DATA_LOSS,
-                f"host buffer {metadata.handle}: expected buffer_size {metadata.buffer_size} "
-                f"bytes but got {len(data)}",
+                f"host buffer {metadata.handle}: expected buffer_size {size} bytes but got "
+                f"{filled}",
             )
-        error = buffers.store(metadata.handle, bytes(data))
+        error = buffers.store(metadata.handle, data)
         if error:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, error)
         return self.protocol.GrpcHostBufferStoreResponse()
 
     def host_buffer_lookup(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        """``HostBufferLookup``: a stored buffer in 1 MiB chunks (one empty chunk if empty)."""
+        """``HostBufferLookup``: a stored buffer in 1 MiB chunks (one empty chunk if empty),
+        each a view of the buffer serialized by ``_chunk_message``."""
         buffers = self._buffers(request.session_id, context)
         data = buffers.lookup(request.handle, self.config.lookup_timeout)
         if isinstance(data, str):
             context.abort(grpc.StatusCode.NOT_FOUND, data)
-        response = self.protocol.GrpcHostBufferLookupResponse
-        if not data:
-            yield response()
-            return
         view = memoryview(data)
-        for offset in range(0, len(data), LOOKUP_CHUNK):
-            yield response(data=bytes(view[offset : offset + LOOKUP_CHUNK]))
+        if not len(view):
+            yield view
+            return
+        for offset in range(0, len(view), LOOKUP_CHUNK):
+            yield view[offset : offset + LOOKUP_CHUNK]
 
     def host_buffer_delete(self, request: Any, context: grpc.ServicerContext) -> Any:
         """``HostBufferDelete``: forget a host buffer."""
@@ -276,10 +302,14 @@ class ProxyServer:
         for name, (cardinality, behaviour) in methods.items():
             # Each request message is Grpc<method>Request, but IfrtSession's is IfrtRequest.
             request = "IfrtRequest" if name == "IfrtSession" else f"Grpc{name}Request"
+            deserialize = self.protocol.message(f"xla.ifrt.proxy.{request}").FromString
+            serialize = _serialize
+            if name == "HostBufferStore":
+                deserialize = _chunk_data
+            elif name == "HostBufferLookup":
+                serialize = _chunk_message
             handlers[name] = getattr(grpc, f"{cardinality}_rpc_method_handler")(
-                behaviour,
-                request_deserializer=self.protocol.message(f"xla.ifrt.proxy.{request}").FromString,
-                response_serializer=lambda m: m.SerializeToString(),
+                behaviour, request_deserializer=deserialize, response_serializer=serialize
             )
         return grpc.method_handlers_generic_handler(protocol.SERVICE_NAME, handlers)
 
@@ -312,6 +342,21 @@ def serve(
         raise OSError(f"cannot listen on {address}")
     server.start()
     return server, port, servicer
+
+
+def _serialize(message: Any) -> bytes:
+    return message.SerializeToString()
+
+
+# GrpcHostBufferStoreRequest and GrpcHostBufferLookupResponse carry one field, ``bytes data =
+# 1``: a chunk of a host buffer, read as a view of the received bytes and written in one copy
+# (see pathways_core.wire.fields).
+def _chunk_data(message: bytes) -> memoryview:
+    return split_bytes_field(message, 1)[1]
+
+
+def _chunk_message(data: memoryview) -> bytes:
+    return append_bytes_field(b"", 1, data)
 
 
 def _unguessable_id(taken: dict[int, Any]) -> int:

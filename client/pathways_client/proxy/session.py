@@ -19,6 +19,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
+
 from pathways_client.proxy.backend import Backend
 from pathways_client.proxy.errors import ProxyError, code_number
 
@@ -27,16 +29,17 @@ _STOP = object()
 
 
 class HostBuffers:
-    """A session's host buffer store: bytes by client-chosen handle; lookups wait for stores."""
+    """A session's host buffer store: bytes (1-D ``uint8`` arrays) by client-chosen handle;
+    lookups wait for stores."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._data: dict[int, bytes] = {}
+        self._data: dict[int, np.ndarray] = {}
         # Handles deleted: a lookup of one fails at once instead of waiting for a store.
         self._deleted: set[int] = set()
         self._closed = ""
 
-    def store(self, handle: int, data: bytes) -> str:
+    def store(self, handle: int, data: np.ndarray) -> str:
         """Keep ``data`` under ``handle``; returns an error message, or "" when stored."""
         with self._cond:
             if self._closed:
@@ -47,7 +50,7 @@ class HostBuffers:
             self._cond.notify_all()
         return ""
 
-    def lookup(self, handle: int, timeout: float) -> bytes | str:
+    def lookup(self, handle: int, timeout: float) -> np.ndarray | str:
         """The bytes under ``handle``, waiting up to ``timeout`` for a store still in flight."""
         with self._cond:
             self._cond.wait_for(
@@ -61,7 +64,7 @@ class HostBuffers:
                 return f"host buffer handle {handle} was deleted"
             return f"host buffer handle {handle} not found (waited {timeout:.0f} s)"
 
-    def take(self, handle: int, timeout: float) -> bytes:
+    def take(self, handle: int, timeout: float) -> np.ndarray:
         """Look up and delete ``handle`` (a buffer consumed by an array); raise if missing."""
         data = self.lookup(handle, timeout)
         if isinstance(data, str):
@@ -199,7 +202,7 @@ class Session:
 
     def _send_error(self, op_id: int, kind: str | None, code: str, message: str) -> None:
         if kind:
-            log.info("session %d: %s (op %d) failed: %s", self.session_id, kind, op_id, message)
+            log.info("session %d: %s (op %d) failed: %s", self.number, kind, op_id, message)
         response = self.protocol.IfrtResponse()
         response.response_metadata.op_id = op_id
         response.response_metadata.status.code = code_number(code)

@@ -68,9 +68,10 @@ def fill_dtype(dtype_proto: Any, dtype: np.dtype) -> None:
 
 
 def from_host_buffer(
-    data: bytes, dtype: np.dtype, shape: tuple[int, ...], byte_strides: list[int] | None
+    data: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], byte_strides: list[int] | None
 ) -> np.ndarray:
-    """An array over a host buffer sent by the client (dense, or with the given byte strides)."""
+    """An array over a host buffer (bytes) sent by the client (dense, or with the given byte
+    strides)."""
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if byte_strides is None or list(byte_strides) == _dense_strides(shape, dtype.itemsize):
         needed = count * dtype.itemsize
@@ -101,22 +102,24 @@ def from_host_buffer(
     return np.ascontiguousarray(view)
 
 
-def to_host_buffer(array: np.ndarray, byte_strides: list[int] | None) -> bytes:
-    """The bytes of ``array`` laid out with ``byte_strides`` (dense row-major when None)."""
+def to_host_buffer(array: np.ndarray, byte_strides: list[int] | None) -> np.ndarray:
+    """``array``'s bytes (a 1-D ``uint8`` array) laid out with ``byte_strides`` (dense row-major
+    when None): a view of ``array`` when it is laid out so already, which the caller must not
+    change afterwards, else a copy."""
     array = np.asarray(array)
     if byte_strides is None or list(byte_strides) == _dense_strides(array.shape, array.itemsize):
-        return np.ascontiguousarray(array).tobytes()
+        return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     if len(byte_strides) != array.ndim or any(s < 0 for s in byte_strides):
         raise ProxyError(
             "INVALID_ARGUMENT",
             f"byte_strides {list(byte_strides)} do not fit an array of shape {list(array.shape)}",
         )
     if not array.size:
-        return b""
+        return np.empty(0, np.uint8)
     size = sum(s * (n - 1) for s, n in zip(byte_strides, array.shape, strict=True)) + array.itemsize
-    out = bytearray(size)
+    out = np.zeros(size, np.uint8)
     np.ndarray(array.shape, dtype=array.dtype, buffer=out, strides=tuple(byte_strides))[...] = array
-    return bytes(out)
+    return out
 
 
 def _dense_strides(shape: tuple[int, ...] | list[int], itemsize: int) -> list[int]:

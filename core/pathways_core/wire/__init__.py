@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from pathways_core.wire import pathways_pb2 as pb
+from pathways_core.wire.arrays import ChunkCodec
 
 
 class Cardinality(StrEnum):
@@ -51,8 +52,9 @@ SCHEDULER = Service(
 EXECUTOR = Service(
     "pathways.v1.Executor",
     (
-        Method("PutArray", Cardinality.STREAM_UNARY, pb.ArrayChunk, pb.Ack),
-        Method("GetArray", Cardinality.UNARY_STREAM, pb.ArrayRequest, pb.ArrayChunk),
+        # Array bytes are not copied through protobuf messages (see wire.arrays).
+        Method("PutArray", Cardinality.STREAM_UNARY, ChunkCodec, pb.Ack),
+        Method("GetArray", Cardinality.UNARY_STREAM, pb.ArrayRequest, ChunkCodec),
         Method("Info", Cardinality.UNARY_UNARY, pb.Empty, pb.ExecutorInfo),
     ),
 )
