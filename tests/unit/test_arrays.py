@@ -89,21 +89,23 @@ def test_chunks_on_the_wire_are_arraychunk_messages_with_their_data_not_copied()
     # Plain messages (what a hostile test sends) are serialized as protobuf does.
     plain = pb.ArrayChunk(buffer_id="x", data=b"abc")
     assert arrays.ChunkCodec.SerializeToString(plain) == plain.SerializeToString()
+    large = np.arange(arrays.ALIGN_FROM_BYTES // 4, dtype=np.float32)
     _, back = from_chunks(
         arrays.ChunkCodec.FromString(arrays.ChunkCodec.SerializeToString(c))
-        for c in to_chunks("c/b", array)
+        for c in to_chunks("c/b", large)
     )
-    np.testing.assert_array_equal(back, array)
+    np.testing.assert_array_equal(back, large)
     assert back.ctypes.data % arrays.DEVICE_ALIGNMENT == 0  # JAX's CPU devices take it as is
 
 
-@pytest.mark.parametrize("shape", [(), (0, 3), (5, 7), 9])
-def test_aligned_arrays(shape: tuple[int, ...] | int) -> None:
+@pytest.mark.parametrize("shape", [(), (0, 3), (5, 7), 9, (1024, 1024), (1 << 22,)])
+def test_large_arrays_for_devices_are_aligned(shape: tuple[int, ...] | int) -> None:
     for dtype in (np.float32, np.bool_, np.complex64, np.int8, np.dtype(ml_dtypes.bfloat16)):
-        array = arrays.aligned_empty(shape, dtype)
+        array = arrays.empty_for_devices(shape, dtype)
         assert array.shape == (shape if isinstance(shape, tuple) else (shape,))
         assert array.dtype == dtype
-        assert array.size == 0 or array.ctypes.data % arrays.DEVICE_ALIGNMENT == 0
+        if array.nbytes >= arrays.ALIGN_FROM_BYTES:
+            assert array.ctypes.data % arrays.DEVICE_ALIGNMENT == 0
         array[...] = 1
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from pathways_client.proxy import protocol
 from pathways_client.proxy.backend import Backend
 from pathways_client.proxy.session import HostBuffers, Session
-from pathways_core.wire.arrays import aligned_empty
+from pathways_core.wire.arrays import empty_for_devices
 from pathways_core.wire.fields import append_bytes_field, split_bytes_field
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ class ProxyServer:
                 f"host buffer {metadata.handle}: buffer_size {size} is negative",
             )
         try:
-            data = aligned_empty(size, np.uint8)
+            data = empty_for_devices(size, np.uint8)
         except MemoryError:
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -24,9 +24,11 @@ from pathways_core.wire.fields import append_bytes_field, split_bytes_field
 
 CHUNK_BYTES = 16 << 20
 #: XLA's CPU runtime takes a host array's memory as a device buffer, instead of copying it,
-#: when it is aligned to 64 bytes (NumPy aligns to 16): arrays received to be put on devices
-#: are allocated so (a 64 MiB put took ~50 ms on the benchmark host, and then ~0.1).
+#: when it is aligned to 64 bytes (NumPy aligns to 16). That pays for large arrays only: a
+#: 64 MiB put took ~50 ms, and then ~0.1; but below ~4 MiB a step reading the array took as
+#: long or longer (up to +90 µs at 64 KiB) than with a copy of it into XLA's own memory.
 DEVICE_ALIGNMENT = 64
+ALIGN_FROM_BYTES = 4 << 20
 
 Region = tuple[slice, ...]
 
@@ -45,12 +47,15 @@ def numeric_dtype(spelled: Any) -> np.dtype:
     return dtype
 
 
-def aligned_empty(shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
-    """A new array of ``shape`` and ``dtype`` whose memory starts at a multiple of
-    :data:`DEVICE_ALIGNMENT` bytes (``MemoryError`` if it cannot be had)."""
+def empty_for_devices(shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
+    """A new array of ``shape`` and ``dtype`` to receive bytes that go onto devices: from
+    :data:`ALIGN_FROM_BYTES` on, its memory starts at a multiple of :data:`DEVICE_ALIGNMENT`
+    bytes (``MemoryError`` if it cannot be had)."""
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < ALIGN_FROM_BYTES:
+        return np.empty(shape, dtype)
     raw = np.empty(nbytes + DEVICE_ALIGNMENT, np.uint8)
     offset = -raw.ctypes.data % DEVICE_ALIGNMENT
     return raw[offset : offset + nbytes].view(dtype).reshape(shape)
@@ -172,7 +177,7 @@ class Assembly:
             raise ValueError(f"unknown dtype {dtype_name!r}") from None
         if self.array is None:
             self.buffer_id = buffer_id
-            self.array = aligned_empty(shape, dtype)
+            self.array = empty_for_devices(shape, dtype)
         elif self.array.dtype != dtype or self.array.shape != shape:
             raise ValueError("regions of one array disagree on its dtype or shape")
         if bounds == ((0,) * len(shape), shape):  # the common case, told apart cheaply
