@@ -214,9 +214,13 @@ async def log_window(
             description="At most this many bytes: the last ones.",
         ),
     ] = MAX_LOG_BYTES,
+    run: Annotated[
+        int | None,
+        Query(ge=1, description="Only this run's output (its `--- run N ---` line and log)."),
+    ] = None,
 ) -> LogWindow:
     """Which part of a program's output to answer with."""
-    return LogWindow(offset, tail_lines, limit_bytes)
+    return LogWindow(offset, tail_lines, limit_bytes, run)
 
 
 Window = Annotated[LogWindow, Depends(log_window)]

@@ -336,26 +336,31 @@ class KubernetesStore:
             )
         ]
 
-    async def logs(self, namespace: str, name: str) -> list[tuple[int, Part]]:
+    async def logs(
+        self, namespace: str, name: str, run: int | None = None
+    ) -> list[tuple[int, Part]]:
         """See :meth:`~pathways_api.store.Store.logs`: the logs of its Jobs' pods (the
-        kubelet bounds each, rotating it), by run."""
+        kubelet bounds each, rotating it), by run; only run ``run``'s pod is asked for it."""
+        selector = f"pathways.dev/program={name}"
+        if run is not None:
+            selector += f",pathways.dev/run={run}"
         body = await self._call(
-            "GET",
-            f"/api/v1/namespaces/{namespace}/pods",
-            params={"labelSelector": f"pathways.dev/program={name}"},
+            "GET", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector}
         )
         parts: list[tuple[int, Part]] = []
         for pod in (body or {}).get("items") or []:
             labels = pod["metadata"].get("labels") or {}
-            if labels.get("pathways.dev/program") != name:
+            if labels.get("pathways.dev/program") != name or (
+                run is not None and labels.get("pathways.dev/run") != str(run)
+            ):
                 continue  # a server that ignores the selector
             pod_name = pod["metadata"]["name"]
             answer = await self.http.get(
                 f"/api/v1/namespaces/{namespace}/pods/{pod_name}/log", headers=self._headers()
             )
-            run = labels.get("pathways.dev/run", "")
-            if answer.status_code == 200 and run.isdigit():
-                parts.append((int(run), LogBytes(answer.content)))
+            number = labels.get("pathways.dev/run", "")
+            if answer.status_code == 200 and number.isdigit():
+                parts.append((int(number), LogBytes(answer.content)))
         return sorted(parts, key=lambda part: part[0])
 
     async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]:

@@ -22,12 +22,14 @@ _CHUNK = 1 << 16
 
 @dataclass(frozen=True)
 class LogWindow:
-    """Which part of the output to read: from ``offset``, only the last ``tail_lines`` lines,
-    and at most the last ``limit_bytes`` bytes of what that leaves."""
+    """Which part of the output to read: only run ``run``'s (every run's when None), from
+    ``offset``, only the last ``tail_lines`` lines, and at most the last ``limit_bytes`` bytes
+    of what that leaves."""
 
     offset: int = 0
     tail_lines: int | None = None
     limit_bytes: int = MAX_LOG_BYTES
+    run: int | None = None
 
 
 @dataclass(frozen=True)

@@ -216,9 +216,17 @@ class Service:
         return await self.store.events(kind, tenant.name, name, uid)
 
     async def logs(self, tenant: Tenant, name: str, window: LogWindow) -> LogText:
-        """The window's part of the output of a program's runs."""
-        await self._get(PROGRAM, tenant.name, name)
-        parts = run_parts(await self.store.logs(tenant.name, name))
+        """The window's part of the output of a program's runs (of one run, if it says so)."""
+        program = await self._get(PROGRAM, tenant.name, name)
+        if window.run is not None:
+            started = int((program.get("status") or {}).get("runs") or 0)
+            if window.run > started:
+                raise NotFound(
+                    f"program {name!r} has no run {window.run}: {started} started so far",
+                    field="query run",
+                )
+        # A run that has not written yet (or whose log is gone) has no output so far.
+        parts = run_parts(await self.store.logs(tenant.name, name, window.run))
         return await asyncio.to_thread(read_window, parts, window)  # files: off the event loop
 
     async def trace(self, tenant: Tenant, name: str) -> list[dict[str, Any]]:

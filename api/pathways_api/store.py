@@ -102,8 +102,10 @@ class Store(Protocol):
         """The Events of the object ``uid`` (not those of an earlier object of its name)."""
         ...
 
-    async def logs(self, namespace: str, name: str) -> list[tuple[int, Part]]:
-        """Each run's number and output, oldest first."""
+    async def logs(
+        self, namespace: str, name: str, run: int | None = None
+    ) -> list[tuple[int, Part]]:
+        """Each run's number and output, oldest first (only run ``run``'s, if given)."""
         ...
 
     async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]: ...
@@ -604,12 +606,15 @@ class SqliteStore:
             for t, reason, message, time in rows.fetchall()
         ]
 
-    async def logs(self, namespace: str, name: str) -> list[tuple[int, Part]]:
+    async def logs(
+        self, namespace: str, name: str, run: int | None = None
+    ) -> list[tuple[int, Part]]:
         """See :meth:`Store.logs`: the runs' log files, as long as each is now."""
         document = self.read(PROGRAM, namespace, name)
         runs = int(((document or {}).get("status") or {}).get("runs") or 0)
-        paths = ((run, self.log_path(namespace, f"{name}-run-{run}")) for run in range(1, runs + 1))
-        return [(run, LogFile(path)) for run, path in paths if path.exists()]
+        numbers = range(1, runs + 1) if run is None else [run]
+        paths = ((n, self.log_path(namespace, f"{name}-run-{n}")) for n in numbers)
+        return [(n, LogFile(path)) for n, path in paths if path.exists()]
 
     async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """See :meth:`Store.trace`: the trace records of every finished run."""

@@ -160,11 +160,17 @@ class ApiClient:
         offset: int = 0,
         tail_lines: int | None = None,
         limit_bytes: int | None = None,
+        run: int | None = None,
     ) -> dict[str, Any]:
-        """Part of a program's output: from byte ``offset``, its last ``tail_lines`` lines, at
-        most its last ``limit_bytes`` bytes; with ``start``, ``end`` (ask from there for what
-        comes next) and ``size``, all byte offsets."""
-        window = {"offset": offset, "tailLines": tail_lines, "limitBytes": limit_bytes}
+        """Part of a program's output (of run ``run`` only, if given): from byte ``offset``, its
+        last ``tail_lines`` lines, at most its last ``limit_bytes`` bytes; with ``start``,
+        ``end`` (ask from there for what comes next) and ``size``, all byte offsets."""
+        window = {
+            "offset": offset,
+            "tailLines": tail_lines,
+            "limitBytes": limit_bytes,
+            "run": run,
+        }
         parameters = {key: value for key, value in window.items() if value is not None}
         return self.call("GET", _path("programs", name, "logs"), params=parameters)
 

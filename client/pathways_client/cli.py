@@ -957,6 +957,12 @@ def _get_or_none(client: ApiClient, kind: str, name: str) -> dict[str, Any] | No
     default=None,
     help="At most the last N bytes of the output, each look [default: the API's most, 16 MiB].",
 )
+@click.option(
+    "--run",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Only run N's output (with --follow, until that run ends) [default: every run's].",
+)
 def logs(
     name: str,
     state: Path | None,
@@ -966,27 +972,33 @@ def logs(
     follow: bool,
     tail: int | None,
     limit_bytes: int | None,
+    run: int | None,
 ) -> None:
     """Print a program's output (each run's after a '--- run N ---' line)."""
     from pathways_client.watch import TERMINAL, phase_of, standing
 
+    def ended(program: dict[str, Any]) -> bool:
+        runs = (program.get("status") or {}).get("runs") or 0
+        return phase_of(program) in TERMINAL or (run is not None and runs > run)
+
     with _api(state, api, token, tenant) as client:
         try:
-            window = client.log_window(name, tail_lines=tail, limit_bytes=limit_bytes)
+            window = client.log_window(name, tail_lines=tail, limit_bytes=limit_bytes, run=run)
             _print_output(window, 0 if tail is None else window["start"])
             if not window["size"]:  # say why, before following what comes
                 program = client.get("programs", name)
                 errors.print(f"{name} has no output yet: {standing(program)}", markup=False)
             written = window["logs"]
             while follow:
-                ended = phase_of(client.get("programs", name)) in TERMINAL
+                done = ended(client.get("programs", name))
                 offset = window["end"]
-                window = client.log_window(name, offset, limit_bytes=limit_bytes)
+                window = client.log_window(name, offset, limit_bytes=limit_bytes, run=run)
                 if window["size"] < offset:  # not the output followed: a program made anew
-                    offset, window = 0, client.log_window(name, limit_bytes=limit_bytes)
+                    offset = 0
+                    window = client.log_window(name, limit_bytes=limit_bytes, run=run)
                 _print_output(window, offset)
                 written = window["logs"] or written
-                follow = not ended  # the output written before the end was read after it
+                follow = not done  # the output written before the end was read after it
                 if follow:
                     time.sleep(LOG_POLL)
         except ApiCallError as error:

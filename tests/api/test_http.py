@@ -450,7 +450,22 @@ def test_logs_are_read_through_a_window_and_bad_windows_are_named(
     assert last["logs"] == "three\n" and last["start"] == whole["size"] - 6
     after = a.get("/v1/programs/talker/logs", params={"offset": whole["end"]}).json()
     assert after["logs"] == "" and after["end"] == whole["end"]
+    # One run's output alone (kubectl's --previous, for any run), through the same window.
+    first = a.get("/v1/programs/talker/logs", params={"run": 1}).json()
+    assert first["logs"] == "--- run 1 ---\none\ntwo\n" and first["end"] == first["size"]
+    second = a.get("/v1/programs/talker/logs", params={"run": 2, "tailLines": 1}).json()
+    assert second["logs"] == "three\n"
+    missing = a.get("/v1/programs/talker/logs", params={"run": 3})
+    assert missing.status_code == 404
+    assert error_of(missing)["field"] == "query run"
+    assert "has no run 3: 2 started so far" in error_of(missing)["message"]
+    stored = server.store.read(PROGRAM, "team-a", "talker")
+    server.store.write_status(stored, {**(stored.get("status") or {}), "runs": 3})
+    quiet = a.get("/v1/programs/talker/logs", params={"run": 3}).json()  # started, no log yet
+    assert quiet["logs"] == "" and quiet["size"] == 0
     for parameters, field in (
+        ({"run": 0}, "query run"),
+        ({"run": "last"}, "query run"),
         ({"tailLines": -1}, "query tailLines"),
         ({"tailLines": "ten"}, "query tailLines"),
         ({"limitBytes": 0}, "query limitBytes"),

@@ -408,6 +408,26 @@ TICKER = textwrap.dedent(
 )
 
 
+SECOND_TRY = textwrap.dedent(
+    """
+    apiVersion: pathways.dev/v1alpha1
+    kind: PathwaysProgram
+    metadata: {name: flaky}
+    spec:
+      restartPolicy: OnFailure
+      slices:
+        - {name: main, devices: 1}
+      driver:
+        source: |
+          import os, sys, time
+          first = os.environ["PATHWAYS_RUN"] == "1"
+          print("first try" if first else "second try", flush=True)
+          time.sleep(1)
+          sys.exit(3 if first else 0)
+    """
+)
+
+
 def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     state: Path, tmp_path: Path, pathways
 ) -> None:
@@ -472,6 +492,32 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     assert header.split() == ["PROGRAM", "PHASE", "RUNS", "SLICES", "MESSAGE"]
     succeeded, deleted = [line for line in rows if "ticker" in line][-2:]
     assert "Succeeded" in succeeded and deleted.split()[:2] == ["ticker", "Deleted"], rows
+
+    # `logs --run N`: one run's output; with --follow, until that run has ended.
+    manifest.write_text(SECOND_TRY)
+    assert pathways("submit", str(manifest), *at).exit_code == 0
+    first = subprocess.run(
+        [sys.executable, "-m", "pathways_client", "logs", "flaky", *at, "--run", "1", "-f"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == ["--- run 1 ---", "first try"]
+    second = subprocess.run(
+        [sys.executable, "-m", "pathways_client", "logs", "flaky", *at, "--run", "2", "-f"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.splitlines() == ["--- run 2 ---", "second try"]
+    everything = pathways("logs", "flaky", *at).output.splitlines()
+    assert everything == ["--- run 1 ---", "first try", "", "--- run 2 ---", "second try"]
+    missing = pathways("logs", "flaky", *at, "--run", "3")
+    assert missing.exit_code == 1
+    assert "has no run 3: 2 started so far" in missing.output
+    assert pathways("logs", "flaky", *at, "--run", "0").exit_code == 2  # refused by click
 
 
 def _lines_until(stream: IO[str], last: Callable[[str], bool]) -> list[str]:

@@ -197,6 +197,17 @@ def test_logs_are_the_pods_logs_by_run_through_a_window(cluster: Cluster, api: A
     assert whole["logs"] == "--- run 1 ---\none\ntwo\n\n--- run 2 ---\nthree\n"
     tail = call(api, "token-a", "GET", "/v1/programs/talker/logs", params={"tailLines": 1})
     assert tail.json()["logs"] == "three\n"
+    status = {"status": {"runs": 2}}
+    cluster.patch("PathwaysProgram", "talker", status, namespace="team-a", sub="status")
+    def pod_logs_read() -> int:
+        return cluster.requests_to(lambda request: str(request.url.path).endswith("/log"))
+
+    before = pod_logs_read()
+    one = call(api, "token-a", "GET", "/v1/programs/talker/logs", params={"run": 1})
+    assert one.json()["logs"] == "--- run 1 ---\none\ntwo\n"
+    assert pod_logs_read() == before + 1  # only run 1's pod was asked for its log
+    later = call(api, "token-a", "GET", "/v1/programs/talker/logs", params={"run": 3})
+    assert later.status_code == 404 and "2 started so far" in later.text
     assert call(api, "token-b", "GET", "/v1/programs/talker/logs").status_code == 404
 
 
