@@ -496,22 +496,16 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     # `logs --run N`: one run's output; with --follow, until that run has ended.
     manifest.write_text(SECOND_TRY)
     assert pathways("submit", str(manifest), *at).exit_code == 0
-    first = subprocess.run(
-        [sys.executable, "-m", "pathways_client", "logs", "flaky", *at, "--run", "1", "-f"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert first.returncode == 0, first.stderr
-    assert first.stdout.splitlines() == ["--- run 1 ---", "first try"]
-    second = subprocess.run(
-        [sys.executable, "-m", "pathways_client", "logs", "flaky", *at, "--run", "2", "-f"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert second.returncode == 0, second.stderr
-    assert second.stdout.splitlines() == ["--- run 2 ---", "second try"]
+    follow = [sys.executable, "-m", "pathways_client", "logs", "flaky", *at, "--follow"]
+    for run, said in ((1, "first try"), (2, "second try")):
+        followed = subprocess.run(
+            [*follow, "--run", str(run)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert followed.returncode == 0, followed.stderr
+        assert followed.stdout.splitlines() == [f"--- run {run} ---", said]
     everything = pathways("logs", "flaky", *at).output.splitlines()
     assert everything == ["--- run 1 ---", "first try", "", "--- run 2 ---", "second try"]
     missing = pathways("logs", "flaky", *at, "--run", "3")
