@@ -59,6 +59,53 @@ def test_malformed_programs_are_refused_by_name(proxy: ProxyProcess) -> None:
         session.close()
 
 
+def test_strided_and_large_host_buffers_round_trip_and_bad_strides_are_named(
+    proxy: ProxyProcess,
+) -> None:
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    column_major = [4, 12]  # the byte strides of values laid out as Fortran does
+    with grpc.insecure_channel(proxy.address) as channel:
+        session = RawSession(channel)
+        session.init()
+        session.store(1, np.asfortranarray(values).tobytes(order="A"))
+        request = P.MakeArrayFromHostBufferRequest(host_buffer_handle=1, array_handle=10)
+        request.dtype.kind = F32
+        request.shape.dims.extend(values.shape)
+        request.sharding.CopyFrom(single_device_sharding(0))
+        request.byte_strides.strides.extend(column_major)
+        assert session.call("make_array_from_host_buffer_request", request).HasField(
+            "make_array_from_host_buffer_response"
+        )
+        assert _to_host(session, 10, 2).HasField("copy_to_host_buffer_response")
+        dense = np.frombuffer(b"".join(session.lookup(2)), np.float32).reshape(3, 4)
+        np.testing.assert_array_equal(dense, values)
+        back = P.CopyToHostBufferRequest(array_handle=10, host_buffer_handle=3)
+        back.byte_strides.strides.extend(column_major)
+        assert session.call("copy_to_host_buffer_request", back).HasField(
+            "copy_to_host_buffer_response"
+        )
+        assert b"".join(session.lookup(3)) == np.asfortranarray(values).tobytes(order="A")
+        # A buffer too small for the strides it names is refused by name.
+        session.store(4, b"\0" * 16)
+        short = P.MakeArrayFromHostBufferRequest()
+        short.CopyFrom(request)
+        short.host_buffer_handle, short.array_handle = 4, 11
+        code, message = _status(session.call("make_array_from_host_buffer_request", short))
+        assert code == INVALID_ARGUMENT and "too small for byte_strides [4, 12]" in message
+        # 12 MiB: many chunks each way, in memory the devices take as it is.
+        large = np.random.default_rng(0).random((1024, 3072), dtype=np.float32)
+        assert _make_array(session, 12, large, buffer=5).HasField(
+            "make_array_from_host_buffer_response"
+        )
+        assert _to_host(session, 12, 6).HasField("copy_to_host_buffer_response")
+        chunks = session.lookup(6)
+        assert len(chunks) == 12 and max(len(chunk) for chunk in chunks) == 1 << 20
+        np.testing.assert_array_equal(
+            np.frombuffer(b"".join(chunks), np.float32).reshape(large.shape), large
+        )
+        session.close()
+
+
 def test_a_deleted_array_used_again_is_a_clear_error(proxy: ProxyProcess) -> None:
     with grpc.insecure_channel(proxy.address) as channel:
         session = RawSession(channel)
