@@ -963,6 +963,12 @@ def _get_or_none(client: ApiClient, kind: str, name: str) -> dict[str, Any] | No
     default=None,
     help="Only run N's output (with --follow, until that run ends) [default: every run's].",
 )
+@click.option(
+    "-p",
+    "--previous",
+    is_flag=True,
+    help="Only the output of the run before the latest (as kubectl logs --previous).",
+)
 def logs(
     name: str,
     state: Path | None,
@@ -973,16 +979,27 @@ def logs(
     tail: int | None,
     limit_bytes: int | None,
     run: int | None,
+    previous: bool,
 ) -> None:
     """Print a program's output (each run's after a '--- run N ---' line)."""
     from pathways_client.watch import TERMINAL, phase_of, standing
 
+    if previous and run is not None:
+        raise click.UsageError("--previous and --run: give one")
+
+    def runs_of(program: dict[str, Any]) -> int:
+        return (program.get("status") or {}).get("runs") or 0
+
     def ended(program: dict[str, Any]) -> bool:
-        runs = (program.get("status") or {}).get("runs") or 0
-        return phase_of(program) in TERMINAL or (run is not None and runs > run)
+        return phase_of(program) in TERMINAL or (run is not None and runs_of(program) > run)
 
     with _api(state, api, token, tenant) as client:
         try:
+            if previous:
+                started = runs_of(client.get("programs", name))
+                if started < 2:
+                    _fail(f"{name} has no previous run: {started} started so far")
+                run = started - 1
             window = client.log_window(name, tail_lines=tail, limit_bytes=limit_bytes, run=run)
             _print_output(window, 0 if tail is None else window["start"])
             if not window["size"]:  # say why, before following what comes

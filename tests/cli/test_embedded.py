@@ -464,6 +464,8 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     cut = pathways("logs", "ticker", *at, "--limit-bytes", "6")
     assert cut.output.endswith("café\n")
     assert f"… {len(whole.encode()) - 6} bytes of output not shown" in cut.output
+    alone = pathways("logs", "ticker", *at, "--previous")  # one run: none before it
+    assert alone.exit_code == 1 and "ticker has no previous run: 1 started so far" in alone.output
 
     # `get --watch` prints an object again each time it changes: a row, or a JSON line. The
     # watch of one object ends when it is deleted; the watch of a list at Ctrl-C. (They look
@@ -508,6 +510,9 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
         assert followed.stdout.splitlines() == [f"--- run {run} ---", said]
     everything = pathways("logs", "flaky", *at).output.splitlines()
     assert everything == ["--- run 1 ---", "first try", "", "--- run 2 ---", "second try"]
+    previous = pathways("logs", "flaky", *at, "--previous").output.splitlines()
+    assert previous == ["--- run 1 ---", "first try"]
+    assert pathways("logs", "flaky", *at, "-p", "--run", "1").exit_code == 2
     missing = pathways("logs", "flaky", *at, "--run", "3")
     assert missing.exit_code == 1
     assert "has no run 3: 2 started so far" in missing.output
