@@ -508,6 +508,14 @@ def _routes() -> Any:
     async def cancel_program(name: str, caller: Caller, api: Api) -> JSONResponse:
         return JSONResponse(await api.cancel_program(caller, name))
 
+    @r.post("/v1/programs/{name}/suspend", response_model=PathwaysProgram)
+    async def suspend_program(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse(await api.suspend_program(caller, name, True))
+
+    @r.post("/v1/programs/{name}/resume", response_model=PathwaysProgram)
+    async def resume_program(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse(await api.suspend_program(caller, name, False))
+
     @r.delete("/v1/programs/{name}", response_model=PathwaysProgram)
     async def delete_program(name: str, caller: Caller, api: Api) -> JSONResponse:
         return JSONResponse(await api.delete(caller, PROGRAM, name))

@@ -40,10 +40,10 @@ from pathways_api.store import (
     ISLAND,
     PROGRAM,
     SLICE,
-    TERMINAL,
     Admission,
     Page,
     Usage,
+    check_changeable,
     check_quota,
     decode_token,
     encode_token,
@@ -283,23 +283,45 @@ class KubernetesStore:
 
     async def cancel(self, namespace: str, name: str) -> Document:
         """See :meth:`~pathways_api.store.Store.cancel`."""
-        document = await self.get(PROGRAM, namespace, name)
-        if document is None:
-            raise NotFound(f"no program named {name!r}", field="name")
-        if (document.get("status") or {}).get("phase") in TERMINAL:
-            raise Conflict(
-                f"program {name!r} already {document['status']['phase'].lower()}", field="name"
-            )
-        patch = {
-            "metadata": {"annotations": {ANNOTATION_CANCELLED: "true"}},
-            "spec": {"suspend": True},
-        }
-        return await self._call(
-            "PATCH",
-            self._path(PROGRAM, namespace, name),
-            content=json.dumps(patch),
-            headers={"Content-Type": "application/merge-patch+json"},
+        return await self._patch_program(
+            namespace,
+            name,
+            "cancel",
+            {
+                "metadata": {"annotations": {ANNOTATION_CANCELLED: "true"}},
+                "spec": {"suspend": True},
+            },
         )
+
+    async def suspend(self, namespace: str, name: str, suspend: bool) -> Document:
+        """See :meth:`~pathways_api.store.Store.suspend`."""
+        action = "be suspended" if suspend else "resume"
+        return await self._patch_program(namespace, name, action, {"spec": {"suspend": suspend}})
+
+    async def _patch_program(
+        self, namespace: str, name: str, action: str, patch: dict[str, Any]
+    ) -> Document:
+        """Merge ``patch`` into a program whose state allows ``action`` (see
+        :func:`check_changeable`), on the version checked: the API server refuses it if the
+        program changed since, and it is checked again."""
+        path = self._path(PROGRAM, namespace, name)
+        for _ in range(10):
+            document = check_changeable(await self.get(PROGRAM, namespace, name), name, action)
+            version = {"resourceVersion": document["metadata"]["resourceVersion"]}
+            body = {**patch, "metadata": {**patch.get("metadata", {}), **version}}
+            try:
+                patched = await self._call(
+                    "PATCH",
+                    path,
+                    content=json.dumps(body),
+                    headers={"Content-Type": "application/merge-patch+json"},
+                )
+            except Conflict:  # changed since it was read
+                continue
+            if patched is None:
+                raise NotFound(f"no program named {name!r}", field="name")
+            return patched
+        raise Conflict(f"program {name!r} keeps changing; try again", field="name")
 
     async def delete(self, kind: str, namespace: str, name: str) -> Document:
         """See :meth:`~pathways_api.store.Store.delete`."""

@@ -205,6 +205,11 @@ class Service:
         """Stop a program for good: its run is stopped and its inline slices released."""
         return await self.store.cancel(tenant.name, name)
 
+    async def suspend_program(self, tenant: Tenant, name: str, suspend: bool) -> Document:
+        """Suspend a program (its run is stopped and its devices released, its quota kept so
+        it can resume) or resume it (its next run starts, a driver from its checkpoint)."""
+        return await self.store.suspend(tenant.name, name, suspend)
+
     async def delete(self, tenant: Tenant, kind: str, name: str) -> Document:
         """Delete a program, or release a virtual slice."""
         return await self.store.delete(kind, tenant.name, name)

@@ -92,6 +92,12 @@ class Store(Protocol):
         """Suspend a program for good (it releases its devices); NotFound if absent."""
         ...
 
+    async def suspend(self, namespace: str, name: str, suspend: bool) -> Document:
+        """Set a program's ``spec.suspend``: while set its run is stopped and its devices
+        released; cleared, its next run starts. NotFound if absent; Conflict if it finished
+        or was cancelled. Setting it to what it is already changes nothing."""
+        ...
+
     async def delete(self, kind: str, namespace: str, name: str) -> Document:
         """Ask for deletion (the manager releases what it holds, then removes it)."""
         ...
@@ -143,6 +149,30 @@ def decode_token(token: str) -> int:
         ) from None
 
 
+def is_cancelled(document: Document) -> bool:
+    """Whether a program was cancelled (suspended for good)."""
+    annotations = (document.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(ANNOTATION_CANCELLED) == "true"
+
+
+def check_changeable(document: Document | None, name: str, action: str) -> Document:
+    """The program ``document`` if ``action`` ("cancel", "be suspended", "resume") may be
+    done to it: NotFound when absent or being deleted, Conflict when it finished or (unless
+    cancelled again) was cancelled."""
+    if document is None or document["metadata"].get("deletionTimestamp"):
+        raise NotFound(f"no program named {name!r}", field="name")
+    phase = (document.get("status") or {}).get("phase")
+    if phase in TERMINAL:
+        raise Conflict(f"program {name!r} already {phase.lower()}", field="name")
+    if action != "cancel" and is_cancelled(document):
+        raise Conflict(
+            f"program {name!r} was cancelled, so it cannot {action}; submit it again "
+            "(cancelled programs stay suspended for good)",
+            field="name",
+        )
+    return document
+
+
 def is_active(document: Document) -> bool:
     """Whether an object counts against its tenant's quotas."""
     meta = document.get("metadata") or {}
@@ -150,8 +180,7 @@ def is_active(document: Document) -> bool:
         return False
     phase = (document.get("status") or {}).get("phase")
     if document.get("kind") == PROGRAM:
-        cancelled = (meta.get("annotations") or {}).get(ANNOTATION_CANCELLED) == "true"
-        return phase not in TERMINAL and not cancelled
+        return phase not in TERMINAL and not is_cancelled(document)
     if document.get("kind") == SLICE:
         return phase != "Released"
     return False
@@ -557,22 +586,34 @@ class SqliteStore:
         """See :meth:`Store.cancel`."""
 
         def change(stored: Document) -> Document | None:
-            annotations = stored["metadata"].setdefault("annotations", {})
-            if annotations.get(ANNOTATION_CANCELLED) == "true":
+            if is_cancelled(stored):
                 return None
-            annotations[ANNOTATION_CANCELLED] = "true"
+            stored["metadata"].setdefault("annotations", {})[ANNOTATION_CANCELLED] = "true"
             stored["spec"]["suspend"] = True
             return stored
 
+        return self._change_program(namespace, name, "cancel", change)
+
+    async def suspend(self, namespace: str, name: str, suspend: bool) -> Document:
+        """See :meth:`Store.suspend`."""
+
+        def change(stored: Document) -> Document | None:
+            if bool(stored["spec"].get("suspend")) == suspend:
+                return None
+            stored["spec"]["suspend"] = suspend
+            return stored
+
+        return self._change_program(
+            namespace, name, "be suspended" if suspend else "resume", change
+        )
+
+    def _change_program(
+        self, namespace: str, name: str, action: str, change: Callable[[Document], Document | None]
+    ) -> Document:
+        """Apply ``change`` to a program whose state allows ``action`` (see
+        :func:`check_changeable`); compare-and-set, so the check holds for what is changed."""
         for _ in range(10):
-            document = self.read(PROGRAM, namespace, name)
-            if document is None or document["metadata"].get("deletionTimestamp"):
-                raise NotFound(f"no program named {name!r}", field="name")
-            if (document.get("status") or {}).get("phase") in TERMINAL:
-                raise Conflict(
-                    f"program {name!r} already {document['status']['phase'].lower()}",
-                    field="name",
-                )
+            document = check_changeable(self.read(PROGRAM, namespace, name), name, action)
             done = self.replace(document, change, bump_generation=True)
             if done is not None:
                 return done

@@ -146,6 +146,14 @@ class ApiClient:
         """Cancel a program."""
         return self.call("POST", _path("programs", name, "cancel"))
 
+    def suspend(self, name: str) -> dict[str, Any]:
+        """Suspend a program: its run stops and its devices are released until it resumes."""
+        return self.call("POST", _path("programs", name, "suspend"))
+
+    def resume(self, name: str) -> dict[str, Any]:
+        """Resume a suspended program: its next run starts once its slices are bound."""
+        return self.call("POST", _path("programs", name, "resume"))
+
     def delete(self, collection: str, name: str) -> dict[str, Any]:
         """Delete a program or release a virtual slice."""
         return self.call("DELETE", _path(collection, name))

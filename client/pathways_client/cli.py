@@ -846,18 +846,49 @@ WATCH_POLL = 1.0
 def cancel(
     names: tuple[str, ...], state: Path | None, api: str | None, token: str | None, tenant: str
 ) -> None:
-    """Cancel programs: their runs stop and their slices are released. Each NAME is tried;
-    exit 1 if one could not be cancelled."""
+    """Cancel programs: their runs stop and their slices are released, for good. Each NAME is
+    tried; exit 1 if one could not be cancelled."""
+    _for_each_program(names, _api(state, api, token, tenant), ApiClient.cancel, "cancelled")
+
+
+@main.command()
+@click.argument("names", nargs=-1, required=True, type=OBJECT_NAME)
+@api_options
+def suspend(
+    names: tuple[str, ...], state: Path | None, api: str | None, token: str | None, tenant: str
+) -> None:
+    """Suspend programs: their runs stop and their devices are released until 'pathways
+    resume' (they keep their place in the tenant's quota). Each NAME is tried; exit 1 if one
+    could not be suspended."""
+    _for_each_program(names, _api(state, api, token, tenant), ApiClient.suspend, "suspended")
+
+
+@main.command()
+@click.argument("names", nargs=-1, required=True, type=OBJECT_NAME)
+@api_options
+def resume(
+    names: tuple[str, ...], state: Path | None, api: str | None, token: str | None, tenant: str
+) -> None:
+    """Resume suspended programs: each starts its next run once its slices are bound again (a
+    driver that saves checkpoints continues from its last step). Each NAME is tried; exit 1
+    if one could not be resumed."""
+    _for_each_program(names, _api(state, api, token, tenant), ApiClient.resume, "resumed")
+
+
+def _for_each_program(
+    names: tuple[str, ...], client: ApiClient, action: Callable[[ApiClient, str], Any], done: str
+) -> None:
+    """Do ``action`` to each named program once, saying how it went; exit 1 if one failed."""
     failed = False
-    with _api(state, api, token, tenant) as client:
+    with client:
         for name in dict.fromkeys(names):
             try:
-                client.cancel(name)
+                action(client, name)
             except ApiCallError as error:
                 errors.print(f"[red]✗[/] {escape(name)}: {escape(str(error))}")
                 failed = True
                 continue
-            console.print(f"[green]✓[/] program [bold]{escape(name)}[/] cancelled")
+            console.print(f"[green]✓[/] program [bold]{escape(name)}[/] {done}")
     if failed:
         sys.exit(1)
 

@@ -16,6 +16,8 @@ from pathways_api.store import PROGRAM
 ISOLATED = [
     ("GET", "/v1/programs/p"),
     ("POST", "/v1/programs/p/cancel"),
+    ("POST", "/v1/programs/p/suspend"),
+    ("POST", "/v1/programs/p/resume"),
     ("DELETE", "/v1/programs/p"),
     ("GET", "/v1/programs/p/events"),
     ("GET", "/v1/programs/p/logs"),
@@ -106,6 +108,42 @@ def test_cancelled_programs_give_their_quota_back(server: Server) -> None:
         assert cancelled.json()["metadata"]["annotations"]["pathways.dev/cancelled"] == "true"
         assert c.post("/v1/programs", json=program("p4")).status_code == 201
         assert c.get("/v1/me").json()["usage"]["programs"] == 4
+
+
+def test_suspend_and_resume_flip_spec_suspend_and_keep_the_quota(
+    server: Server, a: httpx.Client
+) -> None:
+    assert a.post("/v1/programs", json=program("p")).status_code == 201
+    usage = a.get("/v1/me").json()["usage"]
+    generation = a.get("/v1/programs/p").json()["metadata"]["generation"]
+    for _ in range(2):  # the second time changes nothing
+        suspended = a.post("/v1/programs/p/suspend")
+        assert suspended.status_code == 200, suspended.text
+        assert suspended.json()["spec"]["suspend"] is True
+        assert suspended.json()["metadata"]["generation"] == generation + 1
+    # A suspended program keeps its place in the quota, so it can always resume.
+    assert a.get("/v1/me").json()["usage"] == usage
+    for _ in range(2):
+        resumed = a.post("/v1/programs/p/resume")
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.json()["spec"]["suspend"] is False
+        assert resumed.json()["metadata"]["generation"] == generation + 2
+    # Cancelled is suspended for good.
+    assert a.post("/v1/programs/p/cancel").status_code == 200
+    for action in ("suspend", "resume"):
+        refused = a.post(f"/v1/programs/p/{action}")
+        assert refused.status_code == 409
+        assert error_of(refused)["field"] == "name"
+        assert "was cancelled, so it cannot" in error_of(refused)["message"]
+    assert a.get("/v1/programs/p").json()["spec"]["suspend"] is True
+    # A finished program has nothing to suspend; an unknown one is not found.
+    assert a.post("/v1/programs", json=program("done")).status_code == 201
+    document = server.store.read(PROGRAM, "team-a", "done")
+    assert server.store.write_status(document, {"phase": "Succeeded"}) is not None
+    finished = a.post("/v1/programs/done/suspend")
+    assert finished.status_code == 409
+    assert error_of(finished)["message"] == "program 'done' already succeeded"
+    assert a.post("/v1/programs/nothing/resume").status_code == 404
 
 
 def test_idempotent_resubmission_returns_the_first_object(server: Server, a: httpx.Client) -> None:

@@ -10,7 +10,15 @@ from hostile_yaml import HOSTILE_MANIFESTS
 
 @pytest.mark.parametrize(
     "arguments",
-    [("get",), ("status",), ("cancel", "p"), ("logs", "p"), ("trace", "p", "--out", "t.json")],
+    [
+        ("get",),
+        ("status",),
+        ("cancel", "p"),
+        ("suspend", "p"),
+        ("resume", "p"),
+        ("logs", "p"),
+        ("trace", "p", "--out", "t.json"),
+    ],
 )
 def test_without_a_cluster_the_commands_say_how_to_start_one(
     pathways, tmp_path: Path, arguments: tuple[str, ...]
@@ -26,7 +34,9 @@ def test_an_unreachable_api_is_named(pathways, tmp_path: Path) -> None:
     assert "Unreachable" in result.output and "127.0.0.1:9" in result.output
 
 
-@pytest.mark.parametrize("command", ["get", "cancel", "delete", "logs", "trace"])
+@pytest.mark.parametrize(
+    "command", ["get", "cancel", "suspend", "resume", "delete", "logs", "trace"]
+)
 @pytest.mark.parametrize("name", ["a/../b", "Big", "x" * 254, "x."])
 def test_a_name_no_object_can_have_is_refused_before_calling_the_api(
     pathways, command: str, name: str

@@ -46,9 +46,27 @@ PROGRAM = textwrap.dedent(
       slices:
         - {name: main, devices: 1}
       driver:
-        source: "import time; time.sleep(600)"
+        source: |
+          import time
+          import numpy as np
+          from pathways_client import checkpoint
+          restored = checkpoint.restore()
+          step = restored[0] if restored else 0
+          print("from step", step, flush=True)
+          while step < 6000:
+              time.sleep(0.1)
+              step += 1
+              checkpoint.save(step, {"step": np.array(step)})
+              print("step", step, flush=True)
     """
 )
+
+
+def wait_until(check: Callable[[], bool], what: str = "", timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
+        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -131,7 +149,27 @@ def test_up_submit_trace_cancel_down_and_up_again(state: Path, tmp_path: Path, p
     other = pathways("get", "double", "--state", str(state), "--tenant", "default")
     assert other.exit_code == 1 and "NotFound" in other.output
 
+    # Suspended, a program's run stops and its devices are free; resumed, its next run goes on
+    # from its last checkpoint.
+    with ApiClient(info.api, tokens(state)["team-a"]) as client:
+        wait_until(lambda: "step 3\n" in pathways("logs", "sleeper", *api).output, "step 3")
+        suspended = pathways("suspend", "sleeper", *api)
+        assert suspended.exit_code == 0 and "program sleeper suspended" in suspended.output
+        wait_until(lambda: client.get("programs", "sleeper")["status"]["phase"] == "Suspended")
+        wait_until(lambda: client.get("islands", "island-0")["status"]["devicesFree"] == 4)
+        saved = int(pathways("logs", "sleeper", *api).output.split()[-1])
+        resumed = pathways("resume", "sleeper", *api)
+        assert resumed.exit_code == 0 and "program sleeper resumed" in resumed.output
+        wait_until(lambda: "from step" in pathways("logs", "sleeper", *api, "--run", "2").output)
+        second = pathways("logs", "sleeper", *api, "--run", "2").output.splitlines()
+        # The last step it printed, or one more saved as it was stopped before printing it.
+        assert second[0] == "--- run 2 ---"
+        assert second[1] in (f"from step {saved}", f"from step {saved + 1}"), second[:3]
+        assert client.get("programs", "sleeper")["status"]["phase"] == "Running"
+
     assert pathways("cancel", "sleeper", *api).exit_code == 0
+    refused = pathways("resume", "sleeper", *api)
+    assert refused.exit_code == 1 and "was cancelled, so it cannot resume" in refused.output
     status = pathways("status", *api)
     assert "island-0" in status.output and "Ready" in status.output
 

@@ -62,7 +62,8 @@ def reviews(cluster: Cluster) -> None:
 class Api:
     """The app on one event loop (its store's connections belong to it), called in-process."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, store: KubernetesStore) -> None:
+        self.store = store
         self.loop = asyncio.new_event_loop()
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://api"
@@ -78,7 +79,7 @@ def api(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Api]:
     reviews(cluster)
     monkeypatch.setenv("PATHWAYS_API_QUOTA_PROGRAMS", "3")
     store = KubernetesStore.from_environment()
-    running = Api(create_app(Service(store, "kubernetes"), TokenReviewer(store)))
+    running = Api(create_app(Service(store, "kubernetes"), TokenReviewer(store)), store)
     yield running
     running.loop.run_until_complete(store.http.aclose())
     running.close()
@@ -126,6 +127,35 @@ def test_programs_become_custom_resources_of_the_tenants_namespace(
     assert stored["spec"]["suspend"] is True
     assert stored["metadata"]["annotations"]["pathways.dev/cancelled"] == "true"
     assert call(api, "token-a", "GET", "/v1/me").json()["usage"]["programs"] == 0
+
+
+def test_suspend_and_resume_patch_the_version_they_checked(
+    cluster: Cluster, api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert call(api, "token-a", "POST", "/v1/programs", json=program("train")).status_code == 201
+    suspended = call(api, "token-a", "POST", "/v1/programs/train/suspend")
+    assert suspended.status_code == 200, suspended.text
+    assert cluster.get("PathwaysProgram", "train", "team-a")["spec"]["suspend"] is True
+    assert call(api, "token-a", "GET", "/v1/me").json()["usage"]["programs"] == 1
+    # Cancelled between the API's look and its patch: the patch of the version it checked is
+    # refused, the program looked at again, and the resume refused, so nothing un-suspends a
+    # cancelled program.
+    real_get, raced = api.store.get, []
+
+    async def get_then_cancel(kind: str, namespace: str | None, name: str) -> Any:
+        document = await real_get(kind, namespace, name)
+        if not raced:
+            raced.append(name)
+            cancel = {"metadata": {"annotations": {"pathways.dev/cancelled": "true"}}}
+            cluster.patch("PathwaysProgram", name, cancel, namespace)
+        return document
+
+    monkeypatch.setattr(api.store, "get", get_then_cancel)
+    resumed = call(api, "token-a", "POST", "/v1/programs/train/resume")
+    assert resumed.status_code == 409, resumed.text
+    assert "was cancelled, so it cannot resume" in resumed.json()["error"]["message"]
+    assert raced == ["train"]
+    assert cluster.get("PathwaysProgram", "train", "team-a")["spec"]["suspend"] is True
 
 
 def test_quota_and_idempotency(cluster: Cluster, api: Api) -> None:
@@ -199,6 +229,7 @@ def test_logs_are_the_pods_logs_by_run_through_a_window(cluster: Cluster, api: A
     assert tail.json()["logs"] == "three\n"
     status = {"status": {"runs": 2}}
     cluster.patch("PathwaysProgram", "talker", status, namespace="team-a", sub="status")
+
     def pod_logs_read() -> int:
         return cluster.requests_to(lambda request: str(request.url.path).endswith("/log"))
 
