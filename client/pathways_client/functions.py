@@ -15,7 +15,14 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pathways_client.futures import ArrayFuture, Specialized, call, describe, host_array
+from pathways_client.futures import (
+    ArrayFuture,
+    Specialized,
+    call,
+    describe,
+    host_array,
+    input_shardings,
+)
 from pathways_client.slices import Slice
 
 
@@ -142,6 +149,7 @@ class CompiledFunction:
             in_tree=tree,
             out_tree=out_tree,
             nr_devices=exported.nr_devices,
+            in_shardings_hlo=input_shardings(exported),
         )
         self._specialized[key] = specialized
         return specialized

@@ -7,10 +7,12 @@ deletes the buffer too (after every computation queued before that uses it).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import math
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,6 +24,17 @@ import numpy as np
 from pathways_client.errors import DeletedError, NodeFailed
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.slices import Slice
+from pathways_core.wire.arrays import Region
+
+# Which shard of an input each device takes under an HLO sharding: JAX's own reading (not a
+# public API; without it inputs are uploaded whole, as before).
+try:
+    from jax._src.op_shardings import op_sharding_to_indices
+except ImportError:  # pragma: no cover - another JAX
+
+    def op_sharding_to_indices(*_: Any) -> Any:
+        raise NotImplementedError
+
 
 if TYPE_CHECKING:
     from pathways_client.cluster import Cluster
@@ -40,6 +53,8 @@ class Specialized:
     in_tree: Any = None
     out_tree: Any = None
     nr_devices: int = 1
+    # Each input's HLO sharding (None: unspecified, replicated), as exported.
+    in_shardings_hlo: tuple[Any, ...] = ()
     # Its function id by the session that registered it: a session's island forgets the
     # function once no open session uses it, so each session registers it once.
     ids: weakref.WeakKeyDictionary[IslandClient, str] = field(
@@ -58,7 +73,24 @@ class Specialized:
             in_tree=exported.in_tree,
             out_tree=exported.out_tree,
             nr_devices=exported.nr_devices,
+            in_shardings_hlo=input_shardings(exported),
         )
+
+
+def input_shardings(exported: jax.export.Exported) -> tuple[Any, ...]:
+    """Each input's HLO sharding as exported (None: unspecified), or () if they cannot be
+    read. Exports with named shardings (the SDK's) keep them aside, in a private field that
+    the executors read too (see ``pathways_executor.functions._mesh``)."""
+    try:
+        named = exported._in_named_shardings if exported._has_named_shardings else None
+        if not named:
+            return tuple(exported.in_shardings_hlo)
+        return tuple(
+            None if sharding is None else sharding._to_xla_hlo_sharding(len(aval.shape))
+            for sharding, aval in zip(named, exported.in_avals, strict=True)
+        )
+    except Exception:  # another JAX: inputs are then uploaded whole
+        return ()
 
 
 def _struct(aval: Any) -> jax.ShapeDtypeStruct:
@@ -311,7 +343,9 @@ def call(
                 label = names[position] if position < len(names) else f"input {position}"
                 raise DeletedError(f"{label} of {node!r}: {error}") from None
         else:
-            buffer_id = _upload(session, host_array(value), slice, node)
+            shardings = function.in_shardings_hlo
+            sharding = shardings[position] if position < len(shardings) else None
+            buffer_id = _upload(session, host_array(value), slice, node, sharding)
             uploads.append(buffer_id)
             buffer_ids.append(buffer_id)
     submitted = session.submit(
@@ -327,14 +361,48 @@ def call(
     ]
 
 
-def _upload(session: IslandClient, array: np.ndarray, slice: Slice, node: str) -> str:
-    """Upload to the executor of the slice's first device; a dead one fails the node."""
+def _upload(
+    session: IslandClient, array: np.ndarray, slice: Slice, node: str, sharding: Any = None
+) -> str:
+    """Upload an input to the executor of the slice's first device or, sharded (``sharding``:
+    its HLO sharding) over a slice spanning executors, to each executor the shards its devices
+    take; a dead executor fails the node."""
     try:
+        regions = executor_regions(sharding, array.shape, slice.devices, session.device_owner)
+        if regions is not None:
+            return session.put_shards(array, regions)
         return session.put(array, slice.devices[0])
     except grpc.RpcError as error:
         raise NodeFailed(
             node, slice.island, f"uploading an input to its executor failed: {error.details()}"
         ) from None
+
+
+def executor_regions(
+    sharding: Any, shape: tuple[int, ...], devices: Sequence[int], owners: Mapping[int, int]
+) -> dict[int, list[Region]] | None:
+    """The regions of an input of ``shape`` each executor owning some of ``devices`` (in the
+    function's device order) takes under ``sharding``, an input's HLO sharding; None when one
+    of them takes it whole (replicated, unspecified, or all on one executor)."""
+    on_several = set(devices) <= owners.keys() and len({owners[d] for d in devices}) > 1
+    if sharding is None or not shape or not on_several:
+        return None
+    try:
+        indices = op_sharding_to_indices(sharding, shape, len(devices))
+    except Exception:  # a sharding this version of JAX cannot map: the input goes whole
+        return None
+    taken: dict[int, dict[tuple[tuple[int, int], ...], None]] = {}
+    for device, index in zip(devices, indices, strict=True):
+        bounds = tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
+        taken.setdefault(owners[device], {})[bounds] = None
+    # An executor taking every element (tiles are disjoint) is sent the array whole.
+    size = math.prod(shape)
+    if any(sum(math.prod(b - a for a, b in r) for r in held) >= size for held in taken.values()):
+        return None
+    return {
+        executor: [tuple(builtins.slice(a, b) for a, b in bounds) for bounds in held]
+        for executor, held in taken.items()
+    }
 
 
 def function_id_on(session: IslandClient, function: Specialized, island: str) -> str:

@@ -15,8 +15,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,7 +33,7 @@ from pathways_core.scheduling.limits import (
 )
 from pathways_core.scheduling.programs import program_digest, slice_problem
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
-from pathways_core.wire.arrays import Assembly, numeric_dtype, to_chunks
+from pathways_core.wire.arrays import Assembly, Region, numeric_dtype, region_chunks, to_chunks
 from pathways_core.wire.streams import (
     FRAME_LENGTH,
     MAX_FRAME_BYTES,
@@ -49,6 +49,8 @@ DELETE_LINGER_SECONDS = 0.002
 # Ids are unique across all of this process's sessions: a buffer keeps its id when another
 # island pulls it, so two islands' sessions of one client must never mint the same one.
 _IDS = itertools.count()
+# Uploads of an input's shards to the executors after the first (the caller's thread takes it).
+_PUTS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="put-shards")
 
 
 class IslandError(RuntimeError):
@@ -242,11 +244,7 @@ class IslandClient:
         problem = slice_problem("put", [device], self.device_owner)
         if problem:
             raise IslandError(problem)
-        array = np.asarray(array)
-        try:
-            numeric_dtype(array.dtype)
-        except ValueError as error:
-            raise TypeError(f"put: {error}; devices hold numbers and booleans") from None
+        array = _numeric("put", array)
         buffer_id = self._new_id("put")
         executor = self.device_owner[device]
         stub(self._executors[executor], EXECUTOR, "PutArray")(
@@ -254,6 +252,42 @@ class IslandClient:
         )
         self._locations[buffer_id] = (executor,)
         self._send(pb.ClientMessage(placed=pb.PlacedBuffer(buffer_id=buffer_id, executor=executor)))
+        return buffer_id
+
+    def put_shards(self, array: np.ndarray, regions: Mapping[int, Sequence[Region]]) -> str:
+        """Upload to each executor in ``regions`` only its regions of a host array (the
+        shards its devices take of an input sharded over them), to all at once; returns the
+        buffer id. Errors as ``put``; a failed upload's gRPC error is raised once the others
+        have ended (and what they stored is freed)."""
+        unknown = sorted(set(regions) - set(self._executors))
+        if not regions or unknown:
+            raise IslandError(f"put_shards: no executors given, or unknown ones ({unknown})")
+        array = _numeric("put_shards", array)
+        buffer_id = self._new_id("put")
+
+        def upload(executor: int) -> None:
+            shards = [(region, array[region]) for region in regions[executor]]
+            chunks = region_chunks(buffer_id, array.dtype, array.shape, shards)
+            stub(self._executors[executor], EXECUTOR, "PutArray")(chunks, timeout=120)
+
+        first, *others = sorted(regions)
+        uploads = {first: None, **{e: _PUTS.submit(upload, e) for e in others}}
+        stored: list[int] = []
+        failure: grpc.RpcError | None = None
+        for executor, done in uploads.items():
+            try:
+                upload(executor) if done is None else done.result()
+                stored.append(executor)
+            except grpc.RpcError as error:
+                failure = failure or error
+        if stored:
+            self._locations[buffer_id] = tuple(stored)
+            placed = pb.PlacedBuffer(buffer_id=buffer_id, executors=stored)
+            self._send(pb.ClientMessage(placed=placed))
+        if failure is not None:
+            if stored:
+                self.delete([buffer_id])
+            raise failure
         return buffer_id
 
     def holders(self, buffer_id: str) -> pb.InputSource:
@@ -508,6 +542,16 @@ class IslandClient:
             future.set_exception(IslandBusy(event.message))
         else:
             future.set_exception(IslandError(event.message))
+
+
+def _numeric(what: str, array: np.ndarray) -> np.ndarray:
+    """``array`` as a numpy array, or ``TypeError`` if it is not of numbers or booleans."""
+    array = np.asarray(array)
+    try:
+        numeric_dtype(array.dtype)
+    except ValueError as error:
+        raise TypeError(f"{what}: {error}; devices hold numbers and booleans") from None
+    return array
 
 
 def _unanswered(endpoint: str, error: grpc.RpcError, tls: Tls | None) -> str:

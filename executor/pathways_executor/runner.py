@@ -30,6 +30,7 @@ from jax._src.lib import xla_client as xc
 from jax.sharding import SingleDeviceSharding
 
 from pathways_core.wire import pb
+from pathways_executor.arrays import HostShards
 from pathways_executor.artifact_check import ArtifactChecker
 from pathways_executor.buffers import PENDING, BufferError, BufferStore
 from pathways_executor.functions import Callable, FunctionCache, FunctionError, check_inputs
@@ -91,6 +92,8 @@ def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
     array = isinstance(value, jax.Array)
     if array and value.sharding == sharding:
         return value  # the common case in a chain; device_put would cost ~15 µs to do nothing
+    if isinstance(value, HostShards):  # this process's devices' shards, uploaded here
+        return jax.make_array_from_callback(value.shape, sharding, value.__getitem__)
     single = isinstance(sharding, SingleDeviceSharding)
     if single and array:
         moved = _copy_to_device(value, sharding)
@@ -484,8 +487,9 @@ class Runner:
         self._completions.put(None)
         self._transfers.shutdown(wait=False, cancel_futures=True)
 
-    def put_array(self, buffer_id: str, value: np.ndarray) -> None:
-        """A client's upload: a host array, placed on devices when a computation uses it."""
+    def put_array(self, buffer_id: str, value: np.ndarray | HostShards) -> None:
+        """A client's upload: a host array (or the shards of one this process's devices
+        take), placed on devices when a computation uses it."""
         self.buffers.set(buffer_id, value)
 
     # -- the ordered loop ---------------------------------------------------------------------

@@ -20,9 +20,9 @@ import jax
 import numpy as np
 
 from pathways_core.wire import EXECUTOR, pb
-from pathways_core.wire.arrays import Assembly, Chunk, from_chunks, numeric_dtype, region_chunks
+from pathways_core.wire.arrays import Assembly, Chunk, numeric_dtype, region_chunks
 from pathways_core.wire.streams import CONTROL_TOKEN_ENV
-from pathways_executor.arrays import local_regions
+from pathways_executor.arrays import local_regions, received_upload
 from pathways_executor.buffers import BufferError
 from pathways_executor.control import ControlServer
 from pathways_executor.data_plane import DataPlaneServer, Puller
@@ -88,7 +88,7 @@ class ExecutorService:
 
     def PutArray(self, chunks, context):
         try:
-            buffer_id, array = from_chunks(_checked_upload(chunks))
+            buffer_id, array = received_upload(_checked_upload(chunks))
             if buffer_id in self.runner.buffers:
                 context.abort(
                     grpc.StatusCode.ALREADY_EXISTS, f"buffer {buffer_id!r} exists already"
@@ -230,35 +230,59 @@ def _not_yet(error: BufferError, buffer_id: str) -> bool:
 
 def _checked_upload(chunks: Iterable[Chunk]) -> Iterator[Chunk]:
     """An upload's chunks, refused (``ValueError`` naming the field) as soon as they describe
-    something other than one whole array whose bytes match its dtype and shape, so that no
-    memory is set aside for sizes the bytes sent do not back."""
-    expected = received = 0
-    started = False
+    something other than an array (whole, or distinct regions inside its shape: the shards of
+    an input sharded over several executors) whose bytes match their dtype and bounds, so that
+    no memory is set aside for sizes the bytes sent do not back."""
+    first: Chunk | None = None
+    expected = received = announced = 0
+    seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
     for chunk in chunks:
         if chunk.begin:
-            if started:
-                raise ValueError("an upload holds one region (the whole array), not several")
-            started = True
-            if not chunk.buffer_id or len(chunk.buffer_id) > MAX_BUFFER_ID:
+            if received != expected:
+                raise ValueError(f"a region ended after {received} of {expected} bytes")
+            if first is None:
+                first = chunk
+                if not chunk.buffer_id or len(chunk.buffer_id) > MAX_BUFFER_ID:
+                    raise ValueError(
+                        f"buffer_id must hold 1 to {MAX_BUFFER_ID} characters, "
+                        f"not {len(chunk.buffer_id)}"
+                    )
+                dtype = numeric_dtype(chunk.dtype)
+                shape = list(chunk.shape)
+                if len(shape) > 64 or any(n < 0 for n in shape):
+                    raise ValueError(f"shape {shape[:8]} must be at most 64 sizes, each >= 0")
+            elif (chunk.buffer_id, chunk.dtype, list(chunk.shape)) != (
+                first.buffer_id,
+                first.dtype,
+                shape,
+            ):
                 raise ValueError(
-                    f"buffer_id must hold 1 to {MAX_BUFFER_ID} characters, "
-                    f"not {len(chunk.buffer_id)}"
+                    "the regions of an upload must share its buffer_id, dtype and shape"
                 )
-            dtype = numeric_dtype(chunk.dtype)
-            shape = list(chunk.shape)
-            if len(shape) > 64 or any(n < 0 for n in shape):
-                raise ValueError(f"shape {shape[:8]} must be at most 64 sizes, each >= 0")
-            whole = [0] * len(shape)
-            starts, stops = list(chunk.region_start), list(chunk.region_stop)
-            if (starts or stops) and (starts != whole or stops != shape):
-                raise ValueError("region_start and region_stop must cover the whole array")
-            expected = math.prod(shape) * dtype.itemsize
+            starts = list(chunk.region_start) or [0] * len(shape)
+            stops = list(chunk.region_stop) or shape
+            if not len(starts) == len(stops) == len(shape) or not all(
+                0 <= a <= b <= n for a, b, n in zip(starts, stops, shape, strict=True)
+            ):
+                raise ValueError(
+                    f"region_start {starts[:8]} and region_stop {stops[:8]} must bound a region "
+                    f"of shape {shape[:8]}"
+                )
+            bounds = (tuple(starts), tuple(stops))
+            if bounds in seen:
+                raise ValueError(f"the region {starts[:8]}-{stops[:8]} was sent twice")
+            seen.add(bounds)
+            expected = math.prod(b - a for a, b in zip(starts, stops, strict=True)) * dtype.itemsize
             if chunk.total_bytes != expected:
                 raise ValueError(
                     f"total_bytes {chunk.total_bytes} does not match dtype {dtype.name} and "
-                    f"shape {shape} ({expected} bytes)"
+                    f"region {starts[:8]}-{stops[:8]} ({expected} bytes)"
                 )
-        elif not started:
+            announced += expected
+            if announced > math.prod(shape) * dtype.itemsize:
+                raise ValueError(f"the regions hold more bytes than an array of shape {shape[:8]}")
+            received = 0
+        elif first is None:
             raise ValueError("array data arrived before its header")
         received += len(chunk.data)
         if received > expected:

@@ -674,10 +674,24 @@ def test_uploads_with_nonsense_fields_are_refused_naming_the_field(
         "more than the 16 bytes": [header(data=b"\0" * 17)],
         "ended after 8 of 16 bytes": [header(data=b"\0" * 8)],
         "before its header": [pb.ArrayChunk(data=b"\0" * 16)],
-        "one region": [header(data=b"\0" * 16), header(data=b"\0" * 16)],
-        "cover the whole array": [header(region_start=[0], region_stop=[2], total_bytes=8)],
+        "sent twice": [header(data=b"\0" * 16), header(data=b"\0" * 16)],
+        "more bytes than an array": [
+            header(region_start=[0], region_stop=[3], total_bytes=12, data=b"\0" * 12),
+            header(region_start=[1], region_stop=[4], total_bytes=12, data=b"\0" * 12),
+        ],
+        "must share its buffer_id": [
+            header(region_start=[0], region_stop=[2], total_bytes=8, data=b"\0" * 8),
+            header(shape=[5], region_start=[2], region_stop=[4], total_bytes=8),
+        ],
+        "must bound a region": [header(region_start=[2], region_stop=[5], total_bytes=12)],
+        "must bound a region ": [header(region_start=[3], region_stop=[1], total_bytes=0)],
+        "must bound a region  ": [header(region_start=[0, 0], region_stop=[2, 2])],
+        "ended after 4 of 8 bytes": [
+            header(region_start=[0], region_stop=[2], total_bytes=8, data=b"\0" * 4),
+            header(region_start=[2], region_stop=[4], total_bytes=8, data=b"\0" * 8),
+        ],
         "buffer_id must hold": [header(buffer_id="", data=b"\0" * 16)],
-        "does not cover the whole array": [],
+        "holds no array": [],
     }
     for needle, chunks in cases.items():
         code, details = _put(target, chunks)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +17,13 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways_client as pw
-from pathways_client.futures import Specialized, call
+from pathways_client.futures import Specialized, call, function_id_on
+from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland
+from pathways_client.rpc import stub
 from pathways_core.resources import PathwaysProgram
+from pathways_core.wire import EXECUTOR, pb
+from pathways_core.wire.arrays import Assembly
 
 
 @pytest.fixture
@@ -37,6 +42,54 @@ def test_sharded_function_on_a_slice_spanning_both_executors(cluster: pw.Cluster
 
         value = np.arange(32, dtype=np.float32).reshape(4, 8)
         np.testing.assert_allclose(total(value).result(), value.sum(axis=1))
+
+
+def test_a_host_input_sharded_over_both_executors_goes_to_each_in_parts(
+    cluster: pw.Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each executor is sent only the shards its devices take of a host input (before, the
+    first executor was sent all of it and the second pulled all of it from there)."""
+    sent: list[dict[int, int]] = []  # per upload in parts: elements sent to each executor
+    put_shards = IslandClient.put_shards
+
+    def recording(self: IslandClient, array: np.ndarray, regions: Any) -> str:
+        sent.append({e: sum(array[r].size for r in held) for e, held in regions.items()})
+        return put_shards(self, array, regions)
+
+    monkeypatch.setattr(IslandClient, "put_shards", recording)
+    value = np.arange(8 * 16 * 6, dtype=np.float32).reshape(8, 16, 6)
+    with cluster.slice(devices=8) as line:
+        for spec, parts in ((P("x"), True), (P(None, "x"), True), (P(), False)):
+            double = pw.function(lambda a: a * 2 + 1, slice=line, in_shardings=spec)
+            np.testing.assert_array_equal(double(value).result(), value * 2 + 1)
+            assert bool(sent) == parts, spec
+            if parts:
+                assert sent.pop() == {0: value.size // 2, 1: value.size // 2}, spec
+    with cluster.slice(shape=(2, 4)) as mesh:  # shards of both axes, whatever the binding
+        for spec in (P("x", "y"), P(None, ("y", "x")), P("y")):
+            double = pw.function(lambda a: a * 2 + 1, slice=mesh, in_shardings=spec)
+            np.testing.assert_array_equal(double(value).result(), value * 2 + 1)
+    # What an executor holds of an input uploaded in parts is its part: fetched from both, the
+    # array is whole; asked of one, only its regions come.
+    session = cluster.session(line.island)
+    rest = (slice(0, 16), slice(0, 6))
+    halves = {0: [(slice(0, 4), *rest)], 1: [(slice(4, 8), *rest)]}
+    buffer_id = session.put_shards(value, halves)
+    np.testing.assert_array_equal(session.get(buffer_id), value)
+    assembly = Assembly()
+    request = pb.ArrayRequest(buffer_id=buffer_id, timeout_seconds=10)
+    assembly.add(stub(session._executors[1], EXECUTOR, "GetArray")(request, timeout=30))
+    assert not assembly.complete and assembly.written is not None
+    assert assembly.written[4:].all() and not assembly.written[:4].any()
+    # Used by a computation laid out otherwise, it fails saying so (the SDK sends parts only
+    # to the one computation they were cut for).
+    with cluster.slice(devices=1) as one:
+        single = pw.function(lambda a: a * 2 + 1, slice=one).specialize(value)
+        function_id = function_id_on(session, single, one.island)
+        failed = session.submit(function_id, one.devices, [buffer_id], 1).done
+        with pytest.raises(IslandError, match="split for another layout"):
+            failed.result(timeout=60)
+    session.delete([buffer_id])
 
 
 def test_pytrees_go_in_and_come_out(cluster: pw.Cluster) -> None:

@@ -248,13 +248,15 @@ class IslandDispatcher:
         return [ToClient(client, event)]
 
     def placed(self, client: str, message: pb.PlacedBuffer) -> list[Instruction]:
-        """The client uploaded a buffer to an executor, or names one held on another island."""
+        """The client uploaded a buffer to an executor (or in parts to several), or names one
+        held on another island."""
         problem = self._owned(client, message.buffer_id, "buffer")
         remote = message.remote if message.HasField("remote") else None
+        holders = frozenset(message.executors or (message.executor,))
         if problem is None and remote is not None and not remote.data_endpoints:
             problem = f"remote buffer {message.buffer_id!r} names no data endpoint to pull from"
-        elif problem is None and remote is None and message.executor not in self.executors:
-            problem = f"there is no executor {message.executor}"
+        elif problem is None and remote is None and not holders <= self.executors.keys():
+            problem = f"there is no executor {min(holders - self.executors.keys())}"
         if problem is None and message.buffer_id in self._buffers:
             problem = f"buffer {message.buffer_id!r} exists already"
         if problem is not None:
@@ -266,7 +268,7 @@ class IslandDispatcher:
             self._remote[message.buffer_id] = source
             self._buffers[message.buffer_id] = frozenset()
         else:
-            self._buffers[message.buffer_id] = frozenset({message.executor})
+            self._buffers[message.buffer_id] = holders
         return []
 
     def submit(self, client: str, computation: pb.Computation) -> list[Instruction]:

@@ -149,14 +149,16 @@ class ClientMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., function: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., computation: _Optional[_Union[Computation, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., placed: _Optional[_Union[PlacedBuffer, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ...) -> None: ...
 
 class PlacedBuffer(_message.Message):
-    __slots__ = ("buffer_id", "executor", "remote")
+    __slots__ = ("buffer_id", "executor", "remote", "executors")
     BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
     REMOTE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTORS_FIELD_NUMBER: _ClassVar[int]
     buffer_id: str
     executor: int
     remote: InputSource
-    def __init__(self, buffer_id: _Optional[str] = ..., executor: _Optional[int] = ..., remote: _Optional[_Union[InputSource, _Mapping]] = ...) -> None: ...
+    executors: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, buffer_id: _Optional[str] = ..., executor: _Optional[int] = ..., remote: _Optional[_Union[InputSource, _Mapping]] = ..., executors: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("client", "weight", "priority")
