@@ -55,18 +55,28 @@ class ListQuery:
     labels: dict[str, str] | None = None
 
 
+LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
+LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{LABEL_NAME}")
+LABEL_VALUE = re.compile(rf"{LABEL_NAME}?")
+
+
 def parse_labels(selector: str | None) -> dict[str, str] | None:
-    """``a=b,c=d`` as a dict; InvalidField naming the query parameter otherwise."""
+    """``a=b,c=d`` (``==`` as ``=``) as a dict; InvalidField naming the query parameter
+    otherwise: a term that is not a label key and value (Kubernetes' syntax), or one of the
+    selector's other kinds (``!=``, ``in``, ``notin``, a bare key), which are not supported."""
     if not selector:
         return None
     labels = {}
     for term in selector.split(","):
         key, sep, value = term.partition("=")
-        if not sep or not key.strip():
+        key, value = key.strip(), value.removeprefix("=").strip()
+        if not sep or not LABEL_KEY.fullmatch(key) or not LABEL_VALUE.fullmatch(value):
             raise InvalidField(
-                f"label selector terms are key=value, got {term!r}", field="query labelSelector"
+                f"label selector terms are key=value, each a Kubernetes label key and value "
+                f"(!=, in, notin and bare keys are not supported), got {term!r}",
+                field="query labelSelector",
             )
-        labels[key.strip()] = value.strip()
+        labels[key] = value
     return labels
 
 

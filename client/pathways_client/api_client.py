@@ -30,6 +30,10 @@ def _path(*segments: str) -> str:
     return "/v1/" + "/".join(quote(segment, safe="") for segment in segments)
 
 
+MAX_LOG_BYTES = 16 << 20
+"""The most of a program's output one look at its logs answers (the API's limitBytes)."""
+
+
 class ApiCallError(RuntimeError):
     """The API answered with an error: its status, code, message and field."""
 

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from pathways_client.api_client import ApiCallError, ApiClient
+from pathways_client.api_client import MAX_LOG_BYTES, ApiCallError, ApiClient
 from pathways_client.bench import bench_command
 from pathways_client.crd_files import check_crds, write_crds
 from pathways_client.manifests import (
@@ -715,6 +715,10 @@ KINDS = ["programs", "virtualslices", "islands"]
 """What ``pathways get --kind`` lists."""
 
 
+FILTER_OPTIONS = {"query phase": "'--phase'", "query labelSelector": "'-l' / '--selector'"}
+"""The option of ``get`` behind each list filter the API names in its errors."""
+
+
 @main.command()
 @click.argument("name", required=False, type=OBJECT_NAME)
 @api_options
@@ -762,6 +766,9 @@ def get(
             found = client.get(kind, name) if name else client.list(kind, **filters)
             happened = client.events(name) if name and events and kind == "programs" else []
         except ApiCallError as error:
+            option = FILTER_OPTIONS.get(error.field or "")
+            if option is not None:  # a filter the API refused: name the option given
+                raise click.BadParameter(error.message, param_hint=option) from None
             plural = f"{name}s" if f"{name}s" in KINDS else name
             if error.code == "NotFound" and plural in KINDS:
                 # kubectl's habit: ``get islands`` means the kind, which --kind names here.
@@ -984,7 +991,7 @@ def _get_or_none(client: ApiClient, kind: str, name: str) -> dict[str, Any] | No
 )
 @click.option(
     "--limit-bytes",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_LOG_BYTES),
     default=None,
     help="At most the last N bytes of the output, each look [default: the API's most, 16 MiB].",
 )

@@ -8,7 +8,8 @@ Three ways in:
   divide device time between them;
 - inside Kubernetes, from the settings the operator injects into a program's pod
   (``PATHWAYS_SLICES``, ``PATHWAYS_PROGRAM``, ``PATHWAYS_TENANT``, ``PATHWAYS_WEIGHT``,
-  ``PATHWAYS_PRIORITY``): the slices are already bound, by name;
+  ``PATHWAYS_PRIORITY``, ``PATHWAYS_STEPS``): the slices are already bound, by name, and
+  ``cluster.steps`` is the program's ``spec.steps``;
 - ``PATHWAYS_ISLANDS`` (``name=host:port,...``) for the direct mode from the environment;
 - through the REST API (``connect("http://host:port", token=...)``, ``PATHWAYS_API`` and
   ``PATHWAYS_TOKEN``, or ``connect(state=DIR)`` for the embedded cluster ``pathways up`` started):
@@ -63,10 +64,13 @@ class Cluster:
         priority: int = 0,
         bound: Mapping[str, Slice] | None = None,
         api: ApiClient | None = None,
+        steps: int = 1,
     ) -> None:
         if not islands and api is None:
             raise ConnectError("no islands to connect to")
         self.api = api
+        # The steps the program's spec asks a driver for (PATHWAYS_STEPS); 1 elsewhere.
+        self.steps = steps
         self.islands = dict(islands)
         self.client = client or f"{tenant}-{uuid.uuid4().hex[:8]}"
         self.tenant = tenant
@@ -365,8 +369,15 @@ def connect(
             "no cluster to connect to: pass a LocalIsland or islands={'name': 'host:port'}, or "
             f"set {ENV_ISLANDS}=name=host:port (inside Kubernetes the operator sets {ENV_SLICES})"
         )
+    steps = int(env.get("PATHWAYS_STEPS", "1")) if bound else 1
     return Cluster(
-        islands, client=client, tenant=tenant, weight=weight, priority=priority, bound=bound
+        islands,
+        client=client,
+        tenant=tenant,
+        weight=weight,
+        priority=priority,
+        bound=bound,
+        steps=steps,
     )
 
 

@@ -180,7 +180,13 @@ class CompiledFunction:
         def named(spec: Any) -> NamedSharding:
             if isinstance(spec, NamedSharding):
                 return spec
-            return NamedSharding(self.mesh, PartitionSpec() if spec is None else spec)
+            try:
+                return NamedSharding(self.mesh, PartitionSpec() if spec is None else spec)
+            except ValueError as error:  # an axis the slice's mesh does not have
+                raise TypeError(
+                    f"function {self.name!r}: sharding {spec} does not fit slice "
+                    f"{self.slice.name!r}: {error}"
+                ) from None
 
         if _is_spec(given):
             return (named(given),) * len(jax.tree.leaves(values))
@@ -212,8 +218,10 @@ class CompiledFunction:
         statics: Statics = ()
         if self._static_positions or self._static_names:
             args, kwargs, statics = self._split_statics(args, kwargs)
-        avals = tuple(jax.tree.map(self._aval, arg) for arg in args)
-        keyword_avals = {name: jax.tree.map(self._aval, arg) for name, arg in kwargs.items()}
+        avals = tuple(self._avals(arg, self._label(i)) for i, arg in enumerate(args))
+        keyword_avals = {
+            name: self._avals(arg, f"argument {name!r}") for name, arg in kwargs.items()
+        }
         self._check_fixed(avals, keyword_avals)
         specialized = self._specialize(avals, keyword_avals, statics)
         leaves = jax.tree.leaves((args, kwargs))
@@ -267,6 +275,14 @@ class CompiledFunction:
         dynamic = tuple(None if i in self._static_positions else a for i, a in enumerate(args))
         others = {name: value for name, value in kwargs.items() if name not in self._static_names}
         return dynamic, others, tuple(statics)
+
+    def _avals(self, argument: Any, label: str) -> Any:
+        """An argument's shapes and dtypes (a pytree like it); ``TypeError`` naming it if a
+        leaf is something devices cannot hold."""
+        try:
+            return jax.tree.map(self._aval, argument)
+        except TypeError as error:
+            raise TypeError(f"function {self.name!r}: {label}: {error}") from None
 
     def _aval(self, value: Any) -> jax.ShapeDtypeStruct:
         if isinstance(value, ArrayFuture):

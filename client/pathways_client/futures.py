@@ -24,7 +24,7 @@ import numpy as np
 from pathways_client.errors import DeletedError, NodeFailed
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.slices import Slice
-from pathways_core.wire.arrays import Region
+from pathways_core.wire.arrays import Region, numeric_dtype
 
 # Which shard of an input each device takes under an HLO sharding: JAX's own reading (not a
 # public API; without it inputs are uploaded whole, as before).
@@ -103,7 +103,8 @@ def describe(aval: Any) -> str:
 
 
 def host_array(value: Any) -> np.ndarray:
-    """A host value as the array JAX would make of it (64-bit types narrowed unless x64)."""
+    """A host value as the array JAX would make of it (64-bit types narrowed unless x64);
+    ``TypeError`` for what devices cannot hold (strings, objects, dates, typed PRNG keys)."""
     dtype = getattr(value, "dtype", None)
     if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
         raise TypeError(
@@ -112,8 +113,20 @@ def host_array(value: Any) -> np.ndarray:
             "function with jax.random.wrap_key_data"
         )
     array = np.asarray(value)
+    try:
+        numeric_dtype(array.dtype)
+    except ValueError as error:
+        raise TypeError(
+            f"{type(value).__name__} {_short(value)} cannot be sent to an island ({error}): "
+            "devices hold numbers and booleans"
+        ) from None
     dtype = jax.dtypes.canonicalize_dtype(array.dtype)
     return array if array.dtype == dtype else array.astype(dtype)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class Shaped:
@@ -138,6 +151,7 @@ HOST_OPERATIONS: dict[str, tuple[str, ...]] = {
         *("__matmul__", "__rmatmul__", "__pow__", "__neg__", "__abs__"),
     ),
     "indexing": ("__getitem__",),
+    "a comparison": ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"),
 }
 """Python's operations on an array, by what they are: a value the islands hold refuses them."""
 
@@ -160,6 +174,7 @@ def refuses_host_operations(
         for what, names in operations.items():
             for name in names:
                 setattr(cls, name, refusal(what))
+        cls.__hash__ = object.__hash__  # type: ignore[assignment]  # identity, as before
         return cls
 
     return decorate
@@ -172,8 +187,9 @@ def refuses_host_operations(
 class ArrayFuture(Shaped):
     """An array that is, or will be, computed on ``slice``: output ``output`` of ``node``.
 
-    As with a ``jax.Array``, ``np.asarray``, ``float`` and ``int`` fetch its value (waiting for
-    it); arithmetic and indexing are refused, saying to compute in a ``pw.function``."""
+    As with a ``jax.Array``, ``np.asarray``, ``float``, ``int`` and ``bool`` fetch its value
+    (waiting for it); arithmetic, comparisons and indexing are refused, saying to compute in a
+    ``pw.function``."""
 
     def __init__(
         self,
@@ -240,6 +256,9 @@ class ArrayFuture(Shaped):
 
     def __float__(self) -> float:
         return float(self.result())
+
+    def __bool__(self) -> bool:  # as jax.Array: of one element, else ambiguous (ValueError)
+        return bool(self.result())
 
     def __int__(self) -> int:
         return int(self.result())
@@ -309,7 +328,10 @@ def put(value: Any, slice: Slice) -> ArrayFuture:
     if not isinstance(slice, Slice):
         raise TypeError(f"put: slice must be a Slice from cluster.slice(...) (got {slice!r})")
     cluster = slice.cluster_or_fail()
-    array = host_array(value)
+    try:
+        array = host_array(value)
+    except TypeError as error:
+        raise TypeError(f"put: {error}") from None
     buffer_id = _upload(cluster.session(slice.island), array, slice, "put")
     aval = jax.ShapeDtypeStruct(array.shape, array.dtype)
     return ArrayFuture(cluster, slice, buffer_id, aval, node="put", done=None)

@@ -32,6 +32,7 @@ from pathways_client.futures import (
     call,
     describe,
     function_id_on,
+    host_array,
     put,
     refuses_host_operations,
 )
@@ -41,6 +42,7 @@ from pathways_core.dataflow import Dataflow, Node, Ref, Source
 from pathways_core.manifests import problems_of
 from pathways_core.resources import PathwaysProgram
 from pathways_core.resources.program import (
+    PROGRAM_NAME,
     FunctionArtifact,
     ProgramSlice,
 )
@@ -136,7 +138,12 @@ class Program:
         """Trace the function for arguments shaped like ``args`` and ``kwargs`` (cached by
         shapes)."""
         leaves, tree = jax.tree.flatten((args, kwargs))
-        avals = [_aval(leaf) for leaf in leaves]
+        avals = []
+        for position, leaf in enumerate(leaves):
+            try:
+                avals.append(_aval(leaf))
+            except TypeError as error:
+                raise TypeError(f"program {self.name!r}: argument {position}: {error}") from None
         key = (tree, tuple((tuple(a.shape), np.dtype(a.dtype)) for a in avals))
         cached = self._traces.get(key)
         if cached is not None:
@@ -444,14 +451,15 @@ def _program_slice(item: Slice) -> ProgramSlice:
 def _aval(value: Any) -> jax.ShapeDtypeStruct:
     if isinstance(value, ArrayFuture | Traced):
         return value.aval
-    array = np.asarray(value)
-    return jax.ShapeDtypeStruct(array.shape, jax.dtypes.canonicalize_dtype(array.dtype))
+    array = host_array(value)
+    return jax.ShapeDtypeStruct(array.shape, array.dtype)
 
 
 def _label(name: str) -> str:
-    """A DNS label (what resource names of nodes and functions must be)."""
-    label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:55]
-    return label or "node"
+    """A DNS label short enough to name a program (what resource names of programs, nodes
+    and functions must be)."""
+    label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[: PROGRAM_NAME.max_length]
+    return label.rstrip("-") or "node"
 
 
 def _unique(name: str, taken: set[str]) -> str:

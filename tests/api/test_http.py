@@ -198,8 +198,16 @@ def test_filters_by_phase_and_labels(a: httpx.Client) -> None:
     assert [item["metadata"]["name"] for item in found] == ["labelled"]
     # Nothing reconciles in this test: no program has a phase yet.
     assert a.get("/v1/programs", params={"phase": "Running"}).json()["items"] == []
-    bad = a.get("/v1/programs", params={"labelSelector": "team"})
-    assert error_of(bad)["field"] == "query labelSelector"
+    same = a.get("/v1/programs", params={"labelSelector": "team==vision"}).json()["items"]
+    assert [item["metadata"]["name"] for item in same] == ["labelled"]
+    # What the selector cannot say is refused, not read as a key no object has ('team!').
+    for selector in ("team", "team!=vision", "team in (vision)", "!team", "te am=x", "a=b c"):
+        bad = a.get("/v1/programs", params={"labelSelector": selector})
+        assert bad.status_code == 422, selector
+        assert error_of(bad)["field"] == "query labelSelector"
+        assert "!=, in, notin and bare keys are not supported" in error_of(bad)["message"]
+    prefixed = a.get("/v1/programs", params={"labelSelector": "example.com/team=vision"})
+    assert prefixed.status_code == 200 and prefixed.json()["items"] == []
     # A phase no object of the kind can be in is named, not answered with an empty list.
     wrong = a.get("/v1/programs", params={"phase": "Bound"})
     assert wrong.status_code == 422 and error_of(wrong)["field"] == "query phase"

@@ -52,6 +52,21 @@ def test_get_filters_a_list_not_one_object(pathways) -> None:
     assert "--selector and --phase filter a list: give them without NAME" in result.output
 
 
+def test_logs_refuses_a_window_larger_than_the_api_answers(pathways) -> None:
+    result = pathways(
+        "logs", "p", "--limit-bytes", str(16 * 2**20 + 1), "--api", "http://127.0.0.1:9"
+    )
+    assert result.exit_code == 2  # refused before calling the API
+    assert "'--limit-bytes'" in result.output and "1<=x<=16777216" in result.output
+
+
+def test_the_clis_log_window_limit_is_the_apis() -> None:
+    from pathways_api.logs import MAX_LOG_BYTES as API_MAX
+    from pathways_client.api_client import MAX_LOG_BYTES
+
+    assert MAX_LOG_BYTES == API_MAX
+
+
 def test_down_without_a_cluster(pathways, tmp_path: Path) -> None:
     result = pathways("down", "--state", str(tmp_path))
     assert result.exit_code == 0 and "no embedded cluster is running" in result.output

@@ -76,7 +76,9 @@ def state(tmp_path: Path, pathways) -> Iterator[Path]:
     pathways("down", "--state", str(folder))
 
 
-def test_up_submit_trace_cancel_down_and_up_again(state: Path, tmp_path: Path, pathways) -> None:
+def test_up_submit_trace_cancel_down_and_up_again(
+    state: Path, tmp_path: Path, pathways, root: Path
+) -> None:
     started = pathways(
         "up", "--state", str(state), "--hosts", "1", "--devices", "4", "--tenant", "team-a"
     )
@@ -110,6 +112,16 @@ def test_up_submit_trace_cancel_down_and_up_again(state: Path, tmp_path: Path, p
     waited = pathways("submit", str(quick), *api, "--wait")
     assert waited.exit_code == 0, waited.output
     assert "quick: Succeeded" in waited.output and "42" in waited.output
+    # The driver example runs as shipped, on the devices there are here (it used a field the
+    # SDK did not have: cluster.steps, the program's spec.steps).
+    example = yaml.safe_load((root / "examples/programs/driver-train.yaml").read_text())
+    example["metadata"] = {"name": "train-example"}
+    example["spec"].update(steps=3, slices=[{"name": "train", "devices": 2}])
+    adapted = tmp_path / "driver-train.yaml"
+    adapted.write_text(yaml.safe_dump(example))
+    trained = pathways("submit", str(adapted), *api, "--wait")
+    assert trained.exit_code == 0, trained.output
+    assert "train-example: Succeeded" in trained.output and "[-0.03 -0.03" in trained.output
 
     from pathways_client.api_client import ApiClient
     from pathways_client.embedded import tokens
@@ -361,6 +373,13 @@ def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_wa
         follower.send_signal(signal.SIGINT)
     assert follower.wait(timeout=30) == 130
 
+    # A filter the API refuses is named by its option, as a usage error.
+    for option, value, named in (
+        ("--phase", "Nope", "Invalid value for '--phase': expected one of Pending"),
+        ("-l", "team!=vision", "Invalid value for '-l' / '--selector': label selector terms"),
+    ):
+        refused = pathways("get", *at, option, value)
+        assert refused.exit_code == 2 and named in refused.output, refused.output
     # Cancel and delete take several names, try each, and exit 1 if one failed.
     cancelled = pathways("cancel", "noisy", "nobody", *at)
     assert cancelled.exit_code == 1

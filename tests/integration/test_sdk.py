@@ -42,6 +42,10 @@ def test_sharded_function_on_a_slice_spanning_both_executors(cluster: pw.Cluster
 
         value = np.arange(32, dtype=np.float32).reshape(4, 8)
         np.testing.assert_allclose(total(value).result(), value.sum(axis=1))
+        # An axis the mesh does not have was JAX's bare ValueError.
+        unknown = pw.function(lambda v: v, slice=devices, name="axes", in_shardings=P("q"))
+        with pytest.raises(TypeError, match=r"'axes': sharding P\('q',\) does not fit slice"):
+            unknown(value)
 
 
 def test_a_host_input_sharded_over_both_executors_goes_to_each_in_parts(
@@ -305,6 +309,13 @@ def test_futures_act_as_jax_arrays_do_where_it_makes_sense(cluster: pw.Cluster) 
             value + 1
         with pytest.raises(TypeError, match=r"indexing of ArrayFuture.*\.result\(\) first"):
             as_int[0]
+        # Comparisons were Python's identity (so `value == 3` was False); bool() was True.
+        for compare in (lambda: value == 3, lambda: value != 3, lambda: as_int < 2):
+            with pytest.raises(TypeError, match=r"a comparison of ArrayFuture.*pw.function"):
+                compare()
+        assert bool(value) and len({value, as_int}) == 2  # futures stay hashable
+        with pytest.raises(ValueError, match="more than one element is ambiguous"):
+            bool(as_int)
     for shape, expected in (("2by2", "expected a mesh shape"), ((2, 0), "positive integer")):
         with pytest.raises(pw.SliceError, match=expected):
             cluster.slice(shape=shape)
@@ -386,9 +397,11 @@ def test_in_cluster_settings_give_the_bound_slices(
     monkeypatch.setenv("PATHWAYS_SLICES", json.dumps(slices))
     monkeypatch.setenv("PATHWAYS_PROGRAM", "team-a/p")
     monkeypatch.setenv("PATHWAYS_WEIGHT", "3")
+    monkeypatch.setenv("PATHWAYS_STEPS", "1000")
     with pw.connect() as cluster:
         train = cluster.slice("train")
         assert (train.island, train.devices, cluster.weight) == (island.name, (6, 7), 3)
+        assert cluster.steps == 1000  # the program's spec.steps, for its driver's loop
         double = pw.function(
             lambda v: v * 2, slice=train, in_shardings=P("x"), out_shardings=P("x")
         )
@@ -502,6 +515,24 @@ def test_misuse_is_named_where_it_happens(cluster: pw.Cluster) -> None:
             host_math(np.zeros(3, np.float32))
 
         @pw.program
+        def branches(v):  # took the else branch silently: Traced == 0 was False
+            w = increment(v)
+            return increment(w) if w == 0 else w
+
+        with pytest.raises(TypeError, match=r"a comparison of Traced\(float32\[3\].*pw.function"):
+            branches(np.zeros(3, np.float32))
+        # What devices cannot hold is refused naming the argument (it was a JAX KeyError).
+        for bad, kind in (("abc", "str 'abc'"), (object(), "object <object")):
+            with pytest.raises(
+                TypeError, match=rf"'increment': argument 'v' \(position 0\): {kind}"
+            ):
+                increment(bad)
+        with pytest.raises(TypeError, match=r"put: str 'abc' cannot be sent to an island \(dtype"):
+            pw.put("abc", one)
+        with pytest.raises(TypeError, match=r"program 'twice-arg': argument 0: str 'x' cannot"):
+            pw.program(lambda v: increment(v), name="twice-arg")("x")
+
+        @pw.program
         def twice(v):
             return increment(increment(v))
 
@@ -509,6 +540,14 @@ def test_misuse_is_named_where_it_happens(cluster: pw.Cluster) -> None:
             twice.to_resource(np.zeros(3, np.float32), name="twice", steps=0)
         with pytest.raises(ValueError, match=r"metadata.name: expected a lowercase RFC 1123 la"):
             twice.to_resource(np.zeros(3, np.float32), name="t" * 55)
+        # A long function name was cut to 55 characters, or to one ending in '-'.
+        for long_name in (
+            "train_step_for_the_very_large_language_model_experiment_v2",
+            "a" * 53 + "_b",
+        ):
+            named = pw.program(lambda v: increment(v), name=long_name)
+            made = named.to_resource(np.zeros(3, np.float32)).metadata.name
+            assert made is not None and len(made) <= 54 and not made.endswith("-"), made
     # Released, the slice's devices may be bound to another slice: nothing more runs on it.
     with pytest.raises(pw.SliceError, match=r"slice '.*' was released"):
         increment(np.zeros(3, np.float32))

@@ -115,6 +115,7 @@ def test_ready_program_starts_run_one_with_the_sdk_settings() -> None:
     env = {item["name"]: item["value"] for item in container["env"]}
     assert env["PATHWAYS_PROGRAM"] == "t/p" and env["PATHWAYS_TENANT"] == "t"
     assert env["PATHWAYS_WEIGHT"] == "4" and env["PATHWAYS_PRIORITY"] == "0"
+    assert env["PATHWAYS_STEPS"] == "10"
     assert json.loads(env["PATHWAYS_SLICES"]) == {
         "main": {
             "virtualSlice": "p-main",

@@ -187,6 +187,7 @@ def connection_settings(
         "PATHWAYS_TENANT": program.spec.tenant or namespace,
         "PATHWAYS_PRIORITY": str(program.spec.priority),
         "PATHWAYS_WEIGHT": str(program.spec.weight),
+        "PATHWAYS_STEPS": str(program.spec.steps),
         "PATHWAYS_SLICES": json.dumps(slices, sort_keys=True),
     }
 

@@ -303,7 +303,12 @@ class PathwaysProgramSpec(Model):
         description="Share of device time relative to other programs on the same island "
         "(proportional-share scheduling).",
     )
-    steps: int = Field(default=1, ge=1, description="Times the graph runs (training steps).")
+    steps: int = Field(
+        default=1,
+        ge=1,
+        description="Times the graph runs (training steps); a driver reads it as "
+        "PATHWAYS_STEPS (cluster.steps in the SDK).",
+    )
     restart_policy: RestartPolicy = Field(
         default=RestartPolicy.NEVER,
         description="Never, or OnFailure: restart from the last completed step.",
