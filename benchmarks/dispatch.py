@@ -15,7 +15,8 @@
    control plane, as a JAX user writes it (``jax_stage_chain.py``).
 3. Pulling 1 KiB to 256 MiB from an executor over the bulk data plane (the code executors pull
    inputs with, over a kept connection) against raw loopback TCP between two processes over a
-   kept connection.
+   kept connection; and a call's 64 MiB host input sharded over two executors, sent to each in
+   its parts, against the same sent whole to the first executor (the second pulling it).
 
     python benchmarks/dispatch.py [--quick] [--json out.json]
 """
@@ -506,6 +507,50 @@ def transfer_suite(repeats: int, records: list[dict], sizes: tuple[int, ...]) ->
                 }
             )
         client.close()
+        sharded_input_figure(island, repeats, records)
+
+
+def sharded_input_figure(
+    island: LocalIsland, repeats: int, records: list[dict], size: int = 64 << 20
+) -> None:
+    """A call's host input sharded over the island's two executors, uploaded to each in the
+    parts its devices take, against the same call with the input uploaded whole to the first
+    executor and pulled whole from there by the second (what calls did before)."""
+    import pathways_client as pw
+    from pathways_client import futures
+
+    value = np.ones(size // 4, np.float32)
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    with pw.connect(island) as cluster, cluster.slice(devices=8) as line:
+        spec = PartitionSpec("x")
+        step = pw.function(lambda x: x[::4096] + 1, slice=line, in_shardings=spec)
+        step(value).wait()
+        try:
+            for _ in range(repeats + 1):
+                for parts in (True, False):  # alternated: the host's noise falls on both
+                    futures.UPLOAD_IN_PARTS = parts
+                    start = time.perf_counter()
+                    step(value).wait()
+                    seconds[parts].append(time.perf_counter() - start)
+        finally:
+            futures.UPLOAD_IN_PARTS = True
+    ours, whole = size / min(seconds[True]), size / min(seconds[False])
+    console.print(
+        f"{size >> 20} MiB host input of a call sharded over two executors: "
+        f"{ours / 2**30:.3f} GiB/s sent in parts; {whole / 2**30:.3f} GiB/s sent whole to the "
+        f"first executor: {ours / whole:.2f}x"
+    )
+    records.append(
+        {
+            "name": f"transfer-sharded-input-{size >> 20}MiB",
+            "value": ours,
+            "baseline": whole,
+            "ratio": ours / whole,
+            "unit": "bytes/s",
+            "target": None,
+            "parameters": {"bytes": size, "executors": 2},
+        }
+    )
 
 
 def main() -> None:

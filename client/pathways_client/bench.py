@@ -87,7 +87,8 @@ SUITES = [
         "dispatch.py",
         ("--only", "transfer"),
         ("--quick", "--only", "transfer"),
-        "executor-to-executor bytes against raw loopback TCP",
+        "executor-to-executor bytes against raw loopback TCP; sharded host inputs sent in "
+        "parts against whole",
     ),
     Suite(
         "control",

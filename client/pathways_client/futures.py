@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from pathways_client.cluster import Cluster
 
 RESULT_TIMEOUT_SECONDS = 600.0
+# False: a sharded host input goes whole to the first executor, the others pulling it from
+# there, as before (the transfer benchmark compares the two).
+UPLOAD_IN_PARTS = True
 
 
 @dataclass
@@ -390,7 +393,11 @@ def _upload(
     its HLO sharding) over a slice spanning executors, to each executor the shards its devices
     take; a dead executor fails the node."""
     try:
-        regions = executor_regions(sharding, array.shape, slice.devices, session.device_owner)
+        regions = (
+            executor_regions(sharding, array.shape, slice.devices, session.device_owner)
+            if UPLOAD_IN_PARTS
+            else None
+        )
         if regions is not None:
             return session.put_shards(array, regions)
         return session.put(array, slice.devices[0])
