@@ -14,6 +14,7 @@ autotune caches) are reset to this executor's own defaults before compiling.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,8 +125,21 @@ def load(label: str, artifact: bytes, check: Any = None) -> Program:
     )
 
 
+@functools.cache
+def prepare_cpu_kernels() -> None:
+    """Fill jaxlib's table of LAPACK kernels, as JAX does when it lowers a linear-algebra op
+    (``jnp.linalg.inv``, ``cholesky``, ``eigh``, orthogonal initializers): a program lowered by
+    a client and compiled here would otherwise call a null pointer and take the executor, and
+    the island's group with it, down."""
+    with contextlib.suppress(ImportError, AttributeError):  # another jaxlib: as it comes
+        from jax._src.lax import linalg
+
+        linalg.initialize_lapack()
+
+
 def compile_for(program: Program, devices: list[jax.Device]) -> Compiled:
     """Compile ``program`` for ``devices`` (in the computation's order)."""
+    prepare_cpu_kernels()
     if len(devices) != program.nr_devices:
         raise ProgramError(
             f"function {program.label!r} was compiled for {program.num_replicas} replica(s) x "

@@ -103,5 +103,12 @@ z = jax.device_put(np.ones(5, np.float32), devices[1])
 z.delete()
 results["after_delete"] = np.asarray(jax.jit(lambda v: v + 1)(jnp.ones(5)))
 
+# 5. Linear algebra: XLA calls LAPACK kernels, which the executor compiling the program (not
+# the process that lowered it) must have set up (their absence crashed it).
+spd = jax.device_put(np.array([[4.0, 1.0], [1.0, 3.0]], np.float32), devices[0])
+results["inverse"] = np.asarray(jax.jit(jnp.linalg.inv)(spd))
+results["cholesky"] = np.asarray(jax.jit(jnp.linalg.cholesky)(spd))
+results["eigenvalues"] = np.asarray(jax.jit(lambda m: jnp.linalg.eigh(m)[0])(spd))
+
 np.savez(out, **results)
 print("done", len(results), flush=True)

@@ -11,6 +11,7 @@ Use fake CPU devices (``jax_num_cpu_devices``) to serve N devices from one machi
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -234,6 +235,8 @@ class LocalSession(ArraySession):
     def _compile(self, program: bytes, compile_options: Any, devices: list[Any]) -> Any:
         from jax._src.lib import xla_client as xc
 
+        _prepare_cpu_kernels()
+
         try:
             executable = self.backend.client.compile_and_load(
                 program, xc.DeviceList(tuple(devices)), compile_options
@@ -409,3 +412,14 @@ def _result_shapes(bytecode: bytes) -> list[tuple[tuple[int, ...], np.dtype]]:
 
 
 __all__ = ["LocalBackend", "LocalSession"]
+
+
+@functools.cache
+def _prepare_cpu_kernels() -> None:
+    """Fill jaxlib's table of LAPACK kernels, as JAX does when it lowers a linear-algebra op:
+    a program lowered by the JAX client and compiled here would otherwise call a null pointer
+    (``pathways_executor.stablehlo.prepare_cpu_kernels`` does the same on executors)."""
+    with contextlib.suppress(ImportError, AttributeError):  # another jaxlib: as it comes
+        from jax._src.lax import linalg
+
+        linalg.initialize_lapack()
