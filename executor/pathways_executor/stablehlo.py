@@ -27,6 +27,7 @@ from jax._src.lib import _jax
 from jax._src.lib import xla_client as xc
 from jax.sharding import SingleDeviceSharding
 
+from pathways_core.hlo import donated_parameters
 from pathways_core.wire import pb
 
 # Debug options naming files or folders XLA reads or writes: a client's values are replaced by
@@ -230,7 +231,9 @@ def _describe(
     try:
         modules = executable.hlo_modules()
         info.name = modules[0].name
-        info.hlo_text = "\n".join(m.to_string() for m in modules)[:MAX_HLO_TEXT]
+        text = "\n".join(m.to_string() for m in modules)
+        info.hlo_text = text[:MAX_HLO_TEXT]
+        info.donated_parameters.extend(donated_parameters(text))
     except Exception:
         info.name = program.label
     fingerprint = executable.fingerprint

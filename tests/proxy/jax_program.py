@@ -110,5 +110,22 @@ results["inverse"] = np.asarray(jax.jit(jnp.linalg.inv)(spd))
 results["cholesky"] = np.asarray(jax.jit(jnp.linalg.cholesky)(spd))
 results["eigenvalues"] = np.asarray(jax.jit(lambda m: jnp.linalg.eigh(m)[0])(spd))
 
+# 6. A donated argument is consumed by the run: deleted, as the runtime deletes it in JAX.
+donated = jax.device_put(np.ones(4, np.float32), devices[0])
+add = jax.jit(lambda a, b: a + b, donate_argnums=(0,))
+results["donation"] = np.asarray(add(donated, jnp.arange(4, dtype=jnp.float32)))
+results["donated_is_deleted"] = np.array(donated.is_deleted())
+
+# 7. Every 8-bit float JAX has, computed and put.
+for name in (
+    *("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"),
+    *("float8_e4m3b11fnuz", "float8_e4m3", "float8_e3m4", "float8_e8m0fnu"),
+):
+    dtype = getattr(jnp, name)
+    cast = jax.jit(lambda v, dtype=dtype: v.astype(dtype))(jnp.array([1.0, 2.0, 0.5]))
+    results[name] = np.asarray(cast).astype(np.float32)
+    put = jax.device_put(np.array([1.0, 2.0], dtype), devices[0])
+    results[f"{name}_put"] = np.asarray(put).astype(np.float32)
+
 np.savez(out, **results)
 print("done", len(results), flush=True)

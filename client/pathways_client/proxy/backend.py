@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,7 @@ from pathways_client.proxy.types import (
     ShardingSpec,
     decode_sharding,
     default_layout,
+    dtype_kind,
     encode_hlo_sharding,
     fill_dtype,
     from_host_buffer,
@@ -354,6 +355,10 @@ class ArraySession(SessionState):
     def _results(self, executable: Any) -> list[Result]:
         raise NotImplementedError
 
+    def _donated(self, executable: Any) -> Sequence[int]:
+        """The parameters a run of ``executable`` consumes (donated)."""
+        return ()
+
     def _launch(
         self,
         executable: Any,
@@ -390,7 +395,7 @@ class ArraySession(SessionState):
             )
         return entry
 
-    def _put_error(self, handles: list[int], error: ProxyError) -> None:
+    def put_error(self, handles: list[int], error: ProxyError) -> None:
         """Client-named arrays of a failed request carry its error (reported when used)."""
         for handle in handles:
             if handle:
@@ -401,11 +406,11 @@ class ArraySession(SessionState):
         try:
             return build()
         except ProxyError as exc:
-            self._put_error(handles, exc)
+            self.put_error(handles, exc)
             raise
         except Exception as exc:
             error = ProxyError("INVALID_ARGUMENT", f"{type(exc).__name__}: {exc}")
-            self._put_error(handles, error)
+            self.put_error(handles, error)
             raise error from exc
 
     def _take_host(self, message: Any) -> np.ndarray:
@@ -483,7 +488,7 @@ class ArraySession(SessionState):
         handles = [h or self.new_handle() for h in request.array_handles] or [
             self.new_handle() for _ in request.array_specs
         ]
-        self._put_error(handles, error)
+        self.put_error(handles, error)
         response = self.p.MakeErrorArraysResponse()
         response.array_handles.extend(handles)
         return response
@@ -732,6 +737,9 @@ class ArraySession(SessionState):
         for kinds in metadata.result_memory_kinds:
             response.output_memory_kinds.memory_kind_lists.add().memory_kinds.extend(kinds)
         response.donated_input_indices.SetInParent()
+        response.donated_input_indices.donated_input_indices.extend(
+            self._donated(self.executable(request.loaded_executable_handle))
+        )
         response.compiled_memory_stats_error.code = 12
         response.compiled_memory_stats_error.message = "compiled memory stats are not reported"
         response.size_of_generated_code_in_bytes = metadata.generated_code_bytes
@@ -752,6 +760,8 @@ class ArraySession(SessionState):
                     f"args_handles has {len(args)} arrays; the executable takes {expected}",
                 )
             results = self._results(executable)
+            for i, (_, dtype, _) in enumerate(results):  # before running: answerable outputs
+                dtype_kind(dtype, f"output {i}")
             if result_handles and len(result_handles) != len(results):
                 raise ProxyError(
                     "INVALID_ARGUMENT",
@@ -759,6 +769,11 @@ class ArraySession(SessionState):
                     "outputs",
                 )
             handles, status = self._launch(executable, args, results, result_handles)
+            with self._lock:  # what the run consumes is deleted, as JAX's runtime deletes it
+                for position in self._donated(executable):
+                    if not args[position].deleted:
+                        args[position].deleted = True
+                        self._free(args[position])
             return handles, results, status
 
         try:

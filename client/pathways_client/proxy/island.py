@@ -30,7 +30,7 @@ import hashlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -538,6 +538,9 @@ class IslandSession(ArraySession):
 
     def _parameters(self, executable: _Executable) -> int:
         return len(executable.info.parameters)
+
+    def _donated(self, executable: _Executable) -> Sequence[int]:
+        return executable.info.donated_parameters
 
     def _results(self, executable: _Executable) -> list[Result]:
         return [

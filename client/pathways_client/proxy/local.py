@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +32,7 @@ from pathways_client.proxy.backend import (
 )
 from pathways_client.proxy.errors import ProxyError
 from pathways_client.proxy.types import ShardingSpec
+from pathways_core.hlo import donated_parameters
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class _Executable:
     in_shardings: list[bytes] | None
     num_args: int
     memory_kinds: list[str] = field(default_factory=list)
+    donated: list[int] = field(default_factory=list)  # parameters a run consumes
 
 
 class LocalBackend(Backend):
@@ -252,8 +254,12 @@ class LocalSession(ArraySession):
             in_shardings=_shardings(executable.get_parameter_shardings()),
             num_args=_num_args(program),
             memory_kinds=[k for kinds in executable.get_output_memory_kinds() for k in kinds],
+            donated=_donated_parameters(executable),
         )
         return self._compiled(entry, entry.name, [d.id for d in devices], executable.fingerprint)
+
+    def _donated(self, executable: _Executable) -> Sequence[int]:
+        return executable.donated
 
     def _metadata(self, executable: _Executable) -> ExecutableMetadata:
         exe = executable.executable
@@ -360,6 +366,13 @@ def _shardings(shardings: Any) -> list[bytes] | None:
 
 def _minor_to_major(layout: Any) -> list[int]:
     return list(layout._xla_layout().minor_to_major())
+
+
+def _donated_parameters(executable: Any) -> list[int]:
+    try:
+        return donated_parameters(executable.hlo_modules()[0].to_string())
+    except Exception:  # no module to read: none (the arrays then stay readable)
+        return []
 
 
 def _module_name(executable: Any) -> str:

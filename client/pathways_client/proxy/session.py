@@ -171,6 +171,7 @@ class Session:
                 )
             result = handler(getattr(request, kind))
         except ProxyError as exc:
+            self._fail_results(request, kind, exc)
             self._send_error(op_id, kind, exc.code, exc.message)
             return
         except Exception as exc:
@@ -181,6 +182,14 @@ class Session:
             result.add_done_callback(lambda f: self._finish_future(op_id, kind, f))
         else:
             self._send(op_id, kind, result)
+
+    def _fail_results(self, request: Any, kind: str | None, error: ProxyError) -> None:
+        """The arrays a failed request named for its results (``result_handles``) carry its
+        error, so the client's next use of them says why (not "unknown handle")."""
+        handles = list(getattr(getattr(request, kind, None), "result_handles", ()) if kind else ())
+        put_error = getattr(self.state, "put_error", None)
+        if handles and put_error is not None:
+            put_error(handles, error)
 
     def _finish_future(self, op_id: int, kind: str | None, future: Future) -> None:
         try:

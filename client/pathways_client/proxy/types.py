@@ -41,6 +41,12 @@ try:  # ml_dtypes ships with jax
             20: ml_dtypes.float8_e4m3fn,
             21: ml_dtypes.int4,
             22: ml_dtypes.uint4,
+            23: ml_dtypes.float8_e4m3b11fnuz,
+            24: ml_dtypes.float8_e5m2fnuz,
+            25: ml_dtypes.float8_e4m3fnuz,
+            28: ml_dtypes.float8_e4m3,
+            29: ml_dtypes.float8_e3m4,
+            31: ml_dtypes.float8_e8m0fnu,
         }
     )
 except ImportError:  # pragma: no cover
@@ -62,9 +68,20 @@ def to_numpy_dtype(dtype_proto: Any, field: str = "dtype") -> np.dtype:
     return np.dtype(_DTYPES[kind])
 
 
+def dtype_kind(dtype: np.dtype, field: str = "dtype") -> int:
+    """The ``DTypeProto.Kind`` of a NumPy dtype; UNIMPLEMENTED naming it when there is none."""
+    kind = _KINDS.get(np.dtype(dtype))
+    if kind is None:
+        raise ProxyError(
+            "UNIMPLEMENTED",
+            f"{field}: dtype {np.dtype(dtype)} is not supported by the Pathways proxy",
+        )
+    return kind
+
+
 def fill_dtype(dtype_proto: Any, dtype: np.dtype) -> None:
     """Fill an ``xla.ifrt.DTypeProto`` from a NumPy dtype."""
-    dtype_proto.kind = _KINDS[np.dtype(dtype)]
+    dtype_proto.kind = dtype_kind(dtype)
 
 
 def from_host_buffer(

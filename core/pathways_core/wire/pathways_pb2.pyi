@@ -48,7 +48,7 @@ class CompiledArray(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., sharding: _Optional[bytes] = ..., minor_to_major: _Optional[_Iterable[int]] = ..., memory_kind: _Optional[str] = ...) -> None: ...
 
 class CompiledProgram(_message.Message):
-    __slots__ = ("name", "fingerprint", "parameters", "results", "parameter_shardings", "result_shardings", "generated_code_bytes", "cost_analysis", "hlo_text")
+    __slots__ = ("name", "fingerprint", "parameters", "results", "parameter_shardings", "result_shardings", "generated_code_bytes", "cost_analysis", "hlo_text", "donated_parameters")
     class CostAnalysisEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class CompiledProgram(_message.Message):
     GENERATED_CODE_BYTES_FIELD_NUMBER: _ClassVar[int]
     COST_ANALYSIS_FIELD_NUMBER: _ClassVar[int]
     HLO_TEXT_FIELD_NUMBER: _ClassVar[int]
+    DONATED_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     fingerprint: bytes
     parameters: _containers.RepeatedCompositeFieldContainer[CompiledArray]
@@ -74,7 +75,8 @@ class CompiledProgram(_message.Message):
     generated_code_bytes: int
     cost_analysis: _containers.ScalarMap[str, float]
     hlo_text: str
-    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[bytes] = ..., parameters: _Optional[_Iterable[_Union[CompiledArray, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[CompiledArray, _Mapping]]] = ..., parameter_shardings: _Optional[bool] = ..., result_shardings: _Optional[bool] = ..., generated_code_bytes: _Optional[int] = ..., cost_analysis: _Optional[_Mapping[str, float]] = ..., hlo_text: _Optional[str] = ...) -> None: ...
+    donated_parameters: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[bytes] = ..., parameters: _Optional[_Iterable[_Union[CompiledArray, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[CompiledArray, _Mapping]]] = ..., parameter_shardings: _Optional[bool] = ..., result_shardings: _Optional[bool] = ..., generated_code_bytes: _Optional[int] = ..., cost_analysis: _Optional[_Mapping[str, float]] = ..., hlo_text: _Optional[str] = ..., donated_parameters: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Computation(_message.Message):
     __slots__ = ("id", "client", "function_id", "devices", "inputs", "outputs", "name", "describe")
