@@ -142,6 +142,60 @@ def test_unmodified_programs_run_as_island_clients(
     assert island_proxy.alive()
 
 
+SLOW_READS = """
+import jax, jax.numpy as jnp, numpy as np
+@jax.jit
+def slow(x):
+    y = jax.lax.fori_loop(0, 20000, lambda i, v: jnp.tanh(v @ v) * 0.5 + 0.1, x)
+    return [y + i for i in range(16)]
+outputs = slow(jnp.ones((256, 256)) * 0.01)
+print("fetching", flush=True)
+jax.device_get(outputs)
+print("fetched", flush=True)
+"""
+READ_ON_CUE = """
+import sys, jax, numpy as np
+print("ready", len(jax.devices()), flush=True)
+sys.stdin.readline()
+x = jax.device_put(np.arange(4, dtype=np.float32), jax.devices()[0])
+x.block_until_ready()
+print("read", np.asarray(x).tolist(), flush=True)
+"""
+
+
+def test_one_sessions_pending_reads_never_hold_up_anothers(
+    island: LocalIsland, island_proxy: ProxyProcess
+) -> None:
+    """Reads of values still computing held the proxy's copying workers while they waited: a
+    session fetching 8 or more of them made every other session's reads wait too."""
+
+    def client(body: str, **streams: int) -> subprocess.Popen[str]:
+        code = connect_snippet(island_proxy.address) + body
+        return subprocess.Popen(
+            [PYTHON, "-c", code], cwd=HERE, env=client_env(), text=True, **streams
+        )
+
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
+    reader = client(READ_ON_CUE, stdin=subprocess.PIPE, **pipes)
+    slow = client(SLOW_READS, **pipes)
+    try:
+        assert reader.stdin is not None and reader.stdout is not None and slow.stdout is not None
+        assert reader.stdout.readline().strip() == "ready 4"
+        assert slow.stdout.readline().strip() == "fetching"
+        time.sleep(3.0)  # its 16 reads are waiting now
+        reader.stdin.write("\n")
+        reader.stdin.flush()
+        assert reader.stdout.readline().strip() == "read [0.0, 1.0, 2.0, 3.0]"
+        # Read while the slow values were still being computed: it waited for none of them.
+        assert not [r for r in _trace(island) if r.name == "jit_slow"]
+        assert slow.stdout.readline().strip() == "fetched"
+        assert [r for r in _trace(island) if r.name == "jit_slow"]
+    finally:
+        for process in (reader, slow):
+            process.kill()
+            process.wait()
+
+
 def test_a_slice_spanning_both_executors(island: LocalIsland, tmp_path: Path) -> None:
     wide = _proxy(island, "--devices", "8")
     try:

@@ -561,8 +561,11 @@ class ArraySession(SessionState):
         return response
 
     def handle_copy_to_host_buffer_request(self, request: Any) -> Future:
-        """``CopyToHostBuffer``: the array's bytes into the host buffer store, when computed."""
-        read = self._reader(self.array(request.array_handle))
+        """``CopyToHostBuffer``: the array's bytes into the host buffer store, when computed.
+        A worker copies them only once the array is computed: waiting holds no thread, so one
+        session's reads of values still computing never hold up another's."""
+        array = self.array(request.array_handle)
+        read = self._reader(array)
         strides = list(request.byte_strides.strides) if request.HasField("byte_strides") else None
         handle = request.host_buffer_handle
 
@@ -573,7 +576,18 @@ class ArraySession(SessionState):
                 raise ProxyError("ALREADY_EXISTS", error)
             return self.p.CopyToHostBufferResponse()
 
-        return self.backend.wait_pool.submit(copy)
+        answer: Future = Future()
+
+        def copy_when_computed(ready: Future) -> None:
+            error = ready.exception()
+            if error is not None:
+                answer.set_exception(error)
+                return
+            copying = self.backend.wait_pool.submit(copy)
+            copying.add_done_callback(lambda done: _settle(answer, done))
+
+        self._when_ready([array], lambda: None).add_done_callback(copy_when_computed)
+        return answer
 
     def handle_check_value_ready_request(self, request: Any) -> Future:
         """``CheckValueReady``: answered when every value is computed (or with its error)."""
@@ -875,3 +889,12 @@ def _assigned_devices(assignment: Any) -> list[int]:
             f"compile_options.device_assignment: {replicas} replicas x {computations} "
             "computations do not match its device lists",
         ) from None
+
+
+def _settle(future: Future, done: Future) -> None:
+    """Give ``future`` the outcome of ``done``."""
+    error = done.exception()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(done.result())
