@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 from proxy_harness import (
@@ -47,6 +49,37 @@ def test_a_client_outside_our_versions_gets_a_clear_error_and_the_server_goes_on
             assert get_version(channel, 28, 33).version.protocol_version == 33
     finally:
         stop_proxy(picky)
+
+
+def test_one_session_too_many_is_refused_at_once_and_the_others_go_on() -> None:
+    """The 65th session waited, silently, for a worker of a pool of 64 held by the others."""
+    small = start_proxy("--backend", "local", "--devices", "2", "--max-sessions", "2")
+    try:
+        with grpc.insecure_channel(small.address) as channel:
+            first, second = RawSession(channel), RawSession(channel)
+            assert first.init().session_id and second.init().session_id
+            third = RawSession(channel)
+            with pytest.raises(AssertionError, match="serves at most 2 sessions at once"):
+                third.call("init_request", timeout=10)
+            assert third.error is not None
+            assert third.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--max-sessions" in third.error.details()
+            assert first.call("init_request").init_response.session_id  # still served
+            second.close()
+            deadline = time.monotonic() + 10
+            while True:  # its end is seen by the proxy shortly after the stream closes
+                fourth = RawSession(channel)
+                try:
+                    assert fourth.init().session_id
+                    break
+                except AssertionError:
+                    assert time.monotonic() < deadline, "the closed session's place stayed taken"
+                    time.sleep(0.1)
+            first.close()
+            fourth.close()
+        assert small.alive()
+    finally:
+        stop_proxy(small)
 
 
 def test_version_negotiation_with_a_bare_client(proxy: ProxyProcess) -> None:

@@ -130,6 +130,13 @@ def _islands(value: str | None) -> dict[str, str] | None:
     default=None,
     help="Accept only these IFRT proxy protocol versions, MIN-MAX (default: all implemented).",
 )
+@click.option(
+    "--max-sessions",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1, 4096),
+    help="Sessions served at once (a thread each); one more is refused, not kept waiting.",
+)
 def proxy_command(
     host: str,
     port: int,
@@ -150,6 +157,7 @@ def proxy_command(
     tls_cert: Path | None,
     tls_key: Path | None,
     protocol_range: str | None,
+    max_sessions: int,
 ) -> None:
     """Serve stock JAX programs over the IFRT proxy protocol (jax_platforms='proxy').
 
@@ -208,7 +216,7 @@ def proxy_command(
             )
         try:
             server, bound, _ = serve(
-                ProxyConfig(served, protocol_min=low, protocol_max=high),
+                ProxyConfig(served, protocol_min=low, protocol_max=high, max_sessions=max_sessions),
                 f"{host}:{port}",
                 credentials=credentials,
             )

@@ -64,6 +64,8 @@ class ProxyConfig:
     protocol_max: int = PROTOCOL_MAX
     # How long a host buffer lookup waits for a store still in flight.
     lookup_timeout: float = 120.0
+    # Sessions served at once; one more is refused (RESOURCE_EXHAUSTED), not left waiting.
+    max_sessions: int = 64
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -76,6 +78,7 @@ class ProxyServer:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._sessions: dict[int, Session] = {}
+        self._opening = 0  # sessions admitted, not yet in _sessions
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -168,21 +171,38 @@ class ProxyServer:
                 f"protocol version {version} in the session metadata is outside the versions "
                 f"[{self.config.protocol_min}, {self.config.protocol_max}] of the Pathways proxy",
             )
+        limit = self.config.max_sessions
+        with self._lock:
+            admitted = len(self._sessions) + self._opening < limit
+            if admitted:
+                self._opening += 1
+                session_id = _unguessable_id(self._sessions)
+        if not admitted:
+            log.warning("refused a session from %s: %d are open", context.peer(), limit)
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the Pathways proxy serves at most {limit} sessions at once and {limit} are "
+                "open: end one, or start the proxy with a larger --max-sessions",
+            )
         number = next(self._ids)
-        with self._lock:
-            session_id = _unguessable_id(self._sessions)
         replies: queue.Queue[Any] = queue.Queue()
-        session = Session(
-            session_id=session_id,
-            protocol=self.protocol,
-            version=metadata.version,
-            backend=self.config.backend,
-            reply=replies.put,
-            peer=context.peer(),
-            lookup_timeout=self.config.lookup_timeout,
-            number=number,
-        )
+        try:
+            session = Session(
+                session_id=session_id,
+                protocol=self.protocol,
+                version=metadata.version,
+                backend=self.config.backend,
+                reply=replies.put,
+                peer=context.peer(),
+                lookup_timeout=self.config.lookup_timeout,
+                number=number,
+            )
+        except BaseException:
+            with self._lock:
+                self._opening -= 1
+            raise
         with self._lock:
+            self._opening -= 1
             self._sessions[session_id] = session
         log.info("session %d opened by %s (protocol %d)", number, context.peer(), version)
 
@@ -314,20 +334,23 @@ class ProxyServer:
         return grpc.method_handlers_generic_handler(protocol.SERVICE_NAME, handlers)
 
 
+UNARY_WORKERS = 16
+"""Workers beyond one per session: for host buffer calls, and to refuse one session too many
+at once (a call finding no worker would wait, not be refused)."""
+
+
 def serve(
     config: ProxyConfig,
     address: str = "127.0.0.1:0",
     credentials: grpc.ServerCredentials | None = None,
-    max_workers: int = 64,
 ) -> tuple[grpc.Server, int, ProxyServer]:
     """Start a proxy server on ``address``; returns the started server, its port and servicer.
-
-    Every open session holds one worker thread for its reply stream, so ``max_workers`` bounds
-    the concurrent sessions (each unary call needs one more, briefly).
-    """
+    Every open session holds one worker thread for its reply stream: there are
+    ``config.max_sessions`` of them, and ``UNARY_WORKERS`` more."""
     servicer = ProxyServer(config)
+    workers = config.max_sessions + UNARY_WORKERS
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="proxy-rpc"),
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="proxy-rpc"),
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
