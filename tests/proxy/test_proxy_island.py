@@ -211,6 +211,35 @@ def test_a_slice_spanning_both_executors(island: LocalIsland, tmp_path: Path) ->
     assert len({r.seq for r in steps}) == 1
 
 
+REORDER = """
+import json, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+devices = jax.devices()
+value = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+x = jax.device_put(value, NamedSharding(Mesh(np.array(devices), ("x",)), P("x")))
+# The same devices listed in reverse: JAX relabels the shards (RemapArrays), then reshards.
+y = jax.device_put(x, NamedSharding(Mesh(np.array(devices[::-1]), ("x",)), P("x")))
+shards = {s.device.id: np.asarray(s.data)[:, 0].tolist() for s in y.addressable_shards}
+print(json.dumps({"value": np.asarray(y).tolist(), "shards": shards,
+                  "sum": float(jax.jit(lambda v: v.sum())(y))}))
+"""
+
+
+def test_an_array_put_on_its_devices_reordered(island_proxy: ProxyProcess) -> None:
+    """JAX relabels an array's shards for its devices in another order with RemapArrays,
+    which the proxy refused (and the array then said only "handle unknown")."""
+    got = run_program(island_proxy.address, REORDER)
+    value = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    assert got["value"] == value.tolist() and got["sum"] == float(value.sum())
+    # Device 3 comes first in the new mesh: it holds the first rows.
+    assert got["shards"] == {
+        "3": [0.0, 6.0],
+        "2": [12.0, 18.0],
+        "1": [24.0, 30.0],
+        "0": [36.0, 42.0],
+    }
+
+
 LOOP = """
 import json, sys, time
 from pathlib import Path

@@ -49,7 +49,14 @@ from pathways_client.proxy.backend import (
     Result,
 )
 from pathways_client.proxy.errors import ProxyError
-from pathways_client.proxy.types import ShardingSpec
+from pathways_client.proxy.types import (
+    Index,
+    ShardingSpec,
+    normalized_index,
+    relabelled,
+    shard_indices,
+    sharding_devices,
+)
 from pathways_core.wire import pb
 
 log = logging.getLogger(__name__)
@@ -57,8 +64,7 @@ log = logging.getLogger(__name__)
 #: How long a fetch or a compile may wait for the island.
 RESULT_TIMEOUT_SECONDS = 600.0
 STABLEHLO = pb.FunctionRegistration.STABLEHLO
-
-Index = tuple[slice, ...]
+DONATE_INPUT = 3  # xla.ifrt.ArrayCopySemanticsProto.ARRAY_COPY_SEMANTICS_DONATE_INPUT
 
 
 @dataclass(eq=False)
@@ -407,7 +413,8 @@ class IslandSession(ArraySession):
             source is not None
             and source.shape == shape
             and all(
-                p.buffer is source and _norm(p.index, shape) == _norm(index, shape)
+                p.buffer is source
+                and normalized_index(p.index, shape) == normalized_index(index, shape)
                 for p, index in zip(parts, indices, strict=True)
             )
         ):
@@ -450,6 +457,52 @@ class IslandSession(ArraySession):
         if memory_kind:
             spec = ShardingSpec(spec.device_ids, memory_kind, spec.op_sharding, spec.replicated)
         return _alias(array, spec)
+
+    def handle_remap_arrays_request(self, request: Any) -> Any:
+        """``RemapArrays``, for what JAX sends it for: an array's shards relabelled for its
+        devices listed in another order (``jax.device_put`` onto a mesh of the same devices
+        reordered), each device keeping its shard: the output shares the buffer. Plans that
+        split or join arrays, or move a shard to another device, are UNIMPLEMENTED saying so."""
+        handles = list(request.result_handles)
+        plan = request.plan
+
+        def build() -> list[int]:
+            inputs = [
+                self.array(h, f"array_handles[{i}]") for i, h in enumerate(request.array_handles)
+            ]
+            out = []
+            for k, output in enumerate(plan.output_specs):
+                where = f"plan.output_specs[{k}]"
+                mappings = [m for m in plan.mappings if m.out_array == k]
+                if len(mappings) != 1 or not 0 <= mappings[0].in_array < len(inputs):
+                    raise ProxyError(
+                        "UNIMPLEMENTED",
+                        f"{where}: made of {len(mappings)} mappings; the Pathways proxy remaps "
+                        "one input array's shards onto one output",
+                    )
+                source = inputs[mappings[0].in_array]
+                devices, memory_kind = sharding_devices(self.p, output.sharding, where)
+                if tuple(output.shape.dims) != tuple(source.shape):
+                    raise ProxyError(
+                        "INVALID_ARGUMENT",
+                        f"{where}.shape: {list(output.shape.dims)}, not its input's "
+                        f"{list(source.shape)}",
+                    )
+                _check_devices_kept(mappings[0], source.spec.device_ids, devices, where)
+                spec = relabelled(source.spec, devices, memory_kind)
+                self._check_sharding(spec, f"{where}.sharding")
+                out.append(self._store(handles[k] if handles else 0, _alias(source, spec)))
+            if request.copy_semantics == DONATE_INPUT:  # the outputs hold the buffers now
+                with self._lock:
+                    for source in inputs:
+                        if not source.deleted:
+                            source.deleted = True
+                            self._free(source)
+            return out
+
+        response = self.p.RemapArraysResponse()
+        response.array_handles.extend(self._failing(handles, build))
+        return response
 
     def _reader(self, array: _Array) -> Callable[[], np.ndarray]:
         """The array's value fetched from the island, when computed."""
@@ -597,49 +650,16 @@ class IslandSession(ArraySession):
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def shard_indices(spec: ShardingSpec, shape: tuple[int, ...]) -> list[Index]:
-    """The index of each device's shard (in the sharding's device order)."""
-    count = len(spec.device_ids)
-    whole = tuple(slice(0, n) for n in shape)
-    if spec.op_sharding is None:
-        return [whole] * count
-    from jax._src import op_shardings
-    from jax._src.lib import xla_client as xc
-
-    op = xc.OpSharding()
-    op.ParseFromString(spec.op_sharding)
-    try:
-        indices = op_shardings.op_sharding_to_indices(xc.HloSharding.from_proto(op), shape, count)
-    except Exception as exc:
-        raise ProxyError(
-            "INVALID_ARGUMENT",
-            f"sharding: cannot split an array of shape {list(shape)} over {count} devices: {exc}",
-        ) from None
-    return [_norm(index, shape) for index in indices]
-
-
-def _norm(index: Index | None, shape: tuple[int, ...]) -> Index:
-    """An index with explicit bounds (``slice(None)`` -> ``slice(0, n)``)."""
-    if index is None:
-        return tuple(slice(0, n) for n in shape)
-    out = []
-    for i, n in enumerate(shape):
-        part = index[i] if i < len(index) else slice(None)
-        start, stop, _ = part.indices(n)
-        out.append(slice(start, stop))
-    return tuple(out)
-
-
 def _slice_shape(shape: tuple[int, ...], index: Index) -> tuple[int, ...]:
-    return tuple(max(0, s.stop - s.start) for s in _norm(index, shape))
+    return tuple(max(0, s.stop - s.start) for s in normalized_index(index, shape))
 
 
 def _compose(outer: Index | None, inner: Index, shape: tuple[int, ...]) -> Index:
     """``inner`` (an index into a view ``buffer[outer]``) as an index into the buffer."""
     if outer is None:
-        return _norm(inner, shape)
+        return normalized_index(inner, shape)
     view_shape = _slice_shape(shape, outer)
-    inner = _norm(inner, view_shape)
+    inner = normalized_index(inner, view_shape)
     return tuple(
         slice(o.start + i.start, o.start + i.stop) for o, i in zip(outer, inner, strict=True)
     )
@@ -729,3 +749,31 @@ def _why(error: BaseException) -> str:
 
 
 __all__ = ["IslandBackend", "IslandSession", "shard_indices"]
+
+
+def _check_devices_kept(
+    mapping: Any, before: Sequence[int], after: Sequence[int], where: str
+) -> None:
+    """UNIMPLEMENTED unless ``mapping`` takes every shard of an array on devices ``before`` to
+    the place of the same device in ``after``."""
+    pairs: list[tuple[int, int]] = []
+    intervals = zip(
+        *(mapping.from_start, mapping.from_end, mapping.from_step),
+        *(mapping.to_start, mapping.to_end, mapping.to_step),
+        strict=False,
+    )
+    for start, end, step, to_start, to_end, to_step in intervals:
+        sources, targets = range(start, end, step or 1), range(to_start, to_end, to_step or 1)
+        if len(sources) != len(targets):
+            pairs.clear()
+            break
+        pairs += zip(sources, targets, strict=True)
+    kept = all(
+        0 <= i < len(before) and 0 <= j < len(after) and before[i] == after[j] for i, j in pairs
+    )
+    if not kept or len(before) != len(after) or len({j for _, j in pairs}) != len(after):
+        raise ProxyError(
+            "UNIMPLEMENTED",
+            f"{where}: the Pathways proxy remaps an array's shards only onto the devices "
+            "holding them (the same devices listed in another order)",
+        )

@@ -191,6 +191,48 @@ def decode_sharding(p: Any, sharding_proto: Any, field: str = "sharding") -> Sha
     )
 
 
+def sharding_devices(p: Any, sharding_proto: Any, field: str) -> tuple[tuple[int, ...], str]:
+    """The devices (in order) and memory kind of an ``xla.ifrt.ShardingProto`` of any kind."""
+    serialized = sharding_proto.serialized_sharding
+    kind, data = serialized.type_name, serialized.data
+    messages = {
+        "xla::ifrt::SingleDeviceSharding": p.SingleDeviceShardingProto,
+        "xla::ifrt::HloSharding": p.HloShardingProto,
+        "xla::ifrt::ConcreteEvenSharding": p.ConcreteEvenShardingProto,
+        "xla::ifrt::ConcreteSharding": p.ConcreteShardingProto,
+        "xla::ifrt::OpaqueSharding": p.OpaqueShardingProto,
+    }
+    if kind not in messages:
+        raise ProxyError("UNIMPLEMENTED", f"{field}: sharding {kind!r} is not supported yet")
+    try:
+        m = messages[kind].FromString(data)
+    except Exception as exc:
+        raise ProxyError("INVALID_ARGUMENT", f"{field}: cannot decode {kind}: {exc}") from exc
+    devices = (m.device_id,) if kind == "xla::ifrt::SingleDeviceSharding" else m.devices.device_ids
+    return tuple(devices), m.memory_kind
+
+
+def relabelled(spec: ShardingSpec, devices: tuple[int, ...], memory_kind: str = "") -> ShardingSpec:
+    """``spec`` with its devices listed as ``devices`` (the same ones, reordered), each keeping
+    the shard it holds: the tile assignment follows the devices to their new places."""
+    if sorted(devices) != sorted(spec.device_ids):
+        raise ValueError(f"devices {list(devices)} are not {list(spec.device_ids)} reordered")
+    memory_kind = memory_kind or spec.memory_kind
+    if spec.op_sharding is None or spec.replicated:
+        return ShardingSpec(devices, memory_kind, spec.op_sharding, spec.replicated)
+    from jax._src.lib import xla_client as xc
+
+    op = xc.OpSharding()
+    op.ParseFromString(spec.op_sharding)
+    tiles = xc.HloSharding.from_proto(op).tile_assignment_devices()
+    place = {device: position for position, device in enumerate(devices)}
+    # Whole lists assigned: this OpSharding's list fields are copies (extend() changes none).
+    op.tile_assignment_devices = [place[spec.device_ids[logical]] for logical in tiles]
+    op.iota_reshape_dims = []
+    op.iota_transpose_perm = []
+    return ShardingSpec(devices, memory_kind, op.SerializeToString(), spec.replicated)
+
+
 def encode_hlo_sharding(
     p: Any, out: Any, device_ids: list[int], op_sharding: bytes | None, memory_kind: str
 ) -> None:
@@ -213,3 +255,40 @@ def default_layout(rank: int) -> bytes:
     The client parses it as XLA's layout text (``{1,0}``: minor-to-major dimensions); it
     aborts the whole client process on anything else, so only this form is ever sent."""
     return ("{" + ",".join(str(d) for d in range(rank - 1, -1, -1)) + "}").encode()
+
+
+Index = tuple[slice, ...]
+"""A shard's place in its array: a slice per axis."""
+
+
+def shard_indices(spec: ShardingSpec, shape: tuple[int, ...]) -> list[Index]:
+    """The index of each device's shard (in the sharding's device order)."""
+    count = len(spec.device_ids)
+    whole = tuple(slice(0, n) for n in shape)
+    if spec.op_sharding is None:
+        return [whole] * count
+    from jax._src import op_shardings
+    from jax._src.lib import xla_client as xc
+
+    op = xc.OpSharding()
+    op.ParseFromString(spec.op_sharding)
+    try:
+        indices = op_shardings.op_sharding_to_indices(xc.HloSharding.from_proto(op), shape, count)
+    except Exception as exc:
+        raise ProxyError(
+            "INVALID_ARGUMENT",
+            f"sharding: cannot split an array of shape {list(shape)} over {count} devices: {exc}",
+        ) from None
+    return [normalized_index(index, shape) for index in indices]
+
+
+def normalized_index(index: Index | None, shape: tuple[int, ...]) -> Index:
+    """An index with explicit bounds (``slice(None)`` -> ``slice(0, n)``)."""
+    if index is None:
+        return tuple(slice(0, n) for n in shape)
+    out = []
+    for i, n in enumerate(shape):
+        part = index[i] if i < len(index) else slice(None)
+        start, stop, _ = part.indices(n)
+        out.append(slice(start, stop))
+    return tuple(out)
