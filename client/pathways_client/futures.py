@@ -231,6 +231,7 @@ class ArrayFuture(Shaped):
         try:
             self._done.result(timeout)
         except IslandError as error:
+            self._check_alive()  # closed meanwhile, by another thread: say so
             raise NodeFailed(self.node, self.slice.island, str(error)) from None
         except TimeoutError:
             raise TimeoutError(
@@ -246,6 +247,7 @@ class ArrayFuture(Shaped):
         try:
             return session.get(self.buffer_id, timeout=timeout or RESULT_TIMEOUT_SECONDS)
         except IslandError as error:
+            self._check_alive()  # closed meanwhile, by another thread: say so
             raise NodeFailed(self.node, self.slice.island, str(error)) from None
 
     def block_until_ready(self) -> ArrayFuture:

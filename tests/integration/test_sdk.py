@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +289,31 @@ def test_a_closed_connection_refuses_work_and_its_futures_say_why(island: LocalI
             work()
     with pytest.raises(pw.DeletedError, match=r"belongs to a closed connection"):
         value.result()
+    # Closed by another thread while a result is awaited: that is what the wait says (it said
+    # NodeFailed, "Stream removed").
+    failures: list[BaseException] = []
+    with pw.connect(island) as cluster:
+        one = cluster.slice(devices=1)
+        slow = pw.function(
+            lambda v: jax.lax.fori_loop(0, 300, lambda _, m: jnp.tanh(m @ m), v),
+            slice=one,
+            name="slow",
+        )
+        pending = slow(np.eye(512, dtype=np.float32))
+
+        def fetch() -> None:
+            try:
+                pending.result()
+            except BaseException as error:
+                failures.append(error)
+
+        waiting = threading.Thread(target=fetch)
+        waiting.start()
+        time.sleep(0.5)
+        assert not pending.ready()  # still computing as the connection closes
+    waiting.join(timeout=60)
+    assert len(failures) == 1 and isinstance(failures[0], pw.DeletedError), failures
+    assert "belongs to a closed connection" in str(failures[0])
     cluster.close()  # again: nothing happens
     with pw.connect(island) as again:
         double = pw.function(lambda v: v * 2, slice=again.slice(devices=1), name="double")
