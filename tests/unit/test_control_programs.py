@@ -195,6 +195,34 @@ def test_failure_with_restarts_left_starts_the_next_run() -> None:
     )
 
 
+def test_a_failed_run_counts_one_restart_however_long_the_next_waits_for_slices() -> None:
+    """Each look at the failed Job while the next run waited for its slice counted another
+    restart: one lost run used up all ten and failed the program."""
+    waiting_slice = {"metadata": {"name": "p-main"}, "spec": {"devices": 2}, "status": {}}
+    status: dict[str, Any] = {"phase": "Running", "runs": 1, "restarts": 0}
+    events = []
+    for _ in range(5):
+        document = program(status=status, restartPolicy="OnFailure", maxRestarts=10)
+        decision = decide(document, {"p-main": waiting_slice}, job("Failed"), READY_ISLAND)
+        status = decision.status or status
+        events += [e.reason for e in decision.events]
+    assert (status["phase"], status["runs"], status["restarts"]) == ("Pending", 1, 1)
+    assert status["restartedRun"] == 1 and events.count("Restarting") == 1
+    # Bound again: the next run starts, and its own failure counts once more.
+    document = program(status=status, restartPolicy="OnFailure", maxRestarts=10)
+    decision = decide(document, {"p-main": bound_slice()}, job("Failed"), READY_ISLAND)
+    assert [c["metadata"]["name"] for c in decision.create] == ["p-run-2"]
+    assert (decision.status["runs"], decision.status["restarts"]) == (2, 1)
+    failed_again = program(status=decision.status, restartPolicy="OnFailure", maxRestarts=10)
+    second = job("Failed") | {"metadata": {"name": "p-run-2"}}
+    again = decide(failed_again, {"p-main": bound_slice()}, second, READY_ISLAND)
+    assert (again.status["runs"], again.status["restarts"], again.status["restartedRun"]) == (
+        3,
+        2,
+        2,
+    )
+
+
 def test_suspend_stops_the_run_and_releases_the_slices() -> None:
     document = program(status={"phase": "Running", "runs": 1}, suspend=True)
     decision = decide(document, {"p-main": bound_slice()}, job(None), READY_ISLAND)

@@ -387,13 +387,16 @@ def reconcile_program(
         finish("Succeeded", "JobSucceeded", f"run {runs}: {outcome_message}")
         return decision
     retry = False
-    if outcome == "Failed":
+    if outcome == "Failed" and int(old.get("restartedRun") or 0) == runs:
+        # Its restart was counted when it was first seen; the next run waits for its slices.
+        retry = True
+    elif outcome == "Failed":
         if (
             program.spec.restart_policy.value == "OnFailure"
             and restarts < program.spec.max_restarts
         ):
             restarts += 1
-            status["restarts"] = restarts
+            status.update(restarts=restarts, restartedRun=runs)
             retry = True
             decision.events.append(
                 Event(

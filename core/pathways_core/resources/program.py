@@ -387,6 +387,12 @@ class PathwaysProgramStatus(Model):
     )
     completed_steps: int | None = Field(default=None, ge=0, description="Steps fully completed.")
     restarts: int | None = Field(default=None, ge=0, description="Restarts so far.")
+    restarted_run: int | None = Field(
+        default=None,
+        ge=0,
+        description="The failed run the latest restart was counted for (each counts once, "
+        "however long the next run waits for its slices).",
+    )
     runs: int | None = Field(
         default=None,
         ge=0,
