@@ -221,7 +221,18 @@ class Service:
         return await self.store.suspend(tenant.name, name, suspend)
 
     async def delete(self, tenant: Tenant, kind: str, name: str) -> Document:
-        """Delete a program, or release a virtual slice."""
+        """Delete a program, or release a virtual slice (not one a program made for itself:
+        the program would only make it again, stopping its run each time)."""
+        if kind == SLICE:
+            document = await self._get(SLICE, tenant.name, name)
+            owners = (document["metadata"].get("ownerReferences")) or []
+            program = next((o["name"] for o in owners if o.get("kind") == PROGRAM), None)
+            if program is not None:
+                raise Conflict(
+                    f"virtual slice {name!r} was made for program {program!r} and goes with "
+                    "it: delete, cancel or suspend the program instead",
+                    field="name",
+                )
         return await self.store.delete(kind, tenant.name, name)
 
     async def events(self, tenant: Tenant, kind: str, name: str) -> list[dict[str, Any]]:

@@ -929,19 +929,19 @@ def delete(
     noun = kind.rstrip("s")
     failed = False
     with _api(state, api, token, tenant) as client:
-        deleting = []
+        deleting: dict[str, str] = {}  # name -> uid: another object may take the name
         for name in dict.fromkeys(names):  # all asked for first: they are released together
             try:
-                client.delete(kind, name)
-                deleting.append(name)
+                deleted = client.delete(kind, name)
+                deleting[name] = (deleted.get("metadata") or {}).get("uid") or ""
             except ApiCallError as error:
                 errors.print(f"[red]✗[/] {escape(name)}: {escape(str(error))}")
                 failed = True
         deadline = time.monotonic() + DELETE_TIMEOUT
         try:
             with console.status(f"deleting {', '.join(deleting)}"):
-                for name in deleting:
-                    while wait and _exists(client, kind, name):
+                for name, uid in deleting.items():
+                    while wait and _exists(client, kind, name, uid):
                         if time.monotonic() > deadline:
                             _fail(
                                 f"{name} is still being deleted after {DELETE_TIMEOUT:g} s "
@@ -959,9 +959,11 @@ DELETE_TIMEOUT = 120.0
 """Seconds ``pathways delete`` waits for an object to be gone."""
 
 
-def _exists(client: ApiClient, kind: str, name: str) -> bool:
-    """Whether the API still has the object (one being deleted is still there)."""
-    return _get_or_none(client, kind, name) is not None
+def _exists(client: ApiClient, kind: str, name: str, uid: str) -> bool:
+    """Whether the API still has the object (one being deleted is still there); with
+    ``uid``, that very object, not another made since under its name."""
+    found = _get_or_none(client, kind, name)
+    return found is not None and (not uid or found["metadata"].get("uid") == uid)
 
 
 def _get_or_none(client: ApiClient, kind: str, name: str) -> dict[str, Any] | None:

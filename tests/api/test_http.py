@@ -146,6 +146,26 @@ def test_suspend_and_resume_flip_spec_suspend_and_keep_the_quota(
     assert a.post("/v1/programs/nothing/resume").status_code == 404
 
 
+def test_a_slice_a_program_made_for_itself_is_deleted_with_the_program(
+    server: Server, a: httpx.Client
+) -> None:
+    """Deleted alone, the program made it again at once (stopping its run) and the deletion
+    waited two minutes for a slice that kept coming back."""
+    owner = {"apiVersion": "pathways.dev/v1alpha1", "kind": PROGRAM, "name": "p", "uid": "u"}
+    made = vslice("p-main")
+    made["metadata"].update(namespace="team-a", ownerReferences=[owner])
+    server.store.insert(made, devices=2)
+    refused = a.delete("/v1/virtualslices/p-main")
+    assert refused.status_code == 409 and error_of(refused)["field"] == "name"
+    assert error_of(refused)["message"] == (
+        "virtual slice 'p-main' was made for program 'p' and goes with it: delete, cancel or "
+        "suspend the program instead"
+    )
+    assert a.get("/v1/virtualslices/p-main").status_code == 200  # nothing changed
+    assert a.post("/v1/virtualslices", json=vslice("mine")).status_code == 201
+    assert a.delete("/v1/virtualslices/mine").status_code == 200
+
+
 def test_idempotent_resubmission_returns_the_first_object(server: Server, a: httpx.Client) -> None:
     headers = {"Idempotency-Key": "retry-1"}
     first = a.post("/v1/programs", json=program(None), headers=headers)
