@@ -36,7 +36,7 @@ from pathways_core.resources import (
     SlicePhase,
     VirtualSlice,
 )
-from pathways_core.resources.base import Model
+from pathways_core.resources.base import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, Model
 
 IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 SYSTEM_METADATA = ("uid", "resourceVersion", "generation", "creationTimestamp")
@@ -55,9 +55,8 @@ class ListQuery:
     labels: dict[str, str] | None = None
 
 
-LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
-LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{LABEL_NAME}")
-LABEL_VALUE = re.compile(rf"{LABEL_NAME}?")
+LABEL_KEY = re.compile(LABEL_KEY_PATTERN)
+LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN)
 
 
 def parse_labels(selector: str | None) -> dict[str, str] | None:

@@ -13,11 +13,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from pathways_core.resources import API_GROUP, GROUP_VERSION, KINDS, FieldError, Model
-from pathways_core.resources.base import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN
+from pathways_core.resources.base import (
+    DNS_LABEL_PATTERN,
+    DNS_SUBDOMAIN_PATTERN,
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_PATTERN,
+)
 
 _PATTERN_NAMES = {
     DNS_LABEL_PATTERN: "a lowercase RFC 1123 label (a-z, 0-9 and '-', at most 63 characters)",
     DNS_SUBDOMAIN_PATTERN: "a lowercase RFC 1123 name (a-z, 0-9, '-' and '.')",
+    LABEL_KEY_PATTERN: "a Kubernetes label key (an optional DNS prefix and '/', then at most "
+    "63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit)",
+    LABEL_VALUE_PATTERN: "a Kubernetes label value (empty, or at most 63 letters, digits, '-', "
+    "'_' and '.', starting and ending with a letter or digit)",
 }
 
 

@@ -32,7 +32,31 @@ GRAPH = """\
 """
 
 
+LABELLED = """\
+apiVersion: pathways.dev/v1alpha1
+kind: VirtualSlice
+metadata:
+  name: vs
+  labels: LABELS
+spec: {devices: 1}
+"""
+
 BAD = [
+    pytest.param(
+        LABELLED.replace("LABELS", "{team: 模型}"),
+        "metadata.labels.team: expected a Kubernetes label value (empty, or at most 63",
+        id="label-value",
+    ),
+    pytest.param(
+        LABELLED.replace("LABELS", "{'bad key!': x}"),
+        "metadata.labels.bad key![key]: expected a Kubernetes label key",
+        id="label-key",
+    ),
+    pytest.param(
+        LABELLED.replace("LABELS", "{team: " + "v" * 64 + "}"),
+        "metadata.labels.team: expected at most 63 characters",
+        id="label-value-length",
+    ),
     pytest.param(
         ISLAND + "  acceleratorKind: cpu-fake\n  topology: 2x4\n  hostz: 2\n",
         "spec.hostz: unknown field; did you mean 'hosts'?",

@@ -62,6 +62,16 @@ Quantity = Annotated[
 """A Kubernetes resource quantity such as ``2``, ``500m`` or ``16Gi``."""
 
 
+LABEL_NAME_PATTERN = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
+LABEL_KEY_PATTERN = rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{LABEL_NAME_PATTERN}$"
+"""A Kubernetes label key: an optional DNS subdomain prefix and '/', then a name of at most
+63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit."""
+LABEL_VALUE_PATTERN = rf"^{LABEL_NAME_PATTERN}?$"
+"""A Kubernetes label value: empty, or a name as in a key."""
+LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN, max_length=317)]
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
+
+
 class ObjectMeta(BaseModel):
     """The Kubernetes object metadata we read; other metadata fields are kept untouched."""
 
@@ -70,7 +80,7 @@ class ObjectMeta(BaseModel):
     name: Annotated[str, Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)] | None = None
     generate_name: str | None = None
     namespace: Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)] | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     uid: str | None = None
     resource_version: str | None = None
