@@ -33,8 +33,8 @@ from pathways_client.mesh_view import islands_table, slice_styles
 from pathways_client.outputs import OutputPath
 from pathways_client.proxy.command import proxy_command
 from pathways_client.proxy.tunnel import tunnel_command
-from pathways_core.allocator import Allocator, Bound, IslandInventory, slice_requests
-from pathways_core.resources import Island
+from pathways_core.allocator import Allocator, Bound, IslandInventory, Request, slice_requests
+from pathways_core.resources import Island, PathwaysProgram, VirtualSlice
 from pathways_core.resources.base import DNS_SUBDOMAIN_PATTERN
 from pathways_core.scheduling import Policy
 from pathways_core.topology import device_count, format_shape, parse_shape
@@ -147,8 +147,23 @@ def place(paths: tuple[Path, ...], no_preempt: bool) -> None:
         results.add_column(column, overflow="fold", no_wrap=column in ("Slice", "Phase"))
     outcome: dict[str, str] = {}
     notes: list[str] = []
+    shared = _time_shared_keys(resources)
+    holders: list[Request] = []  # time-shared slices bound to devices of their own
+    joined: dict[str, Request] = {}  # a time-shared slice -> the holder whose devices it shares
     for request in requests:
+        shares = request.key in shared
+        holder = (
+            next((h for h in holders if _may_join(allocator, h, request)), None) if shares else None
+        )
+        if shares and holder is not None:
+            # As the cluster binds them (pathways_core.control.sharing): on the same devices.
+            joined[request.key] = holder
+            outcome[request.key] = "[green]Bound[/]"
+            notes.append(f"{request.key}: time-shares the devices of {holder.key}")
+            continue
         decision = allocator.allocate(request, preempt=not no_preempt)
+        if isinstance(decision, Bound) and shares:
+            holders.append(request)
         if isinstance(decision, Bound):
             outcome[request.key] = "[green]Bound[/]"
             for victim in decision.preempted:
@@ -162,13 +177,18 @@ def place(paths: tuple[Path, ...], no_preempt: bool) -> None:
             notes.append(f"{request.key}: [yellow]{decision.reason}[/]: {decision.message}")
     bindings = allocator.bindings()
     styles = slice_styles(bindings)
+    for key, holder in joined.items():
+        if allocator.binding(holder.key) is None:  # preempted since: its group goes with it
+            outcome[key] = "[red]Preempted[/]"
+            notes.append(f"{key}: [red]Preempted[/] with {holder.key}, whose devices it shared")
     for request in requests:
-        binding = allocator.binding(request.key)
+        holder = joined.get(request.key)
+        binding = allocator.binding(holder.key if holder else request.key)
         wanted = format_shape(request.shape) if request.shape else f"{request.count} devices"
         kind = f" {request.kind}" if request.kind else ""
         symbol = ""
         if binding is not None:
-            mark, colour = styles[request.key]
+            mark, colour = styles[holder.key if holder else request.key]
             symbol = f"[bold {colour}]{mark}[/] "
         results.add_row(
             f"{symbol}{request.key}",
@@ -183,8 +203,41 @@ def place(paths: tuple[Path, ...], no_preempt: bool) -> None:
     for note in notes:
         console.print(note)
     console.print(islands_table(allocator.islands, bindings, styles))
-    bound = sum(1 for request in requests if allocator.binding(request.key) is not None)
+    bound = sum(
+        1
+        for request in requests
+        if allocator.binding(joined[request.key].key if request.key in joined else request.key)
+    )
     console.print(f"{bound} of {len(requests)} slices bound on {len(allocator.islands)} islands")
+
+
+def _time_shared_keys(resources: list[Any]) -> set[str]:
+    """The keys of the slices that ask for time-shared devices (VirtualSlices, and inline
+    slices of programs, in the order ``slice_requests`` makes their requests)."""
+    keys = set()
+    for resource in resources:
+        specs = (
+            [resource.spec]
+            if isinstance(resource, VirtualSlice)
+            else [s for s in resource.spec.slices if s.virtual_slice_name is None]
+            if isinstance(resource, PathwaysProgram)
+            else []
+        )
+        for request, spec in zip(slice_requests(resource), specs, strict=True):
+            if spec.time_shared:
+                keys.add(request.key)
+    return keys
+
+
+def _may_join(allocator: Allocator, holder: Request, request: Request) -> bool:
+    """Whether a time-shared ``request`` joins the group of ``holder`` (still bound): the
+    rule of ``pathways_core.control.sharing`` (same size, an island it admits, the same mesh
+    shape if it asks for one)."""
+    binding = allocator.binding(holder.key)
+    if binding is None or len(binding.devices) != request.size:
+        return False
+    island = next(i for i in allocator.islands if i.name == binding.island)
+    return request.admits(island) and (request.shape is None or request.shape == holder.shape)
 
 
 def _devices_text(devices: tuple[int, ...]) -> str:

@@ -30,3 +30,58 @@ def test_no_preempt_leaves_the_urgent_slice_pending(pathways, root: Path) -> Non
     assert result.exit_code == 0
     assert "team-llm/urgent-debug: InsufficientDevices" in result.stdout
     assert "Preempted" not in result.stdout
+
+
+TIME_SHARED = """\
+apiVersion: pathways.dev/v1alpha1
+kind: Island
+metadata: {name: i1}
+spec: {acceleratorKind: cpu-fake, topology: "4", hosts: 1, devicesPerHost: 4}
+---
+apiVersion: pathways.dev/v1alpha1
+kind: VirtualSlice
+metadata: {name: t1, namespace: t}
+spec: {devices: 2, timeShared: true}
+---
+apiVersion: pathways.dev/v1alpha1
+kind: VirtualSlice
+metadata: {name: t2, namespace: u}
+spec: {devices: 2, timeShared: true}
+---
+apiVersion: pathways.dev/v1alpha1
+kind: PathwaysProgram
+metadata: {name: p, namespace: t}
+spec:
+  slices: [{name: main, devices: 2, timeShared: true}]
+  driver: {source: "print(1)"}
+---
+apiVersion: pathways.dev/v1alpha1
+kind: VirtualSlice
+metadata: {name: alone, namespace: t}
+spec: {devices: 2, priority: 10}
+---
+apiVersion: pathways.dev/v1alpha1
+kind: VirtualSlice
+metadata: {name: urgent, namespace: v}
+spec: {devices: 1, priority: 5}
+"""
+
+
+def test_time_shared_slices_share_the_devices_as_the_cluster_binds_them(
+    pathways, tmp_path: Path
+) -> None:
+    """place bound each time-shared slice to devices of its own (or left it pending) where
+    the cluster binds them to the devices of the first of their size."""
+    (tmp_path / "shared.yaml").write_text(TIME_SHARED.rsplit("---", 1)[0])
+    out = pathways("place", str(tmp_path)).stdout
+    assert "u/t2: time-shares the devices of t/t1" in out
+    assert "t/p-main: time-shares the devices of t/t1" in out
+    rows = {line.split()[2]: line for line in out.splitlines() if line.startswith("│ ")}
+    for key in ("t/t1", "u/t2", "t/p-main"):
+        assert "Bound" in rows[key] and "0,1" in rows[key], rows[key]
+    assert "Bound" in rows["t/alone"] and "2,3" in rows["t/alone"]
+    assert "4 of 4 slices bound on 1 islands" in out
+    # A holder preempted takes its group with it, as in the cluster.
+    (tmp_path / "shared.yaml").write_text(TIME_SHARED)
+    out = pathways("place", str(tmp_path)).stdout
+    assert "u/t2: Preempted with t/t1, whose devices it shared" in out
