@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pathways_core.crds import all_crds
+from pathways_core.resources.island import ISLAND_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "charts" / "pathways" / "values.schema.json"
@@ -49,7 +50,8 @@ def strict(node: Any) -> Any:
 
 
 def island_spec_schema() -> dict[str, Any]:
-    """The strict schema of Island.spec, from the generated CRD."""
+    """The strict schema of Island.spec, from the generated CRD (its ``required`` list is the
+    one the island template checks, islandDefaults merged)."""
     crd = all_crds()["islands.pathways.dev.yaml"]
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     return strict(copy.deepcopy(spec))
@@ -132,13 +134,17 @@ def pod_settings() -> dict[str, Any]:
 
 def values_schema() -> dict[str, Any]:
     """The whole values schema."""
-    spec = island_spec_schema()
-    defaults = {key: value for key, value in spec.items() if key != "required"}
-    defaults["description"] = "Deep-merged under the spec of every island."
+    # Required fields may come from islandDefaults: the island template checks them merged.
+    spec = {key: value for key, value in island_spec_schema().items() if key != "required"}
+    defaults = {**spec, "description": "Deep-merged under the spec of every island."}
     island = obj(
         {
             "name": string(
-                "Name of the Island resource.", pattern=DNS_SUBDOMAIN, minLength=1, maxLength=253
+                f"Name of the Island resource: {ISLAND_NAME.expected}, at most "
+                f"{ISLAND_NAME.max_length} characters ({ISLAND_NAME.reason}).",
+                pattern=ISLAND_NAME.pattern,
+                minLength=1,
+                maxLength=ISLAND_NAME.max_length,
             ),
             "labels": STRING_MAP,
             "annotations": STRING_MAP,

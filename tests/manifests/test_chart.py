@@ -122,6 +122,14 @@ def test_chart_crds_equal_the_generated_crds() -> None:
     assert kinds == {"ClusterKopfPeering", "KopfPeering"}
 
 
+def test_the_island_template_checks_the_crds_required_fields() -> None:
+    crd = all_crds()["islands.pathways.dev.yaml"]
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    template = (CHART / "templates" / "islands.yaml").read_text()
+    listed = " ".join(f'"{field}"' for field in spec["required"])
+    assert f"range list {listed} }}" in template
+
+
 def test_values_schema_is_generated_from_the_island_model() -> None:
     script = ROOT / "scripts" / "values_schema.py"
     result = subprocess.run(
@@ -175,6 +183,16 @@ def test_kind_islands_match_the_kind_cluster_workers(rendered) -> None:
 
 
 def test_island_defaults_merge_under_each_island(rendered) -> None:
+    # Required fields may come from the defaults (the schema asked for them in each island).
+    given = rendered(
+        "values.yaml",
+        "islandDefaults.acceleratorKind=cpu-fake",
+        "islandDefaults.topology=2x2",
+        "islands[0].name=small",
+        "islands[0].spec.hosts=1",
+    )
+    (small,) = given.of_kind("Island")
+    assert (small["spec"]["acceleratorKind"], small["spec"]["topology"]) == ("cpu-fake", "2x2")
     run = rendered("values-kind.yaml", "islandDefaults.scheduler.policy=fifo")
     for island in run.of_kind("Island"):
         assert island["spec"]["scheduler"]["policy"] == "fifo"
@@ -620,6 +638,29 @@ BAD_VALUES = [
         ),
         ["/islands/0/name", "does not match pattern"],
         id="bad-name",
+    ),
+    pytest.param(
+        (
+            "islands[0].name=" + "a" * 44,
+            "islands[0].spec.acceleratorKind=cpu-fake",
+            "islands[0].spec.topology=2x4",
+        ),
+        ["/islands/0/name", "maxLength: got 44, want 43"],
+        id="long-name",
+    ),
+    pytest.param(
+        (
+            "islands[0].name=1abc",
+            "islands[0].spec.acceleratorKind=cpu-fake",
+            "islands[0].spec.topology=2x4",
+        ),
+        ["/islands/0/name", "does not match pattern"],
+        id="name-starting-with-a-digit",
+    ),
+    pytest.param(
+        ("islands[0].name=bad", "islands[0].spec.topology=2x4"),
+        ["islands[0] (bad).spec.acceleratorKind: required, in the island or in islandDefaults"],
+        id="missing-required",
     ),
     pytest.param(
         ("operator.replicas=-1",), ["/operator/replicas", "minimum: got -1, want 0"], id="replicas"
