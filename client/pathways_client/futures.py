@@ -7,7 +7,6 @@ deletes the buffer too (after every computation queued before that uses it).
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import math
 import threading
@@ -431,7 +430,7 @@ def executor_regions(
     if any(sum(math.prod(b - a for a, b in r) for r in held) >= size for held in taken.values()):
         return None
     return {
-        executor: [tuple(builtins.slice(a, b) for a, b in bounds) for bounds in held]
+        executor: [tuple(slice(a, b) for a, b in bounds) for bounds in held]
         for executor, held in taken.items()
     }
 
