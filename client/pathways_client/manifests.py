@@ -96,7 +96,7 @@ def read_documents(path: Path) -> Iterator[Document]:
     try:
         for document in parse_documents(text):
             index += 1
-            yield Document(path, index, check_document(document))
+            yield Document(path, index, check_document(document, strict=True))
     except ManifestSyntaxError as error:
         yield Document(path, index + 1, _failed(str(error)))
 

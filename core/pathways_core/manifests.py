@@ -7,6 +7,7 @@ the operator and the REST API all report bad input the same way.
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,8 +206,10 @@ def expanded_size(document: Any, limit: int) -> int | None:
         return None
 
 
-def check_document(document: Any) -> Checked:
-    """Validate one parsed document against the model of its kind."""
+def check_document(document: Any, strict: bool = False) -> Checked:
+    """Validate one parsed document against the model of its kind. ``strict``: as the API
+    server checks a custom resource's types too (no ``"2"`` or ``true`` for an integer, no
+    ``"yes"`` for a boolean, which the model would coerce), for manifests read from files."""
     if not isinstance(document, dict):
         return Checked(None, None, None, (Problem("", f"expected a mapping{_got(document)}"),))
     api_version = document.get("apiVersion")
@@ -235,6 +238,8 @@ def check_document(document: Any) -> Checked:
         problems.append(Problem("metadata.name", "required field is missing"))
     try:
         resource = info.model.model_validate(document)
+        if strict:  # JSON's types, as the CRD's schema has them
+            info.model.model_validate_json(json.dumps(document, default=str), strict=True)
     except ValidationError as error:
         problems.extend(problems_of(error, info.model))
         resource = None

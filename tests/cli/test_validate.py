@@ -42,6 +42,22 @@ spec: {devices: 1}
 """
 
 BAD = [
+    # As the API server checks a custom resource's types (the model would coerce these).
+    pytest.param(
+        SLICE + "  devices: true\n",
+        "spec.devices: expected an integer (got True)",
+        id="bool-as-integer",
+    ),
+    pytest.param(
+        SLICE + "  devices: 2\n  timeShared: 'yes'\n  priority: '7'\n",
+        "spec.timeShared: expected true or false (got 'yes')",
+        id="string-as-boolean",
+    ),
+    pytest.param(
+        SLICE + "  devices: '2'\n",
+        "spec.devices: expected an integer (got '2')",
+        id="string-as-integer",
+    ),
     pytest.param(
         LABELLED.replace("LABELS", "{team: 模型}"),
         "metadata.labels.team: expected a Kubernetes label value (empty, or at most 63",
