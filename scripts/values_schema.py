@@ -5,7 +5,10 @@ from the Island CRD (itself generated from the pathways_core model), made strict
 rejected) so that a typo in values fails ``helm install`` with the path of the value at fault
 instead of being pruned silently by the API server.
 
-Usage: ``python scripts/values_schema.py`` writes the file; ``--check`` exits 1 when the committed
+It also writes ``files/mesh-ranks.json`` (the axes each accelerator kind's topology may have),
+which the island template reads to refuse a topology of the wrong rank.
+
+Usage: ``python scripts/values_schema.py`` writes the files; ``--check`` exits 1 when a committed
 file differs from what would be written (a test runs it).
 """
 
@@ -18,11 +21,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pathways_core.accelerators import AcceleratorKind, accelerator_info
 from pathways_core.crds import all_crds
 from pathways_core.resources.island import ISLAND_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "charts" / "pathways" / "values.schema.json"
+MESH_RANKS = Path("files") / "mesh-ranks.json"  # beside the schema, read by templates/islands.yaml
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 QUANTITY = {
@@ -340,20 +345,34 @@ def render() -> str:
     return json.dumps(values_schema(), indent=2) + "\n"
 
 
+def render_mesh_ranks() -> str:
+    """``files/mesh-ranks.json``: the axes each accelerator kind's topology may have (as
+    strings: what the island template compares), from the catalogue the Island model checks."""
+    ranks = {
+        kind.value: [str(rank) for rank in accelerator_info(kind).mesh_ranks]
+        for kind in AcceleratorKind
+    }
+    return json.dumps(ranks, indent=2, sort_keys=True) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Write the schema, or with ``--check`` report whether the committed one is current."""
+    """Write the schema (and the mesh ranks the island template reads), or with ``--check``
+    report whether the committed files are current."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
     parser.add_argument("--out", type=Path, default=SCHEMA_PATH)
     args = parser.parse_args(argv)
-    text = render()
+    outputs = {args.out: render(), args.out.parent / MESH_RANKS: render_mesh_ranks()}
     if args.check:
-        current = args.out.read_text() if args.out.exists() else ""
-        if current != text:
-            print(f"{args.out}: stale; run python scripts/values_schema.py", file=sys.stderr)
-            return 1
-        return 0
-    args.out.write_text(text)
+        stale = [
+            path for path, text in outputs.items() if not path.exists() or path.read_text() != text
+        ]
+        for path in stale:
+            print(f"{path}: stale; run python scripts/values_schema.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in outputs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     return 0
 
 

@@ -658,6 +658,15 @@ BAD_VALUES = [
         id="name-starting-with-a-digit",
     ),
     pytest.param(
+        (
+            "islands[0].name=bad",
+            "islands[0].spec.acceleratorKind=tpu-v4",
+            "islands[0].spec.topology=2x4",
+        ),
+        ['islands[0] (bad).spec.topology: topology "2x4" has 2 axes, but tpu-v4 meshes have 3'],
+        id="topology-rank",
+    ),
+    pytest.param(
         ("islands[0].name=bad", "islands[0].spec.topology=2x4"),
         ["islands[0] (bad).spec.acceleratorKind: required, in the island or in islandDefaults"],
         id="missing-required",
