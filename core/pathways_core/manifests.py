@@ -60,6 +60,8 @@ def format_path(location: tuple[str | int, ...]) -> str:
     for part in location:
         if isinstance(part, int):
             path += f"[{part}]"
+        elif part == "[key]":  # pydantic's mark of a mapping's key, not its value
+            path += " (the key)"
         else:
             path += f".{part}" if path else str(part)
     return path

@@ -65,7 +65,7 @@ BAD = [
     ),
     pytest.param(
         LABELLED.replace("LABELS", "{'bad key!': x}"),
-        "metadata.labels.bad key![key]: expected a Kubernetes label key",
+        "metadata.labels.bad key! (the key): expected a Kubernetes label key",
         id="label-key",
     ),
     pytest.param(
