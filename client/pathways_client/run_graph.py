@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -117,11 +118,22 @@ def run(
             raise PathwaysError(
                 f"function {artifact.name!r}: not a jax.export artifact: {error}"
             ) from None
-    flow = Dataflow.from_graph(
-        spec.graph, {name: len(f.out_avals) for name, f in functions.items()}
-    )
+    try:
+        flow = Dataflow.from_graph(
+            spec.graph, {name: len(f.out_avals) for name, f in functions.items()}
+        )
+    except ValueError as error:  # what only the artifacts tell: an output that is not there
+        raise PathwaysError(f"graph: {error}") from None
     slices = {item.name: bind(cluster, item) for item in spec.slices}
-    placed = {node.function: (slices[node.slice], functions[node.function]) for node in flow.nodes}
+    # dispatch places a node by its function's key: one key per function and slice, so nodes
+    # calling one function on several slices each run on their own.
+    placed: dict[str, tuple[Slice, Specialized]] = {}
+    for position, node in enumerate(flow.nodes):
+        key = node.function
+        if key in placed and placed[key][0] is not slices[node.slice]:
+            key = f"{node.function}@{node.slice}"
+        placed.setdefault(key, (slices[node.slice], functions[node.function]))
+        flow.nodes[position] = dataclasses.replace(node, function=key)
     results: list[np.ndarray] = []
     for step in range(spec.steps):
         outputs = dispatch(flow, placed)

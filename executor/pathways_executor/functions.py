@@ -232,7 +232,10 @@ class FunctionCache:
 
         single = len(devices) == 1
         placed = {"in_shardings": shardings} if single else {}
-        run = jax.jit(traced, out_shardings=_traced_shardings(len(outputs), token), **placed)
+        # Outputs go where the exported function puts them; with no inputs to carry the slice's
+        # devices into the call, they are told (else it runs on one device, and refuses to).
+        told = None if single or exported.in_avals else out_shardings
+        run = jax.jit(traced, out_shardings=_traced_shardings(len(outputs), token, told), **placed)
         built = Callable(
             name=name,
             run=run,
@@ -299,10 +302,13 @@ class FunctionCache:
         return built
 
 
-def _traced_shardings(out_count: int, token_sharding: Any) -> tuple[Any, ...]:
-    """A ``traced`` function's output shardings: its outputs' as exported, then its token's."""
+def _traced_shardings(
+    out_count: int, token_sharding: Any, outputs: tuple[Any, ...] | None = None
+) -> tuple[Any, ...]:
+    """A ``traced`` function's output shardings: its outputs' (``outputs``, else as exported),
+    then its token's."""
     token = () if token_sharding is None else (token_sharding,)
-    return (*[None] * out_count, *token)
+    return (*(outputs if outputs is not None else [None] * out_count), *token)
 
 
 def _bytes_per_device(outputs: list[tuple[Any, Any]]) -> int:

@@ -44,6 +44,9 @@ def test_sharded_function_on_a_slice_spanning_both_executors(cluster: pw.Cluster
 
         value = np.arange(32, dtype=np.float32).reshape(4, 8)
         np.testing.assert_allclose(total(value).result(), value.sum(axis=1))
+        # A function of no inputs ran on one device of the slice, and refused to.
+        constant = pw.function(lambda: jnp.arange(8.0), slice=devices, out_shardings=P("x"))
+        np.testing.assert_array_equal(constant().result(), np.arange(8.0))
         # An axis the mesh does not have was JAX's bare ValueError.
         unknown = pw.function(lambda v: v, slice=devices, name="axes", in_shardings=P("q"))
         with pytest.raises(TypeError, match=r"'axes': sharding P\('q',\) does not fit slice"):
@@ -383,6 +386,41 @@ def test_a_program_written_as_a_resource_runs_without_its_python(
     assert [e.get("completedSteps") for e in events[:2]] == [1, 2]
     assert events[-1]["event"] == "succeeded"
     np.testing.assert_array_equal(np.load(results)["arr_0"], [10.0, 10.0])  # sum of 1..4
+
+
+def test_a_graph_calling_one_function_on_two_slices_runs_each_node_on_its_own(
+    cluster: pw.Cluster, island: LocalIsland, tmp_path: Path
+) -> None:
+    """Nodes were placed by their function: every node of a function ran on the slice of its
+    last node."""
+    with cluster.slice(devices=1) as a, cluster.slice(devices=1) as b:
+        first = pw.function(lambda v: v + 1, slice=a, name="inc")
+        second = pw.function(lambda v: v + 1, slice=b, name="inc")
+        program = pw.program(lambda v: second(first(v)), name="inc-twice")
+        wire = program.to_resource(np.zeros(4, np.float32)).to_wire()
+    graph = wire["spec"]["graph"]
+    calls = [node for node in graph["nodes"] if node["name"].startswith("inc")]
+    calls[1]["function"] = calls[0]["function"]  # one function, named on two slices
+    spec = tmp_path / "program.json"
+    spec.write_text(json.dumps(wire))
+    before = {r.computation_id for r in cluster.trace()}
+    env = dict(os.environ, PATHWAYS_ISLANDS=f"{island.name}={island.scheduler_endpoint}")
+    run = [sys.executable, "-m", "pathways_client.run_graph", "--spec", str(spec)]
+    done = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["outputs"][0]["sum"] == 8.0
+    ran = {r.name: tuple(r.devices) for r in cluster.trace() if r.computation_id not in before}
+    # Two slices of one device each, bound together: two devices, one for each node.
+    assert ran[calls[0]["name"]] != ran[calls[1]["name"]], ran
+    # An output the function does not have is said in one line (it was a traceback).
+    calls[1]["inputs"] = [{"node": calls[0]["name"], "output": 3}]
+    spec.write_text(json.dumps(wire))
+    refused = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines() == [
+        f"error: graph: node {calls[1]['name']!r} uses output 3 of {calls[0]['name']!r}, "
+        "which has 1"
+    ]
 
 
 def test_a_corrupt_artifact_fails_the_graph_runner_with_the_reason(
