@@ -15,7 +15,9 @@ its runs. A driver saves its state after each completed step and restores it whe
         checkpoint.save(step, state)
 
 ``state`` is a tree of dicts (string keys), lists and tuples whose leaves are arrays (numpy,
-JAX, or futures of the SDK, fetched) or numbers; it comes back with numpy arrays as leaves.
+JAX, or futures of the SDK, fetched) or numbers; it comes back with numpy arrays as leaves, of
+their dtypes (bfloat16, float8 and int4 too), and namedtuples (optax's states) as their own
+type, imported by name where the checkpoint is restored.
 :func:`save` writes one ``.npz`` file atomically (the step and the state together, or the
 previous checkpoint whole), so a run killed while saving resumes from the step before.
 
@@ -27,6 +29,7 @@ from the first step.
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -73,7 +76,10 @@ def _flatten(tree: Any, leaves: list[np.ndarray], path: str) -> Any:
         }
     if isinstance(tree, list | tuple):
         kind = "list" if isinstance(tree, list) else "tuple"
-        return {kind: [_flatten(value, leaves, f"{path}[{i}]") for i, value in enumerate(tree)]}
+        flat = {kind: [_flatten(value, leaves, f"{path}[{i}]") for i, value in enumerate(tree)]}
+        if hasattr(tree, "_fields"):  # a namedtuple (optax's states are): its type comes back
+            flat["type"] = f"{type(tree).__module__}:{type(tree).__qualname__}"
+        return flat
     if tree is None:
         return None
     if hasattr(tree, "result") and callable(tree.result):  # an ArrayFuture: fetch it
@@ -85,6 +91,8 @@ def _flatten(tree: Any, leaves: list[np.ndarray], path: str) -> Any:
     if leaf.dtype == object:
         raise CheckpointError(f"state{path}: not an array: {type(tree).__name__}")
     leaves.append(leaf)
+    if leaf.dtype.kind == "V":  # bfloat16, float8, int4 (ml_dtypes): .npy keeps raw bytes
+        return {"leaf": len(leaves) - 1, "dtype": leaf.dtype.name}
     return len(leaves) - 1
 
 
@@ -93,11 +101,33 @@ def _unflatten(skeleton: Any, leaves: Mapping[str, np.ndarray]) -> Any:
         return None
     if isinstance(skeleton, int):
         return leaves[str(skeleton)]
+    if "leaf" in skeleton:
+        import ml_dtypes  # noqa: F401  # registers the dtypes' names with NumPy
+
+        return leaves[str(skeleton["leaf"])].view(np.dtype(skeleton["dtype"]))
     if "dict" in skeleton:
         return {key: _unflatten(value, leaves) for key, value in skeleton["dict"].items()}
     if "list" in skeleton:
         return [_unflatten(value, leaves) for value in skeleton["list"]]
-    return tuple(_unflatten(value, leaves) for value in skeleton["tuple"])
+    values = [_unflatten(value, leaves) for value in skeleton["tuple"]]
+    if "type" in skeleton:
+        return _named_tuple(skeleton["type"])(*values)
+    return tuple(values)
+
+
+def _named_tuple(spelled: str) -> Any:
+    """The namedtuple type ``module:qualname``, imported as it was saved."""
+    module, _, qualname = spelled.partition(":")
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as error:
+        raise CheckpointError(
+            f"the checkpoint holds a {spelled} (a namedtuple), which cannot be imported here "
+            f"({error}): restore where it is defined, or save it as a tuple or dict"
+        ) from None
+    return found
 
 
 def save(step: int, state: Any, directory: str | Path | None = None) -> Path | None:

@@ -176,6 +176,9 @@ class Program:
         return trace
 
     def __call__(self, *args: Any, sequential: bool = False, **kwargs: Any) -> Any:
+        if active_trace() is not None:
+            # Called inside another program: its calls become nodes of that program.
+            return self.fun(*args, **kwargs)
         trace = self.trace(*args, **kwargs)
         outputs = dispatch(
             trace.flow,

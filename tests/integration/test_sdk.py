@@ -601,6 +601,11 @@ def test_misuse_is_named_where_it_happens(cluster: pw.Cluster) -> None:
         def twice(v):
             return increment(increment(v))
 
+        # A program called inside another adds its nodes to it (it asked for a host value).
+        four_times = pw.program(lambda v: twice(twice(v)), name="four-times")
+        np.testing.assert_array_equal(four_times(np.zeros(3, np.float32)).result(), 4)
+        assert len(four_times.trace(np.zeros(3, np.float32)).flow.nodes) == 4
+
         with pytest.raises(ValueError, match=r"as a resource: spec.steps: expected a number >= 1"):
             twice.to_resource(np.zeros(3, np.float32), name="twice", steps=0)
         with pytest.raises(ValueError, match=r"metadata.name: expected a lowercase RFC 1123 la"):
