@@ -193,17 +193,20 @@ class Program:
     def to_resource(
         self,
         *args: Any,
+        kwargs: Mapping[str, Any] | None = None,
         name: str | None = None,
         namespace: str | None = None,
         steps: int = 1,
         weight: int = 1,
         priority: int = 0,
     ) -> PathwaysProgram:
-        """This program, with ``args`` baked in, as a PathwaysProgram resource: the cluster can
-        run it with no Python. Arguments and captured values become source nodes (functions
-        with no inputs that return them) on the slice of their first consumer."""
-        trace = self.trace(*args)
-        values = [*jax.tree.leaves(args), *trace.constants]
+        """This program, with ``args`` (and ``kwargs``, its keyword arguments) baked in, as a
+        PathwaysProgram resource: the cluster can run it with no Python. Arguments and
+        captured values become source nodes (functions with no inputs that return them) on
+        the slice of their first consumer."""
+        kwargs = dict(kwargs or {})
+        trace = self.trace(*args, **kwargs)
+        values = [*jax.tree.leaves((args, kwargs)), *trace.constants]
         functions = dict(trace.functions)
         flow = _with_source_nodes(trace, values, functions)
         artifacts = {

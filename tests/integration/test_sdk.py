@@ -355,10 +355,16 @@ def test_a_program_written_as_a_resource_runs_without_its_python(
     cluster: pw.Cluster, island: LocalIsland, tmp_path: Path
 ) -> None:
     with cluster.slice(devices=1) as one, cluster.slice(devices=2) as two:
-        increment = pw.function(lambda v: v + 1, slice=one, name="increment")
+        add = pw.function(lambda v, w: v + w, slice=one, name="add")
         total = pw.function(lambda v: jnp.sum(v) * jnp.ones(2), slice=two, name="total")
-        program = pw.program(lambda v: total(increment(v)), name="sum-chain")
-        resource = program.to_resource(np.arange(4, dtype=np.float32), steps=2)
+
+        @pw.program(name="sum-chain")
+        def program(v, *, step):  # a keyword-only argument (to_resource took none)
+            return total(add(v, step))
+
+        resource = program.to_resource(
+            np.arange(4, dtype=np.float32), kwargs={"step": np.ones(4, np.float32)}, steps=2
+        )
     # The resource is a valid PathwaysProgram (as kubectl would send it).
     wire = resource.to_wire()
     assert PathwaysProgram.model_validate(wire).spec.steps == 2
