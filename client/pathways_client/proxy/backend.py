@@ -333,6 +333,13 @@ class ArraySession(SessionState):
         """``DeleteArray``: free what ``array`` holds (called under the session's lock)."""
         raise NotImplementedError
 
+    def _delete(self, array: ArrayEntry) -> None:
+        """Mark ``array`` deleted and free what it holds, once (under the session's lock):
+        deleted by the client, or consumed by a run (donated)."""
+        if not array.deleted:
+            array.deleted = True
+            self._free(array)
+
     def _forget(self, array: ArrayEntry) -> None:
         """``DestructArray``: the session no longer names ``array`` (under the lock)."""
 
@@ -602,9 +609,8 @@ class ArraySession(SessionState):
                 entry = self.arrays.get(handle)
                 if entry is None:
                     unknown.append(handle)
-                elif not entry.deleted:
-                    entry.deleted = True
-                    self._free(entry)
+                else:
+                    self._delete(entry)
         future = completed(
             error=ProxyError("NOT_FOUND", f"array_handle: unknown array handles {unknown}")
             if unknown
@@ -785,9 +791,7 @@ class ArraySession(SessionState):
             handles, status = self._launch(executable, args, results, result_handles)
             with self._lock:  # what the run consumes is deleted, as JAX's runtime deletes it
                 for position in self._donated(executable):
-                    if not args[position].deleted:
-                        args[position].deleted = True
-                        self._free(args[position])
+                    self._delete(args[position])
             return handles, results, status
 
         try:

@@ -495,9 +495,7 @@ class IslandSession(ArraySession):
             if request.copy_semantics == DONATE_INPUT:  # the outputs hold the buffers now
                 with self._lock:
                     for source in inputs:
-                        if not source.deleted:
-                            source.deleted = True
-                            self._free(source)
+                        self._delete(source)
             return out
 
         response = self.p.RemapArraysResponse()
