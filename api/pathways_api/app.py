@@ -27,13 +27,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pathways_api import metrics
 from pathways_api.auth import Authenticator, Tenant, bearer_token
-from pathways_api.errors import ERROR_RESPONSES, ApiError
+from pathways_api.errors import ERROR_RESPONSES, ApiError, InvalidField
 from pathways_api.logs import MAX_LOG_BYTES, LogWindow
 from pathways_api.ratelimit import DEFAULT_BUDGETS, ApiRateLimiter
 from pathways_api.service import ListQuery, Service, parse_labels
 from pathways_api.store import ISLAND, PROGRAM, SLICE
 from pathways_core.control.rate_limit import Budgets
-from pathways_core.manifests import expanded_size, format_path, problems_of
+from pathways_core.manifests import Problem, expanded_size, format_path, problems_of
 from pathways_core.resources import Island, PathwaysProgram, VirtualSlice
 from pathways_core.resources.base import DNS_SUBDOMAIN_PATTERN
 
@@ -287,15 +287,39 @@ async def validation_error(request: Request, error: Exception) -> JSONResponse:
         try:
             model.model_validate(body)
         except ValidationError as invalid:
-            # An unknown field usually explains a missing one (a typo): name it first.
-            problems = sorted(
-                problems_of(invalid, model), key=lambda p: not p.message.startswith("unknown")
-            )
-            if problems:
-                return _error(422, "InvalidField", problems[0].message, problems[0].path or None)
+            problem = _first_problem(invalid, model)
+            if problem is not None:
+                return _error(422, "InvalidField", problem.message, problem.path or None)
         return _error(422, "InvalidField", str(first.get("msg")), format_path(location[1:]))
     where = " ".join(str(part) for part in location[:2])
     return _error(422, "InvalidField", str(first.get("msg")), where or None)
+
+
+def _first_problem(invalid: ValidationError, model: type[BaseModel]) -> Problem | None:
+    # An unknown field usually explains a missing one (a typo): name it first.
+    problems = problems_of(invalid, model)
+    return min(problems, key=lambda p: not p.message.startswith("unknown"), default=None)
+
+
+def _json_types(model: type[BaseModel]) -> Any:
+    """A dependency refusing a body whose values are not of the JSON types the CRD's schema
+    names (``"2"`` or ``true`` for an integer, ``"yes"`` for a boolean), as the Kubernetes
+    API server does; FastAPI's validation alone would coerce them."""
+
+    async def check(request: Request) -> None:
+        body = await request.body()
+        try:
+            model.model_validate_json(body, strict=True)
+        except ValidationError as invalid:
+            try:
+                model.model_validate_json(body)
+            except ValueError:
+                return  # not a type FastAPI would coerce: its validation answers
+            problem = _first_problem(invalid, model)
+            if problem is not None:
+                raise InvalidField(problem.message, field=problem.path or None) from None
+
+    return Depends(check)
 
 
 class BodyLimit:
@@ -490,7 +514,13 @@ def _routes() -> Any:
     # programs
     created = {201: {"model": PathwaysProgram, "description": "Created"}}
 
-    @r.post("/v1/programs", status_code=201, response_model=PathwaysProgram, responses=created)
+    @r.post(
+        "/v1/programs",
+        status_code=201,
+        response_model=PathwaysProgram,
+        responses=created,
+        dependencies=[_json_types(PathwaysProgram)],
+    )
     async def submit_program(
         body: PathwaysProgram, caller: Caller, api: Api, key: IdempotencyKey = None
     ) -> JSONResponse:
@@ -538,7 +568,11 @@ def _routes() -> Any:
     created_slice = {201: {"model": VirtualSlice, "description": "Created"}}
 
     @r.post(
-        "/v1/virtualslices", status_code=201, response_model=VirtualSlice, responses=created_slice
+        "/v1/virtualslices",
+        status_code=201,
+        response_model=VirtualSlice,
+        responses=created_slice,
+        dependencies=[_json_types(VirtualSlice)],
     )
     async def create_slice(
         body: VirtualSlice, caller: Caller, api: Api, key: IdempotencyKey = None

@@ -293,6 +293,24 @@ def test_filters_by_phase_and_labels(a: httpx.Client) -> None:
             ">= 1",
         ),
         (
+            json.dumps(program(devices="2")).encode(),  # type: ignore[arg-type]
+            {"Content-Type": "application/json"},
+            422,
+            "InvalidField",
+            "spec.slices[0].devices",
+            "expected an integer (got '2')",
+        ),
+        (
+            b"apiVersion: pathways.dev/v1alpha1\nkind: PathwaysProgram\nmetadata: {name: p}\n"
+            b"spec:\n  slices: [{name: main, devices: 1, timeShared: 'yes'}]\n"
+            b"  driver: {source: pass}\n",
+            {"Content-Type": "application/yaml"},
+            422,
+            "InvalidField",
+            "spec.slices[0].timeShared",
+            "expected true or false (got 'yes')",
+        ),
+        (
             json.dumps(program(tenant="team-b")).encode(),
             {"Content-Type": "application/json"},
             422,
@@ -335,6 +353,8 @@ def test_filters_by_phase_and_labels(a: httpx.Client) -> None:
         "unknown-metadata",
         "status",
         "invalid-value",
+        "string-for-integer",
+        "string-for-boolean-yaml",
         "other-tenant",
         "bad-name",
         "oversized",
