@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import socket
@@ -12,6 +13,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -137,11 +139,43 @@ def test_concurrent_clients_on_overlapping_devices_share_one_order(island: Local
     with IslandClient(island.scheduler_endpoint, "observer") as client:
         records = [r for r in client.trace() if r.client in ("left", "right")]
     assert len(records) == 2 * rounds * 3
-    # Each executor ran its computations in island order (increasing sequence numbers), with
-    # no overlap in time between consecutive computations on the same device.
-    for executor in (0, 1):
-        ran = sorted((r for r in records if r.executor == executor), key=lambda r: r.start_ns)
+    # Each device ran its computations in island order (increasing sequence numbers), with no
+    # overlap in time between consecutive ones (on other devices they may overlap).
+    for device in (0, 1, 4, 5):
+        ran = sorted((r for r in records if device in r.devices), key=lambda r: r.start_ns)
         assert [r.seq for r in ran] == sorted(r.seq for r in ran)
+        assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(ran))
+
+
+def _long(x):
+    # A second or more on these machines: what a tenant's training step may take.
+    return jax.lax.fori_loop(0, 2000, lambda _, v: jnp.tanh(v @ v), x)
+
+
+LONG = export(_long, f32(256, 256))
+
+
+def test_a_computation_is_reported_once_done_not_after_others_on_other_devices_of_its_host(
+    island: LocalIsland,
+) -> None:
+    with (
+        IslandClient(island.scheduler_endpoint, "long") as long,
+        IslandClient(island.scheduler_endpoint, "short") as short,
+    ):
+        x = long.put(np.eye(256, dtype=np.float32) * 0.5, device=2)
+        slow = long.submit(long.register(LONG, "long"), [2], [x], 1, name="slow")
+        increment = short.register(INCREMENT, "increment")
+        current = short.put(np.zeros(4, np.float32), device=3)
+        for _ in range(3):  # one at a time, each awaited, as a loop fetching its loss does
+            step = short.submit(increment, [3], [current], 1)
+            step.wait(60)
+            current = step.outputs[0]
+        assert not slow.done.done(), "the short steps were reported only once the slow one ended"
+        np.testing.assert_array_equal(short.get(current), 3)
+        slow.wait(120)
+        records = {r.computation_id: r for r in short.trace() if r.client in ("long", "short")}
+    # The trace shows the two running at once on their devices.
+    assert records[step.id].start_ns < records[slow.id].end_ns
 
 
 @pytest.mark.parametrize("weights", [(1, 2, 4, 8)])
