@@ -196,6 +196,9 @@ def last_uses(batch: Sequence[pb.ExecutorCommand]) -> dict[int, set[str]]:
         if kind == "run":
             for buffer_id in command.run.inputs:
                 last_reader[buffer_id] = position
+        elif kind == "call":  # a reader too, though it takes no argument over
+            for buffer_id in command.call.arguments:
+                last_reader[buffer_id] = position
         elif kind == "delete":
             for buffer_id in command.delete.ids:
                 reader = last_reader.pop(buffer_id, None)

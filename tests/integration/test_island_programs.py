@@ -26,6 +26,31 @@ INCREMENT = increment()
 DOUBLE = export(lambda x: x * 2, f32(4))
 
 
+def test_a_computation_does_not_take_over_a_buffer_a_later_call_reads(
+    island: LocalIsland,
+) -> None:
+    with IslandClient(island.scheduler_endpoint, "donor") as client:
+        increment = client.register(INCREMENT, "increment")
+        double = client.register(DOUBLE, "double")
+        node = pb.Computation(
+            id="n0", function_id=increment, devices=[0], inputs=["a"], outputs=["r"]
+        )
+        program = client.register_program([node], ["a"], ["r"], name="inc")
+        for _ in range(3):  # the first takes nothing over: it compiles the taking variant
+            zeros = client.put(np.zeros(4, np.float32), 0)
+            x = client.submit(increment, [0], [zeros], 1)
+            x.wait(60)
+            with client.batch():
+                # (Dispatched first, it has the next three reach the executor as one batch.)
+                client.submit(increment, [1], [zeros], 1)
+                doubled = client.submit(double, [0], [x.outputs[0]], 1)
+                call = client.call(program, [x.outputs[0]])
+                client.delete([x.outputs[0]])
+            np.testing.assert_array_equal(client.get(doubled.outputs[0]), 2)
+            call.wait(60)
+            np.testing.assert_array_equal(client.get(call.outputs[0]), 2)
+
+
 @pytest.mark.parametrize(
     "devices",
     [[0, 1, 2, 3, 0, 1], [0, 5, 2, 7, 3, 4]],

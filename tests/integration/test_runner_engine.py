@@ -271,8 +271,11 @@ def test_last_uses_are_the_last_reads_before_a_deletion_in_the_batch() -> None:
         run(4, "c", ["y", "a-out"]),
         delete(5, "a-out"),
         run(6, "d", ["y"]),  # "y" is never deleted here
+        run(7, "e", ["z"]),
+        pb.ExecutorCommand(seq=8, call=pb.ProgramCall(id="k", program_id="p", arguments=["z"])),
+        delete(9, "z"),  # the call reads it last: the run before may not take it over
     ]
-    assert last_uses(batch) == {1: {"x"}, 3: {"a-out"}}
+    assert last_uses(batch) == {1: {"x"}, 3: {"a-out"}, 7: {"z"}}
 
 
 def test_a_chain_hands_each_freed_input_to_its_consumer() -> None:
