@@ -23,7 +23,7 @@ import numpy as np
 from pathways_client.errors import DeletedError, NodeFailed
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.slices import Slice
-from pathways_core.wire.arrays import Region, numeric_dtype
+from pathways_core.wire.arrays import Region, native_order, numeric_dtype
 
 # Which shard of an input each device takes under an HLO sharding: JAX's own reading (not a
 # public API; without it inputs are uploaded whole, as before).
@@ -114,7 +114,7 @@ def host_array(value: Any) -> np.ndarray:
             "an island: send jax.random.key_data(key), and make the key again inside the "
             "function with jax.random.wrap_key_data"
         )
-    array = np.asarray(value)
+    array = native_order(np.asarray(value))
     try:
         numeric_dtype(array.dtype)
     except ValueError as error:

@@ -33,7 +33,14 @@ from pathways_core.scheduling.limits import (
 )
 from pathways_core.scheduling.programs import program_digest, slice_problem
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
-from pathways_core.wire.arrays import Assembly, Region, numeric_dtype, region_chunks, to_chunks
+from pathways_core.wire.arrays import (
+    Assembly,
+    Region,
+    native_order,
+    numeric_dtype,
+    region_chunks,
+    to_chunks,
+)
 from pathways_core.wire.streams import (
     FRAME_LENGTH,
     MAX_FRAME_BYTES,
@@ -546,7 +553,7 @@ class IslandClient:
 
 def _numeric(what: str, array: np.ndarray) -> np.ndarray:
     """``array`` as a numpy array, or ``TypeError`` if it is not of numbers or booleans."""
-    array = np.asarray(array)
+    array = native_order(np.asarray(array))
     try:
         numeric_dtype(array.dtype)
     except ValueError as error:

@@ -667,6 +667,8 @@ def test_uploads_with_nonsense_fields_are_refused_naming_the_field(
         "not a numeric dtype ": [header(dtype="U4")],
         "not a numeric dtype  ": [header(dtype="i4,i4", total_bytes=32)],
         "not a numeric dtype   ": [header(dtype="(3,)f4", total_bytes=48)],
+        "not a numeric dtype    ": [header(dtype="V8", total_bytes=32)],
+        "not in this machine's byte order": [header(dtype=">f4")],
         "each >= 0": [header(shape=[-1], total_bytes=0)],
         "at most 64 sizes": [header(shape=[1] * 65, total_bytes=4)],
         "does not match dtype": [header(shape=[1 << 40, 1 << 40], total_bytes=16)],

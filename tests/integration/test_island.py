@@ -258,6 +258,11 @@ def test_failures_name_the_node_and_keep_the_island_serving(island: LocalIsland)
             client.put(np.ones(4, np.float32), device=9)
         with pytest.raises(TypeError, match="put: dtype 'object' is not a numeric dtype"):
             client.put(np.array([object()] * 4), device=0)
+        with pytest.raises(TypeError, match="put: dtype '\\|V8' is not a numeric dtype"):
+            client.put(np.zeros(4, "V8"), device=0)
+        # An array in the other byte order goes in this machine's, as jax.device_put takes it.
+        swapped = np.arange(4, dtype=np.float32).astype(np.dtype(np.float32).newbyteorder())
+        np.testing.assert_array_equal(client.get(client.put(swapped, device=1)), [0, 1, 2, 3])
         with pytest.raises(ValueError, match="outputs must be >= 0, not -1"):
             client.submit(increment, [0], [wrong_shape], -1)
         # Still serving.

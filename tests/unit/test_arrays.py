@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -59,6 +61,15 @@ def test_truncated_or_inconsistent_streams_are_refused() -> None:
         from_chunks([])
 
 
+def test_arrays_go_in_this_machines_byte_order() -> None:
+    swapped = np.arange(4, dtype=np.float32).astype(np.dtype(np.float32).newbyteorder())
+    native = arrays.native_order(swapped)
+    assert native.dtype == np.float32 and native.dtype.byteorder in "=|"
+    np.testing.assert_array_equal(native, [0, 1, 2, 3])
+    plain = np.arange(3)
+    assert arrays.native_order(plain) is plain
+
+
 def test_only_dtypes_devices_hold_are_numeric() -> None:
     for spelled in ("float32", "int8", "bool", "complex64", np.dtype(ml_dtypes.bfloat16)):
         assert arrays.numeric_dtype(spelled) == np.dtype(spelled)
@@ -69,6 +80,8 @@ def test_only_dtypes_devices_hold_are_numeric() -> None:
         ("i4,i4", "is not a numeric dtype"),
         ("(3,)f4", "is not a numeric dtype"),
         ("V0", "is not a numeric dtype"),
+        ("V8", "is not a numeric dtype"),  # raw bytes, not one of the ml_dtypes types
+        (">f4" if sys.byteorder == "little" else "<f4", "not in this machine's byte order"),
         ("nonsense", "is not a dtype"),
     ):
         with pytest.raises(ValueError, match=why):

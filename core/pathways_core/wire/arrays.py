@@ -45,9 +45,23 @@ def numeric_dtype(spelled: Any) -> np.dtype:
     except Exception:  # numpy's TypeError, or SyntaxError for odd spellings
         raise ValueError(f"dtype {str(spelled)[:64]!r} is not a dtype") from None
     plain = dtype.names is None and dtype.subdtype is None and not dtype.hasobject
-    if not plain or dtype.kind not in "biufcV" or dtype.itemsize == 0:  # V: the ml_dtypes types
+    ml_dtype = dtype.kind == "V" and dtype.type is not np.void  # bfloat16, float8_*, int4...
+    if not plain or (dtype.kind not in "biufc" and not ml_dtype) or dtype.itemsize == 0:
         raise ValueError(f"dtype {str(spelled)[:64]!r} is not a numeric dtype")
+    if dtype.byteorder not in "=|":
+        raise ValueError(
+            f"dtype {str(spelled)[:64]!r} is not in this machine's byte order (devices read "
+            "native bytes): convert the array with .astype(its dtype.newbyteorder('='))"
+        )
     return dtype
+
+
+def native_order(array: np.ndarray) -> np.ndarray:
+    """``array`` in this machine's byte order (a copy if it was not), as ``jax.device_put``
+    takes a big-endian array."""
+    if array.dtype.byteorder in "=|":
+        return array
+    return array.astype(array.dtype.newbyteorder("="))
 
 
 def empty_for_devices(shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
