@@ -76,6 +76,16 @@ class BufferStore:
         """The future of a buffer, created pending if it does not exist yet."""
         return self._entry(buffer_id).future
 
+    def announce(self, buffer_id: str) -> None:
+        """A computation's output, pending until it is set. The scheduler issued its id as
+        new, so a value already under it came from an upload the scheduler never heard of
+        (an executor takes uploads of any id): it is dropped, not served as the output."""
+        with self._lock:
+            entry = self._entries.get(buffer_id)
+            if entry is None or entry.future.done():
+                self._entries[buffer_id] = _Entry()
+                self._appeared.notify_all()
+
     def _entry(self, buffer_id: str) -> _Entry:
         with self._lock:
             entry = self._entries.get(buffer_id)

@@ -484,7 +484,7 @@ class Runner:
                 # Announce the outputs now so consumers on other executors can wait for them,
                 # and start pulling remote inputs while earlier work runs.
                 for buffer_id in command.run.outputs:
-                    self.buffers.expect(buffer_id)
+                    self.buffers.announce(buffer_id)
                 self._start_transfers(command.sources)
             elif kind == "program":
                 registration = command.program
@@ -494,7 +494,7 @@ class Runner:
                 self._retiring[command.seq] = [(i, self._plans.get(i)) for i in ids]
             elif kind == "call" and (known := self._plans.get(command.call.program_id)):
                 for buffer_id in known.stored_ids(command.call):
-                    self.buffers.expect(buffer_id)
+                    self.buffers.announce(buffer_id)
                 self._start_transfers([*command.sources, *known.pulls(command.call)])
         if commands:
             self._commands.put(list(commands))

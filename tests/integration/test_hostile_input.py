@@ -37,6 +37,7 @@ from conftest import assert_chain_runs, export, increment
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import pathways_client.island_client as island_client_module
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland, Process
 from pathways_client.rpc import stub
@@ -705,6 +706,17 @@ def test_uploads_with_nonsense_fields_are_refused_naming_the_field(
         code, details = _put(target, list(to_chunks(x, np.ones(4, np.float32))))
         assert code == grpc.StatusCode.ALREADY_EXISTS, details
         np.testing.assert_array_equal(owner.get(x), np.zeros(4))
+        # Nor is a value uploaded ahead under an id a computation then writes served as its
+        # output (a client's ids are easy to guess).
+        function = owner.register(increment(), "increment")
+        # (The id after the computation's: each id takes the next of one counter.)
+        guessed = f"{owner.client}/b{next(island_client_module._IDS) + 2}"
+        code, _ = _put(target, list(to_chunks(guessed, np.full(4, 666, np.float32))))
+        assert code == grpc.StatusCode.OK
+        step = owner.submit(function, [0], [x], 1)
+        assert step.outputs == (guessed,)
+        step.wait(30)
+        np.testing.assert_array_equal(owner.get(guessed), np.ones(4))
 
     def ask(request: pb.ArrayRequest, deadline: float = 10) -> tuple[grpc.StatusCode, str]:
         with grpc.insecure_channel(target) as channel:

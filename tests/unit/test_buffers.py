@@ -87,3 +87,16 @@ def test_peek_gives_only_values_in_hand() -> None:
     assert store.peek("c/pending") == 9
     store.set("c/set", 10)  # a buffer is set once
     assert store.peek("c/set") == 7
+
+
+def test_an_announced_output_drops_a_value_uploaded_ahead_under_its_id() -> None:
+    store = BufferStore()
+    store.set("c/out", "planted")  # an upload the scheduler never heard of
+    store.announce("c/out")
+    assert store.peek("c/out") is PENDING
+    store.set("c/out", "computed")
+    assert store.get("c/out", timeout=1) == "computed"
+    pending = store.expect("c/next")
+    store.announce("c/next")  # pending already: a consumer's future is kept
+    store.set("c/next", 1)
+    assert pending.result(1) == 1

@@ -175,6 +175,10 @@ def test_a_buffer_pulled_by_another_executor_is_deleted_after_the_pull() -> None
             ),
         )
     ]
+    # Nor is a/x written again until then: the deletion sent later would take the new one.
+    (refused,) = client_events(dispatcher.submit("a", computation("a", 3, outputs=["a/x"])))
+    assert refused.kind == Event.REJECTED
+    assert "writes buffer 'a/x', which is still being deleted" in refused.message
     released = finish(dispatcher, seq, executor=1)
     deletes = [(e, list(c.delete.ids)) for e, c in to_executors(released)]
     assert deletes == [(0, ["a/x"]), (1, ["a/x"])]  # the holder's and the pulled copy

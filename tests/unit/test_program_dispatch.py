@@ -259,6 +259,26 @@ def test_a_bad_call_is_refused_and_nothing_of_it_kept(bad_call, expected) -> Non
     assert to_executors(dispatcher.call("a", call(program, 7)))
 
 
+def test_a_call_id_is_not_taken_twice_nor_over_a_buffer_its_intermediates_would_be() -> None:
+    dispatcher = island()
+    program = registered(dispatcher, chain([0, 4, 1]))  # y0 and y1 cross executors
+    first = to_executors(dispatcher.call("a", call(program, 1)))
+    (again,) = client_events(dispatcher.call("a", call(program, 1, results=["a/other"])))
+    assert again.kind == Event.REJECTED
+    assert "call id 'a/p1' is taken by a call not yet finished" in again.message
+    # A buffer where a call would keep an intermediate that crosses executors.
+    dispatcher.placed("a", pb.PlacedBuffer(buffer_id="a/p2/y0", executor=0))
+    (clash,) = client_events(dispatcher.call("a", call(program, 2)))
+    assert clash.kind == Event.REJECTED
+    assert "intermediate 'y0' as buffer 'a/p2/y0', which exists already" in clash.message
+    # Once the first call is done, its id may be used again.
+    seq = first[-1][1].seq
+    for executor in (0, 1):
+        dispatcher.executor_event(pb.ExecutorEvent(seq=seq, executor=executor, ok=True))
+    dispatcher.delete("a", ["a/r1"])
+    assert to_executors(dispatcher.call("a", call(program, 1)))
+
+
 def test_a_call_queued_when_its_executor_is_lost_fails_naming_it() -> None:
     dispatcher = island(max_in_flight=1)
     program = registered(dispatcher, chain([4]))

@@ -191,6 +191,9 @@ class IslandDispatcher:
         self._remote: dict[str, pb.InputSource] = {}
         # Executors that pulled a copy of a buffer: a deletion frees their copies too.
         self._copies: dict[str, set[int]] = {}
+        # Ids of calls accepted and not finished: their intermediates (``<call id>/...``)
+        # live on the executors meanwhile, so no other call may take the id.
+        self._calls: set[str] = set()
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -205,6 +208,7 @@ class IslandDispatcher:
         self._held.pop(client, None)
         prefix = f"{client}/"
         self._deleting = {i for i in self._deleting if not i.startswith(prefix)}
+        self._calls = {i for i in self._calls if not i.startswith(prefix)}
         gone = [buffer_id for buffer_id in self._buffers if buffer_id.startswith(prefix)]
         unused = []
         for identifier in self._uses.pop(client, set()):
@@ -319,6 +323,7 @@ class IslandDispatcher:
         if problem is not None:
             return [_rejected(client, call.id, problem)]
         assert program is not None
+        self._calls.add(call.id)
         self._use(client, call.program_id, program.function_ids)
         for buffer_id, owners in zip(call.results, program.result_owners(), strict=True):
             self._buffers[buffer_id] = owners
@@ -426,6 +431,11 @@ class IslandDispatcher:
                 return problem
             if buffer_id in self._buffers or (scope and buffer_id.startswith(f"{scope}/")):
                 return f"{label} writes buffer {buffer_id!r}, which exists already"
+            if buffer_id in self._deferred:
+                return (
+                    f"{label} writes buffer {buffer_id!r}, which is still being deleted "
+                    "(another executor is reading it): use a new id"
+                )
         if len(set(outputs)) != len(outputs):
             return f"{label} names an output twice"
         return None
@@ -459,6 +469,16 @@ class IslandDispatcher:
         for buffer_id in call.arguments:
             if buffer_id not in self._buffers:
                 return f"{label} reads unknown buffer {buffer_id!r}"
+        if call.id in self._calls:
+            return f"{label}: call id {call.id!r} is taken by a call not yet finished"
+        for names in program.shared.values():
+            for name in names:
+                taken = intermediate_id(call.id, name)
+                if taken in self._buffers or taken in self._deferred:
+                    return (
+                        f"{label} would keep its intermediate {name!r} as buffer {taken!r}, "
+                        "which exists already: use a call id no buffer id starts with"
+                    )
         return self._outputs_problem(client, label, call.results, scope=call.id)
 
     def _next_seq(self) -> int:
@@ -509,6 +529,7 @@ class IslandDispatcher:
         label = f"call {call.id!r} of program {program.name!r}"
         failed = self._failed_on_dispatch(client, call.id, label, program.executors)
         if failed is not None:
+            self._calls.discard(call.id)
             return [failed]
         instructions: list[Instruction] = []
         for executor in program.executors:
@@ -665,6 +686,7 @@ class IslandDispatcher:
                     released.setdefault(executor, []).append(buffer_id)
         if isinstance(flight.item, _Call):
             call, program = flight.item.call, flight.item.program
+            self._calls.discard(call.id)
             for executor, names in program.shared.items():
                 released.setdefault(executor, []).extend(
                     intermediate_id(call.id, name) for name in names
