@@ -35,7 +35,10 @@ class DataPlaneServer:
     """Answers one request per connection with the regions of a buffer this host holds."""
 
     def __init__(
-        self, lookup: Callable[[str, float], Any], host: str = "127.0.0.1", tls: Tls | None = None
+        self,
+        lookup: Callable[[str, float, float | None], Any],
+        host: str = "127.0.0.1",
+        tls: Tls | None = None,
     ) -> None:
         self._lookup = lookup
         self._tls = tls
@@ -75,20 +78,24 @@ class DataPlaneServer:
                     connection.settimeout(REQUEST_TIMEOUT_SECONDS)
                     try:
                         length = bulk.header_length(prefix)
-                        buffer_id, timeout = _parse_request(_receive_exactly(connection, length))
+                        buffer_id, timeout, appear = _parse_request(
+                            _receive_exactly(connection, length)
+                        )
                     except (ValueError, KeyError, TypeError) as error:
                         # Not our peer's request: say why, then hang up (out of step).
                         connection.sendall(bulk.error(f"bad data-plane request: {error}"))
                         return
                     connection.settimeout(None)  # replies: SO_SNDTIMEO bounds a stalled peer
-                    self._reply(connection, buffer_id, timeout)
+                    self._reply(connection, buffer_id, timeout, appear)
                     wait = IDLE_TIMEOUT_SECONDS
             except OSError:
                 return
 
-    def _reply(self, connection: socket.socket, buffer_id: str, timeout: float) -> None:
+    def _reply(
+        self, connection: socket.socket, buffer_id: str, timeout: float, appear: float | None
+    ) -> None:
         try:
-            value = self._lookup(buffer_id, timeout)
+            value = self._lookup(buffer_id, timeout, appear)
             whole = held_whole(value)
             regions = local_regions(value) if whole is None else []
         except Exception as error:  # unknown, failed or late buffer: tell the peer
@@ -135,17 +142,20 @@ def _whole_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return bulk.reply(_dtype_name(dtype), shape, [region])
 
 
-def _parse_request(data: bytes) -> tuple[str, float]:
-    """A request's buffer id and timeout; ``ValueError`` naming what is wrong."""
+def _parse_request(data: bytes) -> tuple[str, float, float | None]:
+    """A request's buffer id, timeout and time to wait for the buffer to be announced (None:
+    the server's default); ``ValueError`` naming what is wrong."""
     try:
-        buffer_id, timeout = bulk.parse_request(data)
+        buffer_id, timeout, appear = bulk.parse_request(data)
     except (KeyError, TypeError, AttributeError, RecursionError) as error:
         raise ValueError(f"expected {{'buffer': id, 'timeout': seconds}}: {error!r}") from None
     if not buffer_id or len(buffer_id) > MAX_BUFFER_ID:
         raise ValueError(f"buffer must hold 1 to {MAX_BUFFER_ID} characters")
-    if not math.isfinite(timeout) or timeout < 0:
-        raise ValueError(f"timeout must be a finite number >= 0, not {timeout}")
-    return buffer_id, min(timeout, MAX_LOOKUP_SECONDS)
+    for name, seconds in (("timeout", timeout), ("appear", appear)):
+        if seconds is not None and (not math.isfinite(seconds) or seconds < 0):
+            raise ValueError(f"{name} must be a finite number >= 0, not {seconds}")
+    limited = None if appear is None else min(appear, MAX_LOOKUP_SECONDS)
+    return buffer_id, min(timeout, MAX_LOOKUP_SECONDS), limited
 
 
 def accept_forever(listener: socket.socket, serve: Callable[[socket.socket], None]) -> None:
@@ -167,32 +177,42 @@ class Puller:
         self._lock = threading.Lock()
         self._idle: dict[str, list[socket.socket]] = {}
 
-    def pull(self, endpoint: str, buffer_id: str, timeout: float, assembly: Assembly) -> None:
+    def pull(
+        self,
+        endpoint: str,
+        buffer_id: str,
+        timeout: float,
+        assembly: Assembly,
+        appear_within: float | None = None,
+    ) -> None:
         """Receive the regions of a buffer held at ``endpoint`` into ``assembly``, straight
-        from the socket into the destination's memory; an error reply (``LookupError``) leaves
-        the connection usable."""
+        from the socket into the destination's memory (the holder waiting up to
+        ``appear_within`` s for it to be announced, if given); an error reply
+        (``LookupError``) leaves the connection usable."""
+        exchange = functools.partial(
+            _request,
+            buffer_id=buffer_id,
+            request=bulk.request(buffer_id, timeout, appear_within),
+            timeout=timeout,
+            assembly=assembly,
+        )
         with self._lock:
             idle = self._idle.get(endpoint)
             connection = idle.pop() if idle else None
         if connection is not None:
             try:
-                self._pull_on(endpoint, connection, buffer_id, timeout, assembly)
+                self._pull_on(endpoint, connection, exchange)
                 return
             except _Stale:
                 pass  # the peer closed the kept connection before replying: once more, fresh
         connection = _connect(endpoint, timeout, self._tls)
-        self._pull_on(endpoint, connection, buffer_id, timeout, assembly)
+        self._pull_on(endpoint, connection, exchange)
 
     def _pull_on(
-        self,
-        endpoint: str,
-        connection: socket.socket,
-        buffer_id: str,
-        timeout: float,
-        assembly: Assembly,
+        self, endpoint: str, connection: socket.socket, exchange: Callable[[socket.socket], None]
     ) -> None:
         try:
-            _request(connection, buffer_id, timeout, assembly)
+            exchange(connection)
         except LookupError:  # the peer's error reply: the connection is still in step
             self._keep(endpoint, connection)
             raise
@@ -230,10 +250,12 @@ def _connect(endpoint: str, timeout: float, tls: Tls | None = None) -> socket.so
     return connection
 
 
-def _request(connection: socket.socket, buffer_id: str, timeout: float, assembly: Assembly) -> None:
+def _request(
+    connection: socket.socket, buffer_id: str, request: bytes, timeout: float, assembly: Assembly
+) -> None:
     connection.settimeout(timeout + 30)
     try:
-        connection.sendall(bulk.request(buffer_id, timeout))
+        connection.sendall(request)
         prefix = _receive_prefix(connection)
     except OSError as error:
         raise _Stale(str(error)) from error

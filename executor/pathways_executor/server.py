@@ -74,8 +74,8 @@ class ExecutorService:
         )
         self._waiting = threading.BoundedSemaphore(MAX_WAITING_GETS)
         self.data_plane = DataPlaneServer(
-            lambda buffer_id, timeout: self.runner.buffers.get(
-                buffer_id, timeout, APPEAR_WITHIN_SECONDS
+            lambda buffer_id, timeout, appear: self.runner.buffers.get(
+                buffer_id, timeout, APPEAR_WITHIN_SECONDS if appear is None else appear
             ),
             host,
             tls,
@@ -197,7 +197,12 @@ class ExecutorService:
         assembly = Assembly()
         for endpoint in source.data_endpoints:
             try:
-                self._puller.pull(endpoint, source.buffer_id, INPUT_TIMEOUT_SECONDS, assembly)
+                # An upload is at its holders already: they answer at once (a buffer named
+                # but never uploaded fails now instead of holding this executor up).
+                appear = 0.0 if source.uploaded else None
+                self._puller.pull(
+                    endpoint, source.buffer_id, INPUT_TIMEOUT_SECONDS, assembly, appear
+                )
             except (OSError, ValueError, LookupError) as error:
                 errors.append(f"{endpoint}: {error}")
             if assembly.complete:

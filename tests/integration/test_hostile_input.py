@@ -1067,3 +1067,26 @@ def test_an_executor_survives_nonsense_commands_from_its_scheduler(tmp_path: Pat
         except subprocess.TimeoutExpired:
             popen.kill()
             popen.wait()
+
+
+def test_a_buffer_named_but_never_uploaded_fails_at_once_and_holds_no_one_up(
+    island: LocalIsland,
+) -> None:
+    n = next(_NAMES)
+    with (
+        IslandClient(island.scheduler_endpoint, f"liar-{n}") as liar,
+        IslandClient(island.scheduler_endpoint, f"other-{n}") as other,
+    ):
+        ghost = f"{liar.client}/ghost"  # said to be on executor 1, never uploaded there
+        liar._send(pb.ClientMessage(placed=pb.PlacedBuffer(buffer_id=ghost, executor=1)))
+        increment_id = liar.register(increment(), "increment")
+        began = time.monotonic()
+        reading = liar.submit(increment_id, [0], [ghost], 1)
+        function = other.register(increment(), "increment")
+        behind = other.submit(function, [0], [other.put(np.zeros(4, np.float32), 0)], 1)
+        with pytest.raises(IslandError, match=f"cannot fetch buffer '{ghost}'.*unknown buffer"):
+            reading.wait(60)
+        behind.wait(60)
+        # Executor 0 waited for it to be announced at its holder: 30 s, the other tenant too.
+        assert time.monotonic() - began < 10
+    assert_serving(island)

@@ -18,7 +18,7 @@ class Buffers:
         self.values = values
         self.threads: set[threading.Thread] = set()
 
-    def __call__(self, buffer_id: str, timeout: float) -> np.ndarray:
+    def __call__(self, buffer_id: str, timeout: float, appear: float | None = None) -> np.ndarray:
         self.threads.add(threading.current_thread())  # one serving thread per connection
         if buffer_id not in self.values:
             raise LookupError(f"unknown buffer {buffer_id!r}")

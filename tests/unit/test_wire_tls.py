@@ -266,7 +266,7 @@ def test_data_plane_pulls_over_tls_keep_their_connection(authority, tmp_path) ->
     served: set[threading.Thread] = set()
     values = {"c/small": np.arange(6, dtype=np.float32), "c/large": np.arange(1 << 20) * 0.5}
 
-    def lookup(buffer_id: str, timeout: float) -> np.ndarray:
+    def lookup(buffer_id: str, timeout: float, appear: float | None) -> np.ndarray:
         served.add(threading.current_thread())
         if buffer_id not in values:
             raise LookupError(f"unknown buffer {buffer_id!r}")

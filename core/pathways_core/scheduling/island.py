@@ -191,6 +191,8 @@ class IslandDispatcher:
         self._remote: dict[str, pb.InputSource] = {}
         # Executors that pulled a copy of a buffer: a deletion frees their copies too.
         self._copies: dict[str, set[int]] = {}
+        # Buffers clients uploaded to this island's executors: their holders have them at once.
+        self._uploaded: set[str] = set()
         # Ids of calls accepted and not finished: their intermediates (``<call id>/...``)
         # live on the executors meanwhile, so no other call may take the id.
         self._calls: set[str] = set()
@@ -263,6 +265,8 @@ class IslandDispatcher:
             problem = f"there is no executor {min(holders - self.executors.keys())}"
         if problem is None and message.buffer_id in self._buffers:
             problem = f"buffer {message.buffer_id!r} exists already"
+        elif problem is None and message.buffer_id in self._deferred:
+            problem = f"buffer {message.buffer_id!r} is still being deleted: use a new id"
         if problem is not None:
             return [ToClient(client, Event(kind=Event.REJECTED, message=problem))]
         if remote is not None:
@@ -273,6 +277,7 @@ class IslandDispatcher:
             self._buffers[message.buffer_id] = frozenset()
         else:
             self._buffers[message.buffer_id] = holders
+            self._uploaded.add(message.buffer_id)
         return []
 
     def submit(self, client: str, computation: pb.Computation) -> list[Instruction]:
@@ -604,6 +609,7 @@ class IslandDispatcher:
             buffer_id=buffer_id,
             executors=[spec.endpoint for spec in specs],
             data_endpoints=[spec.data_endpoint for spec in specs if spec.data_endpoint],
+            uploaded=buffer_id in self._uploaded,
         )
 
     def _program_registration(self, program: Program, executor: int) -> pb.ProgramRegistration:
@@ -653,6 +659,7 @@ class IslandDispatcher:
         for buffer_id in ids:
             holders = self._buffers.pop(buffer_id, frozenset())
             holders |= self._copies.pop(buffer_id, set())
+            self._uploaded.discard(buffer_id)
             self._remote.pop(buffer_id, None)
             if self._pulling.get(buffer_id):
                 self._deferred[buffer_id] = holders

@@ -17,6 +17,7 @@ import functools
 import json
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 LENGTH = struct.Struct("!I")
 MAX_HEADER_BYTES = 1 << 20
@@ -46,8 +47,13 @@ def frame(payload: dict) -> bytes:
     return LENGTH.pack(len(data)) + data
 
 
-def request(buffer_id: str, timeout: float) -> bytes:
-    return frame({"buffer": buffer_id, "timeout": timeout})
+def request(buffer_id: str, timeout: float, appear_within: float | None = None) -> bytes:
+    """A pull of ``buffer_id``, waiting up to ``timeout`` s for its value and, if given, up to
+    ``appear_within`` s for it to be announced (else the holder's default)."""
+    payload: dict[str, Any] = {"buffer": buffer_id, "timeout": timeout}
+    if appear_within is not None:
+        payload["appear"] = appear_within
+    return frame(payload)
 
 
 def reply(dtype: str, shape: tuple[int, ...], regions: list[RegionHeader]) -> bytes:
@@ -72,9 +78,16 @@ def header_length(prefix: bytes) -> int:
     return length
 
 
-def parse_request(data: bytes) -> tuple[str, float]:
+def parse_request(data: bytes) -> tuple[str, float, float | None]:
+    """A request's buffer id, timeout and, if it gave one, time to wait for the buffer to be
+    announced."""
     payload = _decode(data.decode())
-    return str(payload["buffer"]), float(payload.get("timeout", 60.0))
+    appear = payload.get("appear")
+    return (
+        str(payload["buffer"]),
+        float(payload.get("timeout", 60.0)),
+        None if appear is None else float(appear),
+    )
 
 
 @functools.lru_cache(maxsize=1024)
