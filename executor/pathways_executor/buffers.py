@@ -8,6 +8,7 @@ array), or failed with the producer's error so that every consumer fails fast wi
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -76,15 +77,14 @@ class BufferStore:
         """The future of a buffer, created pending if it does not exist yet."""
         return self._entry(buffer_id).future
 
-    def announce(self, buffer_id: str) -> None:
-        """A computation's output, pending until it is set. The scheduler issued its id as
-        new, so a value already under it came from an upload the scheduler never heard of
-        (an executor takes uploads of any id): it is dropped, not served as the output."""
-        with self._lock:
-            entry = self._entries.get(buffer_id)
-            if entry is None or entry.future.done():
-                self._entries[buffer_id] = _Entry()
-                self._appeared.notify_all()
+    def first_set(self, buffer_ids: Iterable[str]) -> str | None:
+        """The first of ``buffer_ids`` that holds a value already, if any: a computation about
+        to write it would have its output dropped (``set`` keeps the first value), and the
+        value there served in its place (an executor takes uploads of any id)."""
+        for buffer_id in buffer_ids:
+            if self.peek(buffer_id) is not PENDING:
+                return buffer_id
+        return None
 
     def _entry(self, buffer_id: str) -> _Entry:
         with self._lock:

@@ -484,7 +484,7 @@ class Runner:
                 # Announce the outputs now so consumers on other executors can wait for them,
                 # and start pulling remote inputs while earlier work runs.
                 for buffer_id in command.run.outputs:
-                    self.buffers.announce(buffer_id)
+                    self.buffers.expect(buffer_id)
                 self._start_transfers(command.sources)
             elif kind == "program":
                 registration = command.program
@@ -494,7 +494,7 @@ class Runner:
                 self._retiring[command.seq] = [(i, self._plans.get(i)) for i in ids]
             elif kind == "call" and (known := self._plans.get(command.call.program_id)):
                 for buffer_id in known.stored_ids(command.call):
-                    self.buffers.announce(buffer_id)
+                    self.buffers.expect(buffer_id)
                 self._start_transfers([*command.sources, *known.pulls(command.call)])
         if commands:
             self._commands.put(list(commands))
@@ -634,6 +634,8 @@ class Runner:
         computation = command.run
         held: list[str] = []  # inputs awaited: held so that a deletion meanwhile waits
         try:
+            if taken := self.buffers.first_set(computation.outputs):
+                raise ComputationError(self._taken(taken))
             key = (computation.function_id, tuple(computation.devices))
             function, devices = self._functions.get(key) or self._resolve(computation, key)
             if computation.describe:
@@ -681,6 +683,12 @@ class Runner:
             self._await_stamped()
             function.prepare_donating(unprepared, arguments)
 
+    def _taken(self, buffer_id: str) -> str:
+        return (
+            f"output {buffer_id!r} holds a value on executor {self.index} already (uploaded "
+            "under that id, never issued by the scheduler): it is left as it is"
+        )
+
     def _await_stamped(self) -> None:
         """Wait until what was dispatched is finished and stamped, before compiling: that
         holds the interpreter and the devices' threads, and no computation in the trace may
@@ -727,11 +735,17 @@ class Runner:
         self._calling = record
         try:
             known = self._plans.get(call.program_id)
+            taken = known and self.buffers.first_set(known.stored_ids(call))
             if known is None:
                 record.failure = (
                     f"call {call.id!r}: program {call.program_id[:12]!r} was never registered "
                     f"on executor {self.index}"
                 )
+            elif taken:
+                record.failure = f"call {call.id!r}: {self._taken(taken)}"
+                error = ComputationError(record.failure)
+                for buffer_id in known.stored_ids(call):
+                    self.buffers.fail(buffer_id, error)
             else:
                 to_prepare = self._call_nodes(call, known, record)
         finally:

@@ -707,7 +707,7 @@ def test_uploads_with_nonsense_fields_are_refused_naming_the_field(
         assert code == grpc.StatusCode.ALREADY_EXISTS, details
         np.testing.assert_array_equal(owner.get(x), np.zeros(4))
         # Nor is a value uploaded ahead under an id a computation then writes served as its
-        # output (a client's ids are easy to guess).
+        # output (a client's ids are easy to guess): the computation fails saying so.
         function = owner.register(increment(), "increment")
         # (The id after the computation's: each id takes the next of one counter.)
         guessed = f"{owner.client}/b{next(island_client_module._IDS) + 2}"
@@ -715,8 +715,19 @@ def test_uploads_with_nonsense_fields_are_refused_naming_the_field(
         assert code == grpc.StatusCode.OK
         step = owner.submit(function, [0], [x], 1)
         assert step.outputs == (guessed,)
-        step.wait(30)
-        np.testing.assert_array_equal(owner.get(guessed), np.ones(4))
+        with pytest.raises(IslandError, match=f"output '{guessed}' holds a value on executor 0"):
+            step.wait(30)
+        # So is a call's intermediate that crosses to another executor.
+        nodes = [
+            pb.Computation(id="n0", function_id=function, devices=[0], inputs=["a"], outputs=["h"]),
+            pb.Computation(id="n1", function_id=function, devices=[2], inputs=["h"], outputs=["r"]),
+        ]
+        program = owner.register_program(nodes, ["a"], ["r"], name="across")
+        crossing = f"{owner.client}/p{next(island_client_module._IDS) + 1}/h"
+        code, _ = _put(target, list(to_chunks(crossing, np.full(4, 666, np.float32))))
+        assert code == grpc.StatusCode.OK
+        with pytest.raises(IslandError, match=f"output '{crossing}' holds a value on executor 0"):
+            owner.call(program, [x]).wait(30)
 
     def ask(request: pb.ArrayRequest, deadline: float = 10) -> tuple[grpc.StatusCode, str]:
         with grpc.insecure_channel(target) as channel:

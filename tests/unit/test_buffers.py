@@ -89,14 +89,12 @@ def test_peek_gives_only_values_in_hand() -> None:
     assert store.peek("c/set") == 7
 
 
-def test_an_announced_output_drops_a_value_uploaded_ahead_under_its_id() -> None:
+def test_outputs_that_hold_a_value_already_are_found_without_waiting() -> None:
     store = BufferStore()
-    store.set("c/out", "planted")  # an upload the scheduler never heard of
-    store.announce("c/out")
-    assert store.peek("c/out") is PENDING
-    store.set("c/out", "computed")
-    assert store.get("c/out", timeout=1) == "computed"
-    pending = store.expect("c/next")
-    store.announce("c/next")  # pending already: a consumer's future is kept
-    store.set("c/next", 1)
-    assert pending.result(1) == 1
+    store.set("c/planted", "value")
+    store.expect("c/pending")
+    store.fail("c/failed", RuntimeError("no"))
+    assert store.first_set(["c/pending", "c/failed", "c/new", "c/planted"]) == "c/planted"
+    assert store.first_set(["c/pending", "c/new"]) is None
+    store.delete("c/planted")
+    assert store.first_set(["c/planted"]) is None
