@@ -4,7 +4,7 @@ call, so a node may take its input's buffer over at the input's last use)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -79,17 +79,29 @@ def output_id(call: pb.ProgramCall, name: str, result: int) -> str:
     return call.results[result] if result >= 0 else intermediate_id(call.id, name)
 
 
-def plan(registration: pb.ProgramRegistration, runs_here: Callable[[pb.Computation], bool]) -> Plan:
-    """The nodes of ``registration`` this executor runs (``runs_here``) and their data."""
+def plan(
+    registration: pb.ProgramRegistration,
+    hosts: Callable[[pb.Computation], frozenset[Hashable]],
+    me: Hashable,
+) -> Plan:
+    """The nodes of ``registration`` this executor (``me``) runs and their data; ``hosts``
+    says which executors a node's devices are on."""
     nodes = registration.nodes
-    here = [runs_here(node) for node in nodes]
+    on = [hosts(node) for node in nodes]
+    here = [me in node_hosts for node_hosts in on]
     arguments = {name: position for position, name in enumerate(registration.arguments)}
     results = {name: position for position, name in enumerate(registration.results)}
     made_here = {
         name for node, mine in zip(nodes, here, strict=True) if mine for name in node.outputs
     }
+    # Outputs a node on other executors than their maker's reads (also one spanning this one
+    # and another): pulled from a buffer there, as the scheduler plans them.
+    maker = {name: on[index] for index, node in enumerate(nodes) for name in node.outputs}
     read_elsewhere = {
-        name for node, mine in zip(nodes, here, strict=True) if not mine for name in node.inputs
+        name
+        for index, node in enumerate(nodes)
+        for name in node.inputs
+        if name in maker and not on[index] <= maker[name]
     }
     # The last node here reading each local output.
     last_reader: dict[str, int] = {}

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable as Fn
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -488,7 +488,9 @@ class Runner:
                 self._start_transfers(command.sources)
             elif kind == "program":
                 registration = command.program
-                self._plans[registration.program_id] = plan(registration, self._runs_here)
+                self._plans[registration.program_id] = plan(
+                    registration, self._hosts, jax.process_index()
+                )
             elif kind == "forget":
                 ids = command.forget.program_ids
                 self._retiring[command.seq] = [(i, self._plans.get(i)) for i in ids]
@@ -513,11 +515,12 @@ class Runner:
 
     # -- the ordered loop ---------------------------------------------------------------------
 
-    def _runs_here(self, node: pb.Computation) -> bool:
-        """Whether a program node has a device in this process (then this executor runs it)."""
-        here = jax.process_index()
-        return any(
-            d in self.devices and self.devices[d].process_index == here for d in node.devices
+    def _hosts(self, node: pb.Computation) -> frozenset[Hashable]:
+        """The processes holding a program node's devices: this island's executors in its
+        distributed group, else this one (its own devices) and the devices it cannot reach."""
+        return frozenset(
+            self.devices[d].process_index if d in self.devices else ("unreachable", d)
+            for d in node.devices
         )
 
     def _start_transfers(self, sources: Sequence[pb.InputSource]) -> None:

@@ -24,6 +24,8 @@ from pathways_core.wire import pb
 
 INCREMENT = increment()
 DOUBLE = export(lambda x: x * 2, f32(4))
+DOUBLE_ROWS = export(lambda x: x * 2, f32(4, 3))
+INCREMENT_ROWS = export(lambda x: x + 1, f32(4, 3), devices=2, sharded=True)
 
 
 def test_a_computation_does_not_take_over_a_buffer_a_later_call_reads(
@@ -49,6 +51,27 @@ def test_a_computation_does_not_take_over_a_buffer_a_later_call_reads(
             np.testing.assert_array_equal(client.get(doubled.outputs[0]), 2)
             call.wait(60)
             np.testing.assert_array_equal(client.get(call.outputs[0]), 2)
+
+
+def test_a_node_spanning_executors_reads_an_output_made_on_one_of_them(
+    island: LocalIsland,
+) -> None:
+    with IslandClient(island.scheduler_endpoint, "spanning") as client:
+        double = client.register(DOUBLE_ROWS, "double")
+        increment = client.register(INCREMENT_ROWS, "increment")
+        nodes = [  # made on executor 0 alone, read on both: executor 1 pulls it
+            pb.Computation(id="a", function_id=double, devices=[1], inputs=["x"], outputs=["h"]),
+            pb.Computation(
+                id="b", function_id=increment, devices=[3, 4], inputs=["h"], outputs=["r"]
+            ),
+        ]
+        program = client.register_program(nodes, ["x"], ["r"], name="spanning")
+        x = client.put(np.arange(12, dtype=np.float32).reshape(4, 3), device=1)
+        call = client.call(program, [x])
+        call.wait(60)
+        np.testing.assert_array_equal(
+            client.get(call.outputs[0]), np.arange(12).reshape(4, 3) * 2 + 1
+        )
 
 
 @pytest.mark.parametrize(

@@ -31,12 +31,13 @@ REGISTRATION = pb.ProgramRegistration(
 CALL = pb.ProgramCall(id="c/p7", program_id="id", arguments=["c/x", "c/y"], results=["c/r", "c/s"])
 
 
-def here(node: pb.Computation) -> bool:
-    return all(device < 4 for device in node.devices)
+def hosts(node: pb.Computation) -> frozenset[int]:
+    """Devices 0-3 are this executor's (0), 4-7 another's (1)."""
+    return frozenset(device // 4 for device in node.devices)
 
 
 def test_an_executor_runs_its_own_nodes_with_each_input_from_where_it_is() -> None:
-    planned = plan(REGISTRATION, here)
+    planned = plan(REGISTRATION, hosts, 0)
     steps = {step.node.id: step for step in planned.steps}
     assert list(steps) == ["a", "c", "d", "e"]  # b runs on the other executor
     assert steps["a"].inputs == ((Source.ARGUMENT, 0, "x"),)
@@ -47,7 +48,7 @@ def test_an_executor_runs_its_own_nodes_with_each_input_from_where_it_is() -> No
 
 
 def test_outputs_read_elsewhere_or_kept_are_buffers_the_rest_live_in_the_call() -> None:
-    planned = plan(REGISTRATION, here)
+    planned = plan(REGISTRATION, hosts, 0)
     assert planned.stored_ids(CALL) == ["c/p7/p", "c/r", "c/s"]
     steps = {step.node.id: step for step in planned.steps}
     assert steps["e"].stored == (False,)  # t is read by no one and not kept
@@ -64,8 +65,27 @@ def test_a_local_output_at_its_last_read_may_be_taken_over() -> None:
         arguments=["x"],
         results=["r"],
     )
-    steps = {step.node.id: step for step in plan(chain, here).steps}
+    steps = {step.node.id: step for step in plan(chain, hosts, 0).steps}
     assert steps["a"].last_reads == frozenset()  # an argument: the caller keeps it
     assert steps["b"].last_reads == frozenset()  # p is read again by c
     assert steps["c"].last_reads == frozenset({0, 1})
     assert steps["c"].local_only and not steps["a"].local_only
+
+
+def test_an_output_read_by_a_node_spanning_executors_is_a_buffer_its_other_hosts_pull() -> None:
+    spanning = pb.ProgramRegistration(
+        program_id="span",
+        nodes=[
+            node("a", [0], ["x"], ["p"]),  # here alone
+            node("b", [1, 4], ["p"], ["q"]),  # here and on the other executor: it pulls p
+            node("c", [2, 5], ["q"], ["r"]),  # on both, like b: q's shards are on each
+        ],
+        arguments=["x"],
+        results=["r"],
+    )
+    mine = {step.node.id: step for step in plan(spanning, hosts, 0).steps}
+    assert mine["a"].stored == (True,) and mine["b"].inputs == ((Source.BUFFER, -1, "p"),)
+    assert mine["c"].inputs == ((Source.LOCAL, -1, "q"),)
+    theirs = {step.node.id: step for step in plan(spanning, hosts, 1).steps}
+    assert list(theirs) == ["b", "c"]
+    assert theirs["b"].inputs == ((Source.BUFFER, -1, "p"),)
