@@ -595,7 +595,7 @@ class Manager:
         """Keep the run's trace, then write the Job's outcome."""
         if not lost:
             try:
-                self._collect_trace(running.job)
+                self._collect_trace(running)
             except Exception:  # a trace is worth no failed run
                 logger.warning("could not collect the trace of %s", key, exc_info=True)
         job = self.store.read(JOB, *key.split("/"))
@@ -661,8 +661,11 @@ class Manager:
         if program:
             self.store.settle(PROGRAM, job["metadata"]["namespace"], program, False)
 
-    def _collect_trace(self, job: Document) -> None:
-        """The island trace records of this run's client, kept in the store."""
+    def _collect_trace(self, running: Running) -> None:
+        """The island trace records of this run's client since the run started, kept in the
+        store (every run of a program is the same client: the earlier runs' records are
+        theirs)."""
+        job = running.job
         container = job["spec"]["template"]["spec"]["containers"][0]
         environment = {item["name"]: item.get("value", "") for item in container.get("env", [])}
         program = environment.get("PATHWAYS_PROGRAM")
@@ -683,6 +686,11 @@ class Manager:
             arguments += ["--island", f"{island}={endpoint}"]
         namespace, name = program.split("/", 1)
         arguments += ["--client", program, "--client", program.replace("/", "-")]
+        started = (
+            (read_json(paths(running.record)[1]) or {}).get("started") if running.record else None
+        )
+        if isinstance(started, int | float):
+            arguments += ["--since-ns", str(int(started * 1e9))]
         done = subprocess.run(
             arguments,
             capture_output=True,

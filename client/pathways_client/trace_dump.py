@@ -13,9 +13,10 @@ from pathways_core.wire import SCHEDULER, pb
 
 
 def records_of(
-    island: str, endpoint: str, clients: set[str], timeout: float = 20.0
+    island: str, endpoint: str, clients: set[str], timeout: float = 20.0, since_ns: int = 0
 ) -> list[dict[str, Any]]:
-    """The records of ``clients`` (all clients when empty) in one island's trace."""
+    """The records of ``clients`` (all clients when empty) in one island's trace, of
+    computations that started at ``since_ns`` or later."""
     with tls.channel(endpoint, MESSAGE_OPTIONS, tls.load()) as channel:
         records = stub(channel, SCHEDULER, "GetTrace")(pb.Empty(), timeout=timeout).records
     return [
@@ -31,7 +32,7 @@ def records_of(
             "island": island,
         }
         for record in records
-        if not clients or record.client in clients
+        if (not clients or record.client in clients) and record.start_ns >= since_ns
     ]
 
 
@@ -41,11 +42,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--island", action="append", default=[], help="NAME=HOST:PORT")
     parser.add_argument("--client", action="append", default=[], help="Client name to keep.")
     parser.add_argument("--timeout", type=float, default=20.0, help="Seconds per island.")
+    parser.add_argument(
+        "--since-ns", type=int, default=0, help="Keep computations started then or later."
+    )
     arguments = parser.parse_args(argv)
     found: list[dict[str, Any]] = []
     for item in arguments.island:
         name, _, endpoint = item.partition("=")
-        found += records_of(name, endpoint, set(arguments.client), arguments.timeout)
+        found += records_of(
+            name, endpoint, set(arguments.client), arguments.timeout, arguments.since_ns
+        )
     print(json.dumps(found))
 
 

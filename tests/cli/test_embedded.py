@@ -477,8 +477,12 @@ SECOND_TRY = textwrap.dedent(
       driver:
         source: |
           import os, sys, time
+          import numpy as np
+          import pathways_client as pw
           first = os.environ["PATHWAYS_RUN"] == "1"
           print("first try" if first else "second try", flush=True)
+          with pw.connect() as cluster:  # one computation a run, for the trace
+              pw.function(lambda x: x + 1, slice=cluster.slice("main"))(np.zeros(2)).result()
           time.sleep(1)
           sys.exit(3 if first else 0)
     """
@@ -574,6 +578,13 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     assert missing.exit_code == 1
     assert "has no run 3: 2 started so far" in missing.output
     assert pathways("logs", "flaky", *at, "--run", "0").exit_code == 2  # refused by click
+    # Each run keeps its own trace records (the runs are one client of the island: the second
+    # kept the first's too).
+    traced = tmp_path / "flaky.json"
+    assert pathways("trace", "flaky", *at, "--out", str(traced)).exit_code == 0
+    events = json.loads(traced.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert len([e for e in events if e.get("ph") == "X"]) == 2, events
 
 
 def _lines_until(stream: IO[str], last: Callable[[str], bool]) -> list[str]:
