@@ -32,7 +32,7 @@ from jax.sharding import SingleDeviceSharding
 from pathways_core.wire import pb
 from pathways_executor.arrays import HostShards
 from pathways_executor.artifact_check import ArtifactChecker
-from pathways_executor.buffers import PENDING, BufferError, BufferStore
+from pathways_executor.buffers import PENDING, UPSTREAM, BufferError, BufferStore, root_cause
 from pathways_executor.functions import Callable, FunctionCache, FunctionError, check_inputs
 from pathways_executor.programs import Plan, Source, Step, output_id, plan
 
@@ -60,6 +60,9 @@ _IDLE: Any = object()  # the runner ran out of work
 # computations of any others share the executor-wide lane.
 MAX_LANES = 16
 EXECUTED_KEPT = 10_000
+# Outputs of computations that failed on the devices, remembered to name the first failure
+# when a computation reading one fails in turn (the devices pass the error on).
+FAILED_KEPT = 4096
 
 
 def _donatable(
@@ -235,6 +238,8 @@ class _Dispatched:
     watched: tuple[str, ...] = ()
     # A call handed over before its last node is in ``nodes``.
     dispatching: bool = False
+    # A call's program as planned here (its nodes' names, for failures).
+    plan: Plan | None = None
 
     @property
     def devices(self) -> tuple[int, ...]:
@@ -471,6 +476,9 @@ class Runner:
         # The latest computation ids in execution order, for tests and traces (bounded: an
         # executor runs for weeks).
         self.executed: deque[str] = deque(maxlen=EXECUTED_KEPT)
+        # Output id -> the first failure behind it (see FAILED_KEPT); written by the lanes.
+        self._failed: dict[str, str] = {}
+        self._failed_lock = threading.Lock()
         self._lane(self._local)
         threading.Thread(target=self._run_loop, name="runner", daemon=True).start()
 
@@ -737,7 +745,7 @@ class Runner:
         to_prepare: _Variants = {}
         self._calling = record
         try:
-            known = self._plans.get(call.program_id)
+            known = record.plan = self._plans.get(call.program_id)
             taken = known and self.buffers.first_set(known.stored_ids(call))
             if known is None:
                 record.failure = (
@@ -1169,7 +1177,7 @@ class Runner:
             for awaited in record.awaited:
                 awaited.block_until_ready()
         except Exception as error:
-            ok, message = False, f"{type(error).__name__}: {error}"
+            ok, message = False, self._device_failure(command.run, error)
         if record.through_outputs:  # later computations may take them over now
             self._watched.difference_update(command.run.outputs)
         end = time.time_ns()
@@ -1183,6 +1191,25 @@ class Runner:
             end_ns=end,
             executor=self.index,
         )
+
+    def _device_failure(self, computation: pb.Computation, error: Exception) -> str:
+        """Why a computation failed on the devices: its own error, or, when it read the output
+        of one that failed before it (its error passed on by the devices), that failure,
+        named once as a failed buffer's is."""
+        label = computation.name or computation.id
+        with self._failed_lock:
+            upstream = next((b for b in computation.inputs if b in self._failed), None)
+            if upstream is not None:
+                origin = root_cause(self._failed[upstream])
+                message = f"buffer {upstream!r}{UPSTREAM}{origin}"
+            else:
+                message = f"{type(error).__name__}: {error}"
+                origin = f"computation {label!r} failed on executor {self.index}: {message}"
+            for buffer_id in computation.outputs:
+                self._failed[buffer_id] = origin
+            while len(self._failed) > FAILED_KEPT:
+                del self._failed[next(iter(self._failed))]
+        return message
 
     def _span(self, devices: Sequence[int], dispatched: int, end: int) -> int:
         """When a computation on ``devices`` that was done at ``end`` started: the devices
@@ -1233,10 +1260,9 @@ class Runner:
                     for value in awaited:
                         value.block_until_ready()
                 except Exception as error:  # the group's first failing node is named last
-                    in_group = (
-                        f"node {index} of call {call.id!r} failed on executor {self.index}: "
-                        f"{type(error).__name__}: {error}"
-                    )
+                    assert record.plan is not None  # a call with nodes was planned here
+                    node = next(s.node for s in record.plan.steps if s.index == index)
+                    in_group = self._node_failure(call, node, f"{type(error).__name__}: {error}")
             failed = failed or in_group
             self._stamp(event, group, time.time_ns())
         failure = record.failure or failed  # a dispatch failure comes first, as before

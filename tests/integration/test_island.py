@@ -300,6 +300,37 @@ def test_a_failure_down_a_chain_across_executors_names_its_first_cause_once(
         assert max(lengths[-10:]) <= max(lengths[:10]) + 2  # ids' digits
 
 
+def _huge(v):
+    # Asks the devices for 256 GiB when it runs: it fails there, not when dispatched.
+    return jax.lax.dynamic_update_slice(jnp.zeros((1 << 36,)), v[:1], (0,)).sum() + v
+
+
+HUGE = export(_huge, f32(4))
+
+
+def test_a_computation_failing_on_the_devices_is_named_by_those_reading_its_output(
+    island: LocalIsland,
+) -> None:
+    with IslandClient(island.scheduler_endpoint, "upstream") as client:
+        huge = client.register(HUGE, "huge")
+        double = client.register(DOUBLE, "double")
+        x = client.put(np.ones(4, np.float32), device=1)
+        with client.batch():  # the readers are dispatched before the failure is known
+            failing = client.submit(huge, [1], [x], 1, name="huge")
+            reader = client.submit(double, [1], [failing.outputs[0]], 1, name="reader")
+            last = client.submit(double, [1], [reader.outputs[0]], 1, name="last")
+        with pytest.raises(IslandError, match=r"RESOURCE_EXHAUSTED|Out of memory") as own:
+            failing.wait(60)
+        assert "upstream" not in str(own.value)
+        for name, read in (("reader", failing), ("last", reader)):
+            with pytest.raises(IslandError) as passed_on:
+                (reader if name == "reader" else last).wait(60)
+            assert (
+                f"buffer '{read.outputs[0]}' failed upstream: computation 'huge' failed on "
+                "executor 0:" in str(passed_on.value)
+            ), str(passed_on.value)
+
+
 def test_an_artifact_that_is_not_jax_export_fails_its_computations(island: LocalIsland) -> None:
     with IslandClient(island.scheduler_endpoint, "incompatible") as client:
         junk = client.register(b"\x00 not a flatbuffer at all", "junk")

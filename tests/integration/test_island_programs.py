@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -24,6 +25,9 @@ from pathways_core.wire import pb
 
 INCREMENT = increment()
 DOUBLE = export(lambda x: x * 2, f32(4))
+HUGE = export(  # fails when run
+    lambda v: jax.lax.dynamic_update_slice(jnp.zeros((1 << 36,)), v[:1], (0,)).sum() + v, f32(4)
+)
 DOUBLE_ROWS = export(lambda x: x * 2, f32(4, 3))
 INCREMENT_ROWS = export(lambda x: x + 1, f32(4, 3), devices=2, sharded=True)
 
@@ -51,6 +55,23 @@ def test_a_computation_does_not_take_over_a_buffer_a_later_call_reads(
             np.testing.assert_array_equal(client.get(doubled.outputs[0]), 2)
             call.wait(60)
             np.testing.assert_array_equal(client.get(call.outputs[0]), 2)
+
+
+def test_a_call_failing_on_the_devices_names_the_node_that_failed(island: LocalIsland) -> None:
+    with IslandClient(island.scheduler_endpoint, "failing-node") as client:
+        huge = client.register(HUGE, "huge")
+        double = client.register(DOUBLE, "double")
+        nodes = [
+            pb.Computation(id="n0", function_id=double, devices=[1], inputs=["x"], outputs=["a"]),
+            pb.Computation(
+                id="n1", name="huge", function_id=huge, devices=[1], inputs=["a"], outputs=["b"]
+            ),
+            pb.Computation(id="n2", function_id=double, devices=[1], inputs=["b"], outputs=["c"]),
+        ]
+        program = client.register_program(nodes, ["x"], ["c"], name="failing")
+        call = client.call(program, [client.put(np.ones(4, np.float32), device=1)])
+        with pytest.raises(IslandError, match=r"computation 'huge' of call '.*' failed on exec"):
+            call.wait(60)
 
 
 def test_a_node_spanning_executors_reads_an_output_made_on_one_of_them(
