@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import operator
 import os
 import warnings
 from collections.abc import Mapping
@@ -135,8 +136,13 @@ def save(step: int, state: Any, directory: str | Path | None = None) -> Path | N
     ``None`` when there is no checkpoint directory (see the module)."""
     global _warned
     folder = Path(directory) if directory is not None else default_directory()
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+    try:  # NumPy's and JAX's integer scalars too: a step read back from an array is one
+        whole = operator.index(step) if not isinstance(step, bool) else -1
+    except TypeError:
+        whole = -1
+    if whole < 0:
         raise CheckpointError(f"step must be an integer >= 0, not {step!r}")
+    step = whole
     leaves: list[np.ndarray] = []
     skeleton = _flatten(state, leaves, "")
     if folder is None:

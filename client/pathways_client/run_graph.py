@@ -172,11 +172,18 @@ def main(argv: list[str] | None = None) -> int:
         np.savez(args.results, *results)
     _say(
         event="succeeded",
-        outputs=[
-            {"shape": list(r.shape), "dtype": r.dtype.name, "sum": float(r.sum())} for r in results
-        ],
+        outputs=[{"shape": list(r.shape), "dtype": r.dtype.name, "sum": _sum(r)} for r in results],
     )
     return 0
+
+
+def _sum(result: np.ndarray) -> float | list[float]:
+    """A result's sum for the summary, taken in double precision (in a bfloat16 or float16
+    output's own precision it was off, or inf); a complex one's as [real, imaginary]."""
+    if np.iscomplexobj(result):
+        total = complex(result.astype(np.complex128).sum())
+        return [total.real, total.imag]
+    return float(result.astype(np.float64).sum())
 
 
 def _say(**fields: Any) -> None:

@@ -48,3 +48,13 @@ def test_a_namedtuple_that_cannot_be_imported_is_named(tmp_path: Path) -> None:
     checkpoint.save(1, local(np.zeros(1)), tmp_path)
     with pytest.raises(checkpoint.CheckpointError, match=r"nowhere_to_be_found:Local .* cannot be"):
         checkpoint.restore(tmp_path)
+
+
+def test_a_step_may_be_any_integer_scalar_and_nothing_else(tmp_path: Path) -> None:
+    for given in (np.int64(5), jnp.int32(6), 7):
+        checkpoint.save(given, {}, tmp_path)
+        step, _ = checkpoint.restore(tmp_path)
+        assert step == int(given) and type(step) is int
+    for bad in (-1, 2.0, True, "3", np.float32(1)):
+        with pytest.raises(checkpoint.CheckpointError, match="step must be an integer >= 0"):
+            checkpoint.save(bad, {}, tmp_path)
