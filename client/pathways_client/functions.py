@@ -141,6 +141,14 @@ class CompiledFunction:
             exported = jax.export.export(jitted)(*leaves)
         except ValueError as error:  # shardings that do not fit the arguments' ranks
             raise self._uncompilable(avals, keyword_avals, error, statics) from error
+        except NotImplementedError as error:  # host callbacks: jax.export cannot carry them
+            advice = (
+                " (jax.debug.print, jax.debug.callback, pure_callback and io_callback run "
+                "Python on the host that compiled them, which an island's executors are not: "
+                "return the values and print or compute them in the driver)"
+            )
+            problem = self._uncompilable(avals, keyword_avals, error, statics)
+            raise TypeError(f"{problem}{advice if 'callback' in str(error) else ''}") from error
         specialized = Specialized(
             name=self.name,
             artifact=bytes(exported.serialize()),

@@ -508,6 +508,14 @@ def test_wrong_shapes_raise_before_dispatch_naming_the_argument(cluster: pw.Clus
             r"a=float32\[2, 3\], b=float32\[2, 3\]",
         ):
             matmul(np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32))
+        # Host callbacks cannot travel in an artifact: said so, with what to do instead.
+        printing = pw.function(
+            lambda x: (jax.debug.print("x={x}", x=x), x + 1)[1], slice=one, name="printing"
+        )
+        with pytest.raises(
+            TypeError, match=r"'printing' cannot be compiled .*jax.debug.print.*in the driver"
+        ):
+            printing(np.zeros(2, np.float32))
         assert len(cluster.trace()) == before
 
 
