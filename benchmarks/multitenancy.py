@@ -14,8 +14,14 @@ and 9), measured side by side in one run.
 2. Shares: four clients with weights 1:1:1:1 and 1:2:4:8 under proportional share submit the
    same computation; each one's share of the computations run while all have work queued
    (past their warm-up), against its weight; the measured device time beside it.
+3. Beside a long computation: one client's round trips (a small computation submitted and its
+   completion awaited, one at a time, as a loop fetching its loss does) on one device of a
+   host while another client runs ~0.2 s computations on another device of the same host,
+   against the same round trips with the host to itself. An executor reports each device
+   set's computations as they are done; when it reported all in island order, each round
+   trip waited for the long computation running beside it.
 
-    python benchmarks/multitenancy.py [--quick] [--json FILE]
+    python benchmarks/multitenancy.py [--quick] [--only throughput|shares|beside] [--json FILE]
 """
 
 from __future__ import annotations
@@ -352,10 +358,80 @@ def _shares_by_client(trace: list[Any], weights: list[int], by_time: bool) -> li
     return [time_of.get(index, 0) / total for index in range(len(weights))]
 
 
+def _long(x: Any) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    return jax.lax.fori_loop(0, 400, lambda _, v: jnp.tanh(v @ v), x)
+
+
+def beside_a_long_computation(quick: bool) -> list[dict[str, Any]]:
+    """Round trips per second on one device with the host to itself, then beside another
+    client's long computations on another device of the same executor (see the module)."""
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from pathways_client.island_client import IslandClient
+    from pathways_client.launcher import LocalIsland
+
+    def exported(function: Any, shape: tuple[int, ...]) -> bytes:
+        avals = jax.ShapeDtypeStruct(shape, jnp.float32)
+        return bytes(jax.export.export(jax.jit(function))(avals).serialize())
+
+    trips = 100 if quick else 300
+    with (
+        LocalIsland(hosts=1, devices_per_host=4, policy="fifo") as island,
+        IslandClient(island.scheduler_endpoint, "short") as short,
+        IslandClient(island.scheduler_endpoint, "long") as long,
+    ):
+        small = short.register(exported(lambda v: v + 1, (4,)), "small")
+        value = short.put(np.zeros(4, np.float32), device=2)
+        big = long.register(exported(_long, (256, 256)), "long")
+        square = long.put(np.eye(256, dtype=np.float32) * 0.5, device=0)
+
+        def round_trips(count: int) -> float:
+            began = time.perf_counter()
+            for _ in range(count):
+                short.submit(small, [2], [value], 1).done.result(120)
+            return count / (time.perf_counter() - began)
+
+        round_trips(20)  # compiled and warm
+        alone = round_trips(trips)
+        stop = threading.Event()
+
+        def keep_busy() -> None:
+            while not stop.is_set():
+                long.submit(big, [0], [square], 1).done.result(120)
+
+        busy = threading.Thread(target=keep_busy)
+        busy.start()
+        try:
+            time.sleep(0.5)
+            beside = round_trips(trips)
+        finally:
+            stop.set()
+            busy.join()
+    return [
+        {
+            "name": "round trips beside another client's long computations on other devices "
+            "of the host, vs alone",
+            "value": beside,
+            "baseline": alone,
+            "ratio": beside / alone,
+            "unit": "round trips/s",
+            "target": None,
+            "parameters": {"long_computation_s": "~0.2", "devices": "2 vs 0 of one executor"},
+        }
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=["throughput", "shares"], action="append")
+    parser.add_argument("--only", choices=["throughput", "shares", "beside"], action="append")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plots", type=Path, help="write the device-time pictures here")
     args = parser.parse_args()
@@ -364,6 +440,8 @@ def main() -> None:
         records += aggregate_throughput(args.quick)
     if not args.only or "shares" in args.only:
         records += shares(args.quick, args.plots)
+    if not args.only or "beside" in args.only:
+        records += beside_a_long_computation(args.quick)
     for record in records:
         print(
             f"{record['name']} {record['parameters']}: {record['value']:.3f} vs "
