@@ -60,6 +60,9 @@ _IDLE: Any = object()  # the runner ran out of work
 # computations of any others share the executor-wide lane.
 MAX_LANES = 16
 EXECUTED_KEPT = 10_000
+# The store's key of the whole of a buffer this executor holds in part (see ``partial`` in
+# ``pb.InputSource``): no client's id starts with it.
+WHOLE = "\x00whole/"
 # Outputs of computations that failed on the devices, remembered to name the first failure
 # when a computation reading one fails in turn (the devices pass the error on).
 FAILED_KEPT = 4096
@@ -466,6 +469,8 @@ class Runner:
         self._functions: dict[tuple[str, tuple[int, ...]], tuple[Callable, list[jax.Device]]] = {}
         self.inputs_taken_over = 0  # by their last use, for tests and the executor's Info
         self._transfers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="transfer")
+        # Buffers held here in part whose whole was assembled beside them (under WHOLE + id).
+        self._wholes: set[str] = set()
         # When each device's last reported computation ended (trace stamps, see ``_span``).
         self._last_end_ns: dict[int, int] = {}
         self._stamp_lock = threading.Lock()
@@ -533,11 +538,15 @@ class Runner:
 
     def _start_transfers(self, sources: Sequence[pb.InputSource]) -> None:
         for source in sources:
-            if source.buffer_id not in self.buffers:
-                self._start_transfer(source)
+            if source.partial:  # held here in part: its whole goes beside it
+                if WHOLE + source.buffer_id not in self.buffers:
+                    self._wholes.add(source.buffer_id)
+                    self._start_transfer(source, WHOLE + source.buffer_id)
+            elif source.buffer_id not in self.buffers:
+                self._start_transfer(source, source.buffer_id)
 
-    def _start_transfer(self, source: pb.InputSource) -> None:
-        future = self.buffers.expect(source.buffer_id)
+    def _start_transfer(self, source: pb.InputSource, key: str) -> None:
+        future = self.buffers.expect(key)
 
         def pull() -> None:
             try:
@@ -560,6 +569,9 @@ class Runner:
                 elif kind == "delete":
                     for buffer_id in command.delete.ids:
                         self.buffers.delete(buffer_id)
+                        if buffer_id in self._wholes:
+                            self._wholes.discard(buffer_id)
+                            self.buffers.delete(WHOLE + buffer_id)
                 elif kind == "run":
                     self._run(command, last.get(position, set()))
                     if len(self._dispatched) >= HAND_OVER_EVERY:
@@ -653,7 +665,10 @@ class Runner:
                 self._describe(command, function.description, time.time_ns())
                 return
             values = []
+            partial = {s.buffer_id for s in command.sources if s.partial} if command.sources else ()
             for buffer_id in computation.inputs:
+                if buffer_id in partial:
+                    buffer_id = WHOLE + buffer_id
                 value = self.buffers.peek(buffer_id)
                 if value is PENDING:
                     value = self._await_input(buffer_id, held)

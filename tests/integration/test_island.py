@@ -331,6 +331,30 @@ def test_a_computation_failing_on_the_devices_is_named_by_those_reading_its_outp
             ), str(passed_on.value)
 
 
+SPAN_INCREMENT = export(lambda x: x + 1, f32(4, 3), devices=2, sharded=True)
+DOUBLE_ROWS = export(lambda x: x * 2, f32(4, 3))
+
+
+def test_an_output_of_a_slice_spanning_hosts_is_read_on_one_of_them(island: LocalIsland) -> None:
+    """Each host holds its rows only: a reader on one host assembles the whole (JAX cannot
+    reshard an array its process does not hold whole), and frees it with the buffer."""
+    with IslandClient(island.scheduler_endpoint, "partial") as client:
+        span = client.register(SPAN_INCREMENT, "span")
+        double = client.register(DOUBLE_ROWS, "double")
+        before = [info.buffers for info in executor_infos(island)]
+        x = client.put(np.arange(12, dtype=np.float32).reshape(4, 3), device=3)
+        spanning = client.submit(span, [3, 4], [x], 1)
+        readers = [client.submit(double, [d], [spanning.outputs[0]], 1) for d in (3, 4, 0)]
+        for reader in readers:
+            reader.wait(60)
+            np.testing.assert_array_equal(
+                client.get(reader.outputs[0]), (np.arange(12).reshape(4, 3) + 1) * 2
+            )
+        client.delete([x, spanning.outputs[0], *(r.outputs[0] for r in readers)])
+        settled = settled_executor_infos(island, before, 30)
+        assert [info.buffers for info in settled] == before
+
+
 def test_an_artifact_that_is_not_jax_export_fails_its_computations(island: LocalIsland) -> None:
     with IslandClient(island.scheduler_endpoint, "incompatible") as client:
         junk = client.register(b"\x00 not a flatbuffer at all", "junk")

@@ -90,15 +90,21 @@ def test_a_host_input_sharded_over_both_executors_goes_to_each_in_parts(
     assembly.add(stub(session._executors[1], EXECUTOR, "GetArray")(request, timeout=30))
     assert not assembly.complete and assembly.written is not None
     assert assembly.written[4:].all() and not assembly.written[:4].any()
-    # Used by a computation laid out otherwise, it fails saying so (the SDK sends parts only
-    # to the one computation they were cut for).
+    # Read on one device, it is assembled whole from both; read on both hosts laid out
+    # otherwise, it fails saying so (the SDK sends parts only to the one computation they
+    # were cut for).
     with cluster.slice(devices=1) as one:
         single = pw.function(lambda a: a * 2 + 1, slice=one).specialize(value)
         function_id = function_id_on(session, single, one.island)
-        failed = session.submit(function_id, one.devices, [buffer_id], 1).done
-        with pytest.raises(IslandError, match="split for another layout"):
-            failed.result(timeout=60)
-    session.delete([buffer_id])
+        whole = session.submit(function_id, one.devices, [buffer_id], 1)
+        whole.wait(60)
+        np.testing.assert_array_equal(session.get(whole.outputs[0]), value * 2 + 1)
+    across = pw.function(lambda a: a * 2 + 1, slice=line, in_shardings=P(None, "x"))
+    function_id = function_id_on(session, across.specialize(value), line.island)
+    failed = session.submit(function_id, line.devices, [buffer_id], 1).done
+    with pytest.raises(IslandError, match="split for another layout"):
+        failed.result(timeout=60)
+    session.delete([buffer_id, whole.outputs[0]])
 
 
 def test_pytrees_go_in_and_come_out(cluster: pw.Cluster) -> None:

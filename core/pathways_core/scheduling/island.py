@@ -523,7 +523,7 @@ class IslandDispatcher:
         for executor in owners:
             command = pb.ExecutorCommand(seq=command_seq, run=computation)
             for buffer_id in computation.inputs:
-                self._source(flight, command, buffer_id, executor)
+                self._source(flight, command, buffer_id, executor, frozenset(owners))
             instructions.append(ToExecutor(executor, command))
         self._in_flight[command_seq] = flight
         self._running[client] = self._running.get(client, 0) + 1
@@ -587,21 +587,35 @@ class IslandDispatcher:
         return instructions
 
     def _source(
-        self, flight: _InFlight, command: pb.ExecutorCommand, buffer_id: str, executor: int
+        self,
+        flight: _InFlight,
+        command: pb.ExecutorCommand,
+        buffer_id: str,
+        executor: int,
+        readers: frozenset[int] | None = None,
     ) -> None:
-        """Where ``executor`` pulls an input it does not hold from, added to ``command``."""
+        """Where ``executor`` pulls an input it does not hold from, added to ``command``;
+        also one it holds only in part: an output of a slice spanning hosts read by a
+        computation on fewer of them (``readers``), which cannot reshard an array it does
+        not hold whole."""
         holders = self._buffers.get(buffer_id, frozenset())
-        if executor in holders:
+        partial = executor in holders
+        if partial and (readers is None or len(holders) == 1 or holders <= readers):
             return
         if buffer_id not in flight.pulls:
             flight.pulls.add(buffer_id)
             self._pulling[buffer_id] = self._pulling.get(buffer_id, 0) + 1
-        self._copies.setdefault(buffer_id, set()).add(executor)
         remote = self._remote.get(buffer_id)
         if remote is not None:
+            self._copies.setdefault(buffer_id, set()).add(executor)
             command.sources.append(remote)
+            return
+        source = self._held_by(buffer_id, holders)
+        if partial:  # the executor's delete of the buffer frees the whole with it
+            source.partial = True
         else:
-            command.sources.append(self._held_by(buffer_id, holders))
+            self._copies.setdefault(buffer_id, set()).add(executor)
+        command.sources.append(source)
 
     def _held_by(self, buffer_id: str, holders: frozenset[int] | set[int]) -> pb.InputSource:
         specs = [self.executors[h] for h in sorted(holders)]

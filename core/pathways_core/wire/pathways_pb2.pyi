@@ -203,16 +203,18 @@ class ClientEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[ClientEvent.Kind, str]] = ..., computation_id: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[str] = ..., function_id: _Optional[str] = ..., program_id: _Optional[str] = ...) -> None: ...
 
 class InputSource(_message.Message):
-    __slots__ = ("buffer_id", "executors", "data_endpoints", "uploaded")
+    __slots__ = ("buffer_id", "executors", "data_endpoints", "uploaded", "partial")
     BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
     EXECUTORS_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     UPLOADED_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
     buffer_id: str
     executors: _containers.RepeatedScalarFieldContainer[str]
     data_endpoints: _containers.RepeatedScalarFieldContainer[str]
     uploaded: bool
-    def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ..., data_endpoints: _Optional[_Iterable[str]] = ..., uploaded: _Optional[bool] = ...) -> None: ...
+    partial: bool
+    def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ..., data_endpoints: _Optional[_Iterable[str]] = ..., uploaded: _Optional[bool] = ..., partial: _Optional[bool] = ...) -> None: ...
 
 class ExecutorCommand(_message.Message):
     __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "forget", "sources")
