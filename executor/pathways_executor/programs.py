@@ -17,6 +17,7 @@ class Source(Enum):
     ARGUMENT = 1  # the call's argument at a position (a buffer)
     LOCAL = 2  # an output of an earlier node here, held only during the call
     BUFFER = 3  # an intermediate held as a buffer: made here for others, or pulled
+    WHOLE = 4  # an output held here in part (made on more hosts), assembled whole beside it
 
 
 @dataclass(frozen=True)
@@ -95,14 +96,19 @@ def plan(
         name for node, mine in zip(nodes, here, strict=True) if mine for name in node.outputs
     }
     # Outputs a node on other executors than their maker's reads (also one spanning this one
-    # and another): pulled from a buffer there, as the scheduler plans them.
+    # and another), or one on fewer of a spanning maker's: pulled from a buffer, as the
+    # scheduler plans them.
     maker = {name: on[index] for index, node in enumerate(nodes) for name in node.outputs}
     read_elsewhere = {
         name
         for index, node in enumerate(nodes)
         for name in node.inputs
-        if name in maker and not on[index] <= maker[name]
+        if name in maker
+        and (
+            not on[index] <= maker[name] or (len(maker[name]) > 1 and not maker[name] <= on[index])
+        )
     }
+    in_part = {source.buffer_id for source in registration.sources if source.partial}
     # The last node here reading each local output.
     last_reader: dict[str, int] = {}
     for index, node in enumerate(nodes):
@@ -118,6 +124,8 @@ def plan(
         for position, name in enumerate(node.inputs):
             if name in arguments:
                 inputs.append((Source.ARGUMENT, arguments[name], name))
+            elif name in in_part:
+                inputs.append((Source.WHOLE, results.get(name, -1), name))
             elif name in made_here and name not in results and name not in read_elsewhere:
                 inputs.append((Source.LOCAL, -1, name))
                 if last_reader[name] == index and list(node.inputs).count(name) == 1:

@@ -998,6 +998,8 @@ class Runner:
             buffer_id = (
                 call.arguments[index] if source is Source.ARGUMENT else output_id(call, name, index)
             )
+            if source is Source.WHOLE:
+                buffer_id = WHOLE + buffer_id
             value = self.buffers.peek(buffer_id)
             if value is PENDING:
                 value = self._await_input(buffer_id, held)

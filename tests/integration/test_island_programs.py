@@ -87,12 +87,28 @@ def test_a_node_spanning_executors_reads_an_output_made_on_one_of_them(
             ),
         ]
         program = client.register_program(nodes, ["x"], ["r"], name="spanning")
+        before = [info.buffers for info in executor_infos(island)]
         x = client.put(np.arange(12, dtype=np.float32).reshape(4, 3), device=1)
         call = client.call(program, [x])
         call.wait(60)
         np.testing.assert_array_equal(
             client.get(call.outputs[0]), np.arange(12).reshape(4, 3) * 2 + 1
         )
+        # And back: read on one host, and on the other, each assembles the whole.
+        back = [
+            nodes[1],
+            pb.Computation(id="c", function_id=double, devices=[2], inputs=["r"], outputs=["s"]),
+            pb.Computation(id="d", function_id=double, devices=[5], inputs=["r"], outputs=["t"]),
+        ]
+        nodes[1].inputs[:] = ["x"]
+        program = client.register_program(back, ["x"], ["s", "t"], name="back")
+        second = client.call(program, [x])
+        second.wait(60)
+        for result in second.outputs:
+            np.testing.assert_array_equal(client.get(result), (np.arange(12).reshape(4, 3) + 1) * 2)
+        client.delete([x, *call.outputs, *second.outputs])  # each whole goes with its part
+        settled = settled_executor_infos(island, before, 30)
+        assert [info.buffers for info in settled] == before
 
 
 @pytest.mark.parametrize(

@@ -89,3 +89,20 @@ def test_an_output_read_by_a_node_spanning_executors_is_a_buffer_its_other_hosts
     theirs = {step.node.id: step for step in plan(spanning, hosts, 1).steps}
     assert list(theirs) == ["b", "c"]
     assert theirs["b"].inputs == ((Source.BUFFER, -1, "p"),)
+
+
+def test_an_output_of_a_node_spanning_executors_read_here_alone_is_assembled_whole() -> None:
+    back = pb.ProgramRegistration(
+        program_id="back",
+        nodes=[
+            node("a", [1, 4], ["x"], ["p"]),  # on both executors
+            node("b", [2], ["p"], ["q"]),  # here alone: this executor holds p in part
+        ],
+        arguments=["x"],
+        results=["q"],
+        sources=[pb.InputSource(buffer_id="p", executors=["h:1", "h:2"], partial=True)],
+    )
+    mine = {step.node.id: step for step in plan(back, hosts, 0).steps}
+    assert mine["a"].stored == (True,)  # served to the assembly, here and there
+    assert mine["b"].inputs == ((Source.WHOLE, -1, "p"),)
+    assert [s.buffer_id for s in plan(back, hosts, 0).pulls(CALL)] == ["c/p7/p"]

@@ -145,6 +145,31 @@ def test_what_crosses_executors_is_pulled_from_its_maker_and_freed_after_the_cal
     assert [e.kind for e in client_events(finished)] == [Event.COMPLETED]
 
 
+def test_a_node_on_fewer_hosts_than_its_input_s_maker_assembles_it_from_them() -> None:
+    dispatcher = island()
+    spanning = sealed(
+        pb.ProgramRegistration(
+            name="back",
+            nodes=[node("a", [1, 4], ["x"], ["p"]), node("b", [2], ["p"], ["q"])],
+            arguments=["x"],
+            results=["q"],
+        )
+    )
+    program = registered(dispatcher, spanning)
+    sent = to_executors(dispatcher.call("a", call(program, 1)))
+    registration = next(c.program for e, c in sent if e == 0 and c.WhichOneof("kind") == "program")
+    (source,) = registration.sources
+    assert (source.buffer_id, source.partial, list(source.executors)) == ("p", True, ["h:1", "h:2"])
+    seq = next(c.seq for _, c in sent if c.WhichOneof("kind") == "call")
+    dispatcher.executor_event(pb.ExecutorEvent(seq=seq, executor=0, ok=True))
+    finished = dispatcher.executor_event(pb.ExecutorEvent(seq=seq, executor=1, ok=True))
+    # p is freed on both makers once the call is done (with it, executor 0's whole).
+    assert {e: list(c.delete.ids) for e, c in to_executors(finished)} == {
+        0: ["a/p1/p"],
+        1: ["a/p1/p"],
+    }
+
+
 def test_a_call_reaches_its_first_nodes_executor_first() -> None:
     dispatcher = island()
     program = registered(dispatcher, chain([4, 0, 5]))  # starts on executor 1

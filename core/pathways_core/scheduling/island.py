@@ -633,6 +633,10 @@ class IslandDispatcher:
         registration.CopyFrom(program.registration)
         for name, holders in sorted(program.pulls.get(executor, {}).items()):
             registration.sources.append(self._held_by(name, holders))
+        for name, holders in sorted(program.wholes.get(executor, {}).items()):
+            source = self._held_by(name, holders)
+            source.partial = True
+            registration.sources.append(source)
         return registration
 
     def _use(self, client: str, identifier: str, also: Sequence[str] = ()) -> None:

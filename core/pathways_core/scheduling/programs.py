@@ -59,6 +59,9 @@ class Program:
     # Per executor: the intermediates it holds as buffers because they cross executors (made
     # for another, or pulled from another); deleted once the call has finished everywhere.
     shared: Mapping[int, tuple[str, ...]]
+    # Per executor: outputs of nodes spanning more executors than a node here reading them,
+    # which it holds in part and assembles whole from their makers (name -> makers).
+    wholes: Mapping[int, Mapping[str, frozenset[int]]]
     # Results pulled by executors that do not make them: those copies go with the result.
     result_copies: Mapping[str, frozenset[int]]
     # Per executor: the function ids of the nodes it runs, each once, in node order.
@@ -156,6 +159,7 @@ def check_program(
         if name not in producer:
             return f"program {label!r}: result {name!r} is not an output of any node"
     pulls: dict[int, dict[str, frozenset[int]]] = {}
+    wholes: dict[int, dict[str, frozenset[int]]] = {}
     shared: dict[int, dict[str, None]] = {}
     copies: dict[str, set[int]] = {}
     readers: dict[str, set[int]] = {name: set() for name in arguments}
@@ -173,6 +177,13 @@ def check_program(
                     continue
                 for holder in (*owners[made_by], executor):
                     shared.setdefault(holder, {})[name] = None
+            if len(owners[made_by]) > 1 and not owners[made_by] <= owners[index]:
+                # Read on fewer of its makers' hosts: those readers hold it in part only.
+                for executor in owners[index] & owners[made_by]:
+                    wholes.setdefault(executor, {})[name] = owners[made_by]
+                if name not in kept:
+                    for holder in owners[made_by]:
+                        shared.setdefault(holder, {})[name] = None
     return Program(
         registration=registration,
         owners=tuple(owners),
@@ -181,6 +192,7 @@ def check_program(
         producer=producer,
         argument_readers=tuple(frozenset(readers[name]) for name in arguments),
         pulls=pulls,
+        wholes=wholes,
         shared={executor: tuple(names) for executor, names in shared.items()},
         result_copies={name: frozenset(executors) for name, executors in copies.items()},
         functions={
