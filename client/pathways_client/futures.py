@@ -16,7 +16,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import grpc
 import jax
 import numpy as np
 
@@ -402,10 +401,8 @@ def _upload(
         if regions is not None:
             return session.put_shards(array, regions)
         return session.put(array, slice.devices[0])
-    except grpc.RpcError as error:
-        raise NodeFailed(
-            node, slice.island, f"uploading an input to its executor failed: {error.details()}"
-        ) from None
+    except IslandError as error:
+        raise NodeFailed(node, slice.island, f"uploading an input failed: {error}") from None
 
 
 def executor_regions(

@@ -254,9 +254,10 @@ class IslandClient:
         array = _numeric("put", array)
         buffer_id = self._new_id("put")
         executor = self.device_owner[device]
-        stub(self._executors[executor], EXECUTOR, "PutArray")(
-            to_chunks(buffer_id, array), timeout=120
-        )
+        with self._answered("put", executor):
+            stub(self._executors[executor], EXECUTOR, "PutArray")(
+                to_chunks(buffer_id, array), timeout=120
+            )
         self._locations[buffer_id] = (executor,)
         self._send(pb.ClientMessage(placed=pb.PlacedBuffer(buffer_id=buffer_id, executor=executor)))
         return buffer_id
@@ -264,8 +265,8 @@ class IslandClient:
     def put_shards(self, array: np.ndarray, regions: Mapping[int, Sequence[Region]]) -> str:
         """Upload to each executor in ``regions`` only its regions of a host array (the
         shards its devices take of an input sharded over them), to all at once; returns the
-        buffer id. Errors as ``put``; a failed upload's gRPC error is raised once the others
-        have ended (and what they stored is freed)."""
+        buffer id. Errors as ``put``; a failed upload's error is raised once the others have
+        ended (and what they stored is freed)."""
         unknown = sorted(set(regions) - set(self._executors))
         if not regions or unknown:
             raise IslandError(f"put_shards: no executors given, or unknown ones ({unknown})")
@@ -275,17 +276,18 @@ class IslandClient:
         def upload(executor: int) -> None:
             shards = [(region, array[region]) for region in regions[executor]]
             chunks = region_chunks(buffer_id, array.dtype, array.shape, shards)
-            stub(self._executors[executor], EXECUTOR, "PutArray")(chunks, timeout=120)
+            with self._answered("put_shards", executor):
+                stub(self._executors[executor], EXECUTOR, "PutArray")(chunks, timeout=120)
 
         first, *others = sorted(regions)
         uploads = {first: None, **{e: _PUTS.submit(upload, e) for e in others}}
         stored: list[int] = []
-        failure: grpc.RpcError | None = None
+        failure: IslandError | None = None
         for executor, done in uploads.items():
             try:
                 upload(executor) if done is None else done.result()
                 stored.append(executor)
-            except grpc.RpcError as error:
+            except IslandError as error:
                 failure = failure or error
         if stored:
             self._locations[buffer_id] = tuple(stored)
@@ -364,11 +366,9 @@ class IslandClient:
         # Each executor of the buffer's slice sends the shards it holds.
         assembly = Assembly()
         for executor in holders:
-            get_array = stub(self._executors[executor], EXECUTOR, "GetArray")
-            try:
+            with self._answered(f"get {buffer_id!r}", executor):
+                get_array = stub(self._executors[executor], EXECUTOR, "GetArray")
                 assembly.add(get_array(request, timeout=timeout + 5))
-            except grpc.RpcError as error:
-                raise IslandError(error.details()) from None
             if assembly.complete:
                 assert assembly.array is not None
                 return assembly.array
@@ -407,6 +407,19 @@ class IslandClient:
     def trace(self) -> list[pb.TraceRecord]:
         """The island's trace: which computation of which client ran where and when."""
         return list(stub(self._channel, SCHEDULER, "GetTrace")(pb.Empty(), timeout=60).records)
+
+    @contextlib.contextmanager
+    def _answered(self, what: str, executor: int) -> Iterator[None]:
+        """gRPC's errors of a call to ``executor`` as ``IslandError`` naming it (a dead one
+        was a bare ``UNAVAILABLE``), and a call after ``close`` refused saying so."""
+        if self._closing:
+            raise IslandError(f"{what}: the session with island {self.info.island!r} is closed")
+        try:
+            yield
+        except grpc.RpcError as error:
+            details = error.details() if isinstance(error, grpc.Call) else str(error)
+            endpoint = next(e.endpoint for e in self.info.executors if e.index == executor)
+            raise IslandError(f"{what}: executor {executor} ({endpoint}): {details}") from None
 
     def close(self) -> None:
         self._closing = True

@@ -43,3 +43,13 @@ def test_sigkill_of_an_executor_fails_its_work_fast_and_the_rest_keeps_serving(
         fine = client.submit(add_one, [1], [y], 1)
         fine.wait(30)
         np.testing.assert_array_equal(client.get(fine.outputs[0]), np.ones(4))
+        # Uploads to the dead executor, and reads of what it held, fail naming it.
+        with pytest.raises(IslandError, match=r"put: executor 1 \(127\.0\.0\.1:\d+\): "):
+            client.put(np.zeros(4, np.float32), device=2)
+        with pytest.raises(IslandError, match=rf"get '{x}': executor 1 \(127\.0\.0\.1:\d+\): "):
+            client.get(x, timeout=5)
+    # A closed session says so (not "Cannot invoke RPC on closed channel").
+    with pytest.raises(IslandError, match=r"put: the session with island .* is closed"):
+        client.put(np.zeros(4, np.float32), device=0)
+    with pytest.raises(IslandError, match=r"the session with island .* is closed"):
+        client.get(y)
