@@ -998,7 +998,7 @@ class Runner:
             buffer_id = (
                 call.arguments[index] if source is Source.ARGUMENT else output_id(call, name, index)
             )
-            if source is Source.WHOLE:
+            if source is Source.WHOLE or buffer_id in self._wholes:  # (an argument held in part)
                 buffer_id = WHOLE + buffer_id
             value = self.buffers.peek(buffer_id)
             if value is PENDING:

@@ -106,7 +106,15 @@ def test_a_node_spanning_executors_reads_an_output_made_on_one_of_them(
         second.wait(60)
         for result in second.outputs:
             np.testing.assert_array_equal(client.get(result), (np.arange(12).reshape(4, 3) + 1) * 2)
-        client.delete([x, *call.outputs, *second.outputs])  # each whole goes with its part
+        # An argument held in part (made on both hosts) read on one of them.
+        y = client.submit(increment, [3, 4], [x], 1).outputs[0]
+        node = pb.Computation(id="e", function_id=double, devices=[2], inputs=["y"], outputs=["u"])
+        third = client.call(client.register_program([node], ["y"], ["u"], name="arg"), [y])
+        third.wait(60)
+        np.testing.assert_array_equal(
+            client.get(third.outputs[0]), (np.arange(12).reshape(4, 3) + 1) * 2
+        )
+        client.delete([x, y, *call.outputs, *second.outputs, *third.outputs])  # wholes too
         settled = settled_executor_infos(island, before, 30)
         assert [info.buffers for info in settled] == before
 

@@ -550,7 +550,8 @@ class IslandDispatcher:
             command = pb.ExecutorCommand(seq=command_seq, call=call)
             for position, readers in enumerate(program.argument_readers):
                 if executor in readers:
-                    self._source(flight, command, call.arguments[position], executor)
+                    spans = program.argument_spans[position][executor]
+                    self._source(flight, command, call.arguments[position], executor, spans)
             instructions.append(ToExecutor(executor, command))
         for position, name in enumerate(program.registration.results):
             copies = program.result_copies.get(name)

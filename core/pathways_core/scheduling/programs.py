@@ -52,8 +52,11 @@ class Program:
     cost: float  # device count summed over the nodes: its place in proportional share
     # Node output name -> the node that makes it (results and intermediates alike).
     producer: Mapping[str, int]
-    # Per argument: the executors whose nodes read it.
+    # Per argument: the executors whose nodes read it, and per such executor the executors
+    # every one of its reading nodes spans (an argument held on more than those is held there
+    # in part: the executor assembles it whole).
     argument_readers: tuple[frozenset[int], ...]
+    argument_spans: tuple[Mapping[int, frozenset[int]], ...]
     # Per executor: the intermediates it pulls from others (name -> producing executors).
     pulls: Mapping[int, Mapping[str, frozenset[int]]]
     # Per executor: the intermediates it holds as buffers because they cross executors (made
@@ -163,12 +166,15 @@ def check_program(
     shared: dict[int, dict[str, None]] = {}
     copies: dict[str, set[int]] = {}
     readers: dict[str, set[int]] = {name: set() for name in arguments}
+    spans: dict[str, dict[int, frozenset[int]]] = {name: {} for name in arguments}
     kept = set(results)
     for index, node in enumerate(nodes):
         for name in node.inputs:
             made_by = producer.get(name)
             if made_by is None:  # an argument: the scheduler says where each call's comes from
                 readers[name].update(owners[index])
+                for executor in owners[index]:
+                    spans[name][executor] = spans[name].get(executor, owners[index]) & owners[index]
                 continue
             for executor in owners[index] - owners[made_by]:
                 pulls.setdefault(executor, {})[name] = owners[made_by]
@@ -191,6 +197,7 @@ def check_program(
         cost=float(sum(len(node.devices) for node in nodes)),
         producer=producer,
         argument_readers=tuple(frozenset(readers[name]) for name in arguments),
+        argument_spans=tuple(spans[name] for name in arguments),
         pulls=pulls,
         wholes=wholes,
         shared={executor: tuple(names) for executor, names in shared.items()},
