@@ -129,6 +129,11 @@ def test_the_oldest_member_holds_the_devices_when_the_holder_goes() -> None:
     store.settle()
     assert "t/s0" not in store.slices
     assert store.devices("s1") == store.devices("s2") == [0, 1, 2, 3]
+    # Their statuses say who holds the devices now (they named s0 still).
+    assert store.status("s1")["message"] == "bound to 4 devices of island 'isl'"
+    assert store.status("s2")["message"] == "time-shares 4 devices of island 'isl' with t/s1"
+    bound = next(c for c in store.status("s1")["conditions"] if c["type"] == "Bound")
+    assert bound["reason"] == "Bound"
     # The island is full: an exclusive slice cannot take the group's devices.
     store.add(vslice("exclusive", 1, shared=False, created=9))
     store.settle()
@@ -151,6 +156,42 @@ def test_members_lose_the_devices_with_their_holder() -> None:
     assert store.status("low-a")["phase"] == "Preempted"
     assert store.status("low-b")["phase"] == "Preempted"
     assert store.status("low-b")["reason"] == "SharedGroupReleased"
+    check_invariants(store)
+
+
+def test_other_tenants_slices_are_not_named_in_a_status() -> None:
+    store = Store([island(topology="4")])
+    theirs = vslice("theirs", 4, created=0)
+    theirs["metadata"]["namespace"] = "other"
+    store.slices[key_of(theirs)] = theirs
+    store.add(vslice("mine", 4, created=1))
+    store.settle()
+    assert store.status("mine")["message"].endswith("with another tenant's slice")
+    urgent = vslice("urgent", 4, shared=False, created=2, priority=10)
+    urgent["metadata"]["namespace"] = "other"
+    store.slices[key_of(urgent)] = urgent
+    store.settle()
+    assert store.status("mine")["message"] == (
+        "the devices it time-shared with another tenant's slice were released"
+    )
+    preempted = store.slices["other/theirs"]["status"]["message"]
+    assert preempted.startswith("preempted by other/urgent (priority 10 > 0)")
+
+
+def test_a_group_is_preempted_only_by_a_priority_above_all_of_its_members() -> None:
+    store = Store([island(topology="4")])
+    store.add(vslice("holder", 4, created=0))
+    store.add(vslice("vip", 4, created=1, priority=1000))
+    store.settle()
+    store.add(vslice("middling", 4, shared=False, created=2, priority=50))
+    store.settle()
+    assert store.status("vip")["phase"] == "Bound" and store.status("holder")["phase"] == "Bound"
+    assert store.status("middling")["phase"] == "Pending"
+    assert store.slices["t/holder"]["spec"]["priority"] == 0  # written as it was
+    store.add(vslice("urgent", 4, shared=False, created=3, priority=1001))
+    store.settle()
+    assert store.status("urgent")["phase"] == "Bound"
+    assert store.status("vip")["reason"] == "SharedGroupReleased"
     check_invariants(store)
 
 

@@ -92,6 +92,14 @@ def key_of(document: Document) -> str:
     return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
 
 
+def seen_from(other: str, viewer: str) -> str:
+    """How a status of the object keyed ``viewer`` names the object keyed ``other``: by its
+    key in the same namespace (a tenant's own), else not at all (another tenant's objects are
+    not its to see: the API answers them 404)."""
+    same = other.rpartition("/")[0] == viewer.rpartition("/")[0]
+    return other if same else "another tenant's slice"
+
+
 def is_deleting(document: Document) -> bool:
     """Whether the document is being deleted (waiting for finalizers)."""
     return bool((document.get("metadata") or {}).get("deletionTimestamp"))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +37,7 @@ from pathways_core.control.common import (
     is_deleting,
     key_of,
     parse,
+    seen_from,
     set_condition,
     timestamp,
 )
@@ -79,7 +80,7 @@ def _joined_status(document: Document, holder: Document, now: datetime) -> dict[
     old = document.get("status") or {}
     message = (
         f"time-shares {len(held.get('devices') or [])} devices of island "
-        f"{held.get('island')!r} with {key_of(holder)}"
+        f"{held.get('island')!r} with {seen_from(key_of(holder), key_of(document))}"
     )
     return {
         "phase": "Bound",
@@ -139,7 +140,7 @@ def plan_bindings_shared(
     for group, documents in groups.items():
         documents.sort(key=lambda d: ((d.get("status") or {}).get("boundTime") or "", key_of(d)))
         holders[group], members[group] = documents[0], documents[1:]
-        passed.append(documents[0])
+        passed.append(_with_group_priority(documents[0], documents))
 
     inventories: dict[str, IslandInventory] = {}
     for document in islands:
@@ -184,12 +185,19 @@ def plan_bindings_shared(
             twins.append(document)  # joins the group its twin opens in this pass, next pass
 
     plan = plan_bindings(islands, passed, now, quotas)
+    # Changes carry the holders as they are, not as the allocator saw them.
+    originals = {key_of(holder): holder for holder in holders.values()}
+    plan.changes[:] = [
+        replace(change, document=originals[change.key]) if change.key in originals else change
+        for change in plan.changes
+    ]
     released = {change.key for change in plan.changes if change.stage is Stage.RELEASE}
     for group, holder in holders.items():
         if key_of(holder) not in released:
             continue
         for member in members[group]:
-            message = f"the devices it time-shared with {key_of(holder)} were released"
+            holder_seen = seen_from(key_of(holder), key_of(member))
+            message = f"the devices it time-shared with {holder_seen} were released"
             status = dict(member.get("status") or {})
             status.update(
                 phase="Preempted",
@@ -214,6 +222,21 @@ def plan_bindings_shared(
             plan.events.append(
                 Event(ObjectRef.of(member), "Warning", "SharedGroupReleased", message)
             )
+    for group, holder in holders.items():
+        if key_of(holder) in released:
+            continue
+        # Statuses naming a holder that has gone say who holds the devices now.
+        if _joined(holder):
+            devices = len((holder.get("status") or {}).get("devices") or [])
+            island_name = (holder.get("status") or {}).get("island")
+            message = f"bound to {devices} devices of island {island_name!r}"
+            restated = _restated(holder, "Bound", message, now)
+            plan.changes.append(SliceChange(key_of(holder), holder, restated, Stage.BIND))
+        for member in members[group]:
+            message = _joined_status(member, holder, now)["message"]
+            if (member.get("status") or {}).get("message") != message:
+                restated = _restated(member, "TimeShared", message, now)
+                plan.changes.append(SliceChange(key_of(member), member, restated, Stage.BIND))
     for document, holder in joins:
         if key_of(holder) in released:
             continue
@@ -234,6 +257,39 @@ def plan_bindings_shared(
     if twins and opened_now:
         again = True  # the twins join the groups opened in this pass on the next one
     return SharedBindingPlan(**vars(plan), again=again)
+
+
+def _restated(document: Document, reason: str, message: str, now: datetime) -> dict[str, Any]:
+    """A bound slice's status saying ``message`` (its binding unchanged)."""
+    status = dict(document.get("status") or {})
+    status["message"] = message
+    status["conditions"] = set_condition(
+        list(status.get("conditions") or []),
+        "Bound",
+        True,
+        reason,
+        message,
+        now,
+        generation(document),
+    )
+    return status
+
+
+def _joined(document: Document) -> bool:
+    """Whether a slice's status says it joined another's group (``TimeShared``)."""
+    conditions = (document.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Bound" and c.get("reason") == "TimeShared" for c in conditions)
+
+
+def _with_group_priority(holder: Document, group: Sequence[Document]) -> Document:
+    """The holder as the allocator sees it: at the highest priority of its group, since
+    preempting it evicts them all (a priority-50 slice took a group holding a priority-1000
+    member from its priority-0 holder)."""
+    priority = max(int((d.get("spec") or {}).get("priority") or 0) for d in group)
+    spec = holder.get("spec") or {}
+    if priority == int(spec.get("priority") or 0):
+        return holder
+    return {**holder, "spec": {**spec, "priority": priority}}
 
 
 def _pending(document: Document, now: datetime) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from pathways_core.control.common import (
     key_of,
     parse,
     parse_time,
+    seen_from,
     set_condition,
     timestamp,
 )
@@ -307,8 +308,8 @@ def plan_bindings(
             for victim in decision.preempted:
                 victim_document = documents[victim.key]
                 message = (
-                    f"preempted by {request.key} (priority {request.priority} > "
-                    f"{victim.request.priority}); waiting to be bound again"
+                    f"preempted by {seen_from(request.key, victim.key)} (priority "
+                    f"{request.priority} > {victim.request.priority}); waiting to be bound again"
                 )
                 change(
                     victim_document,
