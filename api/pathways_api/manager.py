@@ -603,7 +603,12 @@ class Manager:
             return
         code = running.exit_code()
         if reason == "DeadlineExceeded":
-            self._write_job(job, failed=True, message="the run exceeded activeDeadlineSeconds")
+            self._write_job(
+                job,
+                failed=True,
+                message="the run exceeded activeDeadlineSeconds",
+                reason="DeadlineExceeded",
+            )
         elif lost:
             self._write_job(job, failed=True, message=LOST)
         elif code is None:
@@ -627,7 +632,9 @@ class Manager:
             return ""
         return f": {lines[-1].strip()[:300]}" if lines else ""
 
-    def _write_job(self, job: Document, *, failed: bool, message: str) -> None:
+    def _write_job(
+        self, job: Document, *, failed: bool, message: str, reason: str = "BackoffLimitExceeded"
+    ) -> None:
         status = {
             "startTime": (job.get("status") or {}).get("startTime"),
             "completionTime": now_text(),
@@ -639,7 +646,7 @@ class Manager:
                     {
                         "type": "Failed",
                         "status": "True",
-                        "reason": "BackoffLimitExceeded",
+                        "reason": reason,
                         "message": message,
                     }
                 ],

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pathways_core.control import ChildRef, ProgramView, reconcile_program
+from pathways_core.control.common import timestamp
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 IMAGE = "pathways:test"
@@ -193,6 +194,42 @@ def test_failure_with_restarts_left_starts_the_next_run() -> None:
         decide(exhausted, {"p-main": bound_slice()}, job("Failed"), READY_ISLAND).status["phase"]
         == "Failed"
     )
+
+
+def test_the_deadline_is_the_programs_not_each_runs() -> None:
+    """A run past it failed and OnFailure started the next with a fresh deadline: a 3 s
+    program ran 15 s over three runs."""
+    past = job("Failed")
+    past["status"]["conditions"][0].update(reason="DeadlineExceeded", message="too long")
+    document = program(
+        status={"phase": "Running", "runs": 1, "restarts": 0, "startTime": "2026-01-01T00:00:00Z"},
+        restartPolicy="OnFailure",
+        maxRestarts=2,
+        activeDeadlineSeconds=3,
+    )
+    decision = decide(document, {"p-main": bound_slice()}, past, READY_ISLAND)
+    assert decision.create == [] and decision.status["phase"] == "Failed"
+    assert "after" not in decision.status["message"]  # no restart was allowed
+    # A run started after an ordinary failure gets what is left of it; none left, none starts.
+    failed = program(
+        status={"phase": "Running", "runs": 1, "restarts": 0, "startTime": timestamp(NOW)},
+        restartPolicy="OnFailure",
+        maxRestarts=2,
+        activeDeadlineSeconds=60,
+    )
+    later = reconcile_program(
+        ProgramView(failed, {"p-main": bound_slice()}, job("Failed"), READY_ISLAND),
+        NOW + timedelta(seconds=45),
+        IMAGE,
+    )
+    (created,) = later.create
+    assert created["spec"]["activeDeadlineSeconds"] == 15
+    late = reconcile_program(
+        ProgramView(failed, {"p-main": bound_slice()}, job("Failed"), READY_ISLAND),
+        NOW + timedelta(seconds=61),
+        IMAGE,
+    )
+    assert late.create == [] and late.status["reason"] == "DeadlineExceeded"
 
 
 def test_a_failed_run_counts_one_restart_however_long_the_next_waits_for_slices() -> None:

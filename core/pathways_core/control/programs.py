@@ -28,6 +28,7 @@ from pathways_core.control.common import (
     generation,
     owner_reference,
     parse,
+    parse_time,
     set_condition,
     timestamp,
 )
@@ -115,6 +116,14 @@ def _job_outcome(job: Document) -> tuple[str | None, str]:
     return None, ""
 
 
+def _deadline_exceeded(job: Document) -> bool:
+    """Whether a Job failed for running past its ``activeDeadlineSeconds``."""
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(
+        c.get("type") == "Failed" and c.get("reason") == "DeadlineExceeded" for c in conditions
+    )
+
+
 def _moved_slices(job: Document, wanted: dict[str, str]) -> list[str]:
     """Slices the running Job was started on that are now bound elsewhere (another island,
     other devices, or a scheduler at another endpoint: a restarted island): its driver talks
@@ -200,11 +209,12 @@ def program_job(
     image: str,
     *,
     tls_secret: str | None = None,
+    deadline_seconds: int | None = None,
 ) -> Document:
-    """The Job of one run: the driver's container (its image and command, or ``python -c`` for
-    inline source), or the graph runner with the program's spec mounted, with the SDK's
-    connection settings and ``PATHWAYS_RUN`` (the run's number) in its environment. The operator
-    restarts runs itself, so the Job never retries.
+    """The Job of one run (at most ``deadline_seconds`` long, if given): the driver's container
+    (its image and command, or ``python -c`` for inline source), or the graph runner with the
+    program's spec mounted, with the SDK's connection settings and ``PATHWAYS_RUN`` (the run's
+    number) in its environment. The operator restarts runs itself, so the Job never retries.
 
     The pod is hardened like island pods (non-root user 65532, read-only root with writable
     ``/tmp`` and cache, no service account token) and mounts ``tls_secret`` when set: the
@@ -267,8 +277,8 @@ def program_job(
         "backoffLimit": 0,
         "template": {"metadata": {"labels": labels}, "spec": pod_spec},
     }
-    if program.spec.active_deadline_seconds is not None:
-        spec["activeDeadlineSeconds"] = program.spec.active_deadline_seconds
+    if deadline_seconds is not None:
+        spec["activeDeadlineSeconds"] = deadline_seconds
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -391,9 +401,11 @@ def reconcile_program(
         # Its restart was counted when it was first seen; the next run waits for its slices.
         retry = True
     elif outcome == "Failed":
+        deadline = job is not None and _deadline_exceeded(job)  # the program's, not a run's
         if (
             program.spec.restart_policy.value == "OnFailure"
             and restarts < program.spec.max_restarts
+            and not deadline
         ):
             restarts += 1
             status.update(restarts=restarts, restartedRun=runs)
@@ -416,7 +428,7 @@ def reconcile_program(
             )
             limit = (
                 f" after {restarts} restarts"
-                if program.spec.restart_policy.value == "OnFailure"
+                if program.spec.restart_policy.value == "OnFailure" and not deadline
                 else ""
             )
             finish("Failed", "JobFailed", f"run {runs}: {outcome_message}{limit}", "Warning")
@@ -485,11 +497,31 @@ def reconcile_program(
         finish("Pending", "WaitingForSlices", message)
         return decision
 
-    # Every slice is bound on an island whose scheduler answers: start the next run.
+    # Every slice is bound on an island whose scheduler answers: start the next run, with what
+    # is left of the program's deadline (counted from its first run's start).
+    deadline = program.spec.active_deadline_seconds
+    if deadline is not None:
+        started = parse_time(old.get("startTime"))
+        elapsed = (now - started).total_seconds() if started is not None else 0.0
+        if elapsed >= deadline:
+            status["completionTime"] = timestamp(now)
+            release_inline()
+            message = f"the program ran past its activeDeadlineSeconds ({deadline})"
+            conditions = set_condition(conditions, "Running", False, "Failed", "", now, gen)
+            conditions = set_condition(
+                conditions, "Failed", True, "DeadlineExceeded", message, now, gen
+            )
+            finish("Failed", "DeadlineExceeded", message, "Warning")
+            return decision
+        deadline = max(1, int(deadline - elapsed))
     run = runs + 1
     if program.spec.graph is not None:
         decision.create.append(_graph_config_map(document, program))
-    decision.create.append(program_job(document, program, view, run, image, tls_secret=tls_secret))
+    decision.create.append(
+        program_job(
+            document, program, view, run, image, tls_secret=tls_secret, deadline_seconds=deadline
+        )
+    )
     status.update(runs=run)
     status.setdefault("startTime", timestamp(now))
     if not status.get("startTime"):
