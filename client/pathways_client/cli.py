@@ -25,6 +25,7 @@ from pathways_client.crd_files import check_crds, write_crds
 from pathways_client.manifests import (
     Document,
     ManifestSyntaxError,
+    flag_duplicates,
     manifest_files,
     parse_documents,
     read_documents,
@@ -253,7 +254,7 @@ def _read(paths: tuple[Path, ...]) -> list[Document]:
             + escape(", ".join(map(str, paths)))
         )
         sys.exit(1)
-    return [document for path in files for document in read_documents(path)]
+    return flag_duplicates(document for path in files for document in read_documents(path))
 
 
 # -- the embedded cluster and the REST API ---------------------------------------------------

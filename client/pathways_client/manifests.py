@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,29 @@ def read_documents(path: Path) -> Iterator[Document]:
             yield Document(path, index, check_document(document, strict=True))
     except ManifestSyntaxError as error:
         yield Document(path, index + 1, _failed(str(error)))
+
+
+def flag_duplicates(documents: Iterable[Document]) -> list[Document]:
+    """``documents``, each defining an object defined before (the same kind, namespace and
+    name) given a problem saying so instead of its resource: applied together, the later one
+    would replace the first."""
+    first: dict[tuple[str | None, str | None, str | None], Document] = {}
+    flagged = []
+    for document in documents:
+        resource = document.checked.resource
+        if resource is not None:
+            meta = getattr(resource, "metadata", None)
+            key = (document.checked.kind, getattr(meta, "namespace", None), document.checked.name)
+            if key in first:
+                problem = Problem(
+                    "metadata.name", f"defined already, by {first[key].label}: names must differ"
+                )
+                checked = replace(document.checked, resource=None, problems=(problem,))
+                document = replace(document, checked=checked)
+            else:
+                first[key] = document
+        flagged.append(document)
+    return flagged
 
 
 def _failed(message: str) -> Checked:

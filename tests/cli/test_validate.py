@@ -224,6 +224,29 @@ def test_every_problem_of_every_document_is_reported(pathways, tmp_path: Path) -
     assert "1 valid, 2 problem(s), 1 skipped" in result.stderr
 
 
+def test_an_object_defined_twice_is_a_problem_of_the_second(pathways, tmp_path: Path) -> None:
+    """Both were called valid, and `place` bound one island's slices on the other's mesh."""
+    island = "apiVersion: pathways.dev/v1alpha1\nkind: Island\nmetadata: {name: isl}\n"
+    path = tmp_path / "twice.yaml"
+    path.write_text(
+        island
+        + "spec: {acceleratorKind: cpu-fake, topology: 2x4, hosts: 2}\n---\n"
+        + island
+        + "spec: {acceleratorKind: cpu-fake, topology: 2x2, hosts: 1}\n---\n"
+        + SLICE
+        + "  devices: 1\n"
+    )
+    result = pathways("validate", str(path))
+    assert result.exit_code == 1
+    assert (
+        f"{path}: document 2 (Island isl): metadata.name: defined already, by {path}: "
+        "document 1 (Island isl)" in " ".join(result.stderr.split())
+    )
+    assert "2 valid, 1 problem(s)" in result.stderr
+    placed = pathways("place", str(path))
+    assert placed.exit_code == 1 and "Traceback" not in placed.output + placed.stderr
+
+
 def test_folder_without_manifests_is_an_error(pathways, tmp_path: Path) -> None:
     result = pathways("validate", str(tmp_path))
     assert result.exit_code == 1
