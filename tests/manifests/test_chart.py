@@ -531,6 +531,16 @@ def test_proxy_token_comes_from_its_secret_only(rendered) -> None:
     assert "proxy.tokenSecret.name" in failed
 
 
+def test_a_long_name_still_gives_valid_object_names(helm) -> None:
+    """Suffixes went after the 63-character cut: an 80-character Service name rendered."""
+    run = chart_render("values.yaml", f"fullnameOverride={'a' * 70}", "proxy.enabled=false")
+    assert run.returncode == 0, run.stderr
+    for document in run.documents:
+        name = document["metadata"]["name"]
+        limit = 63 if document["kind"] in ("Service", "Deployment") else 253
+        assert len(name) <= limit, (document["kind"], name)
+
+
 def render_failure(*sets: str) -> str:
     """The error of a ``helm template`` that must fail."""
     run = chart_render("values.yaml", *sets)
