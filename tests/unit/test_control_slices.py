@@ -181,6 +181,23 @@ def test_slices_outside_a_shrunk_island_are_released() -> None:
     assert phases(plan) == {"edge": ("Preempted", "IslandResized", Stage.RELEASE)}
 
 
+def test_a_block_that_a_new_topology_of_the_same_size_breaks_is_released() -> None:
+    """2x4 to 4x2: devices 0, 1, 4, 5 were a 2x2 block and are rows 0 and 2 now; the slice
+    stayed bound on them."""
+    block = {**bound("a", [0, 1, 4, 5]), "shape": "2x2"}
+    still = {**bound("a", [2, 3, 6, 7]), "shape": "2x2"}
+    slices = [vslice("v", shape="2x2", status=block), vslice("w", shape="2x2", status=still)]
+    assert phases(plan_bindings([island("a")], slices, NOW)) == {}
+    plan = plan_bindings([island("a", topology="4x2")], slices, NOW)
+    assert phases(plan) == {
+        "v": ("Preempted", "IslandResized", Stage.RELEASE),
+        "w": ("Preempted", "IslandResized", Stage.RELEASE),
+    }
+    assert "now a 4x2 mesh, where its devices are no 2x2 block" in plan.changes[0].status["message"]
+    rebound = plan_bindings([island("a", topology="4x2")], apply(slices, plan.ordered()), NOW)
+    assert {c.status["phase"] for c in rebound.changes} == {"Bound"}
+
+
 def test_slices_on_an_unhealthy_host_are_released_and_bound_on_healthy_devices() -> None:
     sick = island("a")
     sick["status"] = {"unhealthyHosts": [1]}  # devices 4-7

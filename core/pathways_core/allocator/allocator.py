@@ -12,7 +12,7 @@ embedded mode and the tests drive the same code. Guarantees, checked by property
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 
@@ -36,7 +36,7 @@ from pathways_core.allocator.types import (
     Rejected,
     Request,
 )
-from pathways_core.topology import Shape, format_shape
+from pathways_core.topology import Shape, coordinates, format_shape
 
 
 @dataclass
@@ -450,6 +450,13 @@ class Allocator:
             owner = state.owners.get(device)
             if owner is not None:
                 return f"device {device} of island {binding.island!r} is already bound to {owner!r}"
+        if binding.block is not None and not is_block(
+            binding.devices, binding.block, state.inventory.shape
+        ):
+            return (
+                f"its devices are not a {format_shape(binding.block)} block of island "
+                f"{binding.island!r}'s {format_shape(state.inventory.shape)} mesh"
+            )
         return None
 
     def _preempt(self, request: Request, candidates: list[_IslandState]) -> Bound | None:
@@ -602,3 +609,13 @@ def _count_layouts(count: int, mesh: Shape) -> tuple[tuple[Orientation, ...], ..
         tuple(Orientation(block, block, tuple(range(len(block)))) for block in group)
         for group in compact_shapes(count, mesh)
     )
+
+
+def is_block(devices: Sequence[int], block: Shape, mesh: Shape) -> bool:
+    """Whether ``devices`` are exactly a ``block`` of ``mesh`` (no wrap-around): an island
+    whose topology changed at the same size leaves a bound slice on devices that are not."""
+    if len(block) != len(mesh):
+        return False
+    points = [coordinates(device, mesh) for device in devices]
+    extents = tuple(max(axis) - min(axis) + 1 for axis in zip(*points, strict=True))
+    return extents == tuple(block) and len(set(points)) == len(devices)

@@ -24,7 +24,14 @@ from enum import IntEnum
 from typing import Any
 
 from pathways_core.accelerators import AcceleratorKind
-from pathways_core.allocator import Allocator, Binding, Bound, IslandInventory, Request
+from pathways_core.allocator import (
+    Allocator,
+    Binding,
+    Bound,
+    IslandInventory,
+    Request,
+    is_block,
+)
 from pathways_core.control.common import (
     Document,
     Event,
@@ -263,6 +270,15 @@ def plan_bindings(
                 reason = "IslandResized"
                 message = (
                     f"island {binding.island!r} now has {inventory.size} devices; the slice "
+                    "will be bound again"
+                )
+            elif binding.block is not None and not is_block(
+                binding.devices, binding.block, inventory.shape
+            ):
+                reason = "IslandResized"
+                message = (
+                    f"island {binding.island!r} is now a {format_shape(inventory.shape)} mesh, "
+                    f"where its devices are no {format_shape(binding.block)} block; the slice "
                     "will be bound again"
                 )
             else:
