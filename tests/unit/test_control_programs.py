@@ -155,6 +155,7 @@ def test_success_releases_the_inline_slices() -> None:
     )
     assert decision.status["phase"] == "Succeeded" and decision.status["completedSteps"] == 5
     assert decision.delete == [ChildRef("pathways.dev/v1alpha1", "VirtualSlice", "t", "p-main")]
+    assert [s["phase"] for s in decision.status["slices"]] == ["Released"]
     # Terminal stays terminal.
     after = decide(program(status=decision.status), {"p-main": None}, job("Complete"), READY_ISLAND)
     assert after.status is None and after.create == []
@@ -268,6 +269,12 @@ def test_suspend_stops_the_run_and_releases_the_slices() -> None:
         ChildRef("pathways.dev/v1alpha1", "VirtualSlice", "t", "p-main"),
     ]
     assert decision.status["phase"] == "Suspended"
+    # Its status says the slices went (it went on showing them Bound, and SlicesReady True).
+    assert decision.status["slices"] == [
+        {"name": "main", "virtualSliceName": "p-main", "phase": "Released"}
+    ]
+    ready = next(c for c in decision.status["conditions"] if c["type"] == "SlicesReady")
+    assert (ready["status"], ready["reason"]) == ("False", "Released")
     resumed = decide(program(status=decision.status), {"p-main": None})
     assert resumed.status["phase"] == "Pending" and resumed.create[0]["kind"] == "VirtualSlice"
 

@@ -361,17 +361,30 @@ def reconcile_program(
 
     def release_inline() -> None:
         # Inline slices live as long as the program needs devices; finished and suspended
-        # programs give them back.
+        # programs give them back, and say so (they went on showing them Bound).
+        nonlocal conditions
         for vs in sorted(inline):
             if view.slices.get(vs) is not None:
                 decision.delete.append(ChildRef(GROUP_VERSION, "VirtualSlice", namespace, vs))
+        status["slices"] = [
+            {
+                "name": item["name"],
+                "virtualSliceName": item["virtualSliceName"],
+                "phase": "Released",
+            }
+            if item["virtualSliceName"] in inline
+            else item
+            for item in status["slices"]
+        ]
+        conditions = set_condition(
+            conditions, "SlicesReady", False, "Released", "the program holds no slices", now, gen
+        )
 
     job = view.job
     outcome, outcome_message = _job_outcome(job) if job is not None else (None, "")
     job_active = job is not None and outcome is None
 
     if old.get("phase") in TERMINAL:
-        status["slices"] = old.get("slices") or []
         release_inline()
         finish(old["phase"], old.get("reason"), old.get("message") or "")
         return decision
