@@ -91,6 +91,10 @@ if __name__ == "__main__":
         keep_freed_memory()
     import jax
 
+    # Arrays keep the dtypes clients send: without it a float64 or int64 input was narrowed
+    # to 32 bits when placed, failing the computation exported for 64 (and, spanning hosts,
+    # crashing the runtime). Functions carry their dtypes; this changes no other.
+    jax.config.update("jax_enable_x64", True)
     if arguments.hosts > 1:
         # The executors of a multi-host island form one JAX distributed group, so one SPMD
         # function can span hosts with collectives (gloo on CPU).

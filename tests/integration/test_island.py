@@ -355,6 +355,29 @@ def test_an_output_of_a_slice_spanning_hosts_is_read_on_one_of_them(island: Loca
         assert [info.buffers for info in settled] == before
 
 
+def test_64_bit_arrays_keep_their_dtype_on_one_host_and_across_two(island: LocalIsland) -> None:
+    """They were narrowed to 32 bits when placed: the computation failed, and across hosts
+    the runtime crashed, taking the island down."""
+    with jax.enable_x64(True):
+        one = export(lambda x: x * 2, jax.ShapeDtypeStruct((4,), jnp.float64))
+        across = export(
+            lambda x: x + x, jax.ShapeDtypeStruct((8,), jnp.int64), devices=8, sharded=True
+        )
+    with IslandClient(island.scheduler_endpoint, "wide") as client:
+        doubled = client.submit(
+            client.register(one, "one"), [2], [client.put(np.full(4, 1e300), device=2)], 1
+        )
+        doubled.wait(60)
+        value = client.get(doubled.outputs[0])
+        assert value.dtype == np.float64 and (value == 2e300).all()
+        big = np.arange(8, dtype=np.int64) + (1 << 40)
+        summed = client.submit(
+            client.register(across, "across"), list(range(8)), [client.put(big, device=0)], 1
+        )
+        summed.wait(60)
+        np.testing.assert_array_equal(client.get(summed.outputs[0]), big * 2)
+
+
 def test_an_artifact_that_is_not_jax_export_fails_its_computations(island: LocalIsland) -> None:
     with IslandClient(island.scheduler_endpoint, "incompatible") as client:
         junk = client.register(b"\x00 not a flatbuffer at all", "junk")
