@@ -27,7 +27,7 @@ import numpy as np
 from jax._src import core, dtypes
 from jax._src.interpreters import pxla
 from jax._src.lib import xla_client as xc
-from jax.sharding import SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from pathways_core.wire import pb
 from pathways_executor.arrays import HostShards
@@ -115,9 +115,25 @@ def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
                 return placed
         return jax.device_put(value, sharding)
     if array and not value.is_fully_addressable:
+        if value.sharding._device_assignment != sharding._device_assignment:
+            value = _in_device_order(value, sharding)
         return jax.jit(lambda x: x, out_shardings=sharding)(value)
     host = np.asarray(value)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def _in_device_order(value: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
+    """``value`` (spanning hosts) over the devices of ``sharding`` in that sharding's order,
+    replicated: a jitted reshard refuses an argument whose devices are in another order (two
+    meshes of one slice's devices). Replicated on its own devices first, each device's copy is
+    then relabelled to the other order; every executor of the slice does the same."""
+    mine = jax.sharding.Mesh(np.array(value.sharding._device_assignment), ("devices",))
+    whole = jax.jit(lambda x: x, out_shardings=NamedSharding(mine, PartitionSpec()))(value)
+    theirs = jax.sharding.Mesh(np.array(sharding._device_assignment), ("devices",))
+    copies = [shard.data for shard in whole.addressable_shards]
+    return jax.make_array_from_single_device_arrays(
+        value.shape, NamedSharding(theirs, PartitionSpec()), copies
+    )
 
 
 # The runtime call ``device_put`` ends in for a copy between devices; None in a jaxlib without

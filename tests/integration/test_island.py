@@ -355,6 +355,23 @@ def test_an_output_of_a_slice_spanning_hosts_is_read_on_one_of_them(island: Loca
         assert [info.buffers for info in settled] == before
 
 
+def test_an_output_spanning_hosts_is_read_over_its_devices_in_another_order(
+    island: LocalIsland,
+) -> None:
+    """Two meshes of one slice's devices (as a JAX program's device_put between them): the
+    reshard was refused, 'Received incompatible devices for jitted computation'."""
+    increment = export(lambda x: x + 1, f32(4, 3), devices=4, sharded=True)
+    double = export(lambda x: x * 2, f32(4, 3), devices=4, sharded=True)
+    with IslandClient(island.scheduler_endpoint, "orders") as client:
+        x = client.put(np.arange(12, dtype=np.float32).reshape(4, 3), device=0)
+        first = client.submit(client.register(increment, "increment"), [0, 4, 1, 5], [x], 1)
+        second = client.submit(client.register(double, "double"), [0, 1, 4, 5], first.outputs, 1)
+        second.wait(60)
+        np.testing.assert_array_equal(
+            client.get(second.outputs[0]), (np.arange(12).reshape(4, 3) + 1) * 2
+        )
+
+
 def test_64_bit_arrays_keep_their_dtype_on_one_host_and_across_two(island: LocalIsland) -> None:
     """They were narrowed to 32 bits when placed: the computation failed, and across hosts
     the runtime crashed, taking the island down."""
