@@ -212,6 +212,7 @@ class ProxyServer:
                     session.submit(request)
             except Exception as exc:
                 log.info("session %d: stream ended: %s", number, exc)
+                session.abandon()
             finally:
                 session.drain()
                 replies.put(_END)
