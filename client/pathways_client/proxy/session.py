@@ -166,9 +166,7 @@ class Session:
             if request is _STOP:
                 return
             if self._abandoned:
-                with self._pending_cond:
-                    self._pending -= 1
-                    self._pending_cond.notify_all()
+                self._done_one()
                 continue
             self._handle(request)
 
@@ -234,6 +232,10 @@ class Session:
 
     def _emit(self, response: Any) -> None:
         self._reply(response)
+        self._done_one()
+
+    def _done_one(self) -> None:
+        """A queued request is answered (or dropped)."""
         with self._pending_cond:
             self._pending -= 1
             self._pending_cond.notify_all()
