@@ -414,11 +414,11 @@ def reconcile_program(
         # Its restart was counted when it was first seen; the next run waits for its slices.
         retry = True
     elif outcome == "Failed":
-        deadline = job is not None and _deadline_exceeded(job)  # the program's, not a run's
+        past_deadline = job is not None and _deadline_exceeded(job)  # the program's, not a run's
         if (
             program.spec.restart_policy.value == "OnFailure"
             and restarts < program.spec.max_restarts
-            and not deadline
+            and not past_deadline
         ):
             restarts += 1
             status.update(restarts=restarts, restartedRun=runs)
@@ -441,7 +441,7 @@ def reconcile_program(
             )
             limit = (
                 f" after {restarts} restarts"
-                if program.spec.restart_policy.value == "OnFailure" and not deadline
+                if program.spec.restart_policy.value == "OnFailure" and not past_deadline
                 else ""
             )
             finish("Failed", "JobFailed", f"run {runs}: {outcome_message}{limit}", "Warning")
