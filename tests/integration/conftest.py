@@ -71,6 +71,24 @@ def increment(floats: int = 4) -> bytes:
     return export(lambda x: x + 1, f32(floats))
 
 
+@functools.cache
+def huge() -> bytes:
+    """A function of 4 floats that asks the devices for 256 GiB when it runs: it fails
+    there, not when dispatched."""
+    return export(
+        lambda v: jax.lax.dynamic_update_slice(jnp.zeros((1 << 36,)), v[:1], (0,)).sum() + v,
+        f32(4),
+    )
+
+
+@functools.cache
+def rows(operation: str, devices: int = 1) -> bytes:
+    """``x * 2`` (``"double"``) or ``x + 1`` (``"increment"``) on a float32[4, 3], its rows
+    split over ``devices``."""
+    function = {"double": lambda x: x * 2, "increment": lambda x: x + 1}[operation]
+    return export(function, f32(4, 3), devices=devices, sharded=devices > 1)
+
+
 def assert_chain_runs(island: LocalIsland, client_name: str) -> None:
     """A chain across two executors gives the right result: the second (device 2) pulls the
     first's output (device 0) over the data plane, and the result comes back over gRPC."""

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import executor_infos, export, f32, settled_executor_infos
+from conftest import executor_infos, export, f32, rows, settled_executor_infos
+from conftest import huge as huge_artifact
 from conftest import increment as increment_of
 from processes import assert_all_stop
 
@@ -300,19 +301,11 @@ def test_a_failure_down_a_chain_across_executors_names_its_first_cause_once(
         assert max(lengths[-10:]) <= max(lengths[:10]) + 2  # ids' digits
 
 
-def _huge(v):
-    # Asks the devices for 256 GiB when it runs: it fails there, not when dispatched.
-    return jax.lax.dynamic_update_slice(jnp.zeros((1 << 36,)), v[:1], (0,)).sum() + v
-
-
-HUGE = export(_huge, f32(4))
-
-
 def test_a_computation_failing_on_the_devices_is_named_by_those_reading_its_output(
     island: LocalIsland,
 ) -> None:
     with IslandClient(island.scheduler_endpoint, "upstream") as client:
-        huge = client.register(HUGE, "huge")
+        huge = client.register(huge_artifact(), "huge")
         double = client.register(DOUBLE, "double")
         x = client.put(np.ones(4, np.float32), device=1)
         with client.batch():  # the readers are dispatched before the failure is known
@@ -331,16 +324,12 @@ def test_a_computation_failing_on_the_devices_is_named_by_those_reading_its_outp
             ), str(passed_on.value)
 
 
-SPAN_INCREMENT = export(lambda x: x + 1, f32(4, 3), devices=2, sharded=True)
-DOUBLE_ROWS = export(lambda x: x * 2, f32(4, 3))
-
-
 def test_an_output_of_a_slice_spanning_hosts_is_read_on_one_of_them(island: LocalIsland) -> None:
     """Each host holds its rows only: a reader on one host assembles the whole (JAX cannot
     reshard an array its process does not hold whole), and frees it with the buffer."""
     with IslandClient(island.scheduler_endpoint, "partial") as client:
-        span = client.register(SPAN_INCREMENT, "span")
-        double = client.register(DOUBLE_ROWS, "double")
+        span = client.register(rows("increment", devices=2), "span")
+        double = client.register(rows("double"), "double")
         before = [info.buffers for info in executor_infos(island)]
         x = client.put(np.arange(12, dtype=np.float32).reshape(4, 3), device=3)
         spanning = client.submit(span, [3, 4], [x], 1)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,7 +14,9 @@ from conftest import (
     executor_infos,
     export,
     f32,
+    huge,
     increment,
+    rows,
     settled_executor_infos,
 )
 
@@ -25,11 +26,6 @@ from pathways_core.wire import pb
 
 INCREMENT = increment()
 DOUBLE = export(lambda x: x * 2, f32(4))
-HUGE = export(  # fails when run
-    lambda v: jax.lax.dynamic_update_slice(jnp.zeros((1 << 36,)), v[:1], (0,)).sum() + v, f32(4)
-)
-DOUBLE_ROWS = export(lambda x: x * 2, f32(4, 3))
-INCREMENT_ROWS = export(lambda x: x + 1, f32(4, 3), devices=2, sharded=True)
 
 
 def test_a_computation_does_not_take_over_a_buffer_a_later_call_reads(
@@ -59,12 +55,12 @@ def test_a_computation_does_not_take_over_a_buffer_a_later_call_reads(
 
 def test_a_call_failing_on_the_devices_names_the_node_that_failed(island: LocalIsland) -> None:
     with IslandClient(island.scheduler_endpoint, "failing-node") as client:
-        huge = client.register(HUGE, "huge")
+        failing = client.register(huge(), "huge")
         double = client.register(DOUBLE, "double")
         nodes = [
             pb.Computation(id="n0", function_id=double, devices=[1], inputs=["x"], outputs=["a"]),
             pb.Computation(
-                id="n1", name="huge", function_id=huge, devices=[1], inputs=["a"], outputs=["b"]
+                id="n1", name="huge", function_id=failing, devices=[1], inputs=["a"], outputs=["b"]
             ),
             pb.Computation(id="n2", function_id=double, devices=[1], inputs=["b"], outputs=["c"]),
         ]
@@ -78,8 +74,8 @@ def test_a_node_spanning_executors_reads_an_output_made_on_one_of_them(
     island: LocalIsland,
 ) -> None:
     with IslandClient(island.scheduler_endpoint, "spanning") as client:
-        double = client.register(DOUBLE_ROWS, "double")
-        increment = client.register(INCREMENT_ROWS, "increment")
+        double = client.register(rows("double"), "double")
+        increment = client.register(rows("increment", devices=2), "increment")
         nodes = [  # made on executor 0 alone, read on both: executor 1 pulls it
             pb.Computation(id="a", function_id=double, devices=[1], inputs=["x"], outputs=["h"]),
             pb.Computation(
