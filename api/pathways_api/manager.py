@@ -374,23 +374,41 @@ class Manager:
     def _reconcile(self, document: Document) -> None:
         decision = reconcile_program(self._view(document), now_utc(), IMAGE)
         for child in decision.create:
-            if (
-                self.store.read(
-                    child["kind"], child["metadata"].get("namespace"), child["metadata"]["name"]
-                )
-                is None
-            ):
+            if self._read_child(child) is None:
                 self.store.insert(child)
-        for ref in decision.delete:
-            self._delete_child(ref.kind, ref.namespace, ref.name)
+        for child in decision.apply:
+            self._apply_child(child)
         phase = (decision.status or document.get("status") or {}).get("phase")
         settled = phase in ("Succeeded", "Failed") and not decision.create and not decision.delete
         if decision.status is not None:
-            self.store.write_status(document, prune(decision.status), settled=settled)
+            if self.store.write_status(document, prune(decision.status), settled=settled) is None:
+                return  # changed since read: the next pass decides again
         elif settled:
             meta = document["metadata"]
             self.store.settle(PROGRAM, meta.get("namespace"), meta["name"])
+        # Deletions only once the status recording why is stored (as the operator does): a
+        # run's Job gone under a status still saying it runs is a Job deleted by someone else.
+        for ref in decision.delete:
+            self._delete_child(ref.kind, ref.namespace, ref.name)
         self.store.record_events(decision.events)
+
+    def _read_child(self, child: Document) -> Document | None:
+        meta = child["metadata"]
+        return self.store.read(child["kind"], meta.get("namespace"), meta["name"])
+
+    def _apply_child(self, child: Document) -> None:
+        """Create a child, or replace its ``spec`` (a ConfigMap's ``data``) when it differs."""
+        existing = self._read_child(child)
+        if existing is None:
+            self.store.insert(child)
+            return
+        content = "data" if "data" in child else "spec"
+        if existing.get(content) != child[content]:
+            self.store.replace(
+                existing,
+                lambda stored: {**stored, content: child[content]},
+                bump_generation=content == "spec",
+            )
 
     def _delete_child(self, kind: str, namespace: str, name: str) -> None:
         if kind == JOB:

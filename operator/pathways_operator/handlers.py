@@ -415,6 +415,8 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
             )
             for child in decision.create:
                 await kube.create(child)
+            for child in decision.apply:
+                await kube.apply(child)
             if decision.status is not None:
                 operations = [
                     {

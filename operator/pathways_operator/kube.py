@@ -180,6 +180,22 @@ class Kube:
                 return None
             raise
 
+    async def apply(self, document: dict[str, Any]) -> None:
+        """Create an object, or replace the ``spec`` (a ConfigMap's ``data``) of the one of
+        that name."""
+        if await self.create(document) is not None:
+            return
+        meta = document["metadata"]
+        content = "data" if "data" in document else "spec"
+        await self.patch(
+            document["apiVersion"],
+            document["kind"],
+            meta.get("namespace"),
+            meta["name"],
+            [{"op": "replace", "path": f"/{content}", "value": document[content]}],
+            json_patch=True,
+        )
+
     async def patch(
         self,
         api_version: str,

@@ -259,3 +259,51 @@ def test_program_waits_for_its_islands_scheduler(cluster: Cluster, operator) -> 
     job = wait_for(lambda: cluster.get("Job", "patient-run-1", "team"))
     slices = json.loads(job["spec"]["template"]["spec"]["containers"][0]["env"][-1]["value"])
     assert slices["main"]["scheduler"] == "10.0.0.9:8470"
+
+
+def test_edits_to_a_running_program_are_applied_and_a_deleted_job_fails_it(
+    cluster: Cluster, operator
+) -> None:
+    """Edits were observed (observedGeneration moved) but the run went on as it was; a Job
+    deleted by hand started the next run under restartPolicy Never, and no Event said why."""
+    cluster.create(external_island("far", "127.0.0.1:1"))
+    cluster.create(
+        program(
+            "edited",
+            slices=[{"name": "main", "devices": 2}],
+            driver={"source": "import time; time.sleep(120)"},
+        )
+    )
+    wait_for(lambda: cluster.get("Job", "edited-run-1", "team"))
+
+    def environment(job: dict) -> dict:
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        return {item["name"]: item["value"] for item in container["env"]}
+
+    cluster.patch("PathwaysProgram", "edited", {"spec": {"weight": 5}}, "team")
+    second = wait_for(lambda: cluster.get("Job", "edited-run-2", "team"))
+    assert environment(second)["PATHWAYS_WEIGHT"] == "5"
+    assert cluster.get("Job", "edited-run-1", "team") is None
+    (event,) = wait_for(lambda: cluster.events("edited", "SpecChanged"))
+    assert "run 1 stopped: the spec changed (generation 2)" in event["message"]
+    assert pstatus(cluster, "edited")["restarts"] == 0
+
+    # An inline slice's new size: the slice is bound again, then the next run starts on it.
+    cluster.patch(
+        "PathwaysProgram", "edited", {"spec": {"slices": [{"name": "main", "devices": 4}]}}, "team"
+    )
+    third = wait_for(lambda: cluster.get("Job", "edited-run-3", "team"))
+    slices = json.loads(environment(third)["PATHWAYS_SLICES"])
+    assert len(slices["main"]["devices"]) == 4
+    assert cluster.get("VirtualSlice", "edited-main", "team")["spec"]["devices"] == 4
+    status = wait_for(lambda: (s := pstatus(cluster, "edited")).get("runs") == 3 and s)
+    assert status["phase"] == "Running" and status["observedGeneration"] == 3
+
+    cluster.delete("Job", "edited-run-3", "team")
+    failed = wait_for(lambda: (s := pstatus(cluster, "edited")).get("phase") == "Failed" and s)
+    assert (failed["reason"], failed["message"]) == (
+        "JobDeleted",
+        "run 3: its Job edited-run-3 was deleted",
+    )
+    assert cluster.get("Job", "edited-run-4", "team") is None
+    wait_for(lambda: cluster.get("VirtualSlice", "edited-main", "team") is None)

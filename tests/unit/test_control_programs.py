@@ -287,7 +287,8 @@ def test_graph_programs_mount_their_spec_for_the_graph_runner() -> None:
     document = program(driver=None, graph=graph)
     del document["spec"]["driver"]
     decision = decide(document, {"p-main": bound_slice()}, islands=READY_ISLAND)
-    config_map, created = decision.create
+    (config_map,) = decision.apply  # created, or replaced by the spec of this run
+    (created,) = decision.create
     assert (
         config_map["kind"] == "ConfigMap"
         and json.loads(config_map["data"]["program.json"])["graph"]["nodes"][0]["function"] == "f"
@@ -335,3 +336,106 @@ def test_a_slice_bound_again_elsewhere_under_a_running_job_stops_that_run() -> N
     # The same binding at the same endpoint: the run goes on.
     same = decide(running, {"p-main": bound_slice()}, dict(created, status={"active": 1}), islands)
     assert same.delete == [] and same.status is None
+
+
+def env_of(created_job: dict[str, Any]) -> dict[str, str]:
+    container = created_job["spec"]["template"]["spec"]["containers"][0]
+    return {item["name"]: item["value"] for item in container["env"]}
+
+
+def test_a_run_whose_job_was_deleted_by_hand_is_a_failed_run() -> None:
+    """Deleting a running program's Job started the next run, under restartPolicy Never too,
+    and no Event said why."""
+    running = {"phase": "Running", "runs": 1, "restarts": 0}
+    never = decide(program(status=running), {"p-main": bound_slice()}, None, READY_ISLAND)
+    assert never.create == []
+    assert (never.status["phase"], never.status["reason"]) == ("Failed", "JobDeleted")
+    assert never.status["message"] == "run 1: its Job p-run-1 was deleted"
+    assert [(e.type, e.reason) for e in never.events] == [("Warning", "JobDeleted")]
+    on_failure = program(status=running, restartPolicy="OnFailure", maxRestarts=3)
+    restarted = decide(on_failure, {"p-main": bound_slice()}, None, READY_ISLAND)
+    assert [c["metadata"]["name"] for c in restarted.create] == ["p-run-2"]
+    assert (restarted.status["runs"], restarted.status["restarts"]) == (2, 1)
+    assert "run 1 failed (its Job p-run-1 was deleted); restart 1 of 3" in [
+        e.message for e in restarted.events
+    ]
+    # A run this decision stopped itself is recorded before its Job goes: not a failure.
+    stopped = {"phase": "Pending", "reason": "SlicesLost", "runs": 1, "restarts": 0}
+    again = decide(program(status=stopped), {"p-main": bound_slice()}, None, READY_ISLAND)
+    assert [c["metadata"]["name"] for c in again.create] == ["p-run-2"]
+    assert again.status["restarts"] == 0
+
+
+def test_an_edit_of_what_a_run_is_made_from_starts_the_next_run_from_it() -> None:
+    """Edits were observed (observedGeneration moved) but never applied to the running run."""
+    started = decide(program(weight=1), {"p-main": bound_slice()}, islands=READY_ISLAND)
+    (created,) = started.create
+    active = dict(created, status={"active": 1})
+    edited = program(status=started.status, weight=4)
+    edited["metadata"]["generation"] = 2
+    decision = decide(edited, {"p-main": bound_slice()}, active, READY_ISLAND)
+    assert decision.delete == [ChildRef("batch/v1", "Job", "t", "p-run-1")]
+    assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "SpecChanged")
+    assert decision.status["message"] == (
+        "run 1 stopped: the spec changed (generation 2); the next run starts from it"
+    )
+    assert decision.status["restarts"] == 0 and decision.status["observedGeneration"] == 2
+    edited["status"] = decision.status
+    after = decide(edited, {"p-main": bound_slice()}, None, READY_ISLAND)
+    (second,) = after.create
+    assert env_of(second)["PATHWAYS_WEIGHT"] == "4" and after.status["runs"] == 2
+    # Edits applied live stop nothing: the restart policy and its limit are read at a failure.
+    policy = program(status=started.status, weight=1, restartPolicy="OnFailure", maxRestarts=5)
+    unchanged = decide(policy, {"p-main": bound_slice()}, active, READY_ISLAND)
+    assert unchanged.delete == [] and unchanged.create == []
+    # A Job made before runs were annotated is never taken for stale.
+    legacy = dict(active, metadata={"name": "p-run-1"})
+    assert (
+        decide(
+            edited | {"status": started.status}, {"p-main": bound_slice()}, legacy, READY_ISLAND
+        ).delete
+        == []
+    )
+
+
+def test_an_inline_slice_edited_is_bound_again_before_the_next_run() -> None:
+    started = decide(program(), {"p-main": bound_slice()}, islands=READY_ISLAND)
+    (created,) = started.create
+    active = dict(created, status={"active": 1})
+    bigger = program(status=started.status, slices=[{"name": "main", "devices": 4}])
+    decision = decide(bigger, {"p-main": bound_slice()}, active, READY_ISLAND)
+    (applied,) = decision.apply
+    assert applied["metadata"]["name"] == "p-main" and applied["spec"]["devices"] == 4
+    assert decision.delete == [ChildRef("batch/v1", "Job", "t", "p-run-1")]
+    assert decision.status["reason"] == "SpecChanged"
+    # The slice's new spec not bound yet (its old binding still in its status): wait.
+    bigger["status"] = decision.status
+    rebinding = {
+        "metadata": {"name": "p-main", "generation": 2},
+        "spec": {"devices": 4},
+        "status": {"phase": "Bound", "island": "isl", "devices": [2, 3], "observedGeneration": 1},
+    }
+    waiting = decide(bigger, {"p-main": rebinding}, None, READY_ISLAND)
+    assert waiting.create == [] and waiting.apply == []
+    assert waiting.status["reason"] == "WaitingForSlices"
+    assert "VirtualSlice p-main's new spec is not bound yet" in waiting.status["message"]
+    rebound = dict(rebinding, status={**rebinding["status"], "observedGeneration": 2})
+    rebound["status"]["devices"] = [0, 1, 2, 3]
+    (second,) = decide(bigger, {"p-main": rebound}, None, READY_ISLAND).create
+    assert json.loads(env_of(second)["PATHWAYS_SLICES"])["main"]["devices"] == [0, 1, 2, 3]
+    # Defaults the API server fills in are no difference.
+    defaulted = dict(rebound, spec={"devices": 4, "priority": 0, "timeShared": False})
+    assert decide(bigger, {"p-main": defaulted}, None, READY_ISLAND).apply == []
+
+
+def test_a_deadline_shortened_under_a_running_run_stops_it() -> None:
+    started = decide(program(), {"p-main": bound_slice()}, islands=READY_ISLAND)
+    (created,) = started.create
+    shortened = program(status=started.status, activeDeadlineSeconds=30)
+    view = ProgramView(
+        shortened, {"p-main": bound_slice()}, dict(created, status={"active": 1}), READY_ISLAND
+    )
+    assert reconcile_program(view, NOW + timedelta(seconds=10), IMAGE).delete == []
+    late = reconcile_program(view, NOW + timedelta(seconds=31), IMAGE)
+    assert ChildRef("batch/v1", "Job", "t", "p-run-1") in late.delete
+    assert (late.status["phase"], late.status["reason"]) == ("Failed", "DeadlineExceeded")

@@ -6,10 +6,17 @@ runner) -> Succeeded | Failed; Suspended while ``spec.suspend`` is set. Each run
 named ``<program>-run-<n>``; ``status.runs`` counts them, so a reconcile that runs twice
 finds the Job the first one created. Children are created before the status that mentions
 them is written: a decision interrupted half-way is completed by the next one.
+
+An edit of the spec is applied, not only observed: the restart policy, the restart limit and
+the deadline at once; anything a run is made from (slices, driver or graph, steps, tenant,
+priority, weight) by stopping the running run and starting the next from the new spec (as a
+Deployment rolls out; not counted a restart), inline slices bound again first if theirs
+changed. A run's Job deleted by someone else is a failed run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,6 +33,7 @@ from pathways_core.control.common import (
     Event,
     ObjectRef,
     generation,
+    is_deleting,
     owner_reference,
     parse,
     parse_time,
@@ -33,7 +41,7 @@ from pathways_core.control.common import (
     timestamp,
 )
 from pathways_core.control.security import harden
-from pathways_core.resources import GROUP_VERSION, PathwaysProgram
+from pathways_core.resources import GROUP_VERSION, PathwaysProgram, VirtualSliceSpec
 from pathways_core.topology import parse_shape
 
 COMPONENT = "program"
@@ -41,6 +49,16 @@ COMPONENT = "program"
 GRAPH_KEY = "program.json"
 GRAPH_MOUNT = "/etc/pathways"
 TERMINAL = ("Succeeded", "Failed")
+RUN_SPEC_ANNOTATION = "pathways.dev/run-spec"
+"""On a run's Job: the digest of the spec it was made from (:func:`run_spec_digest`)."""
+LIVE_FIELDS = ("suspend", "restartPolicy", "maxRestarts", "activeDeadlineSeconds")
+"""Spec fields applied to a running program without a new run."""
+
+
+def run_spec_digest(program: PathwaysProgram) -> str:
+    """Digest of what a run is made from: the spec but for :data:`LIVE_FIELDS`."""
+    wire = {k: v for k, v in program.spec.to_wire().items() if k not in LIVE_FIELDS}
+    return hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def job_name(program: str, run: int) -> str:
@@ -89,11 +107,14 @@ class ProgramView:
 
 @dataclass
 class ProgramDecision:
-    """What to do: children to create (creating one that exists is fine), children to delete,
-    the new status (``None``: unchanged) and Events."""
+    """What to do: children to create (creating one that exists is fine), children to apply
+    (created, or their ``spec``, a ConfigMap's ``data``, replaced when they exist), children
+    to delete, the new status (``None``: unchanged) and Events. Children are created and
+    applied before the status is written, and deleted after."""
 
     status: dict[str, Any] | None
     create: list[Document] = field(default_factory=list)
+    apply: list[Document] = field(default_factory=list)
     delete: list[ChildRef] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
 
@@ -146,6 +167,34 @@ def _moved_slices(job: Document, wanted: dict[str, str]) -> list[str]:
         if isinstance(started.get(name), dict)
         and any(started[name].get(key) != entry.get(key) for key in keys)
     )
+
+
+def _stale(job: Document, program: PathwaysProgram) -> bool:
+    """Whether the running Job was made from another spec than the program's now. A Job
+    without the annotation (made before it existed) is never stale."""
+    made_from = ((job.get("metadata") or {}).get("annotations") or {}).get(RUN_SPEC_ANNOTATION)
+    return made_from is not None and made_from != run_spec_digest(program)
+
+
+def _spec_differs(existing: Document, wanted: Document) -> bool:
+    """Whether an inline slice's stored spec no longer says what the program's does, compared
+    parsed: the defaults the API server fills in are no difference."""
+    try:
+        return VirtualSliceSpec.model_validate(
+            existing.get("spec") or {}
+        ) != VirtualSliceSpec.model_validate(wanted["spec"])
+    except ValueError:
+        return True
+
+
+def _deadline_left(program: PathwaysProgram, status: dict[str, Any], now: datetime) -> float | None:
+    """Seconds left of the program's ``activeDeadlineSeconds``, counted from its first run's
+    start (``None``: no deadline)."""
+    deadline = program.spec.active_deadline_seconds
+    if deadline is None:
+        return None
+    started = parse_time(status.get("startTime"))
+    return deadline - ((now - started).total_seconds() if started is not None else 0.0)
 
 
 def _inline_slice(document: Document, program: PathwaysProgram, slice_name: str) -> Document:
@@ -286,6 +335,7 @@ def program_job(
             "name": job_name(name, run),
             "namespace": namespace,
             "labels": labels,
+            "annotations": {RUN_SPEC_ANNOTATION: run_spec_digest(program)},
             "ownerReferences": [owner_reference(document)],
         },
         "spec": spec,
@@ -382,6 +432,11 @@ def reconcile_program(
 
     job = view.job
     outcome, outcome_message = _job_outcome(job) if job is not None else (None, "")
+    if job is None and runs and old.get("phase") == "Running":
+        # The status says the run runs but its Job is gone: deleted by someone else (a run
+        # this function stops is recorded Pending, Suspended or Failed before its Job goes).
+        outcome, outcome_message = "Failed", f"its Job {job_name(name, runs)} was deleted"
+    failure = "JobFailed" if job is not None else "JobDeleted"
     job_active = job is not None and outcome is None
 
     if old.get("phase") in TERMINAL:
@@ -437,15 +492,34 @@ def reconcile_program(
             release_inline()
             conditions = set_condition(conditions, "Running", False, "Failed", "", now, gen)
             conditions = set_condition(
-                conditions, "Failed", True, "JobFailed", outcome_message, now, gen
+                conditions, "Failed", True, failure, outcome_message, now, gen
             )
             limit = (
                 f" after {restarts} restarts"
                 if program.spec.restart_policy.value == "OnFailure" and not past_deadline
                 else ""
             )
-            finish("Failed", "JobFailed", f"run {runs}: {outcome_message}{limit}", "Warning")
+            finish("Failed", failure, f"run {runs}: {outcome_message}{limit}", "Warning")
             return decision
+
+    def fail_past_deadline() -> ProgramDecision:
+        nonlocal conditions
+        status["completionTime"] = timestamp(now)
+        release_inline()
+        deadline = program.spec.active_deadline_seconds
+        message = f"the program ran past its activeDeadlineSeconds ({deadline})"
+        conditions = set_condition(conditions, "Running", False, "Failed", "", now, gen)
+        conditions = set_condition(
+            conditions, "Failed", True, "DeadlineExceeded", message, now, gen
+        )
+        finish("Failed", "DeadlineExceeded", message, "Warning")
+        return decision
+
+    deadline_left = _deadline_left(program, old, now)
+    if job_active and not retry and deadline_left is not None and deadline_left <= 0:
+        # A deadline shortened under the running run: its Job's own is longer.
+        decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
+        return fail_past_deadline()
 
     # Slices: create the inline ones, check the others exist and every one is bound.
     waiting: list[str] = []
@@ -459,7 +533,16 @@ def reconcile_program(
             else:
                 missing.append(f"{item}: VirtualSlice {vs!r} not found in namespace {namespace}")
             continue
+        if vs in inline and not is_deleting(slice_document):
+            wanted = _inline_slice(document, program, item)
+            if _spec_differs(slice_document, wanted):
+                decision.apply.append(wanted)
+                waiting.append(f"{item}: VirtualSlice {vs} is bound again for the new spec")
+                continue
         slice_status = slice_document.get("status") or {}
+        if slice_status.get("observedGeneration") not in (None, generation(slice_document)):
+            waiting.append(f"{item}: VirtualSlice {vs}'s new spec is not bound yet")
+            continue
         if slice_status.get("phase") != "Bound":
             why = slice_status.get("reason") or slice_status.get("phase") or "not bound yet"
             detail = slice_status.get("message")
@@ -470,6 +553,15 @@ def reconcile_program(
         if not endpoint:
             waiting.append(f"{item}: island {island!r} has no scheduler ready")
     ready = not waiting and not missing
+
+    if job_active and not retry and job is not None and _stale(job, program):
+        decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
+        message = (
+            f"run {runs} stopped: the spec changed (generation {gen}); the next run starts from it"
+        )
+        conditions = set_condition(conditions, "Running", False, "SpecChanged", message, now, gen)
+        finish("Pending", "SpecChanged", message)
+        return decision
 
     if job_active and not retry and ready and job is not None:
         moved = _moved_slices(job, connection_settings(program, view, namespace))
@@ -511,28 +603,21 @@ def reconcile_program(
         return decision
 
     # Every slice is bound on an island whose scheduler answers: start the next run, with what
-    # is left of the program's deadline (counted from its first run's start).
-    deadline = program.spec.active_deadline_seconds
-    if deadline is not None:
-        started = parse_time(old.get("startTime"))
-        elapsed = (now - started).total_seconds() if started is not None else 0.0
-        if elapsed >= deadline:
-            status["completionTime"] = timestamp(now)
-            release_inline()
-            message = f"the program ran past its activeDeadlineSeconds ({deadline})"
-            conditions = set_condition(conditions, "Running", False, "Failed", "", now, gen)
-            conditions = set_condition(
-                conditions, "Failed", True, "DeadlineExceeded", message, now, gen
-            )
-            finish("Failed", "DeadlineExceeded", message, "Warning")
-            return decision
-        deadline = max(1, int(deadline - elapsed))
+    # is left of the program's deadline.
+    if deadline_left is not None and deadline_left <= 0:
+        return fail_past_deadline()
     run = runs + 1
     if program.spec.graph is not None:
-        decision.create.append(_graph_config_map(document, program))
+        decision.apply.append(_graph_config_map(document, program))
     decision.create.append(
         program_job(
-            document, program, view, run, image, tls_secret=tls_secret, deadline_seconds=deadline
+            document,
+            program,
+            view,
+            run,
+            image,
+            tls_secret=tls_secret,
+            deadline_seconds=None if deadline_left is None else max(1, int(deadline_left)),
         )
     )
     status.update(runs=run)
