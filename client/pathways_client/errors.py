@@ -20,7 +20,13 @@ class NodeFailed(PathwaysError):
     the executor's explanation."""
 
     def __init__(self, node: str, island: str, message: str) -> None:
-        super().__init__(f"node {node!r} on island {island!r} failed: {message}")
+        # Another computation's failure (upstream, or earlier in the same program call) is
+        # not this node's own: it did not run.
+        other = message.startswith(("computation '", "buffer '")) and not message.startswith(
+            f"computation {node!r}"
+        )
+        outcome = "did not run" if other else "failed"
+        super().__init__(f"node {node!r} on island {island!r} {outcome}: {message}")
         self.node = node
         self.island = island
 

@@ -8,6 +8,7 @@ calls return futures at once. Inside a ``@program`` the calls are recorded inste
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -90,10 +91,25 @@ class CompiledFunction:
     ) -> Specialized:
         """:meth:`specialize`, the static arguments' values put back in their places."""
         leaves, tree = jax.tree.flatten((avals, keyword_avals))
-        key = (tree, tuple((tuple(a.shape), np.dtype(a.dtype)) for a in leaves), statics)
+        key = (
+            tree,
+            tuple(
+                (tuple(a.shape), np.dtype(a.dtype), getattr(a, "weak_type", False)) for a in leaves
+            ),
+            # Typed, as jax.jit keys them: 2 and 2.0 are equal but compile differently.
+            tuple((where, type(value), value) for where, value in statics),
+        )
         cached = self._specialized.get(key)
         if cached is not None:
             return cached
+        if jax.config.jax_debug_nans or jax.config.jax_debug_infs:
+            warnings.warn(
+                f"function {self.name!r}: jax_debug_nans and jax_debug_infs do not apply on an "
+                "island (its executors run the compiled function as is): check with "
+                "jax.experimental.checkify (errors=checkify.float_checks), returning the "
+                "error and calling .throw() on it",
+                stacklevel=3,
+            )
 
         def fun(*positional: Any, **keywords: Any) -> Any:
             positional, keywords = _with_statics(positional, keywords, statics)
@@ -114,9 +130,13 @@ class CompiledFunction:
                     "make the key again where it is used with jax.random.wrap_key_data"
                 )
 
+        traced_tree: list[Any] = []
+
         def flat(*arguments: Any) -> tuple[Any, ...]:
             positional, keywords = jax.tree.unflatten(tree, arguments)
-            return tuple(jax.tree.leaves(fun(*positional, **keywords)))
+            results, structure = jax.tree.flatten(fun(*positional, **keywords))
+            traced_tree.append(structure)
+            return tuple(results)
 
         if self.slice.size == 1:
             jitted = jax.jit(flat)
@@ -155,7 +175,9 @@ class CompiledFunction:
             in_avals=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals),
             out_avals=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.out_avals),
             in_tree=tree,
-            out_tree=out_tree,
+            # The structure of the trace exported: a result's structure may hold what the
+            # trace numbered (checkify's error codes), which the first trace numbered apart.
+            out_tree=traced_tree[-1] if traced_tree else out_tree,
             nr_devices=exported.nr_devices,
             in_shardings_hlo=input_shardings(exported),
         )
@@ -299,7 +321,9 @@ class CompiledFunction:
         if isinstance(aval, jax.ShapeDtypeStruct):
             return aval
         array = host_array(value)
-        return jax.ShapeDtypeStruct(array.shape, array.dtype)
+        # A Python number is weakly typed, as in jax.jit: x * 2.0 keeps a bfloat16 x's dtype.
+        weak = type(value) in (int, float, complex)
+        return jax.ShapeDtypeStruct(array.shape, array.dtype, weak_type=weak)
 
     def _check_fixed(self, avals: tuple[Any, ...], keyword_avals: dict[str, Any]) -> None:
         if self._fixed is None:

@@ -200,6 +200,7 @@ class ArrayFuture(Shaped):
         aval: jax.ShapeDtypeStruct,
         node: str,
         done: Future[None] | None,
+        shared: _Shared | None = None,
     ) -> None:
         self.cluster = cluster
         self.slice = slice
@@ -207,11 +208,20 @@ class ArrayFuture(Shaped):
         self.aval = aval
         self.node = node
         self._done = done
-        self._lock = threading.Lock()
-        # island -> buffer id: this array and its copies on other islands, freed together.
-        self._copies: dict[str, str] = {slice.island: buffer_id}
+        self._shared = shared or _Shared({slice.island: buffer_id})
+        self._lock = self._shared.lock
+        self._copies = self._shared.copies
         self._deleted = False
-        self._finalizer = weakref.finalize(self, _delete_copies, cluster, self._copies)
+        self._finalizer = weakref.finalize(self, _release, cluster, self._shared)
+
+    def alias(self) -> ArrayFuture:
+        """Another future of the same array, deleted on its own: the buffer is freed once
+        every alias is (a program returning one output in two places)."""
+        with self._lock:
+            self._shared.holders += 1
+        return ArrayFuture(
+            self.cluster, self.slice, self.buffer_id, self.aval, self.node, self._done, self._shared
+        )
 
     @property
     def deleted(self) -> bool:
@@ -315,8 +325,22 @@ class ArrayFuture(Shaped):
         )
 
 
-def _delete_copies(cluster: Cluster, copies: dict[str, str]) -> None:
-    for island, buffer_id in list(copies.items()):
+class _Shared:
+    """What the aliases of one array share: island -> buffer id of the array and of its
+    copies on other islands, freed together with the last alias."""
+
+    def __init__(self, copies: dict[str, str]) -> None:
+        self.copies = copies
+        self.holders = 1
+        self.lock = threading.Lock()
+
+
+def _release(cluster: Cluster, shared: _Shared) -> None:
+    with shared.lock:
+        shared.holders -= 1
+        if shared.holders:
+            return
+    for island, buffer_id in list(shared.copies.items()):
         # Without a session there is nothing to free: an island deletes a departed client's
         # buffers itself.
         session = cluster.open_session(island)

@@ -144,7 +144,12 @@ class Program:
                 avals.append(_aval(leaf))
             except TypeError as error:
                 raise TypeError(f"program {self.name!r}: argument {position}: {error}") from None
-        key = (tree, tuple((tuple(a.shape), np.dtype(a.dtype)) for a in avals))
+        key = (
+            tree,
+            tuple(
+                (tuple(a.shape), np.dtype(a.dtype), getattr(a, "weak_type", False)) for a in avals
+            ),
+        )
         cached = self._traces.get(key)
         if cached is not None:
             return cached
@@ -188,6 +193,12 @@ class Program:
             sequential=sequential,
             registered=trace.registered,
         )
+        # One output returned in several places: each its own future, as jax.jit's are.
+        seen: set[int] = set()
+        for position, output in enumerate(outputs):
+            if id(output) in seen:
+                outputs[position] = output.alias()
+            seen.add(id(output))
         return jax.tree.unflatten(trace.out_tree, outputs)
 
     def to_resource(
@@ -458,7 +469,10 @@ def _aval(value: Any) -> jax.ShapeDtypeStruct:
     if isinstance(value, ArrayFuture | Traced):
         return value.aval
     array = host_array(value)
-    return jax.ShapeDtypeStruct(array.shape, array.dtype)
+    # A Python number is weakly typed, as in jax.jit.
+    return jax.ShapeDtypeStruct(
+        array.shape, array.dtype, weak_type=type(value) in (int, float, complex)
+    )
 
 
 def _label(name: str) -> str:

@@ -646,3 +646,73 @@ def test_misuse_is_named_where_it_happens(cluster: pw.Cluster) -> None:
     with pytest.raises(pw.SliceError, match=r"was released"):
         twice(np.zeros(3, np.float32))
     np.testing.assert_array_equal(ones.result(), np.ones(3, np.float32))  # made before: kept
+
+
+def test_results_match_jax_jit_in_dtype_structure_and_ownership(cluster: pw.Cluster) -> None:
+    """Found by probing as a researcher: Python numbers lost JAX's weak typing (a bfloat16
+    model scaled by 2.0 ran in float32; int8 * 200 did not wrap); static 2 and 2.0 shared one
+    compiled function; checkify's error codes came back under another trace's numbering
+    (KeyError); a program returning one output twice gave one future, so deleting either
+    deleted both; jax_debug_nans was silently ignored."""
+    from jax.experimental import checkify
+
+    with cluster.slice(devices=1) as one:
+        scale = pw.function(lambda x, s: x * s, slice=one, name="scale")
+        half = np.arange(4).astype(jnp.bfloat16)
+        small = np.arange(4, dtype=np.int8)
+        for x, s in ((half, 2.0), (small, 200)):
+            expected = jax.jit(lambda x, s: x * s)(x, s)
+            got = scale(x, s).result()
+            assert got.dtype == expected.dtype, (x.dtype, s)
+            np.testing.assert_array_equal(got, np.asarray(expected))
+
+        @pw.program
+        def scaled(x, s):
+            return scale(x, s)
+
+        assert scaled(half, 2.0).result().dtype == jnp.bfloat16
+
+        tile = pw.function(lambda x, n: x * n, slice=one, static_argnums=1, name="times")
+        assert tile(np.arange(3, dtype=np.int32), 2).result().dtype == np.int32
+        assert tile(np.arange(3, dtype=np.int32), 2.0).result().dtype == np.float32
+
+        def positive(x):
+            checkify.check(jnp.all(x > 0), "x must be positive")
+            return x + 1
+
+        checked = pw.function(checkify.checkify(positive), slice=one, name="checked")
+        error, _ = checked(-np.ones(2, np.float32))
+        with pytest.raises(Exception, match="x must be positive"):
+            jax.tree.map(lambda leaf: leaf.result(), error).throw()
+
+        increment = pw.function(lambda x: x + 1, slice=one, name="increment")
+
+        @pw.program
+        def twice(x):
+            y = increment(x)
+            return {"params": y, "ema": y}
+
+        out = twice(np.zeros(3, np.float32))
+        assert out["params"] is not out["ema"]
+        out["params"].delete()
+        np.testing.assert_array_equal(out["ema"].result(), 1)
+
+        log = pw.function(jnp.log, slice=one, name="log")
+        with jax.debug_nans(True), pytest.warns(UserWarning, match="checkify"):
+            log(np.ones(2, np.float32)).wait()
+
+
+def test_a_node_stopped_by_another_nodes_failure_did_not_run(cluster: pw.Cluster) -> None:
+    with cluster.slice(devices=1) as a, cluster.slice(devices=1) as b:
+        huge = pw.function(lambda x: jnp.zeros((2**40,), jnp.float32) + x, slice=a, name="huge")
+        double = pw.function(lambda x: x * 2, slice=b, name="double")
+
+        @pw.program
+        def both(x):
+            return huge(x), double(x)
+
+        _, doubled = both(np.float32(1))
+        with pytest.raises(
+            pw.NodeFailed, match=r"node 'double' on island 'local' did not run: computation 'huge'"
+        ):
+            doubled.result(timeout=60)
