@@ -20,9 +20,12 @@ traces are kept across restarts. Default state directory: ``$PATHWAYS_STATE`` or
 The supervisor looks at its children every :data:`WATCH_INTERVAL` seconds and starts again
 whichever died, as Kubernetes recreates pods:
 
-- an island whose scheduler or any executor exited is one lost failure domain (its executors
-  form one JAX group): it is reported down in ``islands.json`` (no ready host, no scheduler;
-  the manager marks it Degraded and moves or preempts its slices), whatever still runs of it
+- an island whose scheduler or any executor exited, or stopped answering its liveness probe
+  (``GET /healthz`` every :data:`PROBE_INTERVAL` seconds; :data:`PROBE_FAILURES` failures in a
+  row, as a kubelet's liveness probe: a stopped or hung process), is one lost failure domain
+  (its executors form one JAX group): it is reported down in ``islands.json`` (no ready host,
+  no scheduler; the manager marks it Degraded and moves or preempts its slices), whatever still
+  runs of it
   is stopped, and it is started again whole with the same devices, at new endpoints, then
   published ready with its ``generation`` counted up;
 - the manager is started again (it adopts the runs still running, see
@@ -77,6 +80,11 @@ MAX_QUICK_FAILURES = 5
 """After this many failures in a row, each within STABLE_AFTER seconds of its start, a
 component is not started again: the error is recorded in ``cluster.json``."""
 MAX_BACKOFF = 10.0
+PROBE_INTERVAL = 5.0
+"""Seconds between two liveness probes of an island's processes."""
+PROBE_TIMEOUT = 2.0
+PROBE_FAILURES = 3
+"""Probes failed in a row that make a process unresponsive (its island is restarted)."""
 SUPERVISOR_RUNNING = 3
 """The exit status of a supervisor started for a state whose supervisor already runs."""
 
@@ -290,6 +298,7 @@ class Supervisor:
         self._guards: dict[str, Restarts] = {}
         self._restarting: dict[str, threading.Thread] = {}
         self._down: set[str] = set()  # components whose last start failed
+        self._unresponsive: dict[str, str] = {}  # island -> which process failed its probes
         self._gave_up: set[str] = set()
         self._started_at = time.monotonic()  # when start() ended: every component's first start
 
@@ -451,11 +460,12 @@ class Supervisor:
             if component in self._restarting or component in self._gave_up:
                 continue
             process = island.exited() if component not in self._down else None
-            if component in self._down or process is not None:
+            unresponsive = self._unresponsive.pop(name, None)
+            if component in self._down or process is not None or unresponsive:
                 why = (
                     f"{process.name} exited with code {process.popen.returncode}"
                     if process is not None
-                    else "its last start failed"
+                    else unresponsive or "its last start failed"
                 )
                 self._island_down(name, why)
                 self._failed(component, f"island {name}: {why}", self._restart_island, name)
@@ -468,6 +478,30 @@ class Supervisor:
             if name in self._down or child.poll() is not None:
                 why = f"the {name} exited with code {child.returncode}"
                 self._failed(name, why, restart)
+
+    def probe(self) -> None:
+        """Liveness probes of every island's processes, every :data:`PROBE_INTERVAL` seconds
+        until stopped: an island with a process that failed :data:`PROBE_FAILURES` in a row
+        is marked for :meth:`watch` to restart."""
+        failures: dict[int, int] = {}  # pid -> probes failed in a row
+        while not self._stop.wait(PROBE_INTERVAL):
+            for name, island in list(self.islands.items()):
+                if f"island/{name}" in self._restarting or name in self._unresponsive:
+                    continue
+                for process in island.processes():
+                    pid = process.popen.pid
+                    if not process.health_port or process.popen.poll() is not None:
+                        continue  # an exit is seen by watch()
+                    if process.answers(PROBE_TIMEOUT):
+                        failures.pop(pid, None)
+                        continue
+                    failures[pid] = failures.get(pid, 0) + 1
+                    if failures[pid] >= PROBE_FAILURES:
+                        self._unresponsive[name] = (
+                            f"{process.name} did not answer its liveness probe {failures[pid]} "
+                            f"times in a row ({PROBE_TIMEOUT:g} s each: stopped or hung)"
+                        )
+                        break
 
     def _failed(self, component: str, why: str, restart: Callable[..., None], *args: Any) -> None:
         guard = self._guards.setdefault(component, Restarts(self._started_at))
@@ -552,6 +586,7 @@ class Supervisor:
             self._write()
             self.shutdown()
             raise
+        threading.Thread(target=self.probe, name="liveness", daemon=True).start()
         while not self._stop.wait(WATCH_INTERVAL):
             try:
                 self.watch()

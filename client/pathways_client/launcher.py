@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,16 +38,30 @@ class LaunchError(RuntimeError):
     """A process of the island did not start; the message includes the end of its log."""
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
+
+
 @dataclass
 class Process:
     name: str
     popen: subprocess.Popen[str]
     log: Path
     port: int = 0
+    health_port: int = 0  # its liveness endpoint, GET /healthz
 
     @property
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def answers(self, timeout: float) -> bool:
+        """Whether its liveness endpoint answers within ``timeout`` seconds (as a kubelet's
+        liveness probe asks)."""
+        try:
+            url = f"http://127.0.0.1:{self.health_port}/healthz"
+            with _DIRECT.open(url, timeout=timeout) as answer:
+                return answer.status == 200
+        except (OSError, ValueError):
+            return False
 
     def tail(self, lines: int = 20) -> str:
         try:
@@ -69,6 +84,9 @@ class LocalIsland:
     max_queued_per_client: int | None = None
     max_artifact_bytes: int | None = None
     run_length: int | None = None
+    # Seconds after which the scheduler takes a silent executor (not even its heartbeat) as
+    # lost; None: its default.
+    executor_timeout: float | None = None
     # Multi-host islands form one JAX distributed group so slices may span executors; the
     # island is then one failure domain (the group aborts when an executor stays silent).
     distributed: bool = True
@@ -130,6 +148,8 @@ class LocalIsland:
                             str(self.devices_per_host),
                             "--compilation-cache",
                             str(cache),
+                            "--health-port",
+                            "0",
                         ],
                     )
                 )
@@ -144,12 +164,15 @@ class LocalIsland:
                 self.policy,
                 "--max-in-flight",
                 str(self.max_in_flight),
+                "--health-port",
+                "0",
             ]
             for flag, limit in (
                 ("--max-queued", self.max_queued),
                 ("--max-queued-per-client", self.max_queued_per_client),
                 ("--max-artifact-bytes", self.max_artifact_bytes),
                 ("--run-length", self.run_length),
+                ("--executor-timeout", self.executor_timeout),
             ):
                 if limit is not None:
                     arguments += [flag, str(limit)]
@@ -168,6 +191,7 @@ class LocalIsland:
         for process in processes:
             if process.popen.poll() is None:
                 process.popen.send_signal(signal.SIGTERM)
+                process.popen.send_signal(signal.SIGCONT)  # a stopped one takes it now
         for process in processes:
             try:
                 process.popen.wait(timeout=grace)
@@ -182,10 +206,14 @@ class LocalIsland:
     def exited(self) -> Process | None:
         """A process of the island that has exited, if one has (the island is one failure
         domain: its executors form one JAX group, so it is restarted whole)."""
-        for process in [*self.executors, *([self.scheduler] if self.scheduler else [])]:
+        for process in self.processes():
             if process.popen.poll() is not None:
                 return process
         return None
+
+    def processes(self) -> list[Process]:
+        """The island's processes: its executors, then its scheduler."""
+        return [*self.executors, *([self.scheduler] if self.scheduler else [])]
 
     def kill_executor(self, index: int) -> None:
         """SIGKILL one executor (fault injection)."""
@@ -236,7 +264,9 @@ class LocalIsland:
         reader.start()
         reader.join(READY_TIMEOUT_SECONDS)
         try:
-            process.port = int(json.loads(line[0])["port"])
+            ready = json.loads(line[0])
+            process.port = int(ready["port"])
+            process.health_port = int(ready.get("health") or 0)
         except (IndexError, ValueError, KeyError, TypeError):
             raise LaunchError(
                 f"{process.name} did not start (exit code {process.popen.poll()}); its log "

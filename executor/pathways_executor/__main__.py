@@ -46,6 +46,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=port, default=0, help="0 picks a free port")
     parser.add_argument(
+        "--health-port",
+        type=port,
+        default=None,
+        help="serve the liveness endpoint GET /healthz on this port (0 picks a free one; "
+        "unset: none)",
+    )
+    parser.add_argument(
         "--compilation-cache",
         default=os.path.expanduser("~/.cache/pathways/xla"),
         help="persistent XLA compilation cache folder ('' to disable)",
@@ -85,6 +92,10 @@ def configure(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     arguments = parse()
     configure(arguments)
+    if arguments.health_port is not None:  # first: answers while JAX starts and joins its group
+        from pathways_executor.health import serve_health
+
+        arguments.health_port = serve_health(arguments.host, arguments.health_port)
     if arguments.fake_devices:  # buffers of CPU devices are host memory
         from pathways_executor.memory import keep_freed_memory
 

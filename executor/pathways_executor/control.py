@@ -2,7 +2,9 @@
 ``CommandBatch`` frames in, in island order; ``EventBatch`` frames out.
 
 Events are written straight from the thread that produced them (no hand-off to a sender
-thread); a lock keeps frames whole.
+thread); a lock keeps frames whole. An empty ``EventBatch`` goes out every
+``HEARTBEAT_SECONDS``: the scheduler takes an executor that sends nothing for its
+``--executor-timeout`` as lost (stopped, hung or cut off), as it takes one whose stream ends.
 """
 
 from __future__ import annotations
@@ -14,13 +16,21 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from pathways_core.wire import pb
-from pathways_core.wire.streams import HANDSHAKE_TIMEOUT_SECONDS, FrameError, frames, messages
+from pathways_core.wire.streams import (
+    HANDSHAKE_TIMEOUT_SECONDS,
+    FrameError,
+    frame,
+    frames,
+    messages,
+)
 from pathways_executor.data_plane import accept_forever
 from pathways_executor.tls import Tls
 
 # An event whose message would make it larger than this is cut (its frame must stay under the
 # scheduler's cap, or the whole stream would end).
 MAX_EVENT_BYTES = 1 << 20
+HEARTBEAT_SECONDS = 1.0
+HEARTBEAT = frame(pb.EventBatch())
 
 
 class ControlServer:
@@ -43,9 +53,18 @@ class ControlServer:
         self.endpoint = f"{host}:{self._listener.getsockname()[1]}"
         self._connection: socket.socket | None = None
         self._send_lock = threading.Lock()
+        self._closed = threading.Event()
         threading.Thread(
             target=accept_forever, args=(self._listener, self._open), name="control", daemon=True
         ).start()
+        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._closed.wait(HEARTBEAT_SECONDS):
+            connection = self._connection
+            if connection is not None:
+                with self._send_lock, contextlib.suppress(OSError):
+                    connection.sendall(HEARTBEAT)
 
     def emit(self, events: Sequence[pb.ExecutorEvent]) -> None:
         """Send events to the scheduler (dropped when none is connected: it learns of lost
@@ -107,4 +126,5 @@ class ControlServer:
         return hmac.compare_digest(command.hello.token.encode(), self._token)
 
     def close(self) -> None:
+        self._closed.set()
         self._listener.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import socket
@@ -176,6 +177,23 @@ class Puller:
         self._tls = tls
         self._lock = threading.Lock()
         self._idle: dict[str, list[socket.socket]] = {}
+        self._busy: dict[str, set[socket.socket]] = {}
+        self._down: dict[str, str] = {}  # endpoint -> why its executor is lost
+
+    def down(self, endpoint: str, reason: str) -> None:
+        """The executor at ``endpoint`` is lost: pulls from it in progress end now, and later
+        ones fail at once, with ``reason``."""
+        with self._lock:
+            self._down[endpoint] = reason
+            connections = [*self._idle.pop(endpoint, []), *self._busy.get(endpoint, ())]
+        for connection in connections:
+            with contextlib.suppress(OSError):  # wakes the pull waiting on it
+                socket.socket.shutdown(connection, socket.SHUT_RDWR)
+
+    def _check_up(self, endpoint: str) -> None:
+        reason = self._down.get(endpoint)
+        if reason is not None:
+            raise ConnectionError(reason)
 
     def pull(
         self,
@@ -197,6 +215,7 @@ class Puller:
             assembly=assembly,
         )
         with self._lock:
+            self._check_up(endpoint)
             idle = self._idle.get(endpoint)
             connection = idle.pop() if idle else None
         if connection is not None:
@@ -211,19 +230,36 @@ class Puller:
     def _pull_on(
         self, endpoint: str, connection: socket.socket, exchange: Callable[[socket.socket], None]
     ) -> None:
+        with self._lock:
+            try:
+                self._check_up(endpoint)  # lost while this connection was being opened
+            except ConnectionError:
+                connection.close()
+                raise
+            self._busy.setdefault(endpoint, set()).add(connection)
         try:
             exchange(connection)
         except LookupError:  # the peer's error reply: the connection is still in step
             self._keep(endpoint, connection)
             raise
         except BaseException:
+            self._forget(endpoint, connection)
             connection.close()
+            self._check_up(endpoint)  # ended by down(): say why
             raise
         self._keep(endpoint, connection)
 
-    def _keep(self, endpoint: str, connection: socket.socket) -> None:
+    def _forget(self, endpoint: str, connection: socket.socket) -> None:
         with self._lock:
-            self._idle.setdefault(endpoint, []).append(connection)
+            self._busy.get(endpoint, set()).discard(connection)
+
+    def _keep(self, endpoint: str, connection: socket.socket) -> None:
+        self._forget(endpoint, connection)
+        with self._lock:
+            if endpoint in self._down:
+                connection.close()
+            else:
+                self._idle.setdefault(endpoint, []).append(connection)
 
     def close(self) -> None:
         with self._lock:

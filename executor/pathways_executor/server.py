@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -70,7 +70,7 @@ class ExecutorService:
         self._puller = Puller(tls)
         self.runner = Runner(index, self.island_devices, self._fetch, self._emit)
         self.control = ControlServer(
-            self.runner.submit, host, tls, token=os.environ.get(CONTROL_TOKEN_ENV, "")
+            self._submit, host, tls, token=os.environ.get(CONTROL_TOKEN_ENV, "")
         )
         self._waiting = threading.BoundedSemaphore(MAX_WAITING_GETS)
         self.data_plane = DataPlaneServer(
@@ -83,6 +83,18 @@ class ExecutorService:
 
     def _emit(self, events: list[pb.ExecutorEvent]) -> None:
         self.control.emit(events)
+
+    def _submit(self, commands: Sequence[pb.ExecutorCommand]) -> None:
+        """The scheduler's commands: a lost peer is acted on at once (its reads fail now),
+        the rest go to the runner in island order."""
+        ordered = []
+        for command in commands:
+            if command.WhichOneof("kind") == "peer_down":
+                down = command.peer_down
+                self._puller.down(down.data_endpoint, down.reason)
+            else:
+                ordered.append(command)
+        self.runner.submit(ordered)
 
     # -- arrays ------------------------------------------------------------------------------
 
@@ -322,9 +334,10 @@ def main(args: argparse.Namespace) -> None:
         raise SystemExit(f"pathways_executor: {error}") from None
     server, port = serve(args.index, args.first_device, args.host, args.port, tls)
     # The launcher reads this line to learn the port.
-    print(
-        json.dumps({"ready": True, "port": port, "devices": len(jax.local_devices())}), flush=True
-    )
+    ready = {"ready": True, "port": port, "devices": len(jax.local_devices())}
+    if args.health_port is not None:
+        ready["health"] = args.health_port
+    print(json.dumps(ready), flush=True)
 
     def stop(signum: int, frame: object) -> None:
         # Exit at once: a distributed group's orderly shutdown would wait for the other hosts.

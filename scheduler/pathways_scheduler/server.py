@@ -20,6 +20,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
@@ -51,6 +52,7 @@ from pathways_core.wire.streams import (
     frames,
     messages,
 )
+from pathways_scheduler.health import serve_health
 from pathways_scheduler.lifeline import stop_when_stdin_closes
 from pathways_scheduler.rpc import MESSAGE_OPTIONS, generic_handler, stub
 from pathways_scheduler.tls import Tls, TlsConfigError, channel, load
@@ -58,6 +60,9 @@ from pathways_scheduler.tls import Tls, TlsConfigError, channel, load
 # A peer that takes no bytes for this long is considered gone (its stream is closed), so one
 # stuck client cannot stall the island.
 SEND_TIMEOUT_SECONDS = 60
+# An executor heard from not even by its heartbeat (every second) for this long is lost: long
+# enough for a busy host's interpreter (a large upload's copy holds it for a while).
+DEFAULT_EXECUTOR_TIMEOUT_SECONDS = 30.0
 # A client's events not yet taken by it: beyond this its session is ended (it stopped reading).
 MAX_BACKLOG_BYTES = 64 << 20
 # Writes of at most this many bytes to a TLS stream go out at once when its socket has room.
@@ -205,12 +210,19 @@ class SchedulerService:
         max_queued_per_client: int | None = None,
         max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
         run_length: int = DEFAULT_RUN_LENGTH,
+        executor_timeout: float = DEFAULT_EXECUTOR_TIMEOUT_SECONDS,
     ) -> None:
         self.island = island
         self._tls = tls
         self._lock = threading.Lock()
         self._clients: dict[str, Peer] = {}
         self._executors: dict[int, Peer] = {}
+        # Executors' command streams: when each last sent anything (its heartbeat at least
+        # every second), and why one silent too long was cut off.
+        self._streams: dict[int, socket.socket] = {}
+        self._heard: dict[int, float] = {}
+        self._silent: dict[int, str] = {}
+        self._executor_timeout = executor_timeout
         specs = []
         controls = []
         self._channels = []
@@ -241,6 +253,8 @@ class SchedulerService:
         )
         for spec, control in zip(specs, controls, strict=True):
             self._open_executor_stream(spec, control)
+        if executor_timeout > 0:
+            threading.Thread(target=self._watch_executors, name="heartbeats", daemon=True).start()
         self._listener = socket.create_server((host, session_port), backlog=64)
         self.session_endpoint = f"{host}:{self._listener.getsockname()[1]}"
         threading.Thread(target=self._accept, name="sessions", daemon=True).start()
@@ -258,19 +272,42 @@ class SchedulerService:
         self._executors[spec.index] = Peer(
             connection, lambda commands: pb.CommandBatch(commands=commands)
         )
+        self._streams[spec.index] = connection
+        self._heard[spec.index] = time.monotonic()
 
         def incoming() -> None:
             reason = "its command stream ended"
             try:
                 for batch in messages(connection.recv, pb.EventBatch.FromString):
-                    self._handle(
-                        lambda d, b=batch: [i for e in b.events for i in d.executor_event(e)]
-                    )
+                    self._heard[spec.index] = time.monotonic()
+                    if batch.events:  # else a heartbeat
+                        self._handle(
+                            lambda d, b=batch: [i for e in b.events for i in d.executor_event(e)]
+                        )
             except (OSError, FrameError) as error:
                 reason = f"{type(error).__name__}: {error}"
+            reason = self._silent.get(spec.index, reason)
             self._handle(lambda d: d.executor_lost(spec.index, reason))
 
         threading.Thread(target=incoming, name=f"executor-{spec.index}", daemon=True).start()
+
+    def _watch_executors(self) -> None:
+        """Cut off an executor that sends nothing, not even its heartbeat, for the executor
+        timeout: it is lost as one whose stream ended (a stopped or hung process keeps its
+        connections open, and work reading from it waited minutes)."""
+        timeout = self._executor_timeout
+        while True:
+            time.sleep(min(1.0, timeout / 4))
+            now = time.monotonic()
+            for index, heard in list(self._heard.items()):
+                if index in self._silent or now - heard <= timeout:
+                    continue
+                self._silent[index] = (
+                    f"it sent nothing for {now - heard:.0f} s, not even its heartbeat (stopped, "
+                    f"hung or cut off; --executor-timeout is {timeout:g} s)"
+                )
+                with contextlib.suppress(OSError):  # ends its reader, which reports it lost
+                    socket.socket.shutdown(self._streams[index], socket.SHUT_RDWR)
 
     def _handle(self, stimulus: Callable[[IslandDispatcher], list[Instruction]]) -> None:
         touched: dict[int, Peer] = {}
@@ -564,6 +601,10 @@ def _limit_problem(args: argparse.Namespace) -> str | None:
         return f"--max-queued-per-client must be >= 1, not {args.max_queued_per_client}"
     if args.run_length < 1:
         return f"--run-length must be >= 1, not {args.run_length}"
+    if not (args.executor_timeout == 0 or 2 <= args.executor_timeout < float("inf")):
+        # Executors beat every second: less than two would take a busy one for lost.
+        timeout = args.executor_timeout
+        return f"--executor-timeout must be 0 (never) or at least 2 seconds, not {timeout}"
     try:
         if args.max_artifact_bytes is None:
             args.max_artifact_bytes = artifact_limit_from(os.environ)
@@ -618,8 +659,22 @@ def main() -> None:
         help="proportional share: computations a client may run in a row before another "
         "client's turn (1 switches at every computation)",
     )
+    parser.add_argument(
+        "--executor-timeout",
+        type=float,
+        default=DEFAULT_EXECUTOR_TIMEOUT_SECONDS,
+        help="seconds after which an executor that sends nothing, not even its heartbeat "
+        "(every second), is taken as lost (0: never)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=flags.port, default=0, help="gRPC port (0 picks a free one)")
+    parser.add_argument(
+        "--health-port",
+        type=flags.port,
+        default=None,
+        help="serve the liveness endpoint GET /healthz on this port (0 picks a free one; "
+        "unset: none)",
+    )
     parser.add_argument(
         "--session-port",
         type=flags.port,
@@ -639,6 +694,7 @@ def main() -> None:
         tls = load()
     except TlsConfigError as error:
         parser.exit(2, f"pathways_scheduler: {error}\n")
+    health = None if args.health_port is None else serve_health(args.host, args.health_port)
     service = SchedulerService(
         args.island,
         args.executor,
@@ -651,6 +707,7 @@ def main() -> None:
         max_queued_per_client=args.max_queued_per_client,
         max_artifact_bytes=args.max_artifact_bytes,
         run_length=args.run_length,
+        executor_timeout=args.executor_timeout,
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=MESSAGE_OPTIONS)
     server.add_generic_rpc_handlers([generic_handler(SCHEDULER, service)])
@@ -660,7 +717,10 @@ def main() -> None:
     else:
         port = server.add_secure_port(address, tls.server_credentials())
     server.start()
-    print(json.dumps({"ready": True, "port": port}), flush=True)
+    ready: dict[str, Any] = {"ready": True, "port": port}
+    if health is not None:
+        ready["health"] = health
+    print(json.dumps(ready), flush=True)
     if args.exit_with_launcher:
         stop_when_stdin_closes()
     try:

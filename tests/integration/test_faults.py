@@ -1,7 +1,9 @@
-"""Fault injection with real processes: an executor killed mid-run."""
+"""Fault injection with real processes: an executor killed mid-run, or stopped."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import jax
@@ -53,3 +55,37 @@ def test_sigkill_of_an_executor_fails_its_work_fast_and_the_rest_keeps_serving(
         client.put(np.zeros(4, np.float32), device=0)
     with pytest.raises(IslandError, match=r"the session with island .* is closed"):
         client.get(y)
+
+
+def test_a_stopped_executor_is_lost_after_the_executor_timeout_and_reads_from_it_end(
+    compilation_cache,
+) -> None:
+    """A stopped (or hung) executor keeps its connections open: work reading its buffers
+    waited 120 s (saying the buffer was not ready), holding up everything after it on the
+    reader's devices, and its own work waited for good."""
+    island = LocalIsland(
+        hosts=2, devices_per_host=2, compilation_cache=compilation_cache, executor_timeout=3
+    )
+    with island, IslandClient(island.scheduler_endpoint, "tenant") as client:
+        add_one = client.register(increment(), "increment")
+        held = client.submit(add_one, [2], [client.put(np.zeros(4, np.float32), device=2)], 1)
+        held.wait(30)  # its output stays on executor 1
+        mine = client.put(np.zeros(4, np.float32), device=0)
+        pid = island.executors[1].popen.pid
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            reading = client.submit(add_one, [0], [held.outputs[0]], 1)
+            own = client.submit(add_one, [3], [held.outputs[0]], 1)
+            silent = r"executor 1 \(127\.0\.0\.1:\d+\) is unreachable: it sent nothing for \d+ s"
+            with pytest.raises(IslandError, match=silent):
+                reading.wait(60)
+            with pytest.raises(IslandError, match=silent):
+                own.wait(10)
+            assert time.monotonic() - stopped < 15
+            # The rest of the island keeps serving, the reader's devices too.
+            after = client.submit(add_one, [0], [mine], 1)
+            after.wait(30)
+            np.testing.assert_array_equal(client.get(after.outputs[0]), np.ones(4))
+        finally:
+            os.kill(pid, signal.SIGCONT)

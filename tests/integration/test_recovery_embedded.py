@@ -220,19 +220,30 @@ def resumed(cluster: Cluster, tenant: str, name: str) -> bool:
     return last[0][0] == "START" and last[0][1] > 0
 
 
-@pytest.mark.parametrize("which", ["executor", "scheduler"])
+@pytest.mark.parametrize("which", ["executor", "scheduler", "stopped"])
 def test_a_killed_island_process_restarts_the_island_and_its_programs_resume(
     cluster: Cluster, which: str
 ) -> None:
+    """``stopped``: an executor stopped with SIGSTOP keeps its connections open and never
+    exits; it fails its liveness probes, and the island is restarted as if it had died (it
+    was not, and its programs hung)."""
     before = cluster.info()
     killed: list[str] = []
+    stopped: list[float] = []
 
     def fault(placed: dict[str, str]) -> None:
         # The island of the first tenant's program: one of its executors, or its scheduler.
         island = placed[f"{which}-{TENANTS[0]}"]
         entry = before.islands[island]
-        pid = entry["executors"][-1] if which == "executor" else entry["scheduler"]
-        os.kill(pid, signal.SIGKILL)
+        if which == "stopped":  # the one running the program: it must not finish unhurt
+            name = f"{which}-{TENANTS[0]}"
+            bound = cluster.clients[TENANTS[0]].get("virtualslices", f"{name}-main")["status"]
+            pid = entry["executors"][bound["devices"][0] // entry["devicesPerHost"]]
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(time.time())
+        else:
+            pid = entry["scheduler"] if which == "scheduler" else entry["executors"][-1]
+            os.kill(pid, signal.SIGKILL)
         killed.append(island)
 
     outcome = run_with_fault(cluster, which, fault)
@@ -243,6 +254,8 @@ def test_a_killed_island_process_restarts_the_island_and_its_programs_resume(
     assert info.restarts.get(key, 0) == before.restarts.get(key, 0) + 1
     assert not set(info.islands[island]["pids"]) & set(before.islands[island]["pids"])
     assert info.islands[island]["generation"] == before.islands[island]["generation"] + 1
+    if stopped:  # found by its liveness probes (JAX's group took 100 s to give up on it)
+        assert info.islands[island]["startedAt"] - stopped[0] < 60, info.islands[island]
     # It went Degraded (hosts lost), then Ready again at its new endpoint. The Ready event is
     # recorded just after the status run_with_fault saw: wait for it (the assertions below
     # say what is wrong if it never comes).
@@ -263,6 +276,8 @@ def test_a_killed_island_process_restarts_the_island_and_its_programs_resume(
         status = outcome["documents"][name]["status"]
         if status["phase"] == "Failed":
             continue  # the Never program: its run failed, checked above
+        if which == "stopped" and name != f"stopped-{TENANTS[0]}" and status["runs"] == 1:
+            continue  # on the island's other executor, it may end before the restart
         assert status["runs"] >= 2, (name, status)
         assert resumed(cluster, tenant, name), cluster.runs(tenant, name)
         slice_events = cluster.events(f"{name}-main")

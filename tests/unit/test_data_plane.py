@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -93,3 +95,30 @@ def test_whole_arrays_of_every_layout_arrive_byte_for_byte() -> None:
     finally:
         puller.close()
         server.close()
+
+
+def test_a_pull_from_a_holder_declared_lost_ends_at_once_with_the_reason() -> None:
+    """A stopped holder's kernel still accepts the connection; the pull waited minutes."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (in the kernel), never answers
+    endpoint = f"127.0.0.1:{silent.getsockname()[1]}"
+    puller = Puller()
+    failures: list[BaseException] = []
+
+    def pull() -> None:
+        try:
+            fetch(puller, endpoint, "b")
+        except BaseException as error:
+            failures.append(error)
+
+    waiting = threading.Thread(target=pull)
+    waiting.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    puller.down(endpoint, "executor 1 is unreachable: it sent nothing for 30 s")
+    waiting.join(5)
+    assert not waiting.is_alive() and time.monotonic() - started < 2
+    (failure,) = failures
+    assert isinstance(failure, ConnectionError) and "sent nothing for 30 s" in str(failure)
+    with pytest.raises(ConnectionError, match="sent nothing"):  # later pulls fail at once
+        fetch(puller, endpoint, "c")
+    silent.close()

@@ -225,6 +225,21 @@ def test_a_lost_executor_fails_its_work_and_the_rest_keeps_serving() -> None:
     assert to_executors(dispatcher.submit("a", computation("a", 3, devices=(0,))))
 
 
+def test_a_lost_executor_is_announced_to_the_others_once() -> None:
+    """They stop reading its buffers at once (a read from a silent holder waited minutes)."""
+    specs = [ExecutorSpec(i, f"h:{i}", (i,), f"d:{i}") for i in range(3)]
+    dispatcher = IslandDispatcher(specs, policy="fifo", max_in_flight=4)
+    told = to_executors(dispatcher.executor_lost(1, "it sent nothing for 31 s"))
+    assert [(e, c.peer_down.executor, c.peer_down.data_endpoint) for e, c in told] == [
+        (0, 1, "d:1"),
+        (2, 1, "d:1"),
+    ]
+    assert "executor 1 (h:1) is unreachable: it sent nothing" in told[0][1].peer_down.reason
+    assert dispatcher.executor_lost(1, "its command stream ended") == []
+    # A second loss is not announced to the first.
+    assert [e for e, _ in to_executors(dispatcher.executor_lost(2, "gone"))] == [0]
+
+
 def test_every_executor_sees_one_order_for_two_clients() -> None:
     dispatcher = island(max_in_flight=64)
     sent = []

@@ -59,6 +59,15 @@ from pathways_core.resources import Island
 SCHEDULER_PORT = 8470
 EXECUTOR_PORT = 8471
 COORDINATOR_PORT = 8476
+HEALTH_PORT = 8477
+LIVENESS_PROBE = {
+    # A process that stops answering (stopped, wedged) is restarted, taking the island down as
+    # a crash does; it answers from the start, so a slow JAX start or group join is no failure.
+    "httpGet": {"path": "/healthz", "port": "health"},
+    "periodSeconds": 10,
+    "timeoutSeconds": 5,
+    "failureThreshold": 3,
+}
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 
 
@@ -177,7 +186,7 @@ def executor_command(island: Island, namespace: str) -> list[str]:
     spec = island.spec
     name = island.metadata.name or ""
     devices = spec.host_devices
-    flags = ["--host", "0.0.0.0", "--port", str(EXECUTOR_PORT)]
+    flags = ["--host", "0.0.0.0", "--port", str(EXECUTOR_PORT), "--health-port", str(HEALTH_PORT)]
     flags += ["--compilation-cache", COMPILATION_CACHE_DIR]
     if spec.hosts > 1:
         coordinator = f"{executor_host(name, namespace, 0)}:{COORDINATOR_PORT}"
@@ -230,6 +239,8 @@ def island_children(
         "0.0.0.0",
         "--port",
         str(SCHEDULER_PORT),
+        "--health-port",
+        str(HEALTH_PORT),
     ]
     for index in range(spec.hosts):
         scheduler_args += ["--executor", f"{executor_host(name, namespace, index)}:{EXECUTOR_PORT}"]
@@ -256,8 +267,12 @@ def island_children(
                                 "image": image,
                                 "args": scheduler_args,
                                 **({"env": token_env} if token_env else {}),
-                                "ports": [{"name": "grpc", "containerPort": SCHEDULER_PORT}],
+                                "ports": [
+                                    {"name": "grpc", "containerPort": SCHEDULER_PORT},
+                                    {"name": "health", "containerPort": HEALTH_PORT},
+                                ],
                                 "readinessProbe": {"tcpSocket": {"port": SCHEDULER_PORT}},
+                                "livenessProbe": LIVENESS_PROBE,
                             }
                         ],
                     },
@@ -298,8 +313,10 @@ def island_children(
         "ports": [
             {"name": "grpc", "containerPort": EXECUTOR_PORT},
             {"name": "coordinator", "containerPort": COORDINATOR_PORT},
+            {"name": "health", "containerPort": HEALTH_PORT},
         ],
         "readinessProbe": {"tcpSocket": {"port": EXECUTOR_PORT}},
+        "livenessProbe": LIVENESS_PROBE,
     }
     if placed["resources"]:
         container["resources"] = placed["resources"]

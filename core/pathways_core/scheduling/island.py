@@ -384,10 +384,25 @@ class IslandDispatcher:
     def executor_lost(self, index: int, reason: str) -> list[Instruction]:
         """An executor is unreachable: its computations fail now, and later ones touching its
         devices are refused, while the rest of the island keeps serving."""
+        if index in self._down:
+            return []
         spec = self.executors[index]
         message = f"executor {index} ({spec.endpoint}) is unreachable: {reason}"
         self._down[index] = message
-        instructions: list[Instruction] = []
+        # The others stop reading its buffers now: a read from a silent holder waited
+        # minutes, holding up everything after it on the reader's devices.
+        instructions: list[Instruction] = [
+            ToExecutor(
+                other.index,
+                pb.ExecutorCommand(
+                    peer_down=pb.PeerDown(
+                        executor=index, data_endpoint=spec.data_endpoint, reason=message
+                    )
+                ),
+            )
+            for other in self.executors.values()
+            if other.index not in self._down and spec.data_endpoint
+        ]
         for seq, flight in list(self._in_flight.items()):
             if index in flight.waiting:
                 flight.waiting.discard(index)

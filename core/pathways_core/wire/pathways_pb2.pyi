@@ -217,7 +217,7 @@ class InputSource(_message.Message):
     def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ..., data_endpoints: _Optional[_Iterable[str]] = ..., uploaded: _Optional[bool] = ..., partial: _Optional[bool] = ...) -> None: ...
 
 class ExecutorCommand(_message.Message):
-    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "forget", "sources")
+    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "forget", "peer_down", "sources")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +226,7 @@ class ExecutorCommand(_message.Message):
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     CALL_FIELD_NUMBER: _ClassVar[int]
     FORGET_FIELD_NUMBER: _ClassVar[int]
+    PEER_DOWN_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     run: Computation
@@ -235,8 +236,9 @@ class ExecutorCommand(_message.Message):
     program: ProgramRegistration
     call: ProgramCall
     forget: Forget
+    peer_down: PeerDown
     sources: _containers.RepeatedCompositeFieldContainer[InputSource]
-    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., peer_down: _Optional[_Union[PeerDown, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
 
 class Forget(_message.Message):
     __slots__ = ("function_ids", "program_ids")
@@ -245,6 +247,16 @@ class Forget(_message.Message):
     function_ids: _containers.RepeatedScalarFieldContainer[str]
     program_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, function_ids: _Optional[_Iterable[str]] = ..., program_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PeerDown(_message.Message):
+    __slots__ = ("executor", "data_endpoint", "reason")
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    executor: int
+    data_endpoint: str
+    reason: str
+    def __init__(self, executor: _Optional[int] = ..., data_endpoint: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ControlHello(_message.Message):
     __slots__ = ("island", "token")
