@@ -240,8 +240,10 @@ class Cluster:
             "metadata": {"name": name},
             "spec": spec,
         }
+        created = False
         try:
             self.api.submit(document)
+            created = True
             deadline = time.monotonic() + timeout
             while True:
                 status = self.api.get("virtualslices", name).get("status") or {}
@@ -260,14 +262,17 @@ class Cluster:
             endpoint = (self.api.get("islands", island_name).get("status") or {}).get(
                 "schedulerEndpoint"
             )
-        except (ApiCallError, SliceError) as error:
-            with contextlib.suppress(ApiCallError):
-                self.api.delete("virtualslices", name)
-            if isinstance(error, SliceError):
-                raise
-            raise SliceError(f"slice {name!r} was refused: {error}") from None
-        if not endpoint:
-            raise SliceError(f"island {island_name!r} of slice {name!r} has no scheduler yet")
+            if not endpoint:
+                raise SliceError(f"island {island_name!r} of slice {name!r} has no scheduler yet")
+        except BaseException as error:
+            # Whatever stopped it (a refusal, Ctrl-C, SIGTERM while it waited): the slice goes,
+            # or it would bind later and hold its devices and quota for no one.
+            if created:
+                with contextlib.suppress(Exception):
+                    self.api.delete("virtualslices", name)
+            if isinstance(error, ApiCallError):
+                raise SliceError(f"slice {name!r} was refused: {error}") from None
+            raise
         self.islands[island_name] = endpoint
         return Slice(name, island_name, tuple(status["devices"]), shape, cluster=self)
 
@@ -402,7 +407,10 @@ def _connect_api(
         tenant = tenant or "default"
         token = token or tokens(folder).get(tenant)
         if token is None:
-            raise ConnectError(f"{folder}/tokens.yaml has no token for tenant {tenant!r}")
+            raise ConnectError(
+                f"{folder}/tokens.yaml has no token for tenant {tenant!r}: add the tenant with "
+                f"pathways up --state {folder} --tenant {tenant}"
+            )
     token = token or os.environ.get(ENV_TOKEN)
     api = ApiClient(str(url), token)
     try:

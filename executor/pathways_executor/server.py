@@ -313,7 +313,9 @@ def serve(
     """Start the executor's server (mutual TLS on every endpoint with ``tls``); returns it
     and the port it listens on."""
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS), options=MESSAGE_OPTIONS
+        futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS),
+        # A port another process listens on is refused, not shared (gRPC's SO_REUSEPORT).
+        options=[*MESSAGE_OPTIONS, ("grpc.so_reuseport", 0)],
     )
     service = ExecutorService(index, first_device, host=host, tls=tls)
     server.add_generic_rpc_handlers([generic_handler(EXECUTOR, service)])

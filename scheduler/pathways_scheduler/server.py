@@ -709,7 +709,11 @@ def main() -> None:
         run_length=args.run_length,
         executor_timeout=args.executor_timeout,
     )
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=MESSAGE_OPTIONS)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=64),
+        # A port another process listens on is refused, not shared (gRPC's SO_REUSEPORT).
+        options=[*MESSAGE_OPTIONS, ("grpc.so_reuseport", 0)],
+    )
     server.add_generic_rpc_handlers([generic_handler(SCHEDULER, service)])
     address = f"{args.host}:{args.port}"
     if tls is None:

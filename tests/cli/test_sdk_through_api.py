@@ -3,6 +3,9 @@ resource manager, charged to the tenant, released on exit."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -51,3 +54,35 @@ def test_a_bad_token_is_refused(embedded_state: Path) -> None:
     assert info is not None
     with pytest.raises(pw.ConnectError, match="refused the session"):
         pw.connect(info.api, token="not-a-token")
+
+
+def test_a_slice_request_interrupted_while_pending_leaves_no_slice(embedded_state: Path) -> None:
+    """Ctrl-C (or SIGTERM, in the proxy) while a slice waited left it behind: it bound later
+    and held devices and quota for no one."""
+    waiter = (
+        "import sys\n"
+        "import pathways_client as pw\n"
+        f"with pw.connect(state={str(embedded_state)!r}, tenant='team-a') as cluster:\n"
+        "    print('WAITING', flush=True)\n"
+        "    cluster.slice(devices=2, name='waiter', timeout=120)\n"
+    )
+    with (
+        pw.connect(state=embedded_state, tenant="team-a") as cluster,
+        cluster.slice(devices=3),  # one device left: the waiter's two cannot bind yet
+    ):
+        process = subprocess.Popen(
+            [sys.executable, "-c", waiter], stdout=subprocess.PIPE, text=True
+        )
+        assert process.stdout is not None and process.stdout.readline() == "WAITING\n"
+        deadline = time.monotonic() + 30
+        while not any(s["metadata"]["name"] == "waiter" for s in cluster.api.list("virtualslices")):
+            assert time.monotonic() < deadline, "the waiter's slice never appeared"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) != 0
+        left = [
+            s
+            for s in cluster.api.list("virtualslices")
+            if s["metadata"]["name"] == "waiter" and "deletionTimestamp" not in s["metadata"]
+        ]
+        assert left == []

@@ -271,6 +271,39 @@ def test_the_tunnel_refuses_bad_arguments_by_name(
     assert message in result.output, result.output
 
 
+def test_a_certificate_and_key_that_do_not_match_are_refused_by_name(
+    tls_files: dict[str, str],
+) -> None:
+    """gRPC said only "Failed to bind to address", in a traceback."""
+    from click.testing import CliRunner
+
+    from pathways_client.cli import main
+
+    for cert, key in (
+        (tls_files["PATHWAYS_TLS_CA"], tls_files["PATHWAYS_TLS_KEY"]),  # another's certificate
+        (tls_files["PATHWAYS_TLS_KEY"], tls_files["PATHWAYS_TLS_CERT"]),  # swapped
+    ):
+        args = ["proxy", "--backend", "local", "--tls-cert", cert, "--tls-key", key]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, result.output
+        assert "are not a PEM certificate and its private key" in result.output, result.output
+
+
+def test_a_port_another_proxy_listens_on_is_refused(tls_proxy: ProxyProcess) -> None:
+    """gRPC's SO_REUSEPORT let a second proxy listen on it too: clients went to either."""
+    port = tls_proxy.address.rsplit(":", 1)[1]
+    second = subprocess.run(
+        [PYTHON, "-m", "pathways_client", "proxy", "--backend", "local", "--port", port],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=client_env(),
+    )
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in second.stderr, second.stderr
+    assert tls_proxy.alive()
+
+
 # --- the proxy next to the program, TLS to the cluster -------------------------------------------
 
 TENANT = "team-tls"

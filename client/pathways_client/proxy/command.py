@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 import threading
 from pathlib import Path
 from typing import Any
@@ -176,9 +177,12 @@ def proxy_command(
     if backend == "local" and (chosen or slice_name or island_name):
         given = chosen[0] if chosen else "--slice/--island"
         raise click.UsageError(f"--backend local runs on this process: {given} does not apply")
+    credentials = _tls_credentials(tls_cert, tls_key)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per API call is no news
+    # Until it serves, SIGTERM unwinds as Ctrl-C does: a slice being bound is deleted.
+    signal.signal(signal.SIGTERM, _interrupt)
     # Before JAX creates its CPU client: the device count is fixed then.
-    import grpc
     import jax
 
     if backend == "local":
@@ -188,9 +192,6 @@ def proxy_command(
     from pathways_client.proxy.server import PROTOCOL_MAX, PROTOCOL_MIN, ProxyConfig, serve
 
     low, high = versions or (PROTOCOL_MIN, PROTOCOL_MAX)
-    credentials = None
-    if tls_cert is not None and tls_key is not None:
-        credentials = grpc.ssl_server_credentials([(tls_key.read_bytes(), tls_cert.read_bytes())])
     with contextlib.ExitStack() as stack:
         if backend == "local":
             from pathways_client.proxy.local import LocalBackend
@@ -234,6 +235,27 @@ def proxy_command(
             signal.signal(sig, lambda *_: stop.set())
         stop.wait()
         server.stop(grace=2).wait()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _tls_credentials(cert: Path | None, key: Path | None) -> Any:
+    """The server credentials of ``--tls-cert`` and ``--tls-key``, checked to be a PEM
+    certificate and its private key (gRPC says only that the port cannot be bound)."""
+    if cert is None or key is None:
+        return None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (ssl.SSLError, ValueError) as exc:
+        raise click.UsageError(
+            f"--tls-cert {cert} and --tls-key {key} are not a PEM certificate and its private "
+            f"key ({exc.__class__.__name__}: {exc})"
+        ) from None
+    import grpc
+
+    return grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
 
 
 def _island_backend(
@@ -291,6 +313,10 @@ def _island_backend(
         island=island,
         slice_name=slice_name,
         tenant=tenant or os.environ.get("PATHWAYS_TENANT") or "default",
+    )
+    click.echo(
+        f"pathways proxy: binding a slice of {devices} device(s) to check the island backend "
+        "(waits while it is pending; Ctrl-C gives it back)"
     )
     try:
         found = backend.probe()

@@ -355,15 +355,21 @@ def serve(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
+            # A port another process listens on is refused, not shared (gRPC's default
+            # SO_REUSEPORT split clients at random between two proxies on one port).
+            ("grpc.so_reuseport", 0),
         ],
     )
     server.add_generic_rpc_handlers((servicer.handler(),))
-    if credentials is None:
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, credentials)
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError:  # gRPC's "Failed to bind to address"
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {address}")
+        raise OSError(f"cannot listen on {address} (is another process listening on it?)")
     server.start()
     return server, port, servicer
 
