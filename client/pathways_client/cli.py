@@ -406,6 +406,7 @@ def up(
         EmbeddedError,
         IslandSpec,
         memory_problem,
+        previous_islands,
         read_info,
         tenant_problem,
     )
@@ -419,12 +420,19 @@ def up(
         if problem := tenant_problem(tenant):
             raise click.BadParameter(problem, param_hint="'--tenant'")
     running = read_info(_state(state))
+    given = {
+        name
+        for name in ("islands", "hosts", "devices", "topology", "policy")
+        if context.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
+    }
+    if running is None and not given and (previous := previous_islands(_state(state))):
+        # The state's objects were bound on these: a bare up starts them again, not defaults.
+        specs = previous
+        described = ", ".join(
+            f"{s.name} ({s.hosts} x {s.devices_per_host}, {s.mesh})" for s in specs
+        )
+        console.print(f"the islands of the last cluster of {_state(state)}: {described}")
     if running is not None and running.ready:
-        given = {
-            name
-            for name in ("islands", "hosts", "devices", "topology", "policy")
-            if context.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
-        }
         differences = _differences(running.islands, specs, given)
         if differences:
             _fail(
@@ -433,7 +441,7 @@ def up(
                 "then 'pathways up' with these options"
             )
     elif problem := memory_problem(specs):
-        option = "--islands" if islands > hosts else "--hosts"
+        option = "--islands" if len(specs) > specs[0].hosts else "--hosts"
         raise click.BadParameter(problem, param_hint=f"'{option}'")
     try:
         info = _with_spinner(

@@ -171,6 +171,25 @@ def read_info(state: Path) -> ClusterInfo | None:
     return info if _alive(info.supervisor) else None
 
 
+def previous_islands(state: Path) -> list[IslandSpec]:
+    """The islands the state directory's last cluster had (from ``islands.json``; none if it
+    never ran or the file cannot be read)."""
+    try:
+        registered = json.loads((state / "islands.json").read_text())
+        return [
+            IslandSpec(
+                name,
+                int(entry["hosts"]),
+                int(entry["devicesPerHost"]),
+                str(entry["policy"]),
+                topology=str(entry.get("topology") or ""),
+            )
+            for name, entry in sorted(registered.items())
+        ]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []
+
+
 def tokens(state: Path) -> dict[str, str]:
     """Tenant -> its first token, from the state directory's tokens file."""
     try:
@@ -707,7 +726,7 @@ def _up(
         )
     ensure_tenants(state, tenants)
     previous_port = None
-    with contextlib.suppress(OSError, ValueError, KeyError):
+    with contextlib.suppress(OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         previous_port = int(
             json.loads((state / "cluster.json").read_text())["api"].rsplit(":", 1)[1]
         )

@@ -398,6 +398,19 @@ def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_wa
     again = pathways("delete", "too-large", *at)
     assert again.exit_code == 1 and "NotFound" in again.output
 
+    # A bare up after down starts the islands the state's objects were bound on (it started
+    # the defaults: a 1 x 4 island of mesh 4, where the 2x2 programs could not fit) ...
+    assert pathways("down", *at).exit_code == 0
+    # ... also after a start that failed before the API came up (the record it left made
+    # every later up a traceback).
+    record = json.loads((state / "cluster.json").read_text())
+    (state / "cluster.json").write_text(json.dumps({**record, "api": ""}))
+    restarted = pathways("up", *at)
+    assert restarted.exit_code == 0, restarted.output
+    assert "the islands of the last cluster" in restarted.output
+    island = read_info(state).islands["island-0"]  # type: ignore[union-attr]
+    assert (island["hosts"], island["devicesPerHost"], island["topology"]) == (2, 2, "2x2")
+
 
 def test_two_ups_at_once_start_one_cluster_and_a_second_supervisor_refuses(
     state: Path,
