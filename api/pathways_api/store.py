@@ -27,11 +27,10 @@ from typing import Any, Protocol
 from pathways_api.auth import Tenant
 from pathways_api.errors import Conflict, InvalidField, NotFound, QuotaExceeded
 from pathways_api.logs import LogFile, Part
-from pathways_core.control.common import Document, Event, timestamp
+from pathways_core.control.common import ANNOTATION_CANCELLED, Document, Event, timestamp
 
 PROGRAM, SLICE, ISLAND = "PathwaysProgram", "VirtualSlice", "Island"
 TERMINAL = ("Succeeded", "Failed")
-ANNOTATION_CANCELLED = "pathways.dev/cancelled"
 LABEL_SUBMITTED_BY = "pathways.dev/submitted-by"
 
 
@@ -166,8 +165,8 @@ def check_changeable(document: Document | None, name: str, action: str) -> Docum
         raise Conflict(f"program {name!r} already {phase.lower()}", field="name")
     if action != "cancel" and is_cancelled(document):
         raise Conflict(
-            f"program {name!r} was cancelled, so it cannot {action}; submit it again "
-            "(cancelled programs stay suspended for good)",
+            f"program {name!r} was cancelled, so it cannot {action}; delete it, then submit "
+            "it again (cancelled programs stay suspended for good)",
             field="name",
         )
     return document

@@ -614,25 +614,37 @@ PROGRAM_COLUMNS = ("Program", "Phase", "Runs", "Slices", "Message")
 OTHER_COLUMNS = ("Name", "Phase", "Island", "Devices", "Message")
 
 
+MESSAGE_WIDTH = 80
+"""Characters of a status message a table row shows (``-o yaml`` shows it whole)."""
+
+
 def _cells(document: dict[str, Any]) -> tuple[str, ...]:
     """A program's, slice's or island's row: the values of its kind's columns, as text."""
     status = document.get("status") or {}
     phase = status.get("phase") or "-"
-    message = (status.get("message") or "")[:80]
+    message = status.get("message") or ""
+    if len(message) > MESSAGE_WIDTH:  # cut, and says so
+        message = message[: MESSAGE_WIDTH - 1] + "…"
     if document.get("kind") == "PathwaysProgram":
-        slices = ", ".join(
-            f"{s['name']}@{s.get('island', '?')}" for s in status.get("slices") or []
-        )
+        slices = ", ".join(_slice_cell(item) for item in status.get("slices") or [])
         runs = str(status.get("runs", 0))
         return (document["metadata"]["name"], phase, runs, slices, message)
     devices = status.get("devices")
-    held = (
-        _devices_text(tuple(devices))
-        if devices
-        else f"{status.get('devicesFree', '?')}/{status.get('devicesTotal', '?')} free"
-    )
+    if devices:
+        held = _devices_text(tuple(devices))
+    elif document.get("kind") == "Island":
+        held = f"{status.get('devicesFree', '?')}/{status.get('devicesTotal', '?')} free"
+    else:
+        held = "-"  # a slice holding none
     island = status.get("island") or ""
     return (document["metadata"]["name"], phase, island, held, message)
+
+
+def _slice_cell(item: dict[str, Any]) -> str:
+    """A program's slice in its row: where it is bound, else its phase (Pending, Released)."""
+    if item.get("island"):
+        return f"{item['name']}@{item['island']}"
+    return f"{item['name']} ({item['phase']})" if item.get("phase") else item["name"]
 
 
 def _print_table(title: str, columns: tuple[str, ...], documents: list[dict[str, Any]]) -> None:
@@ -839,7 +851,10 @@ def get(
             _fail(error)
         columns = PROGRAM_COLUMNS if kind == "programs" else OTHER_COLUMNS
         # Documents as written, for files and pipes: the console would wrap long lines.
-        if output == "json":
+        if output == "json" and watch:  # JSON lines from the first: one document a line
+            for document in [found] if name else found:
+                click.echo(json.dumps(document))
+        elif output == "json":
             click.echo(json.dumps(found, indent=2))
         elif output == "yaml" or name:
             click.echo(yaml.safe_dump(found, sort_keys=False), nl=False)
@@ -1179,7 +1194,13 @@ def write_trace(records: list[dict[str, Any]], out: Path, title: str) -> None:
 
 
 @main.command()
-@STATE_OPTION
+@click.option(
+    "--state",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="State directory of the demo's cluster [default: a new temporary one, removed "
+    "afterwards unless --keep]; a previous demo's programs in it are replaced.",
+)
 @click.option(
     "--out",
     type=OutputPath(),

@@ -18,7 +18,10 @@ Every figure printed is measured in this run: nothing is assumed.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import secrets
+import shutil
 import tempfile
 import textwrap
 import time
@@ -29,7 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pathways_client.api_client import ApiClient
+from pathways_client.api_client import ApiCallError, ApiClient
 from pathways_client.embedded import IslandSpec, down, tokens, up
 from pathways_client.trace_export import plot_timeline, shares
 from pathways_client.watch import wait_programs
@@ -118,6 +121,27 @@ def _program(name: str, slices: list[dict[str, Any]], source: str, **spec: Any) 
     }
 
 
+def submit_fresh(client: ApiClient, document: dict[str, Any], run: str) -> str:
+    """Submit a demo program, deleting first one of its name a previous demo in this state
+    left (else its result was shown again, or the submission refused); returns its name."""
+    name = document["metadata"]["name"]
+    with contextlib.suppress(ApiCallError):
+        client.delete("programs", name)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            client.get("programs", name)
+        except ApiCallError as error:
+            if error.status == 404:
+                break
+            raise
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"program {name} of an earlier demo is still being deleted")
+        time.sleep(0.2)
+    # One idempotency key per run: a retried submission of this run is one program.
+    return client.submit(document, f"demo-{run}-{name}")["metadata"]["name"]
+
+
 def _report(client: ApiClient, name: str) -> dict[str, Any]:
     """The DEMO line a driver printed, or an error with the end of its output."""
     output = client.logs(name)
@@ -142,7 +166,9 @@ def run_demo(state: Path | None, out: Path, keep: bool, console: Console) -> Non
     """Run the demo (see the module docstring)."""
     if not (EXAMPLES / "pipeline_mlp.py").exists():
         raise RuntimeError(f"the demo runs the examples of a clone of the repository: {EXAMPLES}")
+    temporary = state is None
     state = state or Path(tempfile.mkdtemp(prefix="pathways-demo-"))
+    run = secrets.token_hex(4)
     tenants = ["team-llm", *(f"tenant-w{w}" for w in WEIGHTS)]
     islands = [
         IslandSpec("train", hosts=2, devices_per_host=4, policy="fifo"),
@@ -166,27 +192,27 @@ def run_demo(state: Path | None, out: Path, keep: bool, console: Console) -> Non
     keys = tokens(state)
     clients = {tenant: ApiClient(info.api, keys[tenant]) for tenant in tenants}
     try:
-        _pipeline(clients["team-llm"], console)
-        _tenants({f"tenant-w{w}": clients[f"tenant-w{w}"] for w in WEIGHTS}, out, console)
+        _pipeline(clients["team-llm"], console, run)
+        _tenants({f"tenant-w{w}": clients[f"tenant-w{w}"] for w in WEIGHTS}, out, console, run)
     finally:
         for client in clients.values():
             client.close()
         if not keep:
             with console.status("stopping the embedded cluster"):
                 down(state)
+                if temporary:
+                    shutil.rmtree(state, ignore_errors=True)
             console.print("[green]✓[/] cluster stopped")
     console.print(f"demo finished in {time.monotonic() - began:.0f} s")
 
 
-def _pipeline(client: ApiClient, console: Console) -> None:
+def _pipeline(client: ApiClient, console: Console, run: str) -> None:
     console.print(
         "\n[bold]1. Pipelined model[/] (tenant team-llm): 4 stages x 2 devices on island train"
     )
     source = PIPELINE_DRIVER.format(path=str(EXAMPLES / "pipeline_mlp.py"), steps=PIPELINE_STEPS)
     slices = [{"name": f"stage-{s}", "devices": 2, "island": "train"} for s in range(4)]
-    name = client.submit(_program("pipeline-mlp", slices, source), "demo-pipeline")["metadata"][
-        "name"
-    ]
+    name = submit_fresh(client, _program("pipeline-mlp", slices, source), run)
     _wait({"team-llm": (client, name)}, console, "training")
     result = _report(client, name)
     table = Table(title="Pipeline (GPipe, 4 microbatches of 32)")
@@ -203,7 +229,7 @@ def _pipeline(client: ApiClient, console: Console) -> None:
     )
 
 
-def _tenants(clients: dict[str, ApiClient], out: Path, console: Console) -> None:
+def _tenants(clients: dict[str, ApiClient], out: Path, console: Console, run: str) -> None:
     console.print(
         f"\n[bold]2. Four tenants[/], weights {':'.join(map(str, WEIGHTS))}, on a time-shared "
         f"slice of the same {SHARED_DEVICES} devices of island shared"
@@ -220,7 +246,7 @@ def _tenants(clients: dict[str, ApiClient], out: Path, console: Console) -> None
             weight=weight,
         )
         document["spec"]["driver"]["env"] = [{"name": "DEMO_START_AT", "value": str(start_at)}]
-        names[tenant] = client.submit(document, f"demo-chain-{weight}")["metadata"]["name"]
+        names[tenant] = submit_fresh(client, document, run)
     _wait({t: (c, names[t]) for t, c in clients.items()}, console, "tenants")
     records = []
     results = {}

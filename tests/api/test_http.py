@@ -135,6 +135,7 @@ def test_suspend_and_resume_flip_spec_suspend_and_keep_the_quota(
         assert refused.status_code == 409
         assert error_of(refused)["field"] == "name"
         assert "was cancelled, so it cannot" in error_of(refused)["message"]
+        assert "delete it, then submit it again" in error_of(refused)["message"]
     assert a.get("/v1/programs/p").json()["spec"]["suspend"] is True
     # A finished program has nothing to suspend; an unknown one is not found.
     assert a.post("/v1/programs", json=program("done")).status_code == 201

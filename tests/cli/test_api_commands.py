@@ -160,3 +160,30 @@ def test_up_names_a_state_directory_it_cannot_make(pathways, tmp_path: Path) -> 
     assert f"cannot use the state directory: Not a directory ({blocker / 'state'})" in (
         result.output
     )
+
+
+def test_table_rows_say_where_they_cut_and_what_a_slice_holds() -> None:
+    """Messages were cut mid-word without a mark; a Pending slice showed '?/? free', a
+    finished program's slices 'train@?'."""
+    from pathways_client.cli import MESSAGE_WIDTH, _cells
+
+    finished = {
+        "kind": "PathwaysProgram",
+        "metadata": {"name": "p"},
+        "status": {
+            "phase": "Succeeded",
+            "message": "x" * 100,
+            "slices": [{"name": "train", "virtualSliceName": "p-train", "phase": "Released"}],
+        },
+    }
+    _, _, _, slices, message = _cells(finished)
+    assert slices == "train (Released)"
+    assert len(message) == MESSAGE_WIDTH and message.endswith("…")
+    pending = {"kind": "VirtualSlice", "metadata": {"name": "s"}, "status": {"phase": "Pending"}}
+    assert _cells(pending)[3] == "-"
+    island = {
+        "kind": "Island",
+        "metadata": {"name": "i"},
+        "status": {"devicesFree": 3, "devicesTotal": 4},
+    }
+    assert _cells(island)[3] == "3/4 free"

@@ -182,6 +182,15 @@ def test_up_submit_trace_cancel_down_and_up_again(
     assert pathways("cancel", "sleeper", *api).exit_code == 0
     refused = pathways("resume", "sleeper", *api)
     assert refused.exit_code == 1 and "was cancelled, so it cannot resume" in refused.output
+    # Its status says cancelled, not suspended like one to be resumed.
+    wait_until(
+        lambda: (
+            json.loads(pathways("get", "sleeper", *api, "-o", "json").output)["status"].get(
+                "reason"
+            )
+            == "Cancelled"
+        )
+    )
     status = pathways("status", *api)
     assert "island-0" in status.output and "Ready" in status.output
 
@@ -563,7 +572,8 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     assert watcher.wait(timeout=30) == 130
     documents += one.communicate(timeout=30)[0].splitlines()
     assert one.returncode == 0
-    phases = [json.loads(line)["status"]["phase"] for line in documents if line[:2] == '{"']
+    # Every line is a JSON document, the first too (it was printed over many lines).
+    phases = [json.loads(line)["status"]["phase"] for line in documents]
     assert phases[-2:] == ["Succeeded", "Deleted"], phases
     header = next(line for line in rows if line.startswith("PROGRAM"))
     assert header.split() == ["PROGRAM", "PHASE", "RUNS", "SLICES", "MESSAGE"]

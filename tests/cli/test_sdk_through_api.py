@@ -86,3 +86,26 @@ def test_a_slice_request_interrupted_while_pending_leaves_no_slice(embedded_stat
             if s["metadata"]["name"] == "waiter" and "deletionTimestamp" not in s["metadata"]
         ]
         assert left == []
+
+
+def test_the_demo_replaces_a_previous_demos_program_of_its_name(embedded_state: Path) -> None:
+    """A second `pathways demo --state DIR` showed the first one's result again, then was
+    refused: its idempotency key named another body."""
+    from pathways_client.api_client import ApiClient
+    from pathways_client.demo import submit_fresh
+    from pathways_client.embedded import tokens
+
+    info = read_info(embedded_state)
+    assert info is not None
+    document = {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "PathwaysProgram",
+        "metadata": {"name": "demo-replaced"},
+        "spec": {"slices": [{"name": "main", "devices": 1}], "driver": {"source": "pass"}},
+    }
+    with ApiClient(info.api, tokens(embedded_state)["team-a"]) as client:
+        assert submit_fresh(client, document, "run-1") == "demo-replaced"
+        first = client.get("programs", "demo-replaced")["metadata"]["uid"]
+        assert submit_fresh(client, document, "run-2") == "demo-replaced"
+        assert client.get("programs", "demo-replaced")["metadata"]["uid"] != first
+        client.delete("programs", "demo-replaced")

@@ -439,3 +439,13 @@ def test_a_deadline_shortened_under_a_running_run_stops_it() -> None:
     late = reconcile_program(view, NOW + timedelta(seconds=31), IMAGE)
     assert ChildRef("batch/v1", "Job", "t", "p-run-1") in late.delete
     assert (late.status["phase"], late.status["reason"]) == ("Failed", "DeadlineExceeded")
+
+
+def test_a_cancelled_program_says_so() -> None:
+    """It read "suspended", like one to be resumed; only an annotation told them apart."""
+    document = program(status={"phase": "Running", "runs": 1}, suspend=True)
+    document["metadata"]["annotations"] = {"pathways.dev/cancelled": "true"}
+    decision = decide(document, {"p-main": bound_slice()}, job(None), READY_ISLAND)
+    assert (decision.status["phase"], decision.status["reason"]) == ("Suspended", "Cancelled")
+    assert "delete it to submit it again" in decision.status["message"]
+    assert [e.reason for e in decision.events] == ["Cancelled"]

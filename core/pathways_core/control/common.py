@@ -26,6 +26,8 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "pathways-operator"
 ANNOTATION_SPEC_HASH = "pathways.dev/spec-hash"
 ANNOTATION_SCHEDULER_ENDPOINT = "pathways.dev/scheduler-endpoint"
+ANNOTATION_CANCELLED = "pathways.dev/cancelled"
+"""``"true"`` on a program the API cancelled: suspended for good."""
 """On an Island: the island runs elsewhere (outside the cluster, or on a developer's machine);
 the operator creates no pods for it and publishes this ``host:port`` as its scheduler."""
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from pathways_core.allocator import program_slice_name
 from pathways_core.control.common import (
+    ANNOTATION_CANCELLED,
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     LABEL_PROGRAM,
@@ -448,10 +449,16 @@ def reconcile_program(
         if job_active and job is not None:
             decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
         release_inline()
-        conditions = set_condition(
-            conditions, "Running", False, "Suspended", "spec.suspend is set", now, gen
-        )
-        finish("Suspended", "Suspended", "suspended: the program's slices are released")
+        if (meta.get("annotations") or {}).get(ANNOTATION_CANCELLED) == "true":
+            reason = "Cancelled"
+            message = (
+                "cancelled: the program's slices are released for good (delete it to submit "
+                "it again under its name)"
+            )
+        else:
+            reason, message = "Suspended", "suspended: the program's slices are released"
+        conditions = set_condition(conditions, "Running", False, reason, message, now, gen)
+        finish("Suspended", reason, message)
         return decision
 
     # Runs that ended.
