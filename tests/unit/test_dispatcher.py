@@ -225,6 +225,20 @@ def test_a_lost_executor_fails_its_work_and_the_rest_keeps_serving() -> None:
     assert to_executors(dispatcher.submit("a", computation("a", 3, devices=(0,))))
 
 
+def test_an_id_in_use_by_unfinished_work_is_refused_until_it_finishes() -> None:
+    """Two computations of one id were accepted: their events could not be told apart."""
+    dispatcher = island()
+    (run,) = [
+        c for _, c in to_executors(dispatcher.submit("a", computation("a", 1))) if c.HasField("run")
+    ]
+    (again,) = client_events(dispatcher.submit("a", computation("a", 1, outputs=["a/other"])))
+    assert again.kind == Event.REJECTED
+    assert "id 'a/c1' is taken by work not yet finished" in again.message
+    finish(dispatcher, run.seq, executor=0)
+    reused = dispatcher.submit("a", computation("a", 1, outputs=["a/third"]))
+    assert [c.run.id for _, c in to_executors(reused) if c.HasField("run")] == ["a/c1"]
+
+
 def test_a_lost_executor_is_announced_to_the_others_once() -> None:
     """They stop reading its buffers at once (a read from a silent holder waited minutes)."""
     specs = [ExecutorSpec(i, f"h:{i}", (i,), f"d:{i}") for i in range(3)]

@@ -290,7 +290,7 @@ def test_a_call_id_is_not_taken_twice_nor_over_a_buffer_its_intermediates_would_
     first = to_executors(dispatcher.call("a", call(program, 1)))
     (again,) = client_events(dispatcher.call("a", call(program, 1, results=["a/other"])))
     assert again.kind == Event.REJECTED
-    assert "call id 'a/p1' is taken by a call not yet finished" in again.message
+    assert "id 'a/p1' is taken by work not yet finished" in again.message
     # A buffer where a call would keep an intermediate that crosses executors.
     dispatcher.placed("a", pb.PlacedBuffer(buffer_id="a/p2/y0", executor=0))
     (clash,) = client_events(dispatcher.call("a", call(program, 2)))

@@ -193,9 +193,10 @@ class IslandDispatcher:
         self._copies: dict[str, set[int]] = {}
         # Buffers clients uploaded to this island's executors: their holders have them at once.
         self._uploaded: set[str] = set()
-        # Ids of calls accepted and not finished: their intermediates (``<call id>/...``)
-        # live on the executors meanwhile, so no other call may take the id.
-        self._calls: set[str] = set()
+        # Ids of computations and calls accepted and not finished: a second one of an id in
+        # use was accepted, and its events could not be told from the first's (a call's
+        # intermediates, ``<call id>/...``, also live on the executors meanwhile).
+        self._unfinished: set[str] = set()
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -210,7 +211,7 @@ class IslandDispatcher:
         self._held.pop(client, None)
         prefix = f"{client}/"
         self._deleting = {i for i in self._deleting if not i.startswith(prefix)}
-        self._calls = {i for i in self._calls if not i.startswith(prefix)}
+        self._unfinished = {i for i in self._unfinished if not i.startswith(prefix)}
         gone = [buffer_id for buffer_id in self._buffers if buffer_id.startswith(prefix)]
         unused = []
         for identifier in self._uses.pop(client, set()):
@@ -287,6 +288,7 @@ class IslandDispatcher:
         )
         if problem is not None:
             return [_rejected(client, computation.id, problem)]
+        self._unfinished.add(computation.id)
         self._use(client, computation.function_id)
         # Outputs exist from now on (as futures): later computations may consume them.
         owners = frozenset(self.device_owner[d] for d in computation.devices)
@@ -328,7 +330,7 @@ class IslandDispatcher:
         if problem is not None:
             return [_rejected(client, call.id, problem)]
         assert program is not None
-        self._calls.add(call.id)
+        self._unfinished.add(call.id)
         self._use(client, call.program_id, program.function_ids)
         for buffer_id, owners in zip(call.results, program.result_owners(), strict=True):
             self._buffers[buffer_id] = owners
@@ -423,6 +425,8 @@ class IslandDispatcher:
         problem = self._owned(client, computation.id, "computation")
         if problem:
             return problem
+        if computation.id in self._unfinished:
+            return f"computation {label!r}: id {computation.id!r} is taken by work not yet finished"
         if computation.function_id not in self._functions:
             return (
                 f"computation {label!r} calls function {computation.function_id[:12]!r}, "
@@ -489,8 +493,8 @@ class IslandDispatcher:
         for buffer_id in call.arguments:
             if buffer_id not in self._buffers:
                 return f"{label} reads unknown buffer {buffer_id!r}"
-        if call.id in self._calls:
-            return f"{label}: call id {call.id!r} is taken by a call not yet finished"
+        if call.id in self._unfinished:
+            return f"{label}: id {call.id!r} is taken by work not yet finished"
         for names in program.shared.values():
             for name in names:
                 taken = intermediate_id(call.id, name)
@@ -529,6 +533,7 @@ class IslandDispatcher:
         label = f"computation {computation.name or computation.id!r}"
         failed = self._failed_on_dispatch(client, computation.id, label, owners)
         if failed is not None:
+            self._unfinished.discard(computation.id)
             return [failed]
         instructions: list[Instruction] = []
         for executor in owners:
@@ -549,7 +554,7 @@ class IslandDispatcher:
         label = f"call {call.id!r} of program {program.name!r}"
         failed = self._failed_on_dispatch(client, call.id, label, program.executors)
         if failed is not None:
-            self._calls.discard(call.id)
+            self._unfinished.discard(call.id)
             return [failed]
         instructions: list[Instruction] = []
         for executor in program.executors:
@@ -725,9 +730,11 @@ class IslandDispatcher:
                 del self._pulling[buffer_id]
                 for executor in self._deferred.pop(buffer_id, frozenset()):
                     released.setdefault(executor, []).append(buffer_id)
-        if isinstance(flight.item, _Call):
+        if not isinstance(flight.item, _Call):
+            self._unfinished.discard(flight.item.id)
+        else:
             call, program = flight.item.call, flight.item.program
-            self._calls.discard(call.id)
+            self._unfinished.discard(call.id)
             for executor, names in program.shared.items():
                 released.setdefault(executor, []).extend(
                     intermediate_id(call.id, name) for name in names
