@@ -51,6 +51,16 @@ BIND_TIMEOUT_SECONDS = 120.0
 NEVER_FITS = {"NoMatchingIsland", "ShapeDoesNotFit", "InvalidSpec"}
 
 
+class DirectDevices:
+    """The islands' devices as bound without a resource manager, shared by the sessions given
+    it (a proxy's): one allocator, so their slices never overlap (each session's own placed
+    every slice on the first devices)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.allocator: Allocator | None = None
+
+
 class Cluster:
     """A client's session with one or more islands. Close it (or use ``with``) when done."""
 
@@ -65,6 +75,7 @@ class Cluster:
         bound: Mapping[str, Slice] | None = None,
         api: ApiClient | None = None,
         steps: int = 1,
+        devices: DirectDevices | None = None,
     ) -> None:
         if not islands and api is None:
             raise ConnectError("no islands to connect to")
@@ -78,7 +89,7 @@ class Cluster:
         self.priority = priority
         self._sessions: dict[str, IslandClient] = {}
         self._lock = threading.Lock()
-        self._allocator: Allocator | None = None
+        self._direct = devices or DirectDevices()
         self._bound: dict[str, Slice] = {}
         self._names = 0
         self._closed = False
@@ -196,14 +207,15 @@ class Cluster:
             return bound
         # Fake CPU devices have no physical topology: any devices make a mesh of any shape.
         request = Request(
-            key=name,
+            key=self._direct_key(name),
             tenant=self.tenant,
             count=math.prod(shape),
             island=island,
             kind=spec.accelerator_kind,
             selector=spec.island_selector,
         )
-        decision = self._direct_allocator().allocate(request, preempt=False)
+        with self._direct.lock:
+            decision = self._direct_allocator().allocate(request, preempt=False)
         if not isinstance(decision, Bound):
             raise SliceError(f"slice {name!r} ({list(shape)}) cannot be bound: {decision.message}")
         binding = decision.binding
@@ -217,8 +229,9 @@ class Cluster:
         if self._bound.get(item.name) is item:
             del self._bound[item.name]
             item.released = True
-            if self._allocator is not None:
-                self._allocator.release(item.name)
+            with self._direct.lock:
+                if self._direct.allocator is not None:
+                    self._direct.allocator.release(self._direct_key(item.name))
             if self.api is not None:
                 with contextlib.suppress(ApiCallError):  # already gone
                     self.api.delete("virtualslices", item.name)
@@ -276,8 +289,14 @@ class Cluster:
         self.islands[island_name] = endpoint
         return Slice(name, island_name, tuple(status["devices"]), shape, cluster=self)
 
+    def _direct_key(self, name: str) -> str:
+        # Sessions sharing one allocator name their slices alike ("slice-1"): keep them apart.
+        return f"{self.client}/{name}"
+
     def _direct_allocator(self) -> Allocator:
-        if self._allocator is None:
+        """The allocator of slices bound without a resource manager (call with the lock of
+        ``self._direct`` held)."""
+        if self._direct.allocator is None:
             allocator = Allocator()
             for island in sorted(self.islands):
                 info = self.session(island).info
@@ -290,8 +309,8 @@ class Cluster:
                         devices_per_host=max(owned, default=1),
                     )
                 )
-            self._allocator = allocator
-        return self._allocator
+            self._direct.allocator = allocator
+        return self._direct.allocator
 
     def trace(self, island: str | None = None) -> list[Any]:
         """An island's trace: one record per computation per executor (seq, client, node,
@@ -333,6 +352,7 @@ def connect(
     tenant: str | None = None,
     weight: int | None = None,
     priority: int | None = None,
+    devices: DirectDevices | None = None,
 ) -> Cluster:
     """Connect to a cluster's islands.
 
@@ -341,7 +361,8 @@ def connect(
     endpoints; ``state`` is the folder of an embedded cluster (``pathways up``), reached
     through its API as ``tenant``. With none of these, the settings come from the environment:
     the ones the operator injects into a program's pod, ``PATHWAYS_API``, or
-    ``PATHWAYS_ISLANDS``.
+    ``PATHWAYS_ISLANDS``. Slices bound without a resource manager come from ``devices``, when
+    several connections share them.
     """
     if islands is not None and not isinstance(islands, Mapping):
         raise TypeError(
@@ -383,6 +404,7 @@ def connect(
         priority=priority,
         bound=bound,
         steps=steps,
+        devices=devices,
     )
 
 

@@ -276,7 +276,7 @@ def _island_backend(
     policy: str,
 ) -> tuple[Any, str]:
     """The island backend and a description of where its sessions run."""
-    from pathways_client.cluster import connect
+    from pathways_client.cluster import DirectDevices, connect
     from pathways_client.errors import PathwaysError
     from pathways_client.proxy.island import IslandBackend
 
@@ -295,6 +295,8 @@ def _island_backend(
         stack.callback(started.stop)
         target = started
 
+    shared = DirectDevices()  # without a resource manager, sessions bind from one allocator
+
     def connector(client: str) -> Any:
         return connect(
             target,
@@ -305,6 +307,7 @@ def _island_backend(
             tenant=tenant,
             weight=weight,
             priority=priority,
+            devices=shared,
         )
 
     backend = IslandBackend(
