@@ -235,6 +235,8 @@ def island_children(
         str(spec.scheduler.max_queued_computations),
         "--run-length",
         str(spec.scheduler.run_length),
+        "--executor-timeout",
+        str(spec.scheduler.executor_timeout_seconds),
         "--host",
         "0.0.0.0",
         "--port",

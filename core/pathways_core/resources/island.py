@@ -88,6 +88,13 @@ class IslandScheduler(Model):
         "another client's turn. Above 1, tenants' data stays warm in host caches (fake CPU "
         "devices) at the cost of coarser interleaving.",
     )
+    executor_timeout_seconds: int = Field(
+        default=30,
+        ge=2,  # executors beat every second
+        le=3600,
+        description="An executor that sends nothing, not even its heartbeat (every second), "
+        "for this long is taken as lost: its work fails and reads of its buffers end.",
+    )
 
 
 class IslandSpec(Model):
