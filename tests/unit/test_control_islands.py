@@ -72,6 +72,24 @@ def test_the_scheduler_gets_the_islands_policy_queue_bound_and_run_length() -> N
     assert problem is not None and "runLength" in problem
 
 
+def test_island_processes_are_probed_for_liveness_and_silent_executors_timed_out() -> None:
+    """A stopped or wedged executor held its island's work for good: kubelet restarts one
+    that does not answer GET /healthz, and the scheduler gives up on one silent too long."""
+    made = children(island_document("cpu-fake", "1x4", 1, scheduler={"executorTimeoutSeconds": 9}))
+    for kind in ("Deployment/isl-scheduler", "StatefulSet/isl-executor"):
+        container = made[kind]["spec"]["template"]["spec"]["containers"][0]
+        probe = container["livenessProbe"]
+        assert probe["httpGet"] == {"path": "/healthz", "port": "health"}
+        assert {"name": "health", "containerPort": 8477} in container["ports"]
+        assert "--health-port 8477" in " ".join(container["args"])
+    scheduler = made["Deployment/isl-scheduler"]["spec"]["template"]["spec"]["containers"][0]
+    assert scheduler["args"][scheduler["args"].index("--executor-timeout") + 1] == "9"
+    _, problem = parse(
+        island_document("cpu-fake", "1x4", 1, scheduler={"executorTimeoutSeconds": 1})
+    )
+    assert problem is not None and "executorTimeoutSeconds" in problem
+
+
 def test_fake_cpu_executors_get_device_flags_index_and_coordinator() -> None:
     pod = executor_pod(island_document("cpu-fake", "4x4", 4))
     container = pod["containers"][0]
