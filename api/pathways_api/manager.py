@@ -369,7 +369,13 @@ class Manager:
                         islands[island] = found
         runs = int((document.get("status") or {}).get("runs") or 0)
         job = self.store.read(JOB, namespace, job_name(name, runs)) if runs else None
-        return ProgramView(document, slices, job, islands)
+        labelled = {
+            item["metadata"]["name"]: item
+            for item in self.store.read_all(SLICE)
+            if item["metadata"].get("namespace") == namespace
+            and (item["metadata"].get("labels") or {}).get(LABEL_PROGRAM) == name
+        }
+        return ProgramView(document, slices, job, islands, labelled)
 
     def _reconcile(self, document: Document) -> None:
         decision = reconcile_program(self._view(document), now_utc(), IMAGE)

@@ -407,8 +407,15 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
             job = (
                 await kube.get("batch/v1", "Job", namespace, job_name(name, runs)) if runs else None
             )
+            labelled = await kube.list(
+                GV, "VirtualSlice", namespace, label_selector=f"{LABEL_PROGRAM}={name}"
+            )
             view = ProgramView(
-                document, slices, job, {k: v for k, v in islands.items() if v is not None}
+                document,
+                slices,
+                job,
+                {k: v for k, v in islands.items() if v is not None},
+                {item["metadata"]["name"]: item for item in labelled},
             )
             decision = reconcile_program(
                 view, now_utc(), memo.config.image, tls_secret=memo.config.tls_secret

@@ -307,3 +307,30 @@ def test_edits_to_a_running_program_are_applied_and_a_deleted_job_fails_it(
     )
     assert cluster.get("Job", "edited-run-4", "team") is None
     wait_for(lambda: cluster.get("VirtualSlice", "edited-main", "team") is None)
+
+
+def test_a_renamed_inline_slice_is_released_and_a_taken_name_never_taken_over(
+    cluster: Cluster, operator
+) -> None:
+    """The old inline slice held its devices until the program was deleted; an inline slice
+    whose name was another program's slice rewrote it (two programs did so to each other in a
+    loop)."""
+    cluster.create(external_island("far", "127.0.0.1:1"))
+    sleep = {"source": "import time; time.sleep(120)"}
+    cluster.create(program("a", slices=[{"name": "b-main", "devices": 2}], driver=sleep))
+    wait_for(lambda: cluster.get("Job", "a-run-1", "team"))
+    cluster.create(program("a-b", slices=[{"name": "main", "devices": 1}], driver=sleep))
+    taken = wait_for(lambda: (s := pstatus(cluster, "a-b")).get("reason") == "SliceNameTaken" and s)
+    assert "VirtualSlice a-b-main exists and is not this program's" in taken["message"]
+    assert "PathwaysProgram a" in taken["message"]
+    assert cluster.get("VirtualSlice", "a-b-main", "team")["spec"]["devices"] == 2
+    assert cluster.get("VirtualSlice", "a-b-main", "team")["metadata"]["generation"] == 1
+
+    cluster.patch(
+        "PathwaysProgram", "a", {"spec": {"slices": [{"name": "work", "devices": 2}]}}, "team"
+    )
+    wait_for(lambda: cluster.get("VirtualSlice", "a-b-main", "team") is None)
+    wait_for(lambda: cluster.get("Job", "a-run-2", "team"))
+    assert cluster.get("VirtualSlice", "a-work", "team")["status"]["phase"] == "Bound"
+    # Its name free, the other program makes its own slice.
+    wait_for(lambda: cluster.get("Job", "a-b-run-1", "team"))

@@ -32,9 +32,13 @@ def program(status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]
     return document
 
 
+OWNED = {"name": "p-main", "ownerReferences": [{"uid": "u-p", "controller": True}]}
+"""Metadata of program p's inline slice main, made by it."""
+
+
 def bound_slice(island: str = "isl", devices: tuple[int, ...] = (2, 3)) -> dict[str, Any]:
     return {
-        "metadata": {"name": "p-main"},
+        "metadata": OWNED,
         "spec": {"devices": 2},
         "status": {"phase": "Bound", "island": island, "devices": list(devices)},
     }
@@ -140,7 +144,7 @@ def test_running_program_with_its_slices_changes_nothing() -> None:
 
 def test_losing_a_slice_stops_the_run() -> None:
     running = program(status={"phase": "Running", "runs": 1})
-    lost = {"p-main": {"status": {"phase": "Preempted", "reason": "Preempted"}}}
+    lost = {"p-main": {"metadata": OWNED, "status": {"phase": "Preempted", "reason": "Preempted"}}}
     decision = decide(running, lost, job(None), READY_ISLAND)
     assert decision.delete == [ChildRef("batch/v1", "Job", "t", "p-run-1")]
     assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "SlicesLost")
@@ -236,7 +240,7 @@ def test_the_deadline_is_the_programs_not_each_runs() -> None:
 def test_a_failed_run_counts_one_restart_however_long_the_next_waits_for_slices() -> None:
     """Each look at the failed Job while the next run waited for its slice counted another
     restart: one lost run used up all ten and failed the program."""
-    waiting_slice = {"metadata": {"name": "p-main"}, "spec": {"devices": 2}, "status": {}}
+    waiting_slice = {"metadata": OWNED, "spec": {"devices": 2}, "status": {}}
     status: dict[str, Any] = {"phase": "Running", "runs": 1, "restarts": 0}
     events = []
     for _ in range(5):
@@ -411,7 +415,7 @@ def test_an_inline_slice_edited_is_bound_again_before_the_next_run() -> None:
     # The slice's new spec not bound yet (its old binding still in its status): wait.
     bigger["status"] = decision.status
     rebinding = {
-        "metadata": {"name": "p-main", "generation": 2},
+        "metadata": {**OWNED, "generation": 2},
         "spec": {"devices": 4},
         "status": {"phase": "Bound", "island": "isl", "devices": [2, 3], "observedGeneration": 1},
     }
@@ -449,3 +453,54 @@ def test_a_cancelled_program_says_so() -> None:
     assert (decision.status["phase"], decision.status["reason"]) == ("Suspended", "Cancelled")
     assert "delete it to submit it again" in decision.status["message"]
     assert [e.reason for e in decision.events] == ["Cancelled"]
+
+
+def test_an_inline_slice_name_taken_by_another_is_never_taken_over() -> None:
+    """Program a's inline b-main is program a-b's main: each rewrote the other's slice in a
+    loop; an inline name equal to a user's VirtualSlice rewrote it, then deleted it."""
+    theirs = {
+        "metadata": {
+            "name": "p-main",
+            "ownerReferences": [
+                {"kind": "PathwaysProgram", "name": "q", "uid": "u-q", "controller": True}
+            ],
+        },
+        "spec": {"devices": 8},
+        "status": {"phase": "Bound", "island": "isl", "devices": list(range(8))},
+    }
+    decision = decide(program(), {"p-main": theirs}, islands=READY_ISLAND)
+    assert decision.create == decision.apply == decision.delete == []
+    assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "SliceNameTaken")
+    assert (
+        "VirtualSlice p-main exists and is not this program's (it belongs to PathwaysProgram q)"
+        in decision.status["message"]
+    )
+    # Ended, it deletes what it made only.
+    done = decide(program(status={"phase": "Succeeded", "runs": 1}), {"p-main": theirs})
+    assert done.delete == []
+
+
+def test_an_inline_slice_the_spec_no_longer_names_is_deleted() -> None:
+    """Renamed main -> work, p-main held its devices until the program was deleted."""
+    renamed = program(
+        status={"phase": "Running", "runs": 1}, slices=[{"name": "work", "devices": 2}]
+    )
+    view = ProgramView(
+        renamed, {"p-work": None}, job(None), READY_ISLAND, {"p-main": bound_slice()}
+    )
+    decision = reconcile_program(view, NOW, IMAGE)
+    assert ChildRef("pathways.dev/v1alpha1", "VirtualSlice", "t", "p-main") in decision.delete
+
+
+def test_an_invalid_edit_stops_the_run_and_releases_its_slices() -> None:
+    """The program went Failed/InvalidSpec while its Job ran on, on devices given to others."""
+    broken = program(status={"phase": "Running", "runs": 1}, graph={"functions": [], "nodes": []})
+    view = ProgramView(broken, {}, job(None), READY_ISLAND, {"p-main": bound_slice()})
+    decision = reconcile_program(view, NOW, IMAGE)
+    assert decision.delete == [
+        ChildRef("batch/v1", "Job", "t", "p-run-1"),
+        ChildRef("pathways.dev/v1alpha1", "VirtualSlice", "t", "p-main"),
+    ]
+    assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "InvalidSpec")
+    running = next(c for c in decision.status["conditions"] if c["type"] == "Running")
+    assert running["status"] == "False"

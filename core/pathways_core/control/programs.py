@@ -98,12 +98,15 @@ class ProgramView:
 
     ``slices`` maps each VirtualSlice name of :func:`slice_names` to its document (``None``
     when it does not exist); ``job`` is the Job of run ``status.runs`` (``None`` if absent);
-    ``islands`` maps island names to documents (for scheduler endpoints)."""
+    ``islands`` maps island names to documents (for scheduler endpoints); ``labelled`` maps
+    the names of the VirtualSlices labelled with the program's name to their documents (its
+    inline slices, also those its spec no longer names)."""
 
     program: Document
     slices: dict[str, Document | None] = field(default_factory=dict)
     job: Document | None = None
     islands: dict[str, Document] = field(default_factory=dict)
+    labelled: dict[str, Document] = field(default_factory=dict)
 
 
 @dataclass
@@ -168,6 +171,14 @@ def _moved_slices(job: Document, wanted: dict[str, str]) -> list[str]:
         if isinstance(started.get(name), dict)
         and any(started[name].get(key) != entry.get(key) for key in keys)
     )
+
+
+def _owned(program: Document, child: Document) -> bool:
+    """Whether ``child`` was made by ``program`` (this program, not an earlier one of its
+    name): its controller ownerReference carries the program's uid."""
+    uid = (program.get("metadata") or {}).get("uid")
+    references = (child.get("metadata") or {}).get("ownerReferences") or []
+    return uid is not None and any(ref.get("uid") == uid for ref in references)
 
 
 def _stale(job: Document, program: PathwaysProgram) -> bool:
@@ -385,9 +396,20 @@ def reconcile_program(
 
     program, problem = parse(document)
     if not isinstance(program, PathwaysProgram):
+        # An edit the API server let through (only the model refuses it) makes a running
+        # program invalid too: what it runs and holds goes (its Job went on, on devices
+        # given to others).
+        runs = int(old.get("runs") or 0)
+        if view.job is not None and _job_outcome(view.job)[0] is None:
+            decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
+        for vs, child in sorted(view.labelled.items()):
+            if _owned(document, child) and not is_deleting(child):
+                decision.delete.append(ChildRef(GROUP_VERSION, "VirtualSlice", namespace, vs))
         conditions = set_condition(
             conditions, "Valid", False, "InvalidSpec", problem or "", now, gen
         )
+        if old.get("phase") == "Running" or runs:
+            conditions = set_condition(conditions, "Running", False, "InvalidSpec", "", now, gen)
         finish("Failed", "InvalidSpec", problem or "invalid spec", "Warning")
         return decision
     names = slice_names(program)
@@ -414,8 +436,9 @@ def reconcile_program(
         # Inline slices live as long as the program needs devices; finished and suspended
         # programs give them back, and say so (they went on showing them Bound).
         nonlocal conditions
-        for vs in sorted(inline):
-            if view.slices.get(vs) is not None:
+        held = {vs: view.slices.get(vs) for vs in inline} | view.labelled
+        for vs, child in sorted(held.items()):
+            if child is not None and _owned(document, child):
                 decision.delete.append(ChildRef(GROUP_VERSION, "VirtualSlice", namespace, vs))
         status["slices"] = [
             {
@@ -528,9 +551,15 @@ def reconcile_program(
         decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
         return fail_past_deadline()
 
+    # Inline slices the spec no longer names (renamed, removed) go.
+    for vs, child in sorted(view.labelled.items()):
+        if vs not in inline and _owned(document, child) and not is_deleting(child):
+            decision.delete.append(ChildRef(GROUP_VERSION, "VirtualSlice", namespace, vs))
+
     # Slices: create the inline ones, check the others exist and every one is bound.
     waiting: list[str] = []
     missing: list[str] = []
+    taken: list[str] = []
     for item, vs in names.items():
         slice_document = view.slices.get(vs)
         if slice_document is None:
@@ -539,6 +568,22 @@ def reconcile_program(
                 waiting.append(f"{item}: creating VirtualSlice {vs}")
             else:
                 missing.append(f"{item}: VirtualSlice {vs!r} not found in namespace {namespace}")
+            continue
+        if vs in inline and not _owned(document, slice_document):
+            # Another program's inline slice of the same name (program a's b-main is program
+            # a-b's main), or a user's: never taken over, rewritten or deleted.
+            owner = next(
+                (
+                    f"{ref.get('kind')} {ref.get('name')}"
+                    for ref in (slice_document.get("metadata") or {}).get("ownerReferences") or []
+                    if ref.get("controller")
+                ),
+                "no program",
+            )
+            taken.append(
+                f"{item}: VirtualSlice {vs} exists and is not this program's (it belongs to "
+                f"{owner}): rename the slice, or use it with virtualSliceName"
+            )
             continue
         if vs in inline and not is_deleting(slice_document):
             wanted = _inline_slice(document, program, item)
@@ -559,6 +604,7 @@ def reconcile_program(
         endpoint = ((view.islands.get(island) or {}).get("status") or {}).get("schedulerEndpoint")
         if not endpoint:
             waiting.append(f"{item}: island {island!r} has no scheduler ready")
+    missing += taken
     ready = not waiting and not missing
 
     if job_active and not retry and job is not None and _stale(job, program):
@@ -596,10 +642,9 @@ def reconcile_program(
 
     if missing:
         message = "; ".join(missing)
-        conditions = set_condition(
-            conditions, "SlicesReady", False, "VirtualSliceNotFound", message, now, gen
-        )
-        finish("Pending", "VirtualSliceNotFound", message, "Warning")
+        reason = "SliceNameTaken" if taken else "VirtualSliceNotFound"
+        conditions = set_condition(conditions, "SlicesReady", False, reason, message, now, gen)
+        finish("Pending", reason, message, "Warning")
         return decision
     if waiting:
         message = "; ".join(waiting)
