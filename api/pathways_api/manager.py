@@ -384,6 +384,12 @@ class Manager:
                 self.store.insert(child)
         for child in decision.apply:
             self._apply_child(child)
+        if decision.deadline is not None:
+            self._set_deadline(
+                decision.deadline.job.namespace,
+                decision.deadline.job.name,
+                decision.deadline.seconds,
+            )
         phase = (decision.status or document.get("status") or {}).get("phase")
         settled = phase in ("Succeeded", "Failed") and not decision.create and not decision.delete
         if decision.status is not None:
@@ -397,6 +403,18 @@ class Manager:
         for ref in decision.delete:
             self._delete_child(ref.kind, ref.namespace, ref.name)
         self.store.record_events(decision.events)
+
+    def _set_deadline(self, namespace: str, name: str, seconds: int | None) -> None:
+        """A running Job's new ``activeDeadlineSeconds`` (the program's was edited)."""
+        job = self.store.read(JOB, namespace, name)
+        if job is not None:
+            spec = {k: v for k, v in job["spec"].items() if k != "activeDeadlineSeconds"}
+            if seconds is not None:
+                spec["activeDeadlineSeconds"] = seconds
+            self.store.replace(job, lambda stored: {**stored, "spec": spec})
+        running = self.running.get(f"{namespace}/{name}")
+        if running is not None:
+            running.deadline = None if seconds is None else running.started + seconds
 
     def _read_child(self, child: Document) -> Document | None:
         meta = child["metadata"]

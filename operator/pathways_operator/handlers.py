@@ -10,6 +10,7 @@ programs again every ``PATHWAYS_RESYNC_SECONDS`` in case an event was missed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Iterable
@@ -424,6 +425,11 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
                 await kube.create(child)
             for child in decision.apply:
                 await kube.apply(child)
+            if decision.deadline is not None:  # merge patch: None removes it
+                ref = decision.deadline.job
+                deadline = {"spec": {"activeDeadlineSeconds": decision.deadline.seconds}}
+                with contextlib.suppress(ApiError):  # the Job went meanwhile
+                    await kube.patch(ref.api_version, ref.kind, ref.namespace, ref.name, deadline)
             if decision.status is not None:
                 operations = [
                     {

@@ -334,3 +334,29 @@ def test_a_renamed_inline_slice_is_released_and_a_taken_name_never_taken_over(
     assert cluster.get("VirtualSlice", "a-work", "team")["status"]["phase"] == "Bound"
     # Its name free, the other program makes its own slice.
     wait_for(lambda: cluster.get("Job", "a-b-run-1", "team"))
+
+
+def test_a_deadline_edited_under_a_running_run_moves_its_jobs(cluster: Cluster, operator) -> None:
+    """Extended, the Job kept its old deadline, and the program failed at it."""
+    cluster.create(external_island("far", "127.0.0.1:1"))
+    cluster.create(
+        program(
+            "timed",
+            slices=[{"name": "main", "devices": 1}],
+            driver={"source": "import time; time.sleep(120)"},
+            activeDeadlineSeconds=600,
+        )
+    )
+    job = wait_for(lambda: cluster.get("Job", "timed-run-1", "team"))
+    assert job["spec"]["activeDeadlineSeconds"] == 600
+    cluster.patch("PathwaysProgram", "timed", {"spec": {"activeDeadlineSeconds": 3600}}, "team")
+    wait_for(
+        lambda: (
+            cluster.get("Job", "timed-run-1", "team")["spec"].get("activeDeadlineSeconds") == 3600
+        )
+    )
+    cluster.patch("PathwaysProgram", "timed", {"spec": {"activeDeadlineSeconds": None}}, "team")
+    wait_for(
+        lambda: "activeDeadlineSeconds" not in cluster.get("Job", "timed-run-1", "team")["spec"]
+    )
+    assert pstatus(cluster, "timed")["runs"] == 1

@@ -504,3 +504,49 @@ def test_an_invalid_edit_stops_the_run_and_releases_its_slices() -> None:
     assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "InvalidSpec")
     running = next(c for c in decision.status["conditions"] if c["type"] == "Running")
     assert running["status"] == "False"
+
+
+def test_a_deadline_edited_under_a_running_run_moves_its_jobs_and_suspension_resets_it() -> None:
+    """Extended or removed, the Job kept its old deadline and the program failed at it; time
+    suspended counted against it; one deadline ended JobFailed or DeadlineExceeded by who saw
+    it first."""
+    from pathways_core.control.programs import JobDeadline
+
+    started = decide(
+        program(activeDeadlineSeconds=10), {"p-main": bound_slice()}, islands=READY_ISLAND
+    )
+    (created,) = started.create
+    assert created["spec"]["activeDeadlineSeconds"] == 10
+    active = dict(created, status={"active": 1, "startTime": started.status["startTime"]})
+    ref = ChildRef("batch/v1", "Job", "t", "p-run-1")
+    for edit, seconds in (({"activeDeadlineSeconds": 3600}, 3600), ({}, None)):
+        edited = program(status=started.status, **edit)
+        decision = decide(edited, {"p-main": bound_slice()}, active, READY_ISLAND)
+        assert decision.deadline == JobDeadline(ref, seconds) and decision.delete == []
+    same = program(status=started.status, activeDeadlineSeconds=10)
+    assert decide(same, {"p-main": bound_slice()}, active, READY_ISLAND).deadline is None
+    # A run past it on the Job controller's count ends as on the program's.
+    past = job("Failed")
+    past["status"]["conditions"][0].update(reason="DeadlineExceeded")
+    ended = decide(same, {"p-main": bound_slice()}, past, READY_ISLAND)
+    assert (ended.status["phase"], ended.status["reason"]) == ("Failed", "DeadlineExceeded")
+    # Suspended, it counts again from the next start, as a Job's.
+    suspended = decide(
+        program(status=started.status, activeDeadlineSeconds=10, suspend=True),
+        {"p-main": bound_slice()},
+        active,
+        READY_ISLAND,
+    )
+    assert "startTime" not in suspended.status
+    resumed = reconcile_program(
+        ProgramView(
+            program(status=suspended.status, activeDeadlineSeconds=10),
+            {"p-main": bound_slice()},
+            None,
+            READY_ISLAND,
+        ),
+        NOW + timedelta(seconds=60),
+        IMAGE,
+    )
+    (second,) = resumed.create
+    assert second["spec"]["activeDeadlineSeconds"] == 10 and resumed.status["phase"] == "Running"

@@ -109,6 +109,15 @@ class ProgramView:
     labelled: dict[str, Document] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class JobDeadline:
+    """A new ``activeDeadlineSeconds`` for the running Job (``None``: none): the program's
+    deadline was edited under it (a Job's deadline may change while it runs)."""
+
+    job: ChildRef
+    seconds: int | None
+
+
 @dataclass
 class ProgramDecision:
     """What to do: children to create (creating one that exists is fine), children to apply
@@ -121,6 +130,7 @@ class ProgramDecision:
     apply: list[Document] = field(default_factory=list)
     delete: list[ChildRef] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    deadline: JobDeadline | None = None
 
 
 def _job_outcome(job: Document) -> tuple[str | None, str]:
@@ -207,6 +217,19 @@ def _deadline_left(program: PathwaysProgram, status: dict[str, Any], now: dateti
         return None
     started = parse_time(status.get("startTime"))
     return deadline - ((now - started).total_seconds() if started is not None else 0.0)
+
+
+def _job_deadline(job: Document, program: PathwaysProgram, status: dict[str, Any]) -> int | None:
+    """The ``activeDeadlineSeconds`` the running Job should have: what is left of the
+    program's deadline at the Job's start (a Job counts its deadline from its own start)."""
+    deadline = program.spec.active_deadline_seconds
+    if deadline is None:
+        return None
+    program_start = parse_time(status.get("startTime"))
+    job_start = parse_time((job.get("status") or {}).get("startTime"))
+    if program_start is None or job_start is None:
+        return deadline
+    return max(1, int(deadline - (job_start - program_start).total_seconds()))
 
 
 def _inline_slice(document: Document, program: PathwaysProgram, slice_name: str) -> Document:
@@ -480,8 +503,23 @@ def reconcile_program(
             )
         else:
             reason, message = "Suspended", "suspended: the program's slices are released"
+        # As a suspended Job's: the deadline counts again from the next start.
+        status.pop("startTime", None)
         conditions = set_condition(conditions, "Running", False, reason, message, now, gen)
         finish("Suspended", reason, message)
+        return decision
+
+    def fail_past_deadline() -> ProgramDecision:
+        nonlocal conditions
+        status["completionTime"] = timestamp(now)
+        release_inline()
+        deadline = program.spec.active_deadline_seconds
+        message = f"the program ran past its activeDeadlineSeconds ({deadline})"
+        conditions = set_condition(conditions, "Running", False, "Failed", "", now, gen)
+        conditions = set_condition(
+            conditions, "Failed", True, "DeadlineExceeded", message, now, gen
+        )
+        finish("Failed", "DeadlineExceeded", message, "Warning")
         return decision
 
     # Runs that ended.
@@ -499,11 +537,12 @@ def reconcile_program(
         # Its restart was counted when it was first seen; the next run waits for its slices.
         retry = True
     elif outcome == "Failed":
-        past_deadline = job is not None and _deadline_exceeded(job)  # the program's, not a run's
+        if job is not None and _deadline_exceeded(job):
+            # The program's deadline, not a run's: the same ending whoever saw it first.
+            return fail_past_deadline()
         if (
             program.spec.restart_policy.value == "OnFailure"
             and restarts < program.spec.max_restarts
-            and not past_deadline
         ):
             restarts += 1
             status.update(restarts=restarts, restartedRun=runs)
@@ -526,30 +565,27 @@ def reconcile_program(
             )
             limit = (
                 f" after {restarts} restarts"
-                if program.spec.restart_policy.value == "OnFailure" and not past_deadline
+                if program.spec.restart_policy.value == "OnFailure"
                 else ""
             )
             finish("Failed", failure, f"run {runs}: {outcome_message}{limit}", "Warning")
             return decision
-
-    def fail_past_deadline() -> ProgramDecision:
-        nonlocal conditions
-        status["completionTime"] = timestamp(now)
-        release_inline()
-        deadline = program.spec.active_deadline_seconds
-        message = f"the program ran past its activeDeadlineSeconds ({deadline})"
-        conditions = set_condition(conditions, "Running", False, "Failed", "", now, gen)
-        conditions = set_condition(
-            conditions, "Failed", True, "DeadlineExceeded", message, now, gen
-        )
-        finish("Failed", "DeadlineExceeded", message, "Warning")
-        return decision
 
     deadline_left = _deadline_left(program, old, now)
     if job_active and not retry and deadline_left is not None and deadline_left <= 0:
         # A deadline shortened under the running run: its Job's own is longer.
         decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
         return fail_past_deadline()
+    if job_active and not retry and job is not None:
+        # Edited (extended, removed, shortened): the Job's own deadline follows. Timestamps
+        # are whole seconds: a second or two apart is the same deadline.
+        have = (job.get("spec") or {}).get("activeDeadlineSeconds")
+        want = _job_deadline(job, program, old)
+        if (have is None) != (want is None) or (
+            have is not None and want is not None and abs(have - want) > 2
+        ):
+            ref = ChildRef("batch/v1", "Job", namespace, job_name(name, runs))
+            decision.deadline = JobDeadline(ref, want)
 
     # Inline slices the spec no longer names (renamed, removed) go.
     for vs, child in sorted(view.labelled.items()):
