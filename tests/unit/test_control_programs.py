@@ -550,3 +550,11 @@ def test_a_deadline_edited_under_a_running_run_moves_its_jobs_and_suspension_res
     )
     (second,) = resumed.create
     assert second["spec"]["activeDeadlineSeconds"] == 10 and resumed.status["phase"] == "Running"
+
+
+def test_a_program_edited_from_a_graph_to_a_driver_drops_its_graph() -> None:
+    """The ConfigMap of its graph stayed until the program was deleted."""
+    edited = program(status={"phase": "Pending", "reason": "SpecChanged", "runs": 1})
+    decision = decide(edited, {"p-main": bound_slice()}, None, READY_ISLAND)
+    assert ChildRef("v1", "ConfigMap", "t", "p-graph") in decision.delete
+    assert [c["metadata"]["name"] for c in decision.create] == ["p-run-2"]

@@ -659,7 +659,9 @@ def reconcile_program(
             # the run is stopped and the next one starts on the new binding at once.
             decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
             message = f"run {runs} stopped: slice(s) {', '.join(moved)} were bound again elsewhere"
-            conditions = set_condition(conditions, "Running", False, "SlicesMoved", message, now)
+            conditions = set_condition(
+                conditions, "Running", False, "SlicesMoved", message, now, gen
+            )
             finish("Pending", "SlicesMoved", message, "Warning")
             return decision
 
@@ -671,7 +673,9 @@ def reconcile_program(
         # A slice was preempted or released under the running program: stop the run and wait.
         decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
         message = "; ".join(missing + waiting)
-        conditions = set_condition(conditions, "SlicesReady", False, "SlicesLost", message, now)
+        conditions = set_condition(
+            conditions, "SlicesReady", False, "SlicesLost", message, now, gen
+        )
         conditions = set_condition(conditions, "Running", False, "SlicesLost", message, now, gen)
         finish("Pending", "SlicesLost", f"run {runs} stopped: {message}", "Warning")
         return decision
@@ -697,6 +701,8 @@ def reconcile_program(
     run = runs + 1
     if program.spec.graph is not None:
         decision.apply.append(_graph_config_map(document, program))
+    elif runs:  # edited from a graph to a driver: its graph goes
+        decision.delete.append(ChildRef("v1", "ConfigMap", namespace, graph_config_map_name(name)))
     decision.create.append(
         program_job(
             document,
