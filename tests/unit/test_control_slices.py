@@ -253,6 +253,34 @@ def test_changed_spec_of_a_bound_slice_releases_it() -> None:
     assert len(rebound.changes[0].status["devices"]) == 6
 
 
+def test_a_bound_slice_whose_priority_alone_changed_keeps_its_devices() -> None:
+    """Released as any edit was, its devices went to the next pending slice, which it then
+    preempted back: a running program whose priority was raised stopped a lower one's run."""
+    first = plan_bindings([island("a")], [vslice("hi", 8, priority=10)], NOW)
+    held = apply([vslice("hi", 8, priority=10)], first.ordered())
+    raised = [
+        {
+            **held[0],
+            "metadata": {**held[0]["metadata"], "generation": 2},
+            "spec": {"devices": 8, "priority": 20},
+        },
+        vslice("lo", 4, priority=5),
+    ]
+    plan = plan_bindings([island("a")], raised, NOW)
+    assert phases(plan) == {
+        "lo": ("Pending", "InsufficientDevices", Stage.WAIT),
+        "hi": ("Bound", None, Stage.WAIT),
+    }
+    (restated,) = [c for c in plan.changes if c.key == "t/hi"]
+    assert restated.status["observedGeneration"] == 2
+    assert restated.status["devices"] == held[0]["status"]["devices"]
+    # Any other edit still binds again.
+    grown = [{**raised[0], "spec": {"devices": 6, "priority": 20}}]
+    assert phases(plan_bindings([island("a")], grown, NOW)) == {
+        "hi": ("Pending", "SpecChanged", Stage.RELEASE)
+    }
+
+
 def test_invalid_slice_waits_with_the_field_at_fault() -> None:
     plan = plan_bindings([island("a")], [vslice("bad", 4, shape="2x4")], NOW)
     (change,) = plan.changes

@@ -17,6 +17,8 @@ failure:
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -46,7 +48,7 @@ from pathways_core.control.common import (
     timestamp,
 )
 from pathways_core.control.islands import unhealthy_devices
-from pathways_core.resources import Island, VirtualSlice
+from pathways_core.resources import Island, VirtualSlice, VirtualSliceSpec
 from pathways_core.topology import format_shape, parse_shape
 
 DEFAULT_NAMESPACE = "default"
@@ -113,6 +115,13 @@ def _stored_binding(document: Document, request: Request) -> Binding | None:
     return Binding(request, status["island"], devices, block)
 
 
+def placement(spec: VirtualSliceSpec) -> str:
+    """Digest of what a slice's binding answers: its spec but for its priority (which decides
+    only who may preempt whom)."""
+    wire = {k: v for k, v in spec.to_wire().items() if k != "priority"}
+    return hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _status(
     document: Document,
     phase: str,
@@ -122,6 +131,7 @@ def _status(
     message: str | None = None,
     binding: Binding | None = None,
     inventory: IslandInventory | None = None,
+    answers: str | None = None,
 ) -> dict[str, Any]:
     """A complete slice status; fields of the old status that no longer apply are cleared."""
     old = document.get("status") or {}
@@ -138,6 +148,7 @@ def _status(
         "message": message,
         "boundTime": timestamp(now) if bound else None,
         "observedGeneration": generation(document),
+        "placement": answers if binding else None,
     }
     status["conditions"] = set_condition(
         list(old.get("conditions") or []),
@@ -193,6 +204,8 @@ def plan_bindings(
 
     restorable: list[tuple[str, str, Binding, Document]] = []
     queue: list[tuple[Request, Document]] = []
+    placements: dict[str, str] = {}
+    restated: dict[str, Document] = {}
     for document in slices:
         status = document.get("status") or {}
         if is_deleting(document):
@@ -217,10 +230,13 @@ def plan_bindings(
             key, resource.spec.tenant or namespace, resource.spec, resource.spec.priority
         )
         stored = _stored_binding(document, request)
-        if stored is not None and status.get("observedGeneration") not in (
-            None,
-            generation(document),
-        ):
+        placements[key] = placement(resource.spec)
+        edited = status.get("observedGeneration") not in (None, generation(document))
+        if stored is not None and edited and status.get("placement") == placements[key]:
+            # Its priority alone changed: it keeps its devices (released, they went to the
+            # next pending slice, which the slice then preempted back), if it still may.
+            restated[key] = document
+        elif stored is not None and edited:
             # The spec changed under a bound slice: its binding no longer answers it.
             change(
                 document,
@@ -316,6 +332,7 @@ def plan_bindings(
                     message=message,
                     binding=binding,
                     inventory=inventory,
+                    answers=placements[request.key],
                 ),
                 Stage.BIND,
             )
@@ -341,6 +358,14 @@ def plan_bindings(
             change(document, new, Stage.WAIT)
             if status.get("reason") != decision.reason:
                 event(document, "Warning", decision.reason, decision.message)
+
+    # Slices whose priority alone changed and that kept their devices say they saw it (one
+    # released or preempted in this pass says so instead).
+    changed = {c.key for c in plan.changes}
+    for document in restated.values():
+        if key_of(document) not in changed:
+            status = document.get("status") or {}
+            change(document, {**status, "observedGeneration": generation(document)}, Stage.WAIT)
 
     plan.devices_total = {name: inventory.size for name, inventory in inventories.items()}
     plan.devices_free = {name: allocator.free_devices(name) for name in inventories}

@@ -137,6 +137,12 @@ class VirtualSliceStatus(Model):
     observed_generation: int | None = Field(
         default=None, description="The metadata.generation this status reflects."
     )
+    placement: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Digest of the spec the binding answers, all but its priority: an edit of "
+        "the priority alone keeps the binding.",
+    )
 
 
 class VirtualSlice(Model):
