@@ -297,3 +297,24 @@ def test_ready_host_indexes_come_from_ready_pods() -> None:
 
     assert ready_host_indexes([]) is None
     assert ready_host_indexes([pod(0, True), pod(1, False), pod(2, True)]) == frozenset({0, 2})
+
+
+def test_hosts_added_to_a_ready_island_are_provisioned_not_lost() -> None:
+    """Scaled from 2 hosts to 4, it went Degraded (HostsLost, a Warning) until the new pods
+    were ready."""
+    two = island_document("cpu-fake", "2x4", 2)
+    ready = decide(two, IslandObservation(1, 2, ready_hosts=(0, 1)))
+    assert ready.phase == "Ready" and ready.status["provisionedHosts"] == 2
+    four = dict(island_document("cpu-fake", "4x4", 4), status=ready.status)
+    scaling = decide(four, IslandObservation(1, 2, ready_hosts=(0, 1)))
+    assert (scaling.phase, scaling.status["conditions"][0]["reason"]) == (
+        "Provisioning",
+        "ScalingUp",
+    )
+    assert [e.type for e in scaling.events] == ["Normal"]
+    assert scaling.status["unhealthyHosts"] == [2, 3]  # their devices are not bound yet
+    # One of the first two lost meanwhile: Degraded.
+    lost = decide(dict(four, status=scaling.status), IslandObservation(1, 3, ready_hosts=(0, 2, 3)))
+    assert lost.phase == "Degraded" and lost.status["unhealthyHosts"] == [1]
+    back = decide(dict(four, status=lost.status), IslandObservation(1, 4, ready_hosts=(0, 1, 2, 3)))
+    assert back.phase == "Ready" and back.status["provisionedHosts"] == 4

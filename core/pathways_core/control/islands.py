@@ -473,12 +473,23 @@ def island_status(
         if not external:
             endpoint = scheduler_endpoint(island.metadata.name or "", namespace)
     all_ready = scheduler_ready and ready_hosts == hosts
-    was_ready = old.get("phase") in ("Ready", "Degraded")
-    # Hosts lost after the island was Ready: their devices must not be bound.
+    was_ready = old.get("phase") in ("Ready", "Degraded") or old.get("provisionedHosts") is not None
+    # Hosts the island had when last Ready (all of them, for a status from before this was
+    # recorded); one added since and not ready yet is being provisioned, not lost.
+    provisioned = hosts if all_ready else min(hosts, int(old.get("provisionedHosts") or hosts))
+    # Hosts not ready after the island was Ready: their devices must not be bound.
     unhealthy = sorted(set(range(hosts)) - known) if was_ready and known is not None else []
+    lost = (
+        not scheduler_ready
+        or any(host < provisioned for host in unhealthy)
+        or (known is None and ready_hosts < provisioned)
+    )
     if all_ready:
         phase, reason = "Ready", "AllHostsReady"
         message = f"scheduler and {hosts}/{hosts} executors ready"
+    elif was_ready and not lost:
+        phase, reason = "Provisioning", "ScalingUp"
+        message = f"{ready_hosts}/{hosts} executors ready: hosts {provisioned}..{hosts - 1} added"
     elif was_ready:
         phase, reason = "Degraded", "HostsLost"
         message = (
@@ -498,6 +509,7 @@ def island_status(
     status.update(
         phase=phase,
         readyHosts=ready_hosts,
+        provisionedHosts=provisioned if was_ready or all_ready else None,
         unhealthyHosts=unhealthy,
         devicesUnhealthy=len(unhealthy) * island.spec.host_devices,
         devicesTotal=island.spec.device_total,

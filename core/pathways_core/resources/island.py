@@ -193,6 +193,12 @@ class IslandStatus(Model):
         default=None, description="Pending, Provisioning, Ready, Degraded or Terminating."
     )
     ready_hosts: int | None = Field(default=None, ge=0, description="Executor pods ready.")
+    provisioned_hosts: int | None = Field(
+        default=None,
+        ge=0,
+        description="Hosts the island had when it was last Ready: one of them not ready is "
+        "lost (Degraded); a host added since is still being provisioned.",
+    )
     devices_total: int | None = Field(default=None, ge=0, description="Devices in the island.")
     devices_free: int | None = Field(
         default=None, ge=0, description="Healthy devices bound to no VirtualSlice."
