@@ -63,6 +63,9 @@ SEND_TIMEOUT_SECONDS = 60
 # An executor heard from not even by its heartbeat (every second) for this long is lost: long
 # enough for a busy host's interpreter (a large upload's copy holds it for a while).
 DEFAULT_EXECUTOR_TIMEOUT_SECONDS = 30.0
+# A completion held for a client's next event (see pathways_core.scheduling.island) goes out
+# after this long at the latest: a 1 ms computation behind two 4 s ones was reported 4 s late.
+MAX_HOLD_SECONDS = 0.005
 # A client's events not yet taken by it: beyond this its session is ended (it stopped reading).
 MAX_BACKLOG_BYTES = 64 << 20
 # Writes of at most this many bytes to a TLS stream go out at once when its socket has room.
@@ -192,6 +195,36 @@ class Peer:
             self.connection.shutdown(socket.SHUT_RDWR)
 
 
+class HeldCompletions:
+    """Flushes a client's held completions at most ``MAX_HOLD_SECONDS`` after the first one
+    was held, from one thread (a timer per hold would start a thread per batch)."""
+
+    def __init__(self) -> None:
+        self._due: dict[int, tuple[float, Peer]] = {}
+        self._changed = threading.Condition()
+        threading.Thread(target=self._run, name="held-completions", daemon=True).start()
+
+    def hold(self, peer: Peer) -> None:
+        with self._changed:
+            if id(peer) not in self._due:
+                self._due[id(peer)] = (time.monotonic() + MAX_HOLD_SECONDS, peer)
+                self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._due:
+                    self._changed.wait()
+                now = time.monotonic()
+                due = [key for key, (when, _) in self._due.items() if when <= now]
+                if not due:
+                    self._changed.wait(min(when for when, _ in self._due.values()) - now)
+                    continue
+                peers = [self._due.pop(key)[1] for key in due]
+            for peer in peers:
+                peer.flush()  # nothing to write if its next event took them already
+
+
 class SchedulerService:
     """Implements ``pathways.v1.Scheduler``, serves client sessions and drives the island's
     executors."""
@@ -223,6 +256,7 @@ class SchedulerService:
         self._heard: dict[int, float] = {}
         self._silent: dict[int, str] = {}
         self._executor_timeout = executor_timeout
+        self._held = HeldCompletions()
         specs = []
         controls = []
         self._channels = []
@@ -296,9 +330,17 @@ class SchedulerService:
         timeout: it is lost as one whose stream ended (a stopped or hung process keeps its
         connections open, and work reading from it waited minutes)."""
         timeout = self._executor_timeout
+        interval = min(1.0, timeout / 4)
+        last = time.monotonic()
         while True:
-            time.sleep(min(1.0, timeout / 4))
+            time.sleep(interval)
             now = time.monotonic()
+            if now - last > timeout / 2:
+                # This process was itself stopped (or starved) meanwhile: what it did not hear
+                # says nothing of the executors. They get a fresh timeout.
+                for index in list(self._heard):
+                    self._heard[index] = max(self._heard[index], now)
+            last = now
             for index, heard in list(self._heard.items()):
                 if index in self._silent or now - heard <= timeout:
                     continue
@@ -332,6 +374,7 @@ class SchedulerService:
                         continue
                     peer.queue(instruction.event)
                     if instruction.deferrable:  # goes out with the client's next event
+                        self._held.hold(peer)
                         continue
                 touched[id(peer)] = peer
         for peer in (touched | freed).values():

@@ -89,3 +89,49 @@ def test_a_stopped_executor_is_lost_after_the_executor_timeout_and_reads_from_it
             np.testing.assert_array_equal(client.get(after.outputs[0]), np.ones(4))
         finally:
             os.kill(pid, signal.SIGCONT)
+
+
+def test_a_scheduler_stopped_longer_than_the_executor_timeout_keeps_its_executors(
+    compilation_cache,
+) -> None:
+    """Resumed, it took what it had not heard while stopped for its executors' silence and
+    cut a healthy one off for good."""
+    island = LocalIsland(
+        hosts=2, devices_per_host=2, compilation_cache=compilation_cache, executor_timeout=3
+    )
+    with island, IslandClient(island.scheduler_endpoint, "tenant") as client:
+        add_one = client.register(increment(), "increment")
+        pid = island.scheduler.popen.pid  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(5)
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(1.0)  # a watch of its executors or two
+        for device in (0, 2):
+            x = client.put(np.zeros(4, np.float32), device=device)
+            done = client.submit(add_one, [device], [x], 1)
+            done.wait(30)
+            np.testing.assert_array_equal(client.get(done.outputs[0]), np.ones(4))
+
+
+def test_a_finished_computation_is_reported_while_the_clients_others_run(
+    compilation_cache,
+) -> None:
+    """Held for the client's next event while it had two others outstanding, a 1 ms
+    computation was reported only when a 4 s one beside it ended."""
+    island = LocalIsland(hosts=2, devices_per_host=2, compilation_cache=compilation_cache)
+    with island, IslandClient(island.scheduler_endpoint, "pipeline") as client:
+        heavy = client.register(export(slow, f32(512, 512)), "slow")
+        add_one = client.register(increment(), "increment")
+        inputs = [client.put(np.full((512, 512), 0.001, np.float32), device=d) for d in (2, 3)]
+        client.submit(heavy, [2], [inputs[0]], 1).wait(120)  # compiled
+        y = client.put(np.zeros(4, np.float32), device=0)
+        client.submit(add_one, [0], [y], 1).wait(60)  # compiled
+        long = [client.submit(heavy, [d], [x], 1) for d, x in zip((2, 3), inputs, strict=True)]
+        began = time.monotonic()
+        quick = client.submit(add_one, [0], [y], 1)
+        quick.wait(60)
+        waited = time.monotonic() - began
+        assert not long[-1].done.done(), "the long ones ended first: the test proves nothing"
+        assert waited < 1.0, waited
+        for item in long:
+            item.wait(120)

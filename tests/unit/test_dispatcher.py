@@ -225,6 +225,20 @@ def test_a_lost_executor_fails_its_work_and_the_rest_keeps_serving() -> None:
     assert to_executors(dispatcher.submit("a", computation("a", 3, devices=(0,))))
 
 
+def test_work_spanning_a_lost_executor_fails_at_once() -> None:
+    """It waited for the healthy executor's report, which its collective never gave until JAX
+    gave up on the group, ~100 s later."""
+    dispatcher = island()
+    (run,) = [
+        c
+        for e, c in to_executors(dispatcher.submit("a", computation("a", 1, devices=(0, 4))))
+        if c.HasField("run") and e == 0
+    ]
+    (failed,) = client_events(dispatcher.executor_lost(1, "it sent nothing for 31 s"))
+    assert failed.kind == Event.FAILED and "executor 1 (h:2) is unreachable" in failed.message
+    assert finish(dispatcher, run.seq, executor=0) == []  # its late report changes nothing
+
+
 def test_an_id_in_use_by_unfinished_work_is_refused_until_it_finishes() -> None:
     """Two computations of one id were accepted: their events could not be told apart."""
     dispatcher = island()

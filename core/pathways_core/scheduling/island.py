@@ -407,10 +407,11 @@ class IslandDispatcher:
         ]
         for seq, flight in list(self._in_flight.items()):
             if index in flight.waiting:
-                flight.waiting.discard(index)
+                # Failed now, even if other executors have yet to report: spanning the lost
+                # one, their part cannot end well (a collective waits for it until JAX gives
+                # up on the group, ~100 s). Their later reports are ignored.
                 flight.errors.append(message)
-                if not flight.waiting:
-                    instructions += self._finish(seq)
+                instructions += self._finish(seq)
         return instructions + self._dispatch()
 
     # -- internals ---------------------------------------------------------------------------
