@@ -794,6 +794,8 @@ def down(state: Path, timeout: float = 90.0) -> bool:
     if info is None:
         return False
     os.kill(info.supervisor, signal.SIGTERM)
+    with contextlib.suppress(ProcessLookupError):  # a stopped one takes it now
+        os.kill(info.supervisor, signal.SIGCONT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and _alive(info.supervisor):
         time.sleep(0.1)

@@ -150,6 +150,10 @@ class IslandClient:
         self._batching = threading.local()
         self._rejected = ""
         self._ended = ""
+        # Executors the scheduler said are lost, and why: direct calls to them fail at once,
+        # those in progress (``_calls``) are cancelled.
+        self._lost: dict[int, str] = {}
+        self._calls: dict[int, set[grpc.Future]] = {}
         host, port = _reachable(self.info.session_endpoint, endpoint)
         self._session = socket.create_connection((host, port), timeout=connect_timeout)
         if self._tls is not None:
@@ -255,9 +259,11 @@ class IslandClient:
         buffer_id = self._new_id("put")
         executor = self.device_owner[device]
         with self._answered("put", executor):
-            stub(self._executors[executor], EXECUTOR, "PutArray")(
+            call = stub(self._executors[executor], EXECUTOR, "PutArray").future(
                 to_chunks(buffer_id, array), timeout=120
             )
+            with self._cancellable(executor, call):
+                call.result()
         self._locations[buffer_id] = (executor,)
         self._send(pb.ClientMessage(placed=pb.PlacedBuffer(buffer_id=buffer_id, executor=executor)))
         return buffer_id
@@ -277,7 +283,11 @@ class IslandClient:
             shards = [(region, array[region]) for region in regions[executor]]
             chunks = region_chunks(buffer_id, array.dtype, array.shape, shards)
             with self._answered("put_shards", executor):
-                stub(self._executors[executor], EXECUTOR, "PutArray")(chunks, timeout=120)
+                call = stub(self._executors[executor], EXECUTOR, "PutArray").future(
+                    chunks, timeout=120
+                )
+                with self._cancellable(executor, call):
+                    call.result()
 
         first, *others = sorted(regions)
         uploads = {first: None, **{e: _PUTS.submit(upload, e) for e in others}}
@@ -368,7 +378,9 @@ class IslandClient:
         for executor in holders:
             with self._answered(f"get {buffer_id!r}", executor):
                 get_array = stub(self._executors[executor], EXECUTOR, "GetArray")
-                assembly.add(get_array(request, timeout=timeout + 5))
+                responses = get_array(request, timeout=timeout + 5)
+                with self._cancellable(executor, responses):
+                    assembly.add(responses)
             if assembly.complete:
                 assert assembly.array is not None
                 return assembly.array
@@ -414,12 +426,29 @@ class IslandClient:
         was a bare ``UNAVAILABLE``), and a call after ``close`` refused saying so."""
         if self._closing:
             raise IslandError(f"{what}: the session with island {self.info.island!r} is closed")
+        if executor in self._lost:
+            raise IslandError(f"{what}: {self._lost[executor]}")
         try:
             yield
-        except grpc.RpcError as error:
+        except (grpc.RpcError, grpc.FutureCancelledError) as error:
+            if executor in self._lost:  # cancelled when the scheduler said so
+                raise IslandError(f"{what}: {self._lost[executor]}") from None
             details = error.details() if isinstance(error, grpc.Call) else str(error)
             endpoint = next(e.endpoint for e in self.info.executors if e.index == executor)
             raise IslandError(f"{what}: executor {executor} ({endpoint}): {details}") from None
+
+    @contextlib.contextmanager
+    def _cancellable(self, executor: int, call: grpc.Future) -> Iterator[None]:
+        """Keep ``call`` (a gRPC call to ``executor``) to cancel if the executor is lost."""
+        with self._lock:
+            self._calls.setdefault(executor, set()).add(call)
+            if executor in self._lost:  # lost between the check and the call
+                call.cancel()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls[executor].discard(call)
 
     def close(self) -> None:
         self._closing = True
@@ -537,6 +566,13 @@ class IslandClient:
                 future.set_exception(IslandError(reason))
 
     def _on_event(self, event: pb.ClientEvent) -> None:
+        if event.kind == Event.EXECUTOR_LOST:
+            with self._lock:
+                self._lost[event.executor] = event.message
+                calls = list(self._calls.get(event.executor, ()))
+            for call in calls:
+                call.cancel()
+            return
         if event.kind == Event.REJECTED and not (
             event.computation_id or event.function_id or event.program_id
         ):

@@ -12,6 +12,7 @@ import atexit
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -100,6 +101,8 @@ class LocalIsland:
     scheduler: Process | None = None
     # The running island's control token: kept out of repr and logs.
     _control_token: str = field(default="", repr=False, init=False)
+    # The workdir start() made (none given): its logs and cache go with the island.
+    _temporary: Path | None = field(default=None, repr=False, init=False)
 
     def __post_init__(self) -> None:
         for name in ("hosts", "devices_per_host", "max_in_flight"):
@@ -117,6 +120,8 @@ class LocalIsland:
             return self
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix=f"pathways-{self.name}-"))
+            self._temporary = self.workdir  # removed by stop(): thousands piled up in /tmp
+        self.workdir.mkdir(parents=True, exist_ok=True)
         # A launcher that exits without stopping its island leaves no processes behind.
         atexit.register(self.stop)
         cache = self.compilation_cache or self.workdir / "xla-cache"
@@ -202,6 +207,9 @@ class LocalIsland:
                 if pipe:
                     pipe.close()
         self.executors, self.scheduler = [], None
+        if self._temporary is not None:
+            shutil.rmtree(self._temporary, ignore_errors=True)
+            self.workdir = self._temporary = None
 
     def exited(self) -> Process | None:
         """A process of the island that has exited, if one has (the island is one failure

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+import threading
 import time
 
 import jax
@@ -46,9 +48,12 @@ def test_sigkill_of_an_executor_fails_its_work_fast_and_the_rest_keeps_serving(
         fine.wait(30)
         np.testing.assert_array_equal(client.get(fine.outputs[0]), np.ones(4))
         # Uploads to the dead executor, and reads of what it held, fail naming it.
-        with pytest.raises(IslandError, match=r"put: executor 1 \(127\.0\.0\.1:\d+\): "):
+        unreachable = (
+            r"executor 1 \(127\.0\.0\.1:\d+\)(:| is unreachable: its command stream ended)"
+        )
+        with pytest.raises(IslandError, match=rf"put: {unreachable}"):
             client.put(np.zeros(4, np.float32), device=2)
-        with pytest.raises(IslandError, match=rf"get '{x}': executor 1 \(127\.0\.0\.1:\d+\): "):
+        with pytest.raises(IslandError, match=rf"get '{x}': {unreachable}"):
             client.get(x, timeout=5)
     # A closed session says so (not "Cannot invoke RPC on closed channel").
     with pytest.raises(IslandError, match=r"put: the session with island .* is closed"):
@@ -74,6 +79,17 @@ def test_a_stopped_executor_is_lost_after_the_executor_timeout_and_reads_from_it
         pid = island.executors[1].popen.pid
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
+        # An upload to it in progress ends when the scheduler tells its loss (it waited 120 s).
+        uploading: list[BaseException] = []
+
+        def upload() -> None:
+            try:
+                client.put(np.zeros(1 << 24, np.float32), device=2)
+            except BaseException as error:
+                uploading.append(error)
+
+        uploader = threading.Thread(target=upload)
+        uploader.start()
         try:
             reading = client.submit(add_one, [0], [held.outputs[0]], 1)
             own = client.submit(add_one, [3], [held.outputs[0]], 1)
@@ -83,6 +99,15 @@ def test_a_stopped_executor_is_lost_after_the_executor_timeout_and_reads_from_it
             with pytest.raises(IslandError, match=silent):
                 own.wait(10)
             assert time.monotonic() - stopped < 15
+            uploader.join(15)
+            assert not uploader.is_alive() and re.search(silent, str(uploading[0]))
+            # Later uploads and reads fail at once, saying why.
+            began = time.monotonic()
+            with pytest.raises(IslandError, match=silent):
+                client.put(np.zeros(4, np.float32), device=3)
+            with pytest.raises(IslandError, match=silent):
+                client.get(held.outputs[0])
+            assert time.monotonic() - began < 1
             # The rest of the island keeps serving, the reader's devices too.
             after = client.submit(add_one, [0], [mine], 1)
             after.wait(30)

@@ -217,7 +217,12 @@ def test_a_lost_executor_fails_its_work_and_the_rest_keeps_serving() -> None:
     dispatcher = island()
     on_1 = to_executors(dispatcher.submit("a", computation("a", 1, devices=(4,))))
     events = client_events(dispatcher.executor_lost(1, "UNAVAILABLE: connection reset"))
-    assert [e.kind for e in events] == [Event.FAILED]
+    # Every client is told (their uploads to it and reads from it end), and its work fails.
+    assert [e.kind for e in events] == [Event.EXECUTOR_LOST] * 3 + [Event.FAILED]
+    assert [e.executor for e in events[:3]] == [1, 1, 1]
+    # A session opened later is told too.
+    (told,) = client_events(dispatcher.connect("d"))
+    assert told.kind == Event.EXECUTOR_LOST and "executor 1 (h:2) is unreachable" in told.message
     assert "executor 1 (h:2) is unreachable: UNAVAILABLE" in events[0].message
     assert on_1
     rejected = client_events(dispatcher.submit("a", computation("a", 2, devices=(5,))))
@@ -234,7 +239,11 @@ def test_work_spanning_a_lost_executor_fails_at_once() -> None:
         for e, c in to_executors(dispatcher.submit("a", computation("a", 1, devices=(0, 4))))
         if c.HasField("run") and e == 0
     ]
-    (failed,) = client_events(dispatcher.executor_lost(1, "it sent nothing for 31 s"))
+    (failed,) = [
+        e
+        for e in client_events(dispatcher.executor_lost(1, "it sent nothing for 31 s"))
+        if e.kind == Event.FAILED
+    ]
     assert failed.kind == Event.FAILED and "executor 1 (h:2) is unreachable" in failed.message
     assert finish(dispatcher, run.seq, executor=0) == []  # its late report changes nothing
 

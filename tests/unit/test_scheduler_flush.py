@@ -7,7 +7,7 @@ import threading
 
 from pathways_core.scheduling import ToClient, ToExecutor
 from pathways_core.wire import pb
-from pathways_scheduler.server import SchedulerService
+from pathways_scheduler.server import MAX_HOLD_SECONDS, HeldCompletions, SchedulerService
 
 
 class RecordingPeer:
@@ -52,6 +52,8 @@ def test_a_deferrable_event_waits_for_the_clients_next_and_leaves_with_it_in_ord
     service._lock, service.dispatcher = threading.Lock(), None
     service._executors = {}
     service._clients = {name: RecordingPeer(f"client {name}", flushed) for name in "ab"}
+    held: list[RecordingPeer] = []
+    service._held = type("Held", (), {"hold": staticmethod(held.append)})()
 
     def completed(client: str, name: str, deferrable: bool) -> ToClient:
         event = pb.ClientEvent(kind=pb.ClientEvent.COMPLETED, computation_id=name)
@@ -63,3 +65,16 @@ def test_a_deferrable_event_waits_for_the_clients_next_and_leaves_with_it_in_ord
     service._handle(lambda dispatcher: [completed("a", "a/3", False)])
     assert flushed == ["client b", "client a"]
     assert [e.computation_id for e in service._clients["a"].queued] == ["a/1", "a/2", "a/3"]
+    assert held == [service._clients["a"]] * 2  # flushed MAX_HOLD_SECONDS later at the latest
+
+
+def test_a_held_completion_goes_out_after_max_hold_seconds_at_the_latest() -> None:
+    """With no next event it waited for the client's other computations, seconds long."""
+    flushed: list[str] = []
+    peer = RecordingPeer("client a", flushed)
+    held = HeldCompletions()
+    held.hold(peer)
+    held.hold(peer)  # one flush for a run of holds
+    deadline = threading.Event()
+    deadline.wait(MAX_HOLD_SECONDS + 0.5)
+    assert flushed == ["client a"]

@@ -197,17 +197,24 @@ class IslandDispatcher:
         # use was accepted, and its events could not be told from the first's (a call's
         # intermediates, ``<call id>/...``, also live on the executors meanwhile).
         self._unfinished: set[str] = set()
+        self._connected: set[str] = set()  # clients with an open session
 
     # -- clients -----------------------------------------------------------------------------
 
     def connect(self, client: str, weight: int = 1, priority: int = 0) -> list[Instruction]:
-        """A client's session opens (or says hello again with a new weight or priority)."""
+        """A client's session opens (or says hello again with a new weight or priority); it
+        is told of executors already lost."""
         self.queue.add_client(client, max(1, weight), priority)
-        return []
+        self._connected.add(client)
+        return [ToClient(client, self._lost_event(index)) for index in sorted(self._down)]
+
+    def _lost_event(self, index: int) -> Event:
+        return Event(kind=Event.EXECUTOR_LOST, executor=index, message=self._down[index])
 
     def disconnect(self, client: str) -> list[Instruction]:
         """A client's session ends: its queued work is dropped and its buffers deleted."""
         self.queue.remove_client(client)
+        self._connected.discard(client)
         self._held.pop(client, None)
         prefix = f"{client}/"
         self._deleting = {i for i in self._deleting if not i.startswith(prefix)}
@@ -405,6 +412,8 @@ class IslandDispatcher:
             for other in self.executors.values()
             if other.index not in self._down and spec.data_endpoint
         ]
+        # Clients stop uploading to it and reading from it directly (they waited 120 s).
+        instructions += [ToClient(c, self._lost_event(index)) for c in sorted(self._connected)]
         for seq, flight in list(self._in_flight.items()):
             if index in flight.waiting:
                 # Failed now, even if other executors have yet to report: spanning the lost

@@ -173,7 +173,7 @@ class Hello(_message.Message):
     def __init__(self, client: _Optional[str] = ..., weight: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class ClientEvent(_message.Message):
-    __slots__ = ("kind", "computation_id", "seq", "message", "function_id", "program_id")
+    __slots__ = ("kind", "computation_id", "seq", "message", "function_id", "program_id", "executor")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[ClientEvent.Kind]
@@ -182,25 +182,29 @@ class ClientEvent(_message.Message):
         FAILED: _ClassVar[ClientEvent.Kind]
         REJECTED: _ClassVar[ClientEvent.Kind]
         REGISTERED: _ClassVar[ClientEvent.Kind]
+        EXECUTOR_LOST: _ClassVar[ClientEvent.Kind]
     KIND_UNSPECIFIED: ClientEvent.Kind
     QUEUED: ClientEvent.Kind
     COMPLETED: ClientEvent.Kind
     FAILED: ClientEvent.Kind
     REJECTED: ClientEvent.Kind
     REGISTERED: ClientEvent.Kind
+    EXECUTOR_LOST: ClientEvent.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     COMPUTATION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
     kind: ClientEvent.Kind
     computation_id: str
     seq: int
     message: str
     function_id: str
     program_id: str
-    def __init__(self, kind: _Optional[_Union[ClientEvent.Kind, str]] = ..., computation_id: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[str] = ..., function_id: _Optional[str] = ..., program_id: _Optional[str] = ...) -> None: ...
+    executor: int
+    def __init__(self, kind: _Optional[_Union[ClientEvent.Kind, str]] = ..., computation_id: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[str] = ..., function_id: _Optional[str] = ..., program_id: _Optional[str] = ..., executor: _Optional[int] = ...) -> None: ...
 
 class InputSource(_message.Message):
     __slots__ = ("buffer_id", "executors", "data_endpoints", "uploaded", "partial")
