@@ -196,7 +196,11 @@ def test_up_submit_trace_cancel_down_and_up_again(
 
     pids = [info.supervisor, info.api_pid, info.manager_pid]
     pids += [pid for island in info.islands.values() for pid in island["pids"]]
+    # A stopped supervisor is woken to stop everything (down waited 90 s, saying nothing).
+    os.kill(info.supervisor, signal.SIGSTOP)
+    began = time.monotonic()
     assert pathways("down", "--state", str(state)).exit_code == 0
+    assert time.monotonic() - began < 30
     assert not any(_alive(pid) for pid in pids)
     assert pathways("status", "--state", str(state)).exit_code == 1
 

@@ -54,3 +54,20 @@ def test_a_process_stopped_while_its_standard_input_is_open_exits_cleanly(module
     out, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
     assert out == "stopped\n" and "Fatal Python error" not in err
+
+
+def test_a_local_island_makes_its_workdir_and_removes_the_temporary_one_it_made(
+    tmp_path,
+) -> None:
+    """A missing workdir was a FileNotFoundError; the temporary ones piled up in /tmp."""
+    from pathways_client.launcher import LocalIsland
+
+    nested = tmp_path / "a" / "b"
+    with LocalIsland(hosts=1, devices_per_host=1, workdir=nested):
+        assert (nested / "scheduler.log").exists()
+    assert nested.exists()  # given: kept, with its logs
+    island = LocalIsland(hosts=1, devices_per_host=1).start()
+    made = island.workdir
+    assert made is not None and made.exists()
+    island.stop()
+    assert not made.exists() and island.workdir is None
