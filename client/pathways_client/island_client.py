@@ -87,9 +87,10 @@ class IslandClient:
 
     ``tls``: the ``PATHWAYS_TLS_*`` variables' by default (``TlsConfigError`` when they are
     half set), ``None`` for plaintext, or a ``pathways_client.tls.Tls``. ``connect_timeout``:
-    how long to wait for the scheduler to answer (``IslandError`` then). A client's ids are
-    ``<client>/...``, so islands refuse names holding '/': a program's ``namespace/name``
-    (``PATHWAYS_PROGRAM``) is sent as ``namespace-name``, as the trace collector expects."""
+    how long to wait for the scheduler to answer (``IslandError`` then; twice that at most). A
+    client's ids are ``<client>/...``, so islands refuse names holding '/': a program's
+    ``namespace/name`` (``PATHWAYS_PROGRAM``) is sent as ``namespace-name``, as the trace
+    collector expects."""
 
     # Largest artifact ``register`` sends; None: $PATHWAYS_MAX_ARTIFACT_BYTES, else the default.
     max_artifact_bytes: int | None = None
@@ -114,7 +115,8 @@ class IslandClient:
             )
         except grpc.RpcError:
             try:  # once more, not waiting for readiness: the error then says why (refused, ...)
-                self.info = info(pb.Empty(), timeout=10)
+                # Within the time asked for: a stopped scheduler answers neither.
+                self.info = info(pb.Empty(), timeout=min(10.0, connect_timeout))
             except grpc.RpcError as error:
                 self._channel.close()
                 raise IslandError(_unanswered(endpoint, error, self._tls)) from None

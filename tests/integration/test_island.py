@@ -591,3 +591,16 @@ def test_a_client_with_work_outstanding_hears_its_completions_in_batches(
             client.get(calls[7].outputs[0]), np.tanh(np.full((256, 256), 0.0256)) * 0.5, rtol=1e-5
         )
     assert sum(received) == 40 and len(received) <= 8, received
+
+
+def test_a_scheduler_that_never_answers_is_given_up_on_within_twice_the_connect_timeout() -> None:
+    """A stopped scheduler (its kernel accepts, it answers nothing) held a client connect_timeout
+    and 10 s more."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        began = time.monotonic()
+        with pytest.raises(IslandError):
+            IslandClient(f"127.0.0.1:{silent.getsockname()[1]}", "c", tls=None, connect_timeout=1)
+        assert time.monotonic() - began < 5
+    finally:
+        silent.close()

@@ -740,11 +740,9 @@ class IslandDispatcher:
                 del self._pulling[buffer_id]
                 for executor in self._deferred.pop(buffer_id, frozenset()):
                     released.setdefault(executor, []).append(buffer_id)
-        if not isinstance(flight.item, _Call):
-            self._unfinished.discard(flight.item.id)
-        else:
+        self._unfinished.discard(flight.id)
+        if isinstance(flight.item, _Call):
             call, program = flight.item.call, flight.item.program
-            self._unfinished.discard(call.id)
             for executor, names in program.shared.items():
                 released.setdefault(executor, []).extend(
                     intermediate_id(call.id, name) for name in names
