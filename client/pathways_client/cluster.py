@@ -253,10 +253,13 @@ class Cluster:
             "metadata": {"name": name},
             "spec": spec,
         }
-        created = False
+        refused = False  # the API refused the submission: nothing of it to delete
         try:
-            self.api.submit(document)
-            created = True
+            try:
+                self.api.submit(document)
+            except ApiCallError:
+                refused = True
+                raise
             deadline = time.monotonic() + timeout
             while True:
                 status = self.api.get("virtualslices", name).get("status") or {}
@@ -278,9 +281,10 @@ class Cluster:
             if not endpoint:
                 raise SliceError(f"island {island_name!r} of slice {name!r} has no scheduler yet")
         except BaseException as error:
-            # Whatever stopped it (a refusal, Ctrl-C, SIGTERM while it waited): the slice goes,
-            # or it would bind later and hold its devices and quota for no one.
-            if created:
+            # Whatever stopped it (Ctrl-C, SIGTERM while it waited, even before the API's
+            # answer to the submission came back): the slice goes, or it would bind later and
+            # hold its devices and quota for no one.
+            if not refused:
                 with contextlib.suppress(Exception):
                     self.api.delete("virtualslices", name)
             if isinstance(error, ApiCallError):
