@@ -346,14 +346,22 @@ class Manager:
 
     def reconcile_programs(self) -> None:
         """One reconcile of every program not settled in a terminal phase."""
+        # Each program's labelled slices (its inline ones), read once for the pass: a
+        # program's decision touches no other program's.
+        labelled: dict[tuple[str | None, str], dict[str, Document]] = {}
+        for item in self.store.read_all(SLICE):
+            meta = item["metadata"]
+            program = (meta.get("labels") or {}).get(LABEL_PROGRAM)
+            if program:
+                labelled.setdefault((meta.get("namespace"), program), {})[meta["name"]] = item
         for document in self.store.read_all(PROGRAM, unsettled_only=True):
-            document["metadata"]
             if is_deleting(document):
                 self._delete_program(document)
                 continue
-            self._reconcile(document)
+            meta = document["metadata"]
+            self._reconcile(document, labelled.get((meta.get("namespace"), meta["name"]), {}))
 
-    def _view(self, document: Document) -> ProgramView:
+    def _view(self, document: Document, labelled: dict[str, Document]) -> ProgramView:
         meta = document["metadata"]
         namespace, name = meta.get("namespace"), meta["name"]
         program, _ = parse(document)
@@ -369,16 +377,10 @@ class Manager:
                         islands[island] = found
         runs = int((document.get("status") or {}).get("runs") or 0)
         job = self.store.read(JOB, namespace, job_name(name, runs)) if runs else None
-        labelled = {
-            item["metadata"]["name"]: item
-            for item in self.store.read_all(SLICE)
-            if item["metadata"].get("namespace") == namespace
-            and (item["metadata"].get("labels") or {}).get(LABEL_PROGRAM) == name
-        }
         return ProgramView(document, slices, job, islands, labelled)
 
-    def _reconcile(self, document: Document) -> None:
-        decision = reconcile_program(self._view(document), now_utc(), IMAGE)
+    def _reconcile(self, document: Document, labelled: dict[str, Document]) -> None:
+        decision = reconcile_program(self._view(document, labelled), now_utc(), IMAGE)
         for child in decision.create:
             if self._read_child(child) is None:
                 self.store.insert(child)
