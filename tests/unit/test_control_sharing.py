@@ -9,6 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pathways_core.accelerators import AcceleratorKind
 from pathways_core.control.common import key_of
 from pathways_core.control.sharing import plan_bindings_shared
 
@@ -25,14 +26,20 @@ def island(name: str = "isl", topology: str = "4", hosts: int = 1) -> dict[str, 
 
 
 def vslice(
-    name: str, devices: int, *, shared: bool = True, created: int = 0, priority: int = 0
+    name: str,
+    devices: int,
+    *,
+    shared: bool = True,
+    created: int = 0,
+    priority: int = 0,
+    tenant: str = "t",
 ) -> dict[str, Any]:
     return {
         "apiVersion": "pathways.dev/v1alpha1",
         "kind": "VirtualSlice",
         "metadata": {
             "name": name,
-            "namespace": "t",
+            "namespace": tenant,
             "generation": 1,
             "creationTimestamp": f"2026-01-01T00:{created // 60:02d}:{created % 60:02d}Z",
         },
@@ -43,22 +50,27 @@ def vslice(
 class Store:
     """Applies plans as a store would, pass after pass, until nothing changes."""
 
-    def __init__(self, islands: list[dict[str, Any]]) -> None:
+    def __init__(self, islands: list[dict[str, Any]], quotas: dict[str, int] | None = None) -> None:
         self.islands = islands
+        self.quotas = {
+            (tenant, AcceleratorKind.CPU_FAKE): n for tenant, n in (quotas or {}).items()
+        }
         self.slices: dict[str, dict[str, Any]] = {}
         self.clock = NOW
 
     def add(self, document: dict[str, Any]) -> None:
         self.slices[key_of(document)] = document
 
-    def delete(self, name: str) -> None:
-        self.slices[f"t/{name}"]["metadata"]["deletionTimestamp"] = "2026-01-01T02:00:00Z"
+    def delete(self, name: str, tenant: str = "t") -> None:
+        self.slices[f"{tenant}/{name}"]["metadata"]["deletionTimestamp"] = "2026-01-01T02:00:00Z"
 
     def settle(self) -> int:
         passes = 0
         for passes in range(1, 30):
             self.clock += timedelta(seconds=1)
-            plan = plan_bindings_shared(self.islands, list(self.slices.values()), self.clock)
+            plan = plan_bindings_shared(
+                self.islands, list(self.slices.values()), self.clock, self.quotas
+            )
             for change in plan.ordered():
                 self.slices[change.key] = {**change.document, "status": change.status}
             for key, document in list(self.slices.items()):
@@ -69,11 +81,11 @@ class Store:
                 return passes
         raise AssertionError("the plans never settled")
 
-    def status(self, name: str) -> dict[str, Any]:
-        return self.slices[f"t/{name}"].get("status") or {}
+    def status(self, name: str, tenant: str = "t") -> dict[str, Any]:
+        return self.slices[f"{tenant}/{name}"].get("status") or {}
 
-    def devices(self, name: str) -> list[int]:
-        return self.status(name).get("devices") or []
+    def devices(self, name: str, tenant: str = "t") -> list[int]:
+        return self.status(name, tenant).get("devices") or []
 
 
 def check_invariants(store: Store) -> None:
@@ -91,6 +103,16 @@ def check_invariants(store: Store) -> None:
         if len(holders) > 1:
             assert all(shared for shared, _ in holders), (device, holders)
             assert len({devices for _, devices in holders}) == 1, (device, holders)
+    # Each tenant is charged its exclusive slices and the groups it holds, within its quota.
+    charged: dict[str, int] = {}
+    for document in store.slices.values():
+        status = document.get("status") or {}
+        joined = any(c.get("reason") == "TimeShared" for c in status.get("conditions") or [])
+        if status.get("phase") == "Bound" and not joined:
+            tenant = document["metadata"]["namespace"]
+            charged[tenant] = charged.get(tenant, 0) + len(status["devices"])
+    for (tenant, _), limit in store.quotas.items():
+        assert charged.get(tenant, 0) <= limit, (tenant, charged)
 
 
 def test_four_tenants_arriving_together_share_one_group() -> None:
@@ -181,6 +203,7 @@ def test_other_tenants_slices_are_not_named_in_a_status() -> None:
 def test_a_group_is_preempted_only_by_a_priority_above_all_of_its_members() -> None:
     store = Store([island(topology="4")])
     store.add(vslice("holder", 4, created=0))
+    store.settle()
     store.add(vslice("vip", 4, created=1, priority=1000))
     store.settle()
     store.add(vslice("middling", 4, shared=False, created=2, priority=50))
@@ -192,6 +215,54 @@ def test_a_group_is_preempted_only_by_a_priority_above_all_of_its_members() -> N
     store.settle()
     assert store.status("urgent")["phase"] == "Bound"
     assert store.status("vip")["reason"] == "SharedGroupReleased"
+    check_invariants(store)
+
+
+def test_a_member_takes_the_devices_over_only_if_its_tenant_has_quota_for_them() -> None:
+    # A member is charged nothing; the one that holds the devices after the holder is charged
+    # them all, so it must be a member whose tenant's quota has room.
+    store = Store([island(topology="4")], quotas={"poor": 2})
+    store.add(vslice("holder", 4, created=0, tenant="rich"))
+    store.add(vslice("s", 4, created=1, tenant="poor"))
+    store.add(vslice("s", 4, created=2, tenant="wealthy"))
+    store.settle()
+    store.delete("holder", "rich")
+    store.settle()
+    assert store.status("s", "wealthy")["message"] == "bound to 4 devices of island 'isl'"
+    assert store.status("s", "poor")["message"] == (
+        "time-shares 4 devices of island 'isl' with another tenant's slice"
+    )
+    # Without a member that may pay, the group lets the devices go.
+    store.delete("s", "wealthy")
+    store.settle()
+    assert store.status("s", "poor")["phase"] == "Preempted"
+    assert store.status("s", "poor")["reason"] == "QuotaExceeded"
+    assert "no slice left in the group may be charged them" in store.status("s", "poor")["message"]
+    assert store.devices("s", "poor") == []
+
+
+def test_a_group_is_opened_by_the_request_that_can_be_bound() -> None:
+    # The first of two requests alike would wait for ever where the second binds: over its
+    # tenant's quota, or of a priority too low to preempt.
+    store = Store([island(topology="4")], quotas={"poor": 2})
+    store.add(vslice("busy", 4, shared=False, priority=5))
+    store.settle()
+    store.add(vslice("low", 4, created=1))
+    store.add(vslice("high", 4, created=2, priority=10))
+    store.add(vslice("s", 4, created=3, tenant="poor"))
+    store.settle()
+    assert store.status("busy")["phase"] == "Preempted"
+    assert (
+        store.devices("high") == store.devices("low") == store.devices("s", "poor") == [0, 1, 2, 3]
+    )
+    assert store.status("low")["message"] == "time-shares 4 devices of island 'isl' with t/high"
+
+    store = Store([island(topology="4")], quotas={"poor": 2})
+    store.add(vslice("s", 4, created=0, tenant="poor"))
+    store.add(vslice("s", 4, created=1, tenant="rich"))
+    store.settle()
+    assert store.status("s", "rich")["message"] == "bound to 4 devices of island 'isl'"
+    assert store.status("s", "poor")["phase"] == "Bound"
     check_invariants(store)
 
 
@@ -217,17 +288,18 @@ def test_without_time_shared_slices_the_plan_is_plan_bindings() -> None:
         max_size=14,
     )
 )
-def test_no_device_is_held_by_an_exclusive_slice_and_another(
+def test_no_device_is_held_by_an_exclusive_slice_and_another_and_quotas_hold(
     steps: list[tuple[str, int, int]],
 ) -> None:
-    store = Store([island(topology="8", hosts=2)])
+    store = Store([island(topology="8", hosts=2)], quotas={"a": 4, "b": 2})
     for index, (action, devices, priority) in enumerate(steps):
         if action == "delete":
             alive = [
                 k for k, d in store.slices.items() if not d["metadata"].get("deletionTimestamp")
             ]
             if alive:
-                store.delete(alive[index % len(alive)].split("/")[1])
+                tenant, name = alive[index % len(alive)].split("/")
+                store.delete(name, tenant)
         else:
             store.add(
                 vslice(
@@ -236,6 +308,7 @@ def test_no_device_is_held_by_an_exclusive_slice_and_another(
                     shared=action == "add-shared",
                     created=index,
                     priority=priority,
+                    tenant="tab"[index % 3],
                 )
             )
         store.settle()

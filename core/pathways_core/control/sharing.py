@@ -10,13 +10,14 @@ slices that ask for ``timeShared: true`` are bound in *groups*:
 - a later time-shared slice whose request the group answers (same island, same number of
   devices, a kind and labels it admits, the same mesh shape if one is asked) *joins* the
   group: it is bound to the same devices and charged nothing;
-- when the holder goes, the oldest remaining member holds the devices (each pass restores one
-  binding per group, so the allocator still never sees a device twice);
+- when the holder goes, the oldest remaining member whose tenant's quota has room for the
+  devices holds them and is charged them (each pass restores one binding per group, so the
+  allocator still never sees a device twice); with no such member, the group lets them go;
 - when a holder loses its devices (preempted, island deleted), every member loses them too.
 
-Unbound time-shared slices that find no group wait for the first of them to open one (one
-new group per request signature per pass), so tenants that arrive together share instead of
-each taking devices of their own.
+Unbound time-shared slices that find no group wait for one of them to open one (one new group
+per request signature per pass: the highest priority, then the oldest, whose tenant's quota
+has room), so tenants that arrive together share instead of each taking devices of their own.
 """
 
 from __future__ import annotations
@@ -127,6 +128,13 @@ def plan_bindings_shared(
     if not shared:
         return SharedBindingPlan(**vars(plan_bindings(islands, slices, now, quotas)))
     passed: list[Document] = [d for d in slices if not is_time_shared(d) or is_deleting(d)]
+    inventories: dict[str, IslandInventory] = {}
+    for document in islands:
+        island, _ = parse(document)
+        if isinstance(island, Island) and not is_deleting(document):
+            inventories[island.metadata.name or ""] = IslandInventory.from_island(island)
+    charges = _Charges(quotas or {}, inventories, passed)
+
     groups: dict[tuple[str, tuple[int, ...]], list[Document]] = defaultdict(list)
     unbound: list[Document] = []
     for document in shared:
@@ -135,27 +143,52 @@ def plan_bindings_shared(
             unbound.append(document)
         else:
             groups[group].append(document)
+    for documents in groups.values():
+        # The holder first: the one that did not join (or, its holder gone, the oldest).
+        documents.sort(
+            key=lambda d: (
+                _joined(d),
+                (d.get("status") or {}).get("boundTime") or "",
+                key_of(d),
+            )
+        )
+    successions = sorted(group for group, documents in groups.items() if _joined(documents[0]))
+    for group, documents in groups.items():
+        if group not in successions:
+            charges.charge(documents[0], group[0])
+    unpaid: list[Document] = []
+    for group in successions:
+        # The holder has gone: the oldest member that may be charged the devices holds them.
+        documents = groups[group]
+        payer = next((d for d in documents if charges.has_room(d, [group[0]])), None)
+        if payer is None:
+            unpaid.extend(groups.pop(group))
+            continue
+        documents.remove(payer)
+        documents.insert(0, payer)
+        charges.charge(payer, group[0])
     holders: dict[tuple[str, tuple[int, ...]], Document] = {}
     members: dict[tuple[str, tuple[int, ...]], list[Document]] = {}
     for group, documents in groups.items():
-        documents.sort(key=lambda d: ((d.get("status") or {}).get("boundTime") or "", key_of(d)))
         holders[group], members[group] = documents[0], documents[1:]
         passed.append(_with_group_priority(documents[0], documents))
 
-    inventories: dict[str, IslandInventory] = {}
-    for document in islands:
-        island, _ = parse(document)
-        if isinstance(island, Island) and not is_deleting(document):
-            inventories[island.metadata.name or ""] = IslandInventory.from_island(island)
-
     joins: list[tuple[Document, Document]] = []
-    opened: set[tuple[Any, ...]] = set()
     twins: list[Document] = []
-    unbound.sort(
-        key=lambda d: ((d.get("metadata") or {}).get("creationTimestamp") or "", key_of(d))
-    )
+    requests = {key_of(d): _request(d) for d in unbound}
+    unbound.sort(key=lambda d: _opening_order(d, requests[key_of(d)]))
+    # Per signature, the request that opens a group: the first that its tenant may be charged.
+    openers: dict[tuple[Any, ...], Document] = {}
     for document in unbound:
-        request = _request(document)
+        request = requests[key_of(document)]
+        if request is None:
+            continue
+        signature = _signature(request)
+        first = openers.setdefault(signature, document)
+        if first is not document and not charges.has_room(first) and charges.has_room(document):
+            openers[signature] = document
+    for document in unbound:
+        request = requests[key_of(document)]
         if request is None:
             passed.append(document)  # plan_bindings reports the invalid spec
             continue
@@ -178,8 +211,7 @@ def plan_bindings_shared(
         )
         if holder is not None:
             joins.append((document, holder))
-        elif _signature(request) not in opened:
-            opened.add(_signature(request))
+        elif openers[_signature(request)] is document:
             passed.append(document)  # opens a group if plan_bindings binds it
         else:
             twins.append(document)  # joins the group its twin opens in this pass, next pass
@@ -191,6 +223,8 @@ def plan_bindings_shared(
         replace(change, document=originals[change.key]) if change.key in originals else change
         for change in plan.changes
     ]
+    for document in unpaid:
+        _release(plan, document, now, "QuotaExceeded", _UNPAID)
     released = {change.key for change in plan.changes if change.stage is Stage.RELEASE}
     for group, holder in holders.items():
         if key_of(holder) not in released:
@@ -198,30 +232,7 @@ def plan_bindings_shared(
         for member in members[group]:
             holder_seen = seen_from(key_of(holder), key_of(member))
             message = f"the devices it time-shared with {holder_seen} were released"
-            status = dict(member.get("status") or {})
-            status.update(
-                phase="Preempted",
-                island=None,
-                shape=None,
-                devices=[],
-                hosts=[],
-                reason="SharedGroupReleased",
-                message=message,
-                boundTime=None,
-            )
-            status["conditions"] = set_condition(
-                list(status.get("conditions") or []),
-                "Bound",
-                False,
-                "SharedGroupReleased",
-                message,
-                now,
-                generation(member),
-            )
-            plan.changes.append(SliceChange(key_of(member), member, status, Stage.RELEASE))
-            plan.events.append(
-                Event(ObjectRef.of(member), "Warning", "SharedGroupReleased", message)
-            )
+            _release(plan, member, now, "SharedGroupReleased", message)
     for group, holder in holders.items():
         if key_of(holder) in released:
             continue
@@ -257,6 +268,89 @@ def plan_bindings_shared(
     if twins and opened_now:
         again = True  # the twins join the groups opened in this pass on the next one
     return SharedBindingPlan(**vars(plan), again=again)
+
+
+_UNPAID = (
+    "the slice holding the devices it time-shared is gone, and no slice left in the group may "
+    "be charged them: its tenant's quota has no room; it will be bound again when it has"
+)
+
+
+def _release(
+    plan: BindingPlan, document: Document, now: datetime, reason: str, message: str
+) -> None:
+    """Add to ``plan`` the release of a time-shared slice's devices, saying why."""
+    status = dict(document.get("status") or {})
+    status.update(
+        phase="Preempted",
+        island=None,
+        shape=None,
+        devices=[],
+        hosts=[],
+        reason=reason,
+        message=message,
+        boundTime=None,
+    )
+    status["conditions"] = set_condition(
+        list(status.get("conditions") or []),
+        "Bound",
+        False,
+        reason,
+        message,
+        now,
+        generation(document),
+    )
+    plan.changes.append(SliceChange(key_of(document), document, status, Stage.RELEASE))
+    plan.events.append(Event(ObjectRef.of(document), "Warning", reason, message))
+
+
+def _opening_order(document: Document, request: Request | None) -> tuple[Any, ...]:
+    """Unbound slices in the order plan_bindings would bind them: priority, age, name."""
+    priority = request.priority if request is not None else 0
+    created = (document.get("metadata") or {}).get("creationTimestamp") or ""
+    return (-priority, created, key_of(document))
+
+
+class _Charges:
+    """Devices charged to each tenant's quota, by accelerator kind: exclusive slices' and
+    group holders' (members are charged nothing)."""
+
+    def __init__(
+        self,
+        quotas: Mapping[tuple[str, AcceleratorKind], int],
+        inventories: Mapping[str, IslandInventory],
+        exclusive: Sequence[Document],
+    ) -> None:
+        self.quotas = quotas
+        self.inventories = inventories
+        self.used: dict[tuple[str, AcceleratorKind], int] = defaultdict(int)
+        if quotas:
+            for document in exclusive:
+                status = document.get("status") or {}
+                if status.get("phase") == "Bound" and not is_deleting(document):
+                    self.charge(document, status.get("island"))
+
+    def charge(self, document: Document, island: str | None) -> None:
+        """Charge a bound slice's devices to its tenant."""
+        request = _request(document) if self.quotas else None
+        if request is not None and island in self.inventories:
+            self.used[(request.tenant, self.inventories[island].kind)] += request.size
+
+    def has_room(self, document: Document, islands: Sequence[str] | None = None) -> bool:
+        """Whether the slice's tenant may be charged its devices on one of ``islands`` (by
+        default, of the islands it may use)."""
+        request = _request(document) if self.quotas else None
+        if request is None:
+            return True
+        names = islands if islands is not None else list(self.inventories)
+        for name in names:
+            inventory = self.inventories.get(name)
+            if inventory is None or not request.admits(inventory):
+                continue
+            limit = self.quotas.get((request.tenant, inventory.kind))
+            if limit is None or self.used[(request.tenant, inventory.kind)] + request.size <= limit:
+                return True
+        return False
 
 
 def _restated(document: Document, reason: str, message: str, now: datetime) -> dict[str, Any]:
