@@ -53,6 +53,11 @@ from pathways_core.wire.streams import (
 Event = pb.ClientEvent
 # Longest a deletion waits for a message to ride along with (see IslandClient.delete).
 DELETE_LINGER_SECONDS = 0.002
+# How long a call that an executor's death broke waits for the scheduler to say it is lost.
+LOSS_WAIT_SECONDS = 2.0
+_BROKEN_CALL = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
+)
 # Ids are unique across all of this process's sessions: a buffer keeps its id when another
 # island pulls it, so two islands' sessions of one client must never mint the same one.
 _IDS = itertools.count()
@@ -155,6 +160,7 @@ class IslandClient:
         # Executors the scheduler said are lost, and why: direct calls to them fail at once,
         # those in progress (``_calls``) are cancelled.
         self._lost: dict[int, str] = {}
+        self._lost_changed = threading.Condition(self._lock)
         self._calls: dict[int, set[grpc.Future]] = {}
         host, port = _reachable(self.info.session_endpoint, endpoint)
         self._session = socket.create_connection((host, port), timeout=connect_timeout)
@@ -433,11 +439,24 @@ class IslandClient:
         try:
             yield
         except (grpc.RpcError, grpc.FutureCancelledError) as error:
-            if executor in self._lost:  # cancelled when the scheduler said so
-                raise IslandError(f"{what}: {self._lost[executor]}") from None
+            lost = self._loss(executor, error)
+            if lost is not None:
+                raise IslandError(f"{what}: {lost}") from None
             details = error.details() if isinstance(error, grpc.Call) else str(error)
             endpoint = next(e.endpoint for e in self.info.executors if e.index == executor)
             raise IslandError(f"{what}: executor {executor} ({endpoint}): {details}") from None
+
+    def _loss(self, executor: int, error: Exception) -> str | None:
+        """Why ``executor`` is lost, if the scheduler says it is. A call the executor's death
+        broke fails before the scheduler's word comes (moments later): it is waited for a
+        little, so the error says what happened rather than ``Stream removed``."""
+        broken = not isinstance(error, grpc.Call) or error.code() in _BROKEN_CALL
+        with self._lost_changed:
+            if broken:
+                self._lost_changed.wait_for(
+                    lambda: executor in self._lost or self._ended, LOSS_WAIT_SECONDS
+                )
+            return self._lost.get(executor)
 
     @contextlib.contextmanager
     def _cancellable(self, executor: int, call: grpc.Future) -> Iterator[None]:
@@ -563,6 +582,7 @@ class IslandClient:
             self._pending.clear()
             self._ended = reason  # later requests fail at once with the same reason
             self._room.notify_all()
+            self._lost_changed.notify_all()
         for future in waiting:
             if not future.done():
                 future.set_exception(IslandError(reason))
@@ -571,6 +591,7 @@ class IslandClient:
         if event.kind == Event.EXECUTOR_LOST:
             with self._lock:
                 self._lost[event.executor] = event.message
+                self._lost_changed.notify_all()
                 calls = list(self._calls.get(event.executor, ()))
             for call in calls:
                 call.cancel()

@@ -32,9 +32,26 @@ def test_sigkill_of_an_executor_fails_its_work_fast_and_the_rest_keeps_serving(
         add_one = client.register(increment(), "increment")
         x = client.put(np.full((512, 512), 0.001, np.float32), device=2)
         running = [client.submit(heavy, [2], [x], 1, name=f"slow-{n}") for n in range(5)]
+        uploading: list[Exception] = []
+
+        def upload_until_it_fails() -> None:
+            big = np.ones((16, 1024, 1024), np.float32)
+            try:
+                while True:
+                    client.delete(client.put(big, device=2))
+            except Exception as error:  # asserted below
+                uploading.append(error)
+
+        uploader = threading.Thread(target=upload_until_it_fails)
+        uploader.start()
         time.sleep(1.0)
         killed = time.monotonic()
         island.kill_executor(1)
+        # An upload the death cut says so (not gRPC's "Stream removed").
+        uploader.join(30)
+        assert re.fullmatch(
+            r"put: executor 1 \(127\.0\.0\.1:\d+\) is unreachable: .*", str(uploading[0])
+        ), uploading
         with pytest.raises(IslandError, match=r"executor 1 \(127\.0\.0\.1:\d+\) is unreachable"):
             running[-1].wait(30)
         assert time.monotonic() - killed < 10
