@@ -349,12 +349,27 @@ def _release(cluster: Cluster, shared: _Shared) -> None:
                 session.delete([buffer_id])
 
 
-def put(value: Any, slice: Slice) -> ArrayFuture:
+def put(value: Any, slice: Slice) -> Any:
     """Upload a host value to ``slice`` once, as a future any number of calls can use (the
-    order of ``jax.device_put``'s arguments)."""
+    order of ``jax.device_put``'s arguments); a pytree of values (a dict, a list, ...) as the
+    same pytree of futures, as ``jax.device_put`` does."""
     if not isinstance(slice, Slice):
         raise TypeError(f"put: slice must be a Slice from cluster.slice(...) (got {slice!r})")
     cluster = slice.cluster_or_fail()
+    leaves, tree = jax.tree_util.tree_flatten_with_path(value)
+    if jax.tree_util.treedef_is_leaf(tree):
+        return _put_one(cluster, value, slice)
+    arrays = []
+    for path, leaf in leaves:  # every leaf checked before any is uploaded
+        where = f"put: value{jax.tree_util.keystr(path)}"
+        try:
+            arrays.append(host_array(leaf))
+        except TypeError as error:
+            raise TypeError(f"{where}: {error}") from None
+    return jax.tree_util.tree_unflatten(tree, [_put_one(cluster, array, slice) for array in arrays])
+
+
+def _put_one(cluster: Cluster, value: Any, slice: Slice) -> ArrayFuture:
     try:
         array = host_array(value)
     except TypeError as error:

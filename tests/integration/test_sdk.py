@@ -120,6 +120,12 @@ def test_pytrees_go_in_and_come_out(cluster: pw.Cluster) -> None:
         out = step(params, x)
         np.testing.assert_allclose(out["y"].result(), x * 2 + 1)
         assert float(out["n"].result()) == x.sum()
+        # put takes a pytree too, as jax.device_put does, and gives it back of futures.
+        held = pw.put(params, devices)
+        assert set(held) == {"w", "b"} and isinstance(held["w"], pw.ArrayFuture)
+        np.testing.assert_allclose(step(held, x)["y"].result(), x * 2 + 1)
+        with pytest.raises(TypeError, match=r"put: value\['b'\]\[1\]: str 'x' cannot be sent"):
+            pw.put({"w": params["w"], "b": [np.ones(3), "x"]}, devices)
 
 
 def test_keyword_arguments_are_passed_as_jax_jit_takes_them(cluster: pw.Cluster) -> None:
