@@ -193,7 +193,7 @@ def main() -> None:
             "p99_us": ours.percentile_us(0.99),
             "bound_share_no_preemption": quality.bound / quality.requests,
             "baseline_bound_share": baseline.bound / baseline.requests,
-            "parameters": vars(args),
+            "parameters": {k: v for k, v in vars(args).items() if k != "json"},
             "machine": {"python": platform.python_version(), "processor": platform.machine()},
         }
         with open(args.json, "w") as handle:

@@ -205,7 +205,7 @@ def command_line(suite: Suite, quick: bool, output: Path, plots: Path | None) ->
     command = [sys.executable, str(script), *(suite.quick if quick else suite.full)]
     command += ["--json", str(output)]
     if suite.draws and plots is not None:
-        command += ["--plots", str(plots)]
+        command += ["--plots", str(plots.resolve())]  # the script runs in the checkout
     return command
 
 
@@ -279,6 +279,8 @@ def missed_figures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def shortfalls_heading(missed: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
     """The line above the list of shortfalls, or the one saying there are none."""
+    if not records:
+        return "No figures were measured."
     return (
         f"Shortfalls: {len(missed)} of {len(records)} figures."
         if missed
@@ -307,8 +309,10 @@ def markdown(
     info: dict[str, Any],
     plots: list[Path],
     seconds: dict[str, float] | None = None,
+    folder: Path | None = None,
 ) -> str:
-    """The generated section of RESULTS.md (``seconds``: how long each suite took)."""
+    """The generated section of RESULTS.md (``seconds``: how long each suite took); its
+    pictures are linked relative to ``folder``, the one it is written in."""
     lines = [
         BEGIN,
         "## `pathways bench` (generated)",
@@ -339,13 +343,19 @@ def markdown(
     lines += [f"- {shortfall(r)}" for r in missed]
     if missed:
         lines.append("")
-    lines += [f"![{plot.stem}]({plot.parent.name}/{plot.name})" for plot in plots]
+    base = (folder or Path()).resolve()
+    lines += [
+        f"![{plot.stem}]({Path(os.path.relpath(plot.resolve(), base)).as_posix()})"
+        for plot in plots
+    ]
     lines.append(END)
     return "\n".join(lines) + "\n"
 
 
 def _value(record: dict[str, Any]) -> str:
-    """A figure's value with its unit."""
+    """A figure's value with its unit (none without a value: not reached in the sweep)."""
+    if record["value"] is None:
+        return ""
     return f"{_number(record['value'])} {record['unit'] or ''}".strip()
 
 
@@ -368,6 +378,13 @@ def durations(seconds: dict[str, float]) -> str:
 
     each = ", ".join(f"{name} {minutes(value)}" for name, value in seconds.items())
     return f"{each}; in all {minutes(sum(seconds.values()))}"
+
+
+def _pictures(folder: Path | None) -> dict[Path, int]:
+    """The PNG files in ``folder``, with when each was last written."""
+    if folder is None or not folder.is_dir():
+        return {}
+    return {path: path.stat().st_mtime_ns for path in folder.glob("*.png")}
 
 
 def write_results(path: Path, section: str) -> None:
@@ -476,6 +493,7 @@ def bench_command(
     records: list[dict[str, Any]] = []
     interrupted = ""  # the suite a Ctrl-C stopped
     seconds: dict[str, float] = {}  # by suite (the control suite runs three scripts)
+    drawn_before = _pictures(plots)
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -497,7 +515,8 @@ def bench_command(
     for table in summary_tables(records):
         console.print(table)
     missed = missed_figures(records)
-    console.print(f"Time by suite: {durations(seconds)}")
+    if seconds:
+        console.print(f"Time by suite: {durations(seconds)}")
     console.print(shortfalls_heading(missed, records))
     for r in missed:
         console.print(f"  {shortfall(r)}", style="red", highlight=False, markup=False)
@@ -508,8 +527,12 @@ def bench_command(
         json_path.write_text(json.dumps(records, indent=2, default=str))
         console.print(f"records: {json_path}", markup=False)
     written = plot(records, plots) if plots else []
-    if plots:
-        written += sorted(plots.glob("figure9-*.png"))
+    # The suites' own pictures (Figure 9), those this run drew, not older ones in the folder.
+    written += sorted(
+        path
+        for path, stamp in _pictures(plots).items()
+        if drawn_before.get(path) != stamp and path not in written
+    )
     for path in written:
         console.print(f"plot: {path}", markup=False)
     if interrupted:
@@ -521,7 +544,7 @@ def bench_command(
         )
         raise SystemExit(130)
     if results:
-        write_results(results, markdown(records, command, info, written, seconds))
+        write_results(results, markdown(records, command, info, written, seconds, results.parent))
         console.print(f"results: {results}", markup=False)
     if any(r.get("error") for r in records):
         raise SystemExit(1)

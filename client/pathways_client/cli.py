@@ -1180,7 +1180,11 @@ def trace(
     if not records:
         _fail(f"program {name!r} has no trace yet (traces are kept when a run ends)")
     write_trace(records, out, title=f"program {name}")
-    console.print(f"[green]✓[/] {len(records)} computations written to {escape(str(out))}")
+    from pathways_client.trace_export import computation_count
+
+    console.print(
+        f"[green]✓[/] {computation_count(records)} computations written to {escape(str(out))}"
+    )
 
 
 def write_trace(records: list[dict[str, Any]], out: Path, title: str) -> None:

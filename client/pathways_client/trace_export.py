@@ -10,6 +10,12 @@ from typing import Any
 Record = Mapping[str, Any]
 
 
+def computation_count(records: Iterable[Record]) -> int:
+    """How many computations the records are of: one spanning executors has a record from
+    each (its island's order number, ``seq``, is the same in all)."""
+    return len({(r.get("island"), r.get("client"), r["seq"], r.get("name")) for r in records})
+
+
 def chrome_trace(records: Iterable[Record]) -> dict[str, Any]:
     """The Trace Event Format (chrome://tracing, ui.perfetto.dev): one process per island,
     one thread per device, one complete ("X") event per computation per device."""

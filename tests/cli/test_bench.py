@@ -4,6 +4,7 @@ the generated section of RESULTS.md."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,8 +47,9 @@ def test_a_real_benchmark_gives_records_in_the_one_format() -> None:
     assert record["suite"] == "control" and record["name"] == "allocator"
     assert record["value"] > 0 and record["baseline"] > 0
     assert record["ratio"] == record["value"] / record["baseline"]
-    # Fields beyond the format are kept as parameters.
+    # Fields beyond the format are kept as parameters (not where the script wrote them).
     assert {"p99_us", "decisions"} <= set(record["parameters"])
+    assert "json" not in record["parameters"]
 
 
 def test_suites_that_draw_get_the_plots_folder(tmp_path: Path) -> None:
@@ -55,6 +57,9 @@ def test_suites_that_draw_get_the_plots_folder(tmp_path: Path) -> None:
     (multitenancy,) = [suite for suite in SUITES if suite.name == "multitenancy"]
     command = command_line(multitenancy, True, tmp_path / "r.json", tmp_path / "plots")
     assert command[-2:] == ["--plots", str(tmp_path / "plots")]
+    # The script runs in the checkout: a relative folder is given as the caller meant it.
+    command = command_line(multitenancy, True, tmp_path / "r.json", Path("plots"))
+    assert command[-1] == str(Path.cwd() / "plots")
     assert "--plots" not in command_line(ALLOCATOR, True, tmp_path / "r.json", tmp_path)
 
 
@@ -130,8 +135,13 @@ def test_output_folders_are_made_before_the_suites_run(
 
     def one_record(suite: Suite, quick: bool, plots: Path | None = None) -> list[dict]:
         seen.append(json_path.parent.is_dir() and plots is not None and plots.is_dir())
+        if plots is not None and not seen[1:]:
+            shutil.copy(plots / "figure9-old.png", plots / "figure9-new.png")  # a suite's own
         return normalize([_doubled(suite.script)], suite)
 
+    plots.mkdir(parents=True)
+    plot([normalize([_doubled("x")], ALLOCATOR)[0]], plots)
+    (plots / "bench-control.png").rename(plots / "figure9-old.png")  # of an earlier run
     monkeypatch.setattr(bench, "run_suite", one_record)
     arguments = ["--only", "control", "--json", str(json_path), "--plots", str(plots)]
     result = CliRunner().invoke(bench_command, [*arguments, "--results", str(results)])
@@ -139,6 +149,12 @@ def test_output_folders_are_made_before_the_suites_run(
     assert seen and all(seen)
     assert len(json.loads(json_path.read_text())) == len(seen)
     assert BEGIN in results.read_text() and (plots / "bench-control.png").stat().st_size > 0
+    # The pictures this run drew are named and linked from where RESULTS.md is; older not.
+    assert "figure9-new.png" in result.output and "figure9-old" not in result.output
+    text = results.read_text()
+    assert "![figure9-new](../figures/png/figure9-new.png)" in text
+    assert "![bench-control](../figures/png/bench-control.png)" in text
+    assert "figure9-old" not in text
 
 
 def test_an_interrupted_run_reports_and_writes_the_suites_that_finished(
@@ -166,6 +182,13 @@ def test_an_interrupted_run_reports_and_writes_the_suites_that_finished(
     assert f"{results} was left as it was" in output
     assert [r["name"] for r in json.loads(json_path.read_text())] == ["figure-1", "figure-2"]
     assert list(plots.glob("bench-*.png")) and results.read_text() == "# Benchmark results\n"
+    # Stopped before a suite finished: no figure, and no word that every target was met.
+    ran.clear()
+    ran.extend(["", ""])
+    result = CliRunner().invoke(bench_command, ["--json", str(json_path)])
+    assert result.exit_code == 130, result.output
+    assert "No figures were measured." in result.output and "was met" not in result.output
+    assert "Time by suite" not in result.output
 
 
 def test_verdicts_against_targets() -> None:
@@ -253,8 +276,13 @@ def test_figures_of_two_layouts_read_apart_and_shortfalls_are_named() -> None:
         "target 0.95",
         "control: allocator: 9,000 decisions/s, target 10,000 decisions/s",
     ]
+    records.append(
+        _figure(name="smallest", value=None, baseline=None, ratio=None, unit="ms", target=None)
+    )
+    records[-1]["parameters"] = {}
     section = markdown(records, "pathways bench", {"processor": "x", "cpus": 2, "python": "3"}, [])
-    assert "Shortfalls: 2 of 3 figures." in section
+    assert "| dispatch | smallest |  |  |  |  |  |  |" in section  # not reached: no bare unit
+    assert "Shortfalls: 2 of 4 figures." in section
     assert "- control: allocator: 9,000 decisions/s, target 10,000 decisions/s" in section
 
 
