@@ -38,6 +38,7 @@ from pathways_client.island_client import IslandClient
 from pathways_client.slices import Slice
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.allocator import Allocator, Bound, IslandInventory, Request
+from pathways_core.control.programs import island_client_name
 from pathways_core.manifests import problems_of
 from pathways_core.resources import SliceRequest
 from pathways_core.resources.base import GROUP_VERSION
@@ -391,7 +392,7 @@ def connect(
         islands = {item.name: item.scheduler_endpoint for item in running}
     elif islands is None and env.get(ENV_SLICES):
         islands, bound = _slices_from_env(env[ENV_SLICES])
-        client = client or env.get("PATHWAYS_PROGRAM", "").replace("/", "-") or None
+        client = client or island_client_name(env.get("PATHWAYS_PROGRAM", "")) or None
     elif islands is None and env.get(ENV_ISLANDS):
         islands = _islands_from_env(env[ENV_ISLANDS])
     if not islands:

@@ -87,6 +87,8 @@ def test_up_submit_trace_cancel_down_and_up_again(
     assert info is not None and info.ready
     assert "island-0" in started.output and info.api in started.output
     assert (state / "tokens.yaml").stat().st_mode & 0o777 == 0o600
+    # The store holds every tenant's specs: its user's alone, as the tokens are.
+    assert (state / "pathways.db").stat().st_mode & 0o777 == 0o600
     manifest = tmp_path / "programs.yaml"
     manifest.write_text(PROGRAM)
     api = ("--state", str(state), "--tenant", "team-a")
@@ -153,7 +155,7 @@ def test_up_submit_trace_cancel_down_and_up_again(
     events = json.loads(out_json.read_text())["traceEvents"]
     computations = [e for e in events if e["ph"] == "X"]
     assert {e["tid"] for e in computations} == {0, 1}  # the slice's two devices
-    assert {e["cat"] for e in computations} == {"team-a-double"}
+    assert {e["cat"] for e in computations} == {"team-a.double"}
     assert pathways("trace", "double", *api, "--out", str(out_png)).exit_code == 0
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

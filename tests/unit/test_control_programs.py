@@ -8,6 +8,7 @@ from typing import Any
 
 from pathways_core.control import ChildRef, ProgramView, reconcile_program
 from pathways_core.control.common import timestamp
+from pathways_core.control.programs import island_client_name
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 IMAGE = "pathways:test"
@@ -133,6 +134,27 @@ def test_ready_program_starts_run_one_with_the_sdk_settings() -> None:
     assert (decision.status["phase"], decision.status["runs"]) == ("Running", 1)
     assert decision.status["startTime"] == "2026-01-01T00:00:00Z"
     assert [e.reason for e in decision.events] == ["Running"]
+
+
+def test_a_program_is_one_island_client_no_other_tenants_program_can_be() -> None:
+    # With '-', tenant team's a-x and tenant team-a's x were one client.
+    assert island_client_name("team/a-x") != island_client_name("team-a/x")
+    assert island_client_name("team-a/x") == "team-a.x"
+
+
+def test_a_drivers_own_variables_cannot_replace_those_of_the_run() -> None:
+    spoofed = program(driver={"source": "x", "env": [{"name": "PATHWAYS_PROGRAM", "value": "o/x"}]})
+    decision = decide(spoofed, {"p-main": bound_slice()}, islands=READY_ISLAND)
+    assert decision.status["reason"] == "InvalidSpec"
+    assert (
+        "spec.driver.env[0].name: PATHWAYS_PROGRAM is set by Pathways"
+        in (decision.status["message"])
+    )
+    # Variables of its own come before Pathways' ones, which win over a name set twice.
+    own = program(driver={"source": "x", "env": [{"name": "MODE", "value": "fast"}]})
+    (created,) = decide(own, {"p-main": bound_slice()}, islands=READY_ISLAND).create
+    names = [item["name"] for item in created["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert names[0] == "MODE" and names[1:3] == ["PATHWAYS_RUN", "PATHWAYS_PROGRAM"]
 
 
 def test_running_program_with_its_slices_changes_nothing() -> None:

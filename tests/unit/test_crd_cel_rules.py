@@ -85,6 +85,9 @@ GRAPH = {"functions": [{"name": "f", "uri": "gs://b/f"}],
         ({**PROGRAM, "spec": {"slices": [{"name": "a", "devices": 1}],
                               "driver": {"source": "x", "command": ["python"]}}},
          ".spec.driver: set exactly one of command or source"),
+        ({**PROGRAM, "spec": {"slices": [{"name": "a", "devices": 1}], "driver": {
+            "source": "x", "env": [{"name": "A", "value": "1"}, {"name": "PATHWAYS_SLICES"}]}}},
+         ".spec.driver: env: the PATHWAYS_* variables of every run are set by Pathways"),
         ({**PROGRAM, "spec": {"slices": [{"name": "a", "devices": 1}], "graph": {
             **GRAPH, "functions": [{"name": "f", "uri": "gs://b/f", "inline": "AAAA"}]}}},
          ".spec.graph.functions[0]: set exactly one of configMapKeyRef, uri or inline"),

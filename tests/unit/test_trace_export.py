@@ -9,7 +9,7 @@ from pathways_client.trace_export import chrome_trace, computation_count
 def record(seq: int, executor: int, devices: list[int], island: str = "a") -> dict:
     return {
         "seq": seq,
-        "client": "team-a-train",
+        "client": "team-a.train",
         "name": f"stage-{seq}",
         "devices": devices,
         "executor": executor,

@@ -285,6 +285,15 @@ def connection_settings(
     }
 
 
+def island_client_name(program: str) -> str:
+    """The island client name of a program's runs, from its ``namespace/name``
+    (``PATHWAYS_PROGRAM``). An island owns a client's ids by the prefix ``<client>/``, so the
+    '/' becomes a '.', which neither a namespace nor a program name may hold: with '-', tenant
+    ``team``'s program ``a-x`` and tenant ``team-a``'s ``x`` were one client, sharing a trace
+    and refusing each other's sessions."""
+    return program.replace("/", ".")
+
+
 def program_job(
     document: Document,
     program: PathwaysProgram,
@@ -326,7 +335,8 @@ def program_job(
         else:
             # Inline source in another image: its entrypoint is unknown, run python directly.
             container.update(command=["python", "-c", driver.source or ""], args=list(driver.args))
-        env += [variable.to_wire() for variable in driver.env]
+        # Pathways' own variables last: they win over any of the same name (refused anyway).
+        env = [variable.to_wire() for variable in driver.env] + env
         if driver.resources is not None:
             container["resources"] = driver.resources.to_wire()
     else:

@@ -36,6 +36,18 @@ PROGRAM_NAME = NameRule(
     "pathways.dev/program they carry, have at most 63 characters",
 )
 
+# Set by Pathways in every run's environment, the SDK's contract: a driver's env may not set
+# them (a driver claiming another's PATHWAYS_PROGRAM had its trace stored as that program's).
+RUN_VARIABLES = (
+    "PATHWAYS_RUN",
+    "PATHWAYS_PROGRAM",
+    "PATHWAYS_TENANT",
+    "PATHWAYS_PRIORITY",
+    "PATHWAYS_WEIGHT",
+    "PATHWAYS_STEPS",
+    "PATHWAYS_SLICES",
+)
+
 
 def _named_list(key: str = "name") -> dict[str, object]:
     return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": [key]}
@@ -218,7 +230,13 @@ class Driver(Model):
                 {
                     "rule": "has(self.command) != has(self.source)",
                     "message": "set exactly one of command or source",
-                }
+                },
+                {
+                    "rule": "!has(self.env) || self.env.all(e, !(e.name in ["
+                    + ", ".join(f"'{name}'" for name in RUN_VARIABLES)
+                    + "]))",
+                    "message": "env: the PATHWAYS_* variables of every run are set by Pathways",
+                },
             ]
         }
     }
@@ -254,6 +272,13 @@ class Driver(Model):
     def _check(self) -> Self:
         if (self.command is None) == (self.source is None):
             raise FieldError("command", "set exactly one of command or source")
+        for index, variable in enumerate(self.env):
+            if variable.name in RUN_VARIABLES:
+                raise FieldError(
+                    f"env[{index}].name",
+                    f"{variable.name} is set by Pathways for every run (the SDK reads it); "
+                    "choose another name",
+                )
         return self
 
 
