@@ -379,7 +379,9 @@ class BodyLimit:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
-        content_type = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip()
+        content_type = (
+            headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+        )
         if content_type in YAML_TYPES:
             try:
                 parsed = yaml.safe_load(body) if body else None

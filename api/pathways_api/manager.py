@@ -43,6 +43,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,7 @@ from pathways_core.control import (
     slice_names,
 )
 from pathways_core.control.common import LABEL_PROGRAM, Document, now_utc, parse_time, prune
+from pathways_core.control.programs import island_client_name
 from pathways_core.control.sharing import plan_bindings_shared
 from pathways_core.resources import GROUP_VERSION, Island, PathwaysProgram
 
@@ -584,7 +586,12 @@ class Manager:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.cwd,
-                env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **environment},
+                env={
+                    **inherited_environment(os.environ),
+                    "JAX_PLATFORMS": "cpu",
+                    "PYTHONUNBUFFERED": "1",
+                    **environment,
+                },
                 # Its own process group: killed with its children, and it outlives a manager
                 # killed by SIGKILL (the next one adopts it). Not its own session: Linux shares
                 # CPU equally between sessions, which would starve the islands it runs on.
@@ -719,9 +726,11 @@ class Manager:
         job = running.job
         container = job["spec"]["template"]["spec"]["containers"][0]
         environment = {item["name"]: item.get("value", "") for item in container.get("env", [])}
-        program = environment.get("PATHWAYS_PROGRAM")
+        # Whose run it is, from the Job itself (a driver's env cannot say it is another's).
+        namespace = job["metadata"]["namespace"]
+        name = (job["metadata"].get("labels") or {}).get(LABEL_PROGRAM)
         slices = json.loads(environment.get("PATHWAYS_SLICES") or "{}")
-        if not program or not slices:
+        if not name or not slices:
             return
         islands = {entry["island"]: entry["scheduler"] for entry in slices.values()}
         for island, endpoint in list(islands.items()):
@@ -735,8 +744,7 @@ class Manager:
         arguments = [sys.executable, "-m", "pathways_client.trace_dump"]
         for island, endpoint in sorted(islands.items()):
             arguments += ["--island", f"{island}={endpoint}"]
-        namespace, name = program.split("/", 1)
-        arguments += ["--client", program, "--client", program.replace("/", "-")]
+        arguments += ["--client", island_client_name(f"{namespace}/{name}")]
         started = (
             (read_json(paths(running.record)[1]) or {}).get("started") if running.record else None
         )
@@ -754,6 +762,25 @@ class Manager:
             raise RuntimeError(done.stderr[-2000:])
         run = int((job["metadata"].get("labels") or {}).get("pathways.dev/run") or 0)
         self.store.store_trace(namespace, name, run, json.loads(done.stdout))
+
+
+# What a run's process takes from the manager's environment, as a pod takes its node's
+# basics: where programs and Python's packages are, the locale and temp folder, JAX's and
+# XLA's settings, and the islands' TLS client identity. Nothing else (a token the manager had
+# went to every tenant's driver); a driver's own variables are its spec.driver.env.
+INHERITED = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV"}
+)
+INHERITED_PREFIXES = ("LC_", "JAX_", "XLA_", "PATHWAYS_TLS_")
+
+
+def inherited_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    """The part of ``environment`` a run's process is started with (see INHERITED)."""
+    return {
+        name: value
+        for name, value in environment.items()
+        if name in INHERITED or name.startswith(INHERITED_PREFIXES)
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

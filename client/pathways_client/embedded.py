@@ -694,7 +694,7 @@ def up(
 ) -> ClusterInfo:
     """Start the cluster of ``state`` detached (or return the one already running). Two at
     once on one state take turns: the second finds the cluster the first started."""
-    state.mkdir(parents=True, exist_ok=True)
+    state.mkdir(mode=0o700, parents=True, exist_ok=True)  # tenants' specs, logs and tokens
     with _locked(state / "up.lock"):
         return _up(state, islands, tenants, progress, timeout)
 
@@ -817,6 +817,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--port", type=int, default=None)
     arguments = parser.parse_args(argv)
+    # What the cluster writes (the store, every tenant's logs and checkpoints, the islands'
+    # logs) is its user's alone, as tokens.yaml is.
+    os.umask(0o077)
     specs = []
     for item in arguments.island:
         name, hosts, devices, policy, in_flight, topology = item.split(":")

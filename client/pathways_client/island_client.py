@@ -25,6 +25,7 @@ import numpy as np
 
 from pathways_client.rpc import MESSAGE_OPTIONS, stub
 from pathways_client.tls import Tls, channel, load
+from pathways_core.control.programs import island_client_name
 from pathways_core.scheduling.limits import (
     artifact_limit_from,
     artifact_problem,
@@ -93,9 +94,9 @@ class IslandClient:
     ``tls``: the ``PATHWAYS_TLS_*`` variables' by default (``TlsConfigError`` when they are
     half set), ``None`` for plaintext, or a ``pathways_client.tls.Tls``. ``connect_timeout``:
     how long to wait for the scheduler to answer (``IslandError`` then; twice that at most). A
-    client's ids are ``<client>/...``, so islands refuse names holding '/': a program's
-    ``namespace/name`` (``PATHWAYS_PROGRAM``) is sent as ``namespace-name``, as the trace
-    collector expects."""
+    client's ids are ``<client>/...``, so islands refuse names holding '/': a name holding
+    one is sent with '.' for it, as a program's ``namespace/name`` is
+    (:func:`pathways_core.control.programs.island_client_name`)."""
 
     # Largest artifact ``register`` sends; None: $PATHWAYS_MAX_ARTIFACT_BYTES, else the default.
     max_artifact_bytes: int | None = None
@@ -110,7 +111,7 @@ class IslandClient:
         tls: Tls | Literal["environment"] | None = "environment",
         connect_timeout: float = 60.0,
     ) -> None:
-        self.client = client.replace("/", "-")
+        self.client = island_client_name(client)
         self._tls = load() if tls == "environment" else tls
         self._channel = channel(endpoint, MESSAGE_OPTIONS, self._tls)
         info = stub(self._channel, SCHEDULER, "Info")
@@ -532,7 +533,9 @@ class IslandClient:
         return done
 
     def _new_id(self, kind: str) -> str:
-        return f"{self.client}/{kind}{next(_IDS)}"
+        # 64 random bits: an island reads a buffer to whoever names it, so ids are not
+        # guessed from the counter (traces list computation ids, never buffer ids).
+        return f"{self.client}/{kind}{next(_IDS)}-{os.urandom(8).hex()}"
 
     def _send(self, message: pb.ClientMessage) -> None:
         pending = getattr(self._batching, "messages", None)

@@ -407,6 +407,13 @@ def test_yaml_submission(a: httpx.Client) -> None:
     )
     assert response.status_code == 201, response.text
     assert response.json()["spec"]["slices"][0]["timeShared"] is True
+    # Media types are case-insensitive (RFC 9110).
+    response = a.post(
+        "/v1/programs",
+        content=manifest.replace("from-yaml", "from-yaml-2").encode(),
+        headers={"Content-Type": "Application/YAML; charset=utf-8"},
+    )
+    assert response.status_code == 201, response.text
 
 
 @pytest.mark.parametrize(

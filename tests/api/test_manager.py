@@ -96,14 +96,21 @@ PRINT_SETTINGS = (
 
 
 def test_a_program_runs_with_the_contract_environment_and_gives_its_devices_back(
-    running: Running,
+    running: Running, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = running.store
+    # The manager's own environment stays its own: a driver is started as a pod is, with
+    # its Job's variables and the machine's basics, never a token.
+    monkeypatch.setenv("PATHWAYS_TOKEN", "another-tenants-token")
+    monkeypatch.setenv("CLOUD_SECRET", "the-admins")
     wait_for(lambda: phase(store, "Island", "local", None) == "Ready", what="island Ready")
-    submit(store, "hello", PRINT_SETTINGS, weight=3)
+    submit(
+        store, "hello", PRINT_SETTINGS.replace("'PATHWAYS_'", "('PATHWAYS_', 'CLOUD_')"), weight=3
+    )
     wait_for(lambda: phase(store, "PathwaysProgram", "hello") == "Succeeded", what="Succeeded")
     log = store.log_path("team", "hello-run-1").read_text()
     settings = json.loads(log.strip().splitlines()[-1])
+    assert "PATHWAYS_TOKEN" not in settings and "CLOUD_SECRET" not in settings
     assert settings["PATHWAYS_PROGRAM"] == "team/hello"
     assert settings["PATHWAYS_WEIGHT"] == "3"
     assert settings["PATHWAYS_RUN"] == "1"

@@ -6,6 +6,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -96,6 +97,9 @@ def test_three_node_chain_across_executors(island: LocalIsland) -> None:
         # All three were dispatched before the first finished; only the last is awaited.
         c.wait()
         np.testing.assert_array_equal(client.get(c.outputs[0]), (np.arange(4) + 1) * 2 + 1)
+        # An island reads a buffer to whoever names it: ids carry 64 random bits.
+        for buffer_id in (x, *a.outputs, *c.outputs):
+            assert re.fullmatch(r"chain/(put|b)\d+-[0-9a-f]{16}", buffer_id), buffer_id
 
 
 def test_sharded_all_reduce_on_a_four_device_slice(island: LocalIsland) -> None:

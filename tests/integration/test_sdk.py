@@ -310,7 +310,8 @@ def test_a_closed_connection_refuses_work_and_its_futures_say_why(island: LocalI
     with pw.connect(island) as cluster:
         one = cluster.slice(devices=1)
         slow = pw.function(
-            lambda v: jax.lax.fori_loop(0, 300, lambda _, m: jnp.tanh(m @ m), v),
+            # Seconds even on an idle machine (300 steps took under 0.5 s on one).
+            lambda v: jax.lax.fori_loop(0, 1500, lambda _, m: jnp.tanh(m @ m), v),
             slice=one,
             name="slow",
         )
@@ -324,7 +325,7 @@ def test_a_closed_connection_refuses_work_and_its_futures_say_why(island: LocalI
 
         waiting = threading.Thread(target=fetch)
         waiting.start()
-        time.sleep(0.5)
+        time.sleep(0.2)
         assert not pending.ready()  # still computing as the connection closes
     waiting.join(timeout=60)
     assert len(failures) == 1 and isinstance(failures[0], pw.DeletedError), failures
