@@ -450,20 +450,29 @@ class Manager:
         else:
             self.store.remove(kind, namespace, name)
 
+    def _delete_owned(self, owner: Document, kind: str, name: str) -> bool:
+        """Delete a child of ``owner`` if ``owner`` owns it: a same-named object of the user's
+        or of another program stays (a deleted program took a VirtualSlice it had refused as
+        ``SliceNameTaken`` with it)."""
+        namespace, uid = owner["metadata"].get("namespace"), owner["metadata"].get("uid")
+        child = self.store.read(kind, namespace, name)
+        references = ((child or {}).get("metadata") or {}).get("ownerReferences") or []
+        if uid is None or not any(reference.get("uid") == uid for reference in references):
+            return False
+        self._delete_child(kind, namespace, name)
+        return True
+
     def _delete_program(self, document: Document) -> None:
         """Release what a deleted program holds; remove it once its slices are gone."""
         meta = document["metadata"]
         namespace, name = meta.get("namespace"), meta["name"]
         for run in range(1, int((document.get("status") or {}).get("runs") or 0) + 1):
-            self._delete_child(JOB, namespace, job_name(name, run))
-        self._delete_child(CONFIG_MAP, namespace, f"{name}-graph")
+            self._delete_owned(document, JOB, job_name(name, run))
+        self._delete_owned(document, CONFIG_MAP, f"{name}-graph")
         remaining = 0
         for item in (document.get("spec") or {}).get("slices") or []:
             if isinstance(item, dict) and item.get("name") and not item.get("virtualSliceName"):
-                vs = f"{name}-{item['name']}"
-                if self.store.read(SLICE, namespace, vs) is not None:
-                    self.store.mark_deleting(SLICE, namespace, vs)
-                    remaining += 1
+                remaining += self._delete_owned(document, SLICE, f"{name}-{item['name']}")
         if not remaining:
             self.store.remove(PROGRAM, namespace, name)
             if meta.get("uid"):

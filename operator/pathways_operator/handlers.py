@@ -486,14 +486,16 @@ async def program_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -
 
 @kopf.on.delete(GROUP, VERSION, "pathwaysprograms")
 async def program_deleted(
-    namespace: str, name: str, spec: Any, status: Any, memo: kopf.Memo, **_: Any
+    namespace: str, name: str, uid: str, spec: Any, status: Any, memo: kopf.Memo, **_: Any
 ) -> None:
     """Clean up: the program's Jobs, its graph ConfigMap and its inline slices (all owned by
-    it too, for clusters that garbage-collect)."""
+    it too, for clusters that garbage-collect), each only if it owns it: a same-named
+    VirtualSlice of the user's or of another program stays (it was deleted)."""
     kube: Kube = memo.kube
     for run in range(1, int(status.get("runs") or 0) + 1):
-        await kube.delete("batch/v1", "Job", namespace, job_name(name, run))
-    await kube.delete("v1", "ConfigMap", namespace, graph_config_map_name(name))
+        await kube.delete_owned("batch/v1", "Job", namespace, job_name(name, run), uid)
+    await kube.delete_owned("v1", "ConfigMap", namespace, graph_config_map_name(name), uid)
     for item in spec.get("slices") or []:
         if isinstance(item, dict) and item.get("name") and not item.get("virtualSliceName"):
-            await kube.delete(GV, "VirtualSlice", namespace, program_slice_name(name, item["name"]))
+            child = program_slice_name(name, item["name"])
+            await kube.delete_owned(GV, "VirtualSlice", namespace, child, uid)

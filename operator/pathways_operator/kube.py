@@ -230,6 +230,30 @@ class Kube:
             raise
         return True
 
+    async def delete_owned(
+        self, api_version: str, kind: str, namespace: str | None, name: str, owner_uid: str
+    ) -> bool:
+        """Delete an object only if ``owner_uid`` owns it (a same-named object of another
+        owner, or of the user, is left alone); ``False`` if it was not deleted. The deletion is
+        conditional on the uid read, so an object made again meanwhile is not the one
+        deleted."""
+        document = await self.get(api_version, kind, namespace, name)
+        metadata = (document or {}).get("metadata") or {}
+        owners = metadata.get("ownerReferences") or []
+        if not any(owner.get("uid") == owner_uid for owner in owners):
+            return False
+        try:
+            await self.request(
+                "DELETE",
+                path(api_version, kind, namespace, name),
+                body={"propagationPolicy": "Background", "preconditions": {"uid": metadata["uid"]}},
+            )
+        except ApiError as error:
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
+
     async def post_event(self, event: Event, namespace: str) -> None:
         """Record a Kubernetes Event (core/v1) about ``event.target``. Events of cluster-scoped
         objects go to ``namespace``."""

@@ -171,6 +171,35 @@ def test_failed_runs_restart_then_fail_and_time_shared_programs_share(running: R
         wait_for(lambda name=name: phase(store, "PathwaysProgram", name) == "Succeeded")
 
 
+def test_a_deleted_program_takes_no_slice_of_its_name_that_is_not_its_own(
+    running: Running,
+) -> None:
+    """Deleted, a program refused as SliceNameTaken took the user's VirtualSlice with it."""
+    store = running.store
+    store.insert(
+        {
+            "apiVersion": "pathways.dev/v1alpha1",
+            "kind": "VirtualSlice",
+            "metadata": {"name": "job1-main", "namespace": "team"},
+            "spec": {"devices": 1},
+        },
+        devices=1,
+    )
+    submit(store, "job1", "print(1)")
+    wait_for(
+        lambda: (
+            (store.read("PathwaysProgram", "team", "job1") or {}).get("status", {}).get("reason")
+            == "SliceNameTaken"
+        ),
+        what="SliceNameTaken",
+    )
+    store.mark_deleting("PathwaysProgram", "team", "job1")
+    wait_for(lambda: store.read("PathwaysProgram", "team", "job1") is None, what="deleted")
+    kept = store.read("VirtualSlice", "team", "job1-main")
+    assert kept is not None and not kept["metadata"].get("deletionTimestamp")
+    assert phase(store, "VirtualSlice", "job1-main") == "Bound"
+
+
 def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running) -> None:
     store = running.store
     submit(store, "long", "import time; time.sleep(600)")

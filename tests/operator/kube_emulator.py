@@ -17,6 +17,7 @@ controller's correctness depends on. This subclass adds:
   ``a notin (x)``);
 - ``GET /api/v1/namespaces`` lists the namespaces objects live in;
 - garbage collection: deleting an object deletes the objects whose ownerReferences name it;
+- a deletion's ``preconditions.uid`` (409 when the object's uid differs);
 - ``hooks``: async callables run before each request, to delay or fail chosen requests;
 - ``pod_logs``: what a pod's ``log`` subresource answers.
 """
@@ -229,6 +230,10 @@ class Emulator(kmock.KubernetesEmulator):
             key = (resource, request.namespace, request.name)
             if key not in self._objects or self._objects[key].deleted:
                 raise kmock.KubernetesObjectNotFoundError()
+            options = request.data if isinstance(request.data, dict) else {}
+            wanted = (options.get("preconditions") or {}).get("uid")
+            if wanted and wanted != (self._objects[key].raw.get("metadata") or {}).get("uid"):
+                raise kmock.KubernetesError(409, "Conflict", "precondition failed: uid")
             await self._delete(key)
 
     def _patched(self, old: dict[str, Any], patch: Any) -> dict[str, Any]:

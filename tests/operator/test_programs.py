@@ -325,6 +325,14 @@ def test_a_renamed_inline_slice_is_released_and_a_taken_name_never_taken_over(
     assert "PathwaysProgram a" in taken["message"]
     assert cluster.get("VirtualSlice", "a-b-main", "team")["spec"]["devices"] == 2
     assert cluster.get("VirtualSlice", "a-b-main", "team")["metadata"]["generation"] == 1
+    # Deleted, the refused program takes nothing of the other's with it (it took the slice).
+    cluster.delete("PathwaysProgram", "a-b", "team")
+    wait_for(lambda: cluster.get("PathwaysProgram", "a-b", "team") is None)
+    kept = cluster.get("VirtualSlice", "a-b-main", "team")
+    assert kept is not None and not kept["metadata"].get("deletionTimestamp")
+    assert pstatus(cluster, "a")["phase"] == "Running"
+    cluster.create(program("a-b", slices=[{"name": "main", "devices": 1}], driver=sleep))
+    wait_for(lambda: pstatus(cluster, "a-b").get("reason") == "SliceNameTaken")
 
     cluster.patch(
         "PathwaysProgram", "a", {"spec": {"slices": [{"name": "work", "devices": 2}]}}, "team"
