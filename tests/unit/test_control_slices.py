@@ -229,6 +229,73 @@ def test_preemption_releases_victims_first_and_never_rebinds_them_in_the_same_pa
     assert again.changes == []
 
 
+def inline(program: str, name: str, devices: int, **options: Any) -> dict[str, Any]:
+    """A program's inline slice, as the controllers make it: labelled and owned."""
+    document = vslice(f"{program}-{name}", devices, **options)
+    document["metadata"]["labels"] = {"pathways.dev/program": program}
+    document["metadata"]["ownerReferences"] = [
+        {"kind": "PathwaysProgram", "name": program, "uid": f"uid-{program}", "controller": True}
+    ]
+    return document
+
+
+def test_a_programs_slices_are_bound_all_at_once_or_none() -> None:
+    """Bound one by one, gx held 4 devices and gy 2, each waiting for 4 more for ever."""
+    slices = [
+        vslice("z", 2, status=bound("a", [0, 1])),
+        inline("gx", "a", 4, created=1),
+        inline("gx", "b", 4, created=1),
+        inline("gy", "a", 2, created=2),
+        inline("gy", "b", 4, created=2),
+    ]
+    plan = plan_bindings([island("a")], slices, NOW)
+    assert phases(plan) == {
+        "gx-a": ("Pending", "InsufficientDevices", Stage.WAIT),
+        "gx-b": ("Pending", "InsufficientDevices", Stage.WAIT),
+        "gy-a": ("Bound", None, Stage.BIND),
+        "gy-b": ("Bound", None, Stage.BIND),
+    }
+    waiting = next(c for c in plan.changes if c.key == "t/gx-a").status["message"]
+    assert waiting.startswith("its program's slice gx-b cannot be bound (InsufficientDevices:")
+    assert waiting.endswith("a program's slices are bound all at once")
+    assert plan.devices_free == {"a": 0}
+
+
+def test_a_program_that_cannot_fit_whole_preempts_nothing() -> None:
+    low = vslice("low", 8, status=bound("a", list(range(8))))
+    program = [inline("hix", "a", 6, priority=100), inline("hix", "b", 4, priority=100)]
+    plan = plan_bindings([island("a")], [low, *program], NOW)
+    # 6 + 4 devices of 8: the first would have preempted low for nothing.
+    assert phases(plan) == {
+        "hix-a": ("Pending", "InsufficientDevices", Stage.WAIT),
+        "hix-b": ("Pending", "InsufficientDevices", Stage.WAIT),
+    }
+    assert plan.devices_free == {"a": 0} and plan.bound == 1
+
+
+def test_the_slices_a_program_holds_go_while_another_of_its_slices_cannot_be_bound() -> None:
+    """Its slice b preempted, program p held a's 4 devices while b waited."""
+    slices = [
+        inline("p", "a", 4, status=bound("a", [0, 1, 2, 3])),
+        inline("p", "b", 4, status={"phase": "Preempted", "reason": "Preempted"}),
+        vslice("urgent", 4, priority=9, status=bound("a", [4, 5, 6, 7])),
+        vslice("small", 2, created=5),
+    ]
+    plan = plan_bindings([island("a")], slices, NOW)
+    released = next(c for c in plan.changes if c.key == "t/p-a")
+    assert (released.status["phase"], released.stage) == ("Pending", Stage.RELEASE)
+    assert released.status["message"].startswith("devices released: its program's slice p-b")
+    assert phases(plan)["small"] == ("Bound", None, Stage.BIND)  # on what p let go
+    # Once there is room for both, they are bound together.
+    after = [d for d in apply(slices, plan.ordered()) if d["metadata"]["name"] != "urgent"]
+    after = [d for d in after if d["metadata"]["name"] != "small"]
+    again = plan_bindings([island("a")], after, NOW)
+    assert phases(again) == {
+        "p-a": ("Bound", None, Stage.BIND),
+        "p-b": ("Bound", None, Stage.BIND),
+    }
+
+
 def test_deleted_slice_is_released_and_its_devices_serve_a_waiting_one() -> None:
     slices = [
         vslice("leaving", 8, status=bound("a", list(range(8))), deleting=True),
@@ -318,16 +385,18 @@ def snapshots(draw: st.DrawFn) -> list[dict[str, Any]]:
             name = draw(st.sampled_from(["a", "b", "c", "gone"]))
             devices = draw(st.lists(st.integers(0, 9), min_size=size, max_size=size, unique=True))
             status = bound(name, devices, f"2026-01-01T00:00:{draw(st.integers(0, 59)):02d}Z")
-        slices.append(
-            vslice(
-                f"s{index}",
-                size,
-                priority=draw(st.integers(0, 3)),
-                created=draw(st.integers(0, 59)),
-                status=status,
-                deleting=draw(st.booleans()) and draw(st.booleans()),
-            )
+        document = vslice(
+            f"s{index}",
+            size,
+            priority=draw(st.integers(0, 3)),
+            created=draw(st.integers(0, 59)),
+            status=status,
+            deleting=draw(st.booleans()) and draw(st.booleans()),
         )
+        program = draw(st.sampled_from([None, "p", "q"]))
+        if program is not None:  # an inline slice of a program
+            document["metadata"].update(inline(program, "x", 1)["metadata"], name=f"s{index}")
+        slices.append(document)
     return slices
 
 
@@ -366,3 +435,12 @@ def test_passes_settle_and_every_slice_that_fits_alone_is_bound_or_says_why(
         status = s["status"]
         assert status["phase"] in ("Bound", "Pending", "Preempted")
         assert status["phase"] == "Bound" or status["reason"]
+    # A program's slices are all bound, or none.
+    for program in ("p", "q"):
+        members = [
+            s["status"]["phase"] == "Bound"
+            for s in slices
+            if (s["metadata"].get("labels") or {}).get("pathways.dev/program") == program
+            and not s["metadata"].get("deletionTimestamp")
+        ]
+        assert all(members) or not any(members), (program, slices)

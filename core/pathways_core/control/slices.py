@@ -13,6 +13,12 @@ failure:
    only moves to another slice once its release is stored.
 2. ``BIND``: new bindings, on devices free in the store (or released in stage 1).
 3. ``WAIT``: reasons of slices that stay pending.
+
+A program's inline slices are bound together or not at all (a *gang*): bound one by one, two
+programs each held part of what they needed and waited for the rest for ever, and one that
+could never fit preempted others for a part it could not use. A gang that cannot be bound
+whole takes nothing (what it would have preempted keeps its devices), and members bound
+before (the others of one preempted) let theirs go, until all can be bound at once.
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ from pathways_core.allocator import (
     Binding,
     Bound,
     IslandInventory,
+    Pending,
     Request,
     is_block,
 )
 from pathways_core.control.common import (
+    LABEL_PROGRAM,
     Document,
     Event,
     ObjectRef,
@@ -113,6 +121,27 @@ def _stored_binding(document: Document, request: Request) -> Binding | None:
     except ValueError:
         block = None
     return Binding(request, status["island"], devices, block)
+
+
+def _at(request: Request, priority: int | None) -> Request:
+    """``request`` at ``priority`` (unchanged when ``None``)."""
+    return request if priority is None else replace(request, priority=priority)
+
+
+def _gang(document: Document) -> str | None:
+    """The program whose inline slice this is (its label, and an owner reference to it), as
+    ``namespace/program/uid``; ``None`` for a slice of its own."""
+    meta = document.get("metadata") or {}
+    program = (meta.get("labels") or {}).get(LABEL_PROGRAM)
+    owner = next(
+        (
+            reference.get("uid")
+            for reference in meta.get("ownerReferences") or []
+            if reference.get("kind") == "PathwaysProgram"
+        ),
+        None,
+    )
+    return f"{_namespace(document)}/{program}/{owner}" if program and owner else None
 
 
 def placement(spec: VirtualSliceSpec) -> str:
@@ -256,6 +285,19 @@ def plan_bindings(
         else:
             queue.append((request, document))
 
+    # A program's slices share its priority (the highest of theirs, were they to differ):
+    # none of them may preempt another, and each is preempted only by what may preempt all.
+    priorities: dict[str, int] = {}
+    for request, document in [*queue, *((b.request, d) for _, _, b, d in restorable)]:
+        gang = _gang(document)
+        if gang is not None:
+            priorities[gang] = max(priorities.get(gang, request.priority), request.priority)
+    if priorities:
+        queue = [(_at(r, priorities.get(_gang(d) or "")), d) for r, d in queue]
+        restorable = [
+            (t, k, replace(b, request=_at(b.request, priorities.get(_gang(d) or ""))), d)
+            for t, k, b, d in restorable
+        ]
     restorable.sort(key=lambda item: (item[0], item[1]))
     documents: dict[str, Document] = {}
     for _, key, binding, document in restorable:
@@ -316,9 +358,53 @@ def plan_bindings(
             item[0].key,
         )
     )
+    gangs: dict[str, list[tuple[Request, Document]]] = {}
     for request, document in queue:
+        gangs.setdefault(_gang(document) or request.key, []).append((request, document))
+    held: dict[str, list[str]] = {}  # a gang's members bound before, restored above
+    for key, document in documents.items():
+        gang = _gang(document)
+        if gang in gangs and allocator.binding(key) is not None:
+            held.setdefault(gang, []).append(key)
+    decided: list[tuple[Request, Document, Bound | Pending]] = []
+    for gang, members in gangs.items():
+        decisions: list[Bound | Pending] = []
+        for request, _ in members:
+            decisions.append(allocator.allocate(request, preempt=True))
+            if not isinstance(decisions[-1], Bound):
+                break
+        failed = decisions[-1]
+        if isinstance(failed, Bound) or (len(members) == 1 and gang not in held):
+            decided += [(r, d, x) for (r, d), x in zip(members, decisions, strict=True)]
+            continue
+        # Not whole: what it took goes back, and what it preempted keeps its devices.
+        taken = [decision for decision in decisions if isinstance(decision, Bound)]
+        for decision in taken:
+            allocator.release(decision.binding.request.key)
+        allocator.restore([victim for decision in taken for victim in decision.preempted])
+        failing = key_of(members[len(decisions) - 1][1]).rsplit("/", 1)[1]
+        together = (
+            f"its program's slice {failing} cannot be bound ({failed.reason}: "
+            f"{failed.message}); a program's slices are bound all at once"
+        )
+        for key in held.get(gang, []):
+            if allocator.release(key) is None:
+                continue  # preempted in this pass by a gang of higher priority
+            message = f"devices released: {together}"
+            change(
+                documents[key],
+                _status(documents[key], "Pending", now, reason=failed.reason, message=message),
+                Stage.RELEASE,
+            )
+            event(documents[key], "Normal", "WaitingForProgramSlices", message)
+        for request, document in members:
+            if request.key != failed.key:
+                decided.append((request, document, Pending(request.key, failed.reason, together)))
+            else:
+                decided.append((request, document, failed))
+
+    for request, document, decision in decided:
         status = document.get("status") or {}
-        decision = allocator.allocate(request, preempt=True)
         if isinstance(decision, Bound):
             binding = decision.binding
             inventory = inventories[binding.island]
@@ -353,6 +439,7 @@ def plan_bindings(
             continue
         if status.get("phase") == "Preempted":
             continue  # keeps saying why it lost its devices until it is bound again
+        assert isinstance(decision, Pending)
         new = _status(document, "Pending", now, reason=decision.reason, message=decision.message)
         if not _same(status, new):
             change(document, new, Stage.WAIT)
