@@ -306,7 +306,8 @@ class SqliteStore:
     def _insert(self, db: sqlite3.Connection, document: Document, devices: int) -> Document:
         meta = document.setdefault("metadata", {})
         meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", now_text())
+        # To the microsecond: objects made within a second queue in the order they came.
+        meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
         meta.setdefault("generation", 1)
         meta["resourceVersion"] = self._next_version(db)
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,6 +112,11 @@ def test_a_program_runs_with_the_contract_environment_and_gives_its_devices_back
     log = store.log_path("team", "hello-run-1").read_text()
     settings = json.loads(log.strip().splitlines()[-1])
     assert "PATHWAYS_TOKEN" not in settings and "CLOUD_SECRET" not in settings
+    # Its slice queued from the program's creation, timed to the microsecond.
+    program = store.read("PathwaysProgram", "team", "hello")
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", program["metadata"]["creationTimestamp"]
+    )
     assert settings["PATHWAYS_PROGRAM"] == "team/hello"
     assert settings["PATHWAYS_WEIGHT"] == "3"
     assert settings["PATHWAYS_RUN"] == "1"

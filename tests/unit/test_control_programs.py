@@ -81,9 +81,15 @@ def test_invalid_program_fails_once() -> None:
 
 
 def test_inline_slices_are_created_owned_by_the_program() -> None:
-    decision = decide(program(priority=7, tenant="research"), {"p-main": None})
+    document = program(priority=7, tenant="research")
+    document["metadata"]["creationTimestamp"] = "2026-01-01T00:00:14.250000Z"
+    decision = decide(document, {"p-main": None})
     (created,) = decision.create
     assert created["kind"] == "VirtualSlice" and created["metadata"]["name"] == "p-main"
+    # It queues from the program's creation (made in one pass, slices' own times tie).
+    assert created["metadata"]["annotations"] == {
+        "pathways.dev/queued-since": "2026-01-01T00:00:14.250000Z"
+    }
     assert created["metadata"]["ownerReferences"][0]["uid"] == "u-p"
     assert created["metadata"]["labels"]["pathways.dev/program"] == "p"
     assert created["spec"] == {"devices": 2, "priority": 7, "tenant": "research"}

@@ -261,6 +261,18 @@ def test_a_programs_slices_are_bound_all_at_once_or_none() -> None:
     assert plan.devices_free == {"a": 0}
 
 
+def test_programs_queue_in_the_order_they_were_made_not_by_name() -> None:
+    """Their slices, made in one pass of the controller, bound by name: the first submitted
+    of four ran last."""
+    first = inline("zz-first", "s", 8)
+    second = inline("aa-second", "s", 8)
+    first["metadata"]["annotations"] = {"pathways.dev/queued-since": "2026-01-01T00:00:14.2Z"}
+    second["metadata"]["annotations"] = {"pathways.dev/queued-since": "2026-01-01T00:00:14.5Z"}
+    plan = plan_bindings([island("a")], [second, first], NOW)
+    assert phases(plan)["zz-first-s"][0] == "Bound"
+    assert phases(plan)["aa-second-s"][0] == "Pending"
+
+
 def test_a_program_that_cannot_fit_whole_preempts_nothing() -> None:
     low = vslice("low", 8, status=bound("a", list(range(8))))
     program = [inline("hix", "a", 6, priority=100), inline("hix", "b", 4, priority=100)]

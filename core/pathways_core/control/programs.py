@@ -25,6 +25,7 @@ from typing import Any
 from pathways_core.allocator import program_slice_name
 from pathways_core.control.common import (
     ANNOTATION_CANCELLED,
+    ANNOTATION_QUEUED_SINCE,
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     LABEL_PROGRAM,
@@ -249,6 +250,7 @@ def _inline_slice(document: Document, program: PathwaysProgram, slice_name: str)
             "name": program_slice_name(meta["name"], slice_name),
             "namespace": meta.get("namespace"),
             "labels": {LABEL_PROGRAM: meta["name"], LABEL_MANAGED_BY: MANAGER},
+            "annotations": {ANNOTATION_QUEUED_SINCE: meta.get("creationTimestamp") or ""},
             "ownerReferences": [owner_reference(document)],
         },
         "spec": spec,

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pathways_core.accelerators import AcceleratorKind
@@ -42,7 +42,13 @@ from pathways_core.control.common import (
     set_condition,
     timestamp,
 )
-from pathways_core.control.slices import BindingPlan, SliceChange, Stage, plan_bindings
+from pathways_core.control.slices import (
+    BindingPlan,
+    SliceChange,
+    Stage,
+    plan_bindings,
+    queued_since,
+)
 from pathways_core.resources import Island, VirtualSlice
 from pathways_core.topology import parse_shape
 
@@ -304,11 +310,13 @@ def _release(
     plan.events.append(Event(ObjectRef.of(document), "Warning", reason, message))
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _opening_order(document: Document, request: Request | None) -> tuple[Any, ...]:
     """Unbound slices in the order plan_bindings would bind them: priority, age, name."""
     priority = request.priority if request is not None else 0
-    created = (document.get("metadata") or {}).get("creationTimestamp") or ""
-    return (-priority, created, key_of(document))
+    return (-priority, queued_since(document) or _EPOCH, key_of(document))
 
 
 class _Charges:

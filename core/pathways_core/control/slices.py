@@ -42,6 +42,7 @@ from pathways_core.allocator import (
     is_block,
 )
 from pathways_core.control.common import (
+    ANNOTATION_QUEUED_SINCE,
     LABEL_PROGRAM,
     Document,
     Event,
@@ -121,6 +122,14 @@ def _stored_binding(document: Document, request: Request) -> Binding | None:
     except ValueError:
         block = None
     return Binding(request, status["island"], devices, block)
+
+
+def queued_since(document: Document) -> datetime | None:
+    """When a slice joined the queue: its program's creation for an inline slice, else its
+    own. Among equal priorities the earlier is bound first."""
+    meta = document.get("metadata") or {}
+    since = (meta.get("annotations") or {}).get(ANNOTATION_QUEUED_SINCE)
+    return parse_time(since) or parse_time(meta.get("creationTimestamp"))
 
 
 def _at(request: Request, priority: int | None) -> Request:
@@ -351,13 +360,7 @@ def plan_bindings(
             )
             event(document, "Warning", reason, message)
 
-    queue.sort(
-        key=lambda item: (
-            -item[0].priority,
-            parse_time((item[1].get("metadata") or {}).get("creationTimestamp")) or now,
-            item[0].key,
-        )
-    )
+    queue.sort(key=lambda item: (-item[0].priority, queued_since(item[1]) or now, item[0].key))
     gangs: dict[str, list[tuple[Request, Document]]] = {}
     for request, document in queue:
         gangs.setdefault(_gang(document) or request.key, []).append((request, document))
