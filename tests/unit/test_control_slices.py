@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hypothesis import given, settings
@@ -273,6 +273,33 @@ def test_programs_queue_in_the_order_they_were_made_not_by_name() -> None:
     assert phases(plan)["aa-second-s"][0] == "Pending"
 
 
+def test_a_request_waiting_past_its_patience_has_its_islands_kept_for_it() -> None:
+    """Later 2-device requests were bound past an 8-device one as devices came free: with a
+    steady stream it never ran."""
+    running = [vslice(f"run{i}", 2, status=bound("a", [2 * i, 2 * i + 1])) for i in range(3)]
+    big = vslice("big", 8, created=0)
+    small = vslice("small", 2, created=30)
+    urgent = vslice("urgent", 2, priority=5, created=40)
+    soon = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)  # a minute after big was made
+    assert phases(plan_bindings([island("a")], [*running, big, small], soon))["small"] == (
+        "Bound",
+        None,
+        Stage.BIND,
+    )
+    late = datetime(2026, 1, 1, 0, 5, tzinfo=UTC)
+    plan = plan_bindings([island("a")], [*running, big, small, urgent], late)
+    assert phases(plan)["big"] == ("Pending", "InsufficientDevices", Stage.WAIT)
+    assert phases(plan)["small"] == ("Pending", "InsufficientDevices", Stage.WAIT)
+    kept_for = next(c for c in plan.changes if c.key == "t/small").status["message"]
+    assert kept_for == (
+        "the islands it fits on ('a') are kept for an older request that has waited too long "
+        "to be bound, until it is"
+    )
+    assert phases(plan)["urgent"] == ("Bound", None, Stage.BIND)  # a higher priority is not
+    # With the others gone, the devices that came free go to it.
+    assert phases(plan_bindings([island("a")], [big, small], late))["big"][0] == "Bound"
+
+
 def test_a_program_that_cannot_fit_whole_preempts_nothing() -> None:
     low = vslice("low", 8, status=bound("a", list(range(8))))
     program = [inline("hix", "a", 6, priority=100), inline("hix", "b", 4, priority=100)]
@@ -431,12 +458,12 @@ def test_no_device_is_ever_bound_twice_whatever_part_of_a_plan_is_stored(
 
 
 @settings(max_examples=100, deadline=None)
-@given(snapshots())
+@given(snapshots(), st.sampled_from([NOW, NOW + timedelta(hours=1)]))
 def test_passes_settle_and_every_slice_that_fits_alone_is_bound_or_says_why(
-    slices: list[dict[str, Any]],
+    slices: list[dict[str, Any]], now: datetime
 ) -> None:
     for _ in range(6):
-        plan = plan_bindings(ISLANDS, slices, NOW)
+        plan = plan_bindings(ISLANDS, slices, now)  # an hour on: islands kept for the oldest
         if not plan.changes:
             break
         slices = apply(slices, plan.ordered())

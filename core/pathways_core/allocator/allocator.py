@@ -12,7 +12,7 @@ embedded mode and the tests drive the same code. Guarantees, checked by property
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 
@@ -194,11 +194,14 @@ class Allocator:
 
     # -- decisions ---------------------------------------------------------------------------
 
-    def allocate(self, request: Request, *, preempt: bool = True) -> Decision:
+    def allocate(
+        self, request: Request, *, preempt: bool = True, kept: Collection[str] = ()
+    ) -> Decision:
         """Bind a request whole, or leave it pending with a reason.
 
         When it cannot fit and ``preempt`` is set, the fewest strictly lower-priority bindings
         whose eviction lets it fit are evicted (listed in ``Bound.preempted``), or none.
+        ``kept``: islands kept for an older request, which this one may not use.
         """
         if request.key in self._bindings:
             return Bound(self._bindings[request.key])
@@ -216,6 +219,16 @@ class Allocator:
             return Pending(
                 request.key, "ShapeDoesNotFit", self._shape_message(request, candidates.states)
             )
+        if kept:
+            shaped = [s for s in shaped if s.inventory.name not in kept]
+            if not shaped:
+                names = ", ".join(sorted(repr(name) for name in kept))
+                return Pending(
+                    request.key,
+                    "InsufficientDevices",
+                    f"the islands it fits on ({names}) are kept for an older request that "
+                    "has waited too long to be bound, until it is",
+                )
         size = request.size
         for state in shaped:
             if state.free >= size:  # most islands of a busy fleet are skipped here
@@ -232,6 +245,10 @@ class Allocator:
             if decision is not None:
                 return decision
         return Pending(request.key, "InsufficientDevices", self._busy_message(request, shaped))
+
+    def islands_for(self, request: Request) -> list[str]:
+        """The islands a request fits on when they are empty (its kind, labels and shape)."""
+        return [s.inventory.name for s in self._candidates(request).fitting_for(request)]
 
     def release(self, key: str) -> Binding | None:
         """Release a slice; returns the binding whose devices are now free (``None`` if the slice

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pathways_core.accelerators import AcceleratorKind
@@ -43,6 +43,7 @@ from pathways_core.control.common import (
     timestamp,
 )
 from pathways_core.control.slices import (
+    PATIENCE,
     BindingPlan,
     SliceChange,
     Stage,
@@ -128,11 +129,12 @@ def plan_bindings_shared(
     slices: Sequence[Document],
     now: datetime,
     quotas: Mapping[tuple[str, AcceleratorKind], int] | None = None,
+    patience: timedelta = PATIENCE,
 ) -> SharedBindingPlan:
     """:func:`plan_bindings`, with time-shared slices bound in groups (see the module)."""
     shared = [d for d in slices if is_time_shared(d) and not is_deleting(d)]
     if not shared:
-        return SharedBindingPlan(**vars(plan_bindings(islands, slices, now, quotas)))
+        return SharedBindingPlan(**vars(plan_bindings(islands, slices, now, quotas, patience)))
     passed: list[Document] = [d for d in slices if not is_time_shared(d) or is_deleting(d)]
     inventories: dict[str, IslandInventory] = {}
     for document in islands:
@@ -222,7 +224,7 @@ def plan_bindings_shared(
         else:
             twins.append(document)  # joins the group its twin opens in this pass, next pass
 
-    plan = plan_bindings(islands, passed, now, quotas)
+    plan = plan_bindings(islands, passed, now, quotas, patience)
     # Changes carry the holders as they are, not as the allocator saw them.
     originals = {key_of(holder): holder for holder in holders.values()}
     plan.changes[:] = [

@@ -27,7 +27,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import IntEnum
 from typing import Any
 
@@ -61,6 +61,9 @@ from pathways_core.resources import Island, VirtualSlice, VirtualSliceSpec
 from pathways_core.topology import format_shape, parse_shape
 
 DEFAULT_NAMESPACE = "default"
+# How long a request may wait for room while later, smaller ones of its priority or lower are
+# bound past it; then the islands it fits on are kept for it.
+PATIENCE = timedelta(minutes=2)
 
 
 class Stage(IntEnum):
@@ -210,6 +213,7 @@ def plan_bindings(
     slices: Sequence[Document],
     now: datetime,
     quotas: Mapping[tuple[str, AcceleratorKind], int] | None = None,
+    patience: timedelta = PATIENCE,
 ) -> BindingPlan:
     """Decide every slice's status from a snapshot of all Islands and VirtualSlices.
 
@@ -370,13 +374,27 @@ def plan_bindings(
         if gang in gangs and allocator.binding(key) is not None:
             held.setdefault(gang, []).append(key)
     decided: list[tuple[Request, Document, Bound | Pending]] = []
+    # Islands kept for a request that waited past its patience for room, by the priority
+    # it has: no request of that priority or lower queued after it is placed on them (else a
+    # stream of small requests kept a large one waiting for ever).
+    kept: dict[str, int] = {}
     for gang, members in gangs.items():
+        priority = members[0][0].priority
+        barred = frozenset(name for name, level in kept.items() if level >= priority)
         decisions: list[Bound | Pending] = []
         for request, _ in members:
-            decisions.append(allocator.allocate(request, preempt=True))
+            decisions.append(allocator.allocate(request, preempt=True, kept=barred))
             if not isinstance(decisions[-1], Bound):
                 break
         failed = decisions[-1]
+        waited = now - (queued_since(members[0][1]) or now)
+        if (
+            isinstance(failed, Pending)
+            and failed.reason == "InsufficientDevices"
+            and (waited > patience)
+        ):
+            for name in allocator.islands_for(members[len(decisions) - 1][0]):
+                kept[name] = max(kept.get(name, priority), priority)
         if isinstance(failed, Bound) or (len(members) == 1 and gang not in held):
             decided += [(r, d, x) for (r, d), x in zip(members, decisions, strict=True)]
             continue
