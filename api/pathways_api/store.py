@@ -325,8 +325,18 @@ class SqliteStore:
                 ),
             )
         except sqlite3.IntegrityError:
+            row = db.execute(
+                "SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?",
+                (document["kind"], meta.get("namespace") or "", meta["name"]),
+            ).fetchone()
+            deleting = row and (json.loads(row[0]).get("metadata") or {}).get("deletionTimestamp")
             raise Conflict(
-                f"a {document['kind']} named {meta['name']!r} already exists",
+                f"a {document['kind']} named {meta['name']!r} "
+                + (
+                    "is still being deleted; submit it again once it is gone"
+                    if deleting
+                    else "already exists"
+                ),
                 field="metadata.name",
             ) from None
         return document

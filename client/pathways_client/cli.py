@@ -357,11 +357,20 @@ PHASE_STYLE = {
     "Failed": "red",
     "Preempted": "red",
     "Released": "dim",
+    "Terminating": "dim",
 }
 
 
+def _shown_phase(document: dict[str, Any]) -> str:
+    """An object's phase as tables show it: ``Terminating`` once it is being deleted (as
+    kubectl shows a pod), its status' phase else."""
+    if (document.get("metadata") or {}).get("deletionTimestamp"):
+        return "Terminating"
+    return (document.get("status") or {}).get("phase") or "-"
+
+
 def _phase(document: dict[str, Any]) -> str:
-    phase = (document.get("status") or {}).get("phase") or "-"
+    phase = _shown_phase(document)
     return f"[{PHASE_STYLE.get(phase, 'white')}]{phase}[/]"
 
 
@@ -621,7 +630,7 @@ MESSAGE_WIDTH = 80
 def _cells(document: dict[str, Any]) -> tuple[str, ...]:
     """A program's, slice's or island's row: the values of its kind's columns, as text."""
     status = document.get("status") or {}
-    phase = status.get("phase") or "-"
+    phase = _shown_phase(document)
     message = status.get("message") or ""
     if len(message) > MESSAGE_WIDTH:  # cut, and says so
         message = message[: MESSAGE_WIDTH - 1] + "…"

@@ -165,6 +165,11 @@ def test_a_slice_a_program_made_for_itself_is_deleted_with_the_program(
     assert a.get("/v1/virtualslices/p-main").status_code == 200  # nothing changed
     assert a.post("/v1/virtualslices", json=vslice("mine")).status_code == 201
     assert a.delete("/v1/virtualslices/mine").status_code == 200
+    # Its name is free once the deletion is done, and a submission meanwhile says so.
+    again = a.post("/v1/virtualslices", json=vslice("mine"))
+    assert again.status_code == 409 and error_of(again)["message"] == (
+        "a VirtualSlice named 'mine' is still being deleted; submit it again once it is gone"
+    )
 
 
 def test_idempotent_resubmission_returns_the_first_object(server: Server, a: httpx.Client) -> None:

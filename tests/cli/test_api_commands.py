@@ -187,3 +187,6 @@ def test_table_rows_say_where_they_cut_and_what_a_slice_holds() -> None:
         "status": {"devicesFree": 3, "devicesTotal": 4},
     }
     assert _cells(island)[3] == "3/4 free"
+    # One being deleted says so (it showed its last phase, Pending SliceNameTaken, say).
+    deleting = {**pending, "metadata": {"name": "s", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    assert _cells(deleting)[1] == "Terminating"
