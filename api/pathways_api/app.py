@@ -128,13 +128,19 @@ class Amounts(BaseModel):
     programs: int
 
 
+class Limits(Amounts):
+    """Devices and programs at most, and the highest priority the tenant may ask for."""
+
+    priority: int
+
+
 class Me(BaseModel):
     """The caller."""
 
     tenant: str
     namespace: str
     mode: str = Field(description="embedded or kubernetes.")
-    quotas: Amounts
+    quotas: Limits
     usage: Amounts
 
 

@@ -5,7 +5,7 @@ In embedded mode a tokens file (YAML or JSON) lists the tenants::
     tenants:
       team-a:
         tokens: [token-of-team-a]      # or sha256:<hex digest of the token>
-        quotas: {devices: 8, programs: 20}
+        quotas: {devices: 8, programs: 20, priority: 100}
       team-b:
         tokens: [token-of-team-b]
 
@@ -29,18 +29,20 @@ from typing import Any, Protocol
 import yaml
 
 from pathways_api.errors import Unauthorized
-from pathways_core.resources.base import DNS_LABEL_PATTERN
+from pathways_core.resources.base import DNS_LABEL_PATTERN, MAX_PRIORITY
 
-DEFAULT_QUOTAS = {"devices": 64, "programs": 100}
+DEFAULT_QUOTAS = {"devices": 64, "programs": 100, "priority": MAX_PRIORITY}
 
 
 @dataclass(frozen=True)
 class Quotas:
-    """Limits of one tenant: devices held by its active programs and slices, and programs not
-    yet finished."""
+    """Limits of one tenant: devices held by its active programs and slices, programs not
+    yet finished, and the highest priority its programs and slices may ask for (priorities
+    decide who preempts whom: without a cap, any tenant could preempt every other)."""
 
     devices: int = DEFAULT_QUOTAS["devices"]
     programs: int = DEFAULT_QUOTAS["programs"]
+    priority: int = DEFAULT_QUOTAS["priority"]
 
 
 @dataclass(frozen=True)

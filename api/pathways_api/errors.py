@@ -114,6 +114,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, description in (
         (400, "Malformed request (unparseable JSON or YAML, bad query)"),
         (401, "Missing or invalid bearer token"),
+        (403, "The tenant may not ask for this (a priority above its cap: error.field)"),
         (404, "No such object (or another tenant's)"),
         (409, "Conflict: the name is taken, or the Idempotency-Key was used with another body"),
         (413, "Request body larger than the limit"),

@@ -5,7 +5,7 @@
   ``create pathwaysprograms.pathways.dev`` there (answers are cached for a minute).
 - **Objects** are PathwaysPrograms and VirtualSlices in the tenant's namespace, and the
   cluster's Islands; the operator reconciles them as if they had been applied with kubectl.
-- **Quotas** (``PATHWAYS_API_QUOTA_DEVICES``, ``PATHWAYS_API_QUOTA_PROGRAMS``, per tenant) are
+- **Quotas** (``PATHWAYS_API_QUOTA_DEVICES``, ``_PROGRAMS``, ``_PRIORITY``, per tenant) are
   checked against what the namespace holds and the create is made under one lock per tenant,
   so concurrent submissions to one API replica are never over-admitted (the chart runs one
   replica; several replicas would need a lease per tenant).
@@ -73,6 +73,7 @@ class KubernetesStore:
         self.quotas = Quotas(
             devices=int(os.environ.get("PATHWAYS_API_QUOTA_DEVICES", Quotas.devices)),
             programs=int(os.environ.get("PATHWAYS_API_QUOTA_PROGRAMS", Quotas.programs)),
+            priority=int(os.environ.get("PATHWAYS_API_QUOTA_PRIORITY", Quotas.priority)),
         )
 
     @classmethod

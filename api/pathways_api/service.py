@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pathways_api.auth import Tenant
-from pathways_api.errors import Conflict, InvalidField, NotFound
+from pathways_api.errors import Conflict, Forbidden, InvalidField, NotFound
 from pathways_api.logs import LogText, LogWindow, read_window, run_parts
 from pathways_api.store import (
     ANNOTATION_CANCELLED,
@@ -175,6 +175,12 @@ class Service:
         cost: Admission,
         key: str | None,
     ) -> tuple[Document, bool]:
+        if resource.spec.priority > tenant.quotas.priority:
+            raise Forbidden(
+                f"tenant {tenant.name!r} may ask for priority {tenant.quotas.priority} at most "
+                f"(got {resource.spec.priority})",
+                field="spec.priority",
+            )
         idempotency = self._idempotency(key, resource)
         for attempt in range(5):
             document = self._document(tenant, resource)
@@ -276,7 +282,11 @@ class Service:
             "tenant": tenant.name,
             "namespace": tenant.name,
             "mode": self.mode,
-            "quotas": {"devices": tenant.quotas.devices, "programs": tenant.quotas.programs},
+            "quotas": {
+                "devices": tenant.quotas.devices,
+                "programs": tenant.quotas.programs,
+                "priority": tenant.quotas.priority,
+            },
             "usage": {"devices": usage.devices, "programs": usage.programs},
         }
 

@@ -23,7 +23,7 @@ from pathways_core.control.rate_limit import Budgets
 
 TENANTS = {
     "team-a": {"tokens": ["token-a"], "quotas": {"devices": 16, "programs": 10}},
-    "team-b": {"tokens": ["token-b"], "quotas": {"devices": 16, "programs": 10}},
+    "team-b": {"tokens": ["token-b"], "quotas": {"devices": 16, "programs": 10, "priority": 100}},
     "team-c": {"tokens": ["token-c"], "quotas": {"devices": 8, "programs": 4}},
 }
 MAX_BODY = 64 * 1024

@@ -487,6 +487,23 @@ def test_probes_and_metrics(server: Server, a: httpx.Client) -> None:
     assert "pathways_api_request_seconds_bucket" in text
 
 
+def test_a_tenant_asks_for_no_priority_above_its_cap(server: Server, b: httpx.Client) -> None:
+    """Any tenant could ask for any priority, and so preempt every other."""
+    before = stored(server)
+    over = b.post("/v1/programs", json=program("vip", priority=101))
+    assert over.status_code == 403 and error_of(over) == {
+        "code": "Forbidden",
+        "message": "tenant 'team-b' may ask for priority 100 at most (got 101)",
+        "field": "spec.priority",
+    }
+    over_slice = vslice("vip")
+    over_slice["spec"]["priority"] = 101
+    slice_over = b.post("/v1/virtualslices", json=over_slice)
+    assert slice_over.status_code == 403 and stored(server) == before
+    assert b.post("/v1/programs", json=program("vip", priority=100)).status_code == 201
+    assert b.get("/v1/me").json()["quotas"]["priority"] == 100
+
+
 def test_me_reports_quotas_and_usage(a: httpx.Client) -> None:
     a.post("/v1/programs", json=program("p", devices=3))
     a.post("/v1/virtualslices", json=vslice("s", devices=2))
@@ -494,7 +511,7 @@ def test_me_reports_quotas_and_usage(a: httpx.Client) -> None:
         "tenant": "team-a",
         "namespace": "team-a",
         "mode": "embedded",
-        "quotas": {"devices": 16, "programs": 10},
+        "quotas": {"devices": 16, "programs": 10, "priority": 1_000_000_000},
         "usage": {"devices": 5, "programs": 1},
     }
     assert a.delete("/v1/virtualslices/s").status_code == 200
