@@ -365,64 +365,14 @@ def plan_bindings(
             event(document, "Warning", reason, message)
 
     queue.sort(key=lambda item: (-item[0].priority, queued_since(item[1]) or now, item[0].key))
-    gangs: dict[str, list[tuple[Request, Document]]] = {}
-    for request, document in queue:
-        gangs.setdefault(_gang(document) or request.key, []).append((request, document))
-    held: dict[str, list[str]] = {}  # a gang's members bound before, restored above
-    for key, document in documents.items():
-        gang = _gang(document)
-        if gang in gangs and allocator.binding(key) is not None:
-            held.setdefault(gang, []).append(key)
-    decided: list[tuple[Request, Document, Bound | Pending]] = []
-    # Islands kept for a request that waited past its patience for room, by the priority
-    # it has: no request of that priority or lower queued after it is placed on them (else a
-    # stream of small requests kept a large one waiting for ever).
-    kept: dict[str, int] = {}
-    for gang, members in gangs.items():
-        priority = members[0][0].priority
-        barred = frozenset(name for name, level in kept.items() if level >= priority)
-        decisions: list[Bound | Pending] = []
-        for request, _ in members:
-            decisions.append(allocator.allocate(request, preempt=True, kept=barred))
-            if not isinstance(decisions[-1], Bound):
-                break
-        failed = decisions[-1]
-        waited = now - (queued_since(members[0][1]) or now)
-        if (
-            isinstance(failed, Pending)
-            and failed.reason == "InsufficientDevices"
-            and (waited > patience)
-        ):
-            for name in allocator.islands_for(members[len(decisions) - 1][0]):
-                kept[name] = max(kept.get(name, priority), priority)
-        if isinstance(failed, Bound) or (len(members) == 1 and gang not in held):
-            decided += [(r, d, x) for (r, d), x in zip(members, decisions, strict=True)]
-            continue
-        # Not whole: what it took goes back, and what it preempted keeps its devices.
-        taken = [decision for decision in decisions if isinstance(decision, Bound)]
-        for decision in taken:
-            allocator.release(decision.binding.request.key)
-        allocator.restore([victim for decision in taken for victim in decision.preempted])
-        failing = key_of(members[len(decisions) - 1][1]).rsplit("/", 1)[1]
-        together = (
-            f"its program's slice {failing} cannot be bound ({failed.reason}: "
-            f"{failed.message}); a program's slices are bound all at once"
+    decided, let_go = _decide_queue(allocator, queue, documents, now, patience)
+    for document, reason, message in let_go:
+        change(
+            document,
+            _status(document, "Pending", now, reason=reason, message=message),
+            Stage.RELEASE,
         )
-        for key in held.get(gang, []):
-            if allocator.release(key) is None:
-                continue  # preempted in this pass by a gang of higher priority
-            message = f"devices released: {together}"
-            change(
-                documents[key],
-                _status(documents[key], "Pending", now, reason=failed.reason, message=message),
-                Stage.RELEASE,
-            )
-            event(documents[key], "Normal", "WaitingForProgramSlices", message)
-        for request, document in members:
-            if request.key != failed.key:
-                decided.append((request, document, Pending(request.key, failed.reason, together)))
-            else:
-                decided.append((request, document, failed))
+        event(document, "Normal", "WaitingForProgramSlices", message)
 
     for request, document, decision in decided:
         status = document.get("status") or {}
@@ -480,3 +430,70 @@ def plan_bindings(
     plan.bound = len(allocator.bindings())
     plan.waiting = sum(1 for document in slices if not is_deleting(document)) - plan.bound
     return plan
+
+
+def _decide_queue(
+    allocator: Allocator,
+    queue: Sequence[tuple[Request, Document]],
+    restored: Mapping[str, Document],
+    now: datetime,
+    patience: timedelta,
+) -> tuple[list[tuple[Request, Document, Bound | Pending]], list[tuple[Document, str, str]]]:
+    """Bind the queue (in its order) program by program, all of a program's slices or none
+    (see the module); ``restored``: the slices bound before, restored in ``allocator``.
+
+    Returns each queued slice's decision, and the restored slices of programs not bound whole
+    that let their devices go (with the reason and message they are Pending with). Islands
+    a request waited past ``patience`` for are kept for it: no request of its priority or
+    lower queued after it is placed on them (a stream of small requests kept a large one
+    waiting for ever)."""
+    gangs: dict[str, list[tuple[Request, Document]]] = {}
+    for request, document in queue:
+        gangs.setdefault(_gang(document) or request.key, []).append((request, document))
+    held: dict[str, list[str]] = {}  # a program's slices bound before
+    for key, document in restored.items():
+        gang = _gang(document)
+        if gang in gangs and allocator.binding(key) is not None:
+            held.setdefault(gang, []).append(key)
+    decided: list[tuple[Request, Document, Bound | Pending]] = []
+    let_go: list[tuple[Document, str, str]] = []
+    kept: dict[str, int] = {}  # island -> the priority it is kept at
+    for gang, members in gangs.items():
+        priority = members[0][0].priority
+        barred = frozenset(name for name, level in kept.items() if level >= priority)
+        decisions: list[Bound | Pending] = []
+        for request, _ in members:
+            decisions.append(allocator.allocate(request, preempt=True, kept=barred))
+            if not isinstance(decisions[-1], Bound):
+                break
+        failed = decisions[-1]
+        starving = now - (queued_since(members[0][1]) or now) > patience
+        if starving and isinstance(failed, Pending) and failed.reason == "InsufficientDevices":
+            for name in allocator.islands_for(members[len(decisions) - 1][0]):
+                kept[name] = max(kept.get(name, priority), priority)
+        if isinstance(failed, Bound) or (len(members) == 1 and gang not in held):
+            decided += [(r, d, x) for (r, d), x in zip(members, decisions, strict=True)]
+            continue
+        # Not whole: what it took goes back, and what it preempted keeps its devices.
+        taken = [decision for decision in decisions if isinstance(decision, Bound)]
+        for decision in taken:
+            allocator.release(decision.binding.request.key)
+        allocator.restore([victim for decision in taken for victim in decision.preempted])
+        failing = key_of(members[len(decisions) - 1][1]).rsplit("/", 1)[1]
+        together = (
+            f"its program's slice {failing} cannot be bound ({failed.reason}: "
+            f"{failed.message}); a program's slices are bound all at once"
+        )
+        for key in held.get(gang, []):
+            if allocator.release(key) is not None:  # not preempted in this pass
+                let_go.append((restored[key], failed.reason, f"devices released: {together}"))
+        for request, document in members:
+            mine = request.key == failed.key
+            decided.append(
+                (
+                    request,
+                    document,
+                    failed if mine else Pending(request.key, failed.reason, together),
+                )
+            )
+    return decided, let_go
