@@ -206,6 +206,23 @@ def test_a_deleted_program_takes_no_slice_of_its_name_that_is_not_its_own(
     assert phase(store, "VirtualSlice", "job1-main") == "Bound"
 
 
+def test_two_programs_that_fit_only_one_at_a_time_both_run(running: Running) -> None:
+    """Their slices bound one by one, gx held 2 devices and gy 1, each waiting for 2 more
+    for ever once z had ended (4 devices)."""
+    store = running.store
+    wait_for(lambda: phase(store, "Island", "local", None) == "Ready", what="island Ready")
+    submit(store, "z", "import time; time.sleep(2)", slices=[{"name": "main", "devices": 1}])
+    wait_for(lambda: phase(store, "PathwaysProgram", "z") == "Running", what="z Running")
+    for name, sizes in (("gx", (2, 2)), ("gy", (1, 2))):
+        slices = [{"name": part, "devices": n} for part, n in zip("ab", sizes, strict=True)]
+        submit(store, name, "print(1)", slices=slices)
+    for name in ("z", "gx", "gy"):
+        wait_for(
+            lambda name=name: phase(store, "PathwaysProgram", name) == "Succeeded",
+            what=f"{name} Succeeded",
+        )
+
+
 def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running) -> None:
     store = running.store
     submit(store, "long", "import time; time.sleep(600)")
