@@ -28,6 +28,11 @@ restores the bindings from the slices' statuses, *adopts* the runs still running
 exit status of those that ended meanwhile. Only a run that left no status (its process was
 killed too) fails as lost, and its program's restart policy decides. Stopped by SIGTERM
 (``pathways down``), the manager stops its runs and records them as lost.
+
+A run is stopped (suspended, cancelled, edited, past its deadline, deleted, or at ``down``) as
+a pod is: SIGTERM, passed on to the command's process group, then SIGKILL of all it left after
+the grace period (:data:`~pathways_api.run_job.GRACE_SECONDS`); the next run of its program
+starts once it is gone.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from typing import Any
 from pathways_api.lifeline import stop_when_stdin_closes
 from pathways_api.run_job import (
     ALREADY_RUNNING,
+    GRACE_SECONDS,
     MAX_OUTPUT_BYTES,
     paths,
     process_start,
@@ -76,6 +82,9 @@ from pathways_core.control.sharing import plan_bindings_shared
 from pathways_core.resources import GROUP_VERSION, Island, PathwaysProgram
 
 JOB, CONFIG_MAP = "Job", "ConfigMap"
+KILL_MARGIN_SECONDS = 5.0
+"""How long after its grace period a stopped run's wrapper (which kills what the command left
+once the period is over) is given before its process groups are SIGKILLed."""
 IMAGE = "pathways-embedded"
 LOST = "the driver's process was lost (the embedded cluster stopped)"
 VANISHED = (
@@ -134,6 +143,8 @@ class Running:
     record: Path | None = None
     pid: int = 0
     start: int | None = None
+    # Once stopped: when what is left of it is killed (SIGTERM gave it its grace period).
+    kill_at: float | None = None
 
     def alive(self) -> bool:
         """Whether the run's process still runs."""
@@ -174,13 +185,16 @@ class Manager:
         interval: float = 0.1,
         cwd: Path | None = None,
         max_output: int = MAX_OUTPUT_BYTES,
+        grace: float = GRACE_SECONDS,
     ) -> None:
         self.store = store
         self.state = state
         self.interval = interval
         self.max_output = max_output
+        self.grace = grace
         self.cwd = cwd or Path.cwd()
         self.running: dict[str, Running] = {}
+        self.terminating: list[Running] = []  # stopped runs, until they are gone
         self._stop = threading.Event()
         self._seen_version: int | None = None
         self._finishing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="job-finish")
@@ -202,10 +216,16 @@ class Manager:
             self._stop.wait(self.interval)
 
     def stop(self) -> None:
-        """Stop the loop, kill running Jobs and record them as failed."""
+        """Stop the loop, stop running Jobs (all at once, each given its grace period) and
+        record them as failed."""
         self._stop.set()
-        for key, running in list(self.running.items()):
+        for running in self.running.values():
             self._kill(running)
+        deadline = time.monotonic() + self.grace + 2 * KILL_MARGIN_SECONDS
+        while self.terminating and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.05)
+        for key, running in list(self.running.items()):
             self._finish(key, running, lost=True)
         self._finishing.shutdown(wait=True)
 
@@ -538,6 +558,8 @@ class Manager:
             key = f"{meta['namespace']}/{meta['name']}"
             if key in self.running or (job.get("status") or {}):
                 continue
+            if self._stopping(job):
+                continue  # runs of one program never overlap: the last is still stopping
             running = self._adopt(job)
             if running is None:
                 try:
@@ -587,6 +609,7 @@ class Manager:
             stale.unlink(missing_ok=True)
         wrapper = [sys.executable, "-m", "pathways_api.run_job", "--record", str(record)]
         wrapper += ["--uid", str(meta.get("uid") or ""), "--max-output", str(self.max_output)]
+        wrapper += ["--grace", str(self.grace)]
         wrapper += ["--"]
         with log.open("wb") as output:
             popen = subprocess.Popen(
@@ -625,6 +648,7 @@ class Manager:
         return self.state / "checkpoints" / meta["namespace"] / owner["name"] / owner["uid"]
 
     def _poll_jobs(self) -> None:
+        self._reap()
         for key, running in list(self.running.items()):
             if running.alive():
                 if running.deadline is not None and time.monotonic() > running.deadline:
@@ -635,19 +659,48 @@ class Manager:
             del self.running[key]
             self._finishing.submit(self._finish, key, running)
 
-    @staticmethod
-    def _kill(running: Running) -> None:
-        """SIGKILL the run's process group; return once its wrapper is gone."""
-        if not running.alive():
+    def _kill(self, running: Running) -> None:
+        """Stop a run as a pod is stopped: SIGTERM (its wrapper passes it on, and kills what
+        is left after the grace period); what is still there a few seconds after that is
+        SIGKILLed by :meth:`_reap`. No run of its program starts until it is gone."""
+        if running.kill_at is not None or not running.alive():
             return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(running.pid, signal.SIGKILL)
-        if running.popen is not None:
-            running.popen.wait()
-            return
-        deadline = time.monotonic() + 10
-        while running.alive() and time.monotonic() < deadline:
-            time.sleep(0.02)
+            os.kill(running.pid, signal.SIGTERM)
+        running.kill_at = time.monotonic() + self.grace + KILL_MARGIN_SECONDS
+        self.terminating.append(running)
+
+    def _reap(self) -> None:
+        """Forget stopped runs that are gone; SIGKILL those past their grace period (the
+        wrapper's process group and the command's)."""
+        for running in list(self.terminating):
+            if not running.alive():
+                self.terminating.remove(running)
+            elif time.monotonic() > (running.kill_at or 0):
+                child = (
+                    (read_json(paths(running.record)[1]) or {}).get("child")
+                    if running.record
+                    else None
+                )
+                for group in (running.pid, child):
+                    if group:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.killpg(group, signal.SIGKILL)
+
+    def _stopping(self, job: Document) -> bool:
+        """Whether a run of the Job's program is still being stopped."""
+        program = (
+            (job["metadata"].get("labels") or {}).get(LABEL_PROGRAM),
+            job["metadata"]["namespace"],
+        )
+        return any(
+            (
+                (r.job["metadata"].get("labels") or {}).get(LABEL_PROGRAM),
+                r.job["metadata"]["namespace"],
+            )
+            == program
+            for r in self.terminating
+        )
 
     def _finish(
         self, key: str, running: Running, lost: bool = False, reason: str | None = None

@@ -10,11 +10,17 @@ leaves it running). It
 2. writes ``PREFIX.json``: the Job's uid, its own pid and the start time of that pid (from
    ``/proc``), so a restarted manager can tell this process from a later one with the same pid
    and *adopt* the run;
-3. runs the command as its child and waits, passing SIGTERM and SIGINT on; the child's output
-   (stdout and stderr) passes through it to its own, the run's log, up to ``--max-output``
-   bytes (then one line says the rest is dropped, and the rest is read and dropped: a program
-   printing in a loop can fill no disk, and never blocks on a full pipe);
-4. writes the exit status to ``PREFIX.exit`` (atomically, with the uid) and exits with it (a
+3. runs the command as its child, in a process group of its own, and waits; SIGTERM and SIGINT
+   are passed on to that group, and ``--grace`` seconds after SIGTERM whatever is left is
+   killed (a pod's ``terminationGracePeriodSeconds``). The child's output (stdout and stderr)
+   passes through it to its own, the run's log, up to ``--max-output`` bytes (then one line
+   says the rest is dropped, and the rest is read and dropped, but for its last 64 KiB, written
+   when the run ends: a program printing in a loop can fill no disk, never blocks on a full
+   pipe, and its last words are kept);
+4. when the command ends, kills every process it left (it is their *subreaper*: a child that
+   started a session of its own is still its descendant), as a container's end does: they
+   kept computing on devices given to other programs, and wrote the next run's checkpoints;
+5. writes the exit status to ``PREFIX.exit`` (atomically, with the uid) and exits with it (a
    command killed by signal N exits 128 + N, as a shell says it).
 
 A manager that finds the run's pid gone reads ``PREFIX.exit``; no such file means the wrapper
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import fcntl
 import json
 import os
@@ -86,22 +93,41 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 OUTPUT_DRAIN_SECONDS = 5.0
 """How long an ended command's last output is waited for."""
+GRACE_SECONDS = 10.0
+"""How long a command has between SIGTERM and SIGKILL, by default."""
+TAIL_BYTES = 1 << 16
+"""The last bytes of an output over the limit that are kept all the same (its last words)."""
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def copy_output(source: int, limit: int) -> None:
     """Copy what ``source`` gives to standard output (the run's log) until it closes: the
-    first ``limit`` bytes, then one line saying the rest is dropped."""
-    kept = 0
+    first ``limit`` bytes, then one line saying the rest is dropped, and at the end the last
+    :data:`TAIL_BYTES` of what was dropped."""
+    kept = dropped = 0
+    tail = bytearray()
     while chunk := _read(source):
-        if kept >= limit:
+        part = chunk[: max(0, limit - kept)]
+        if part:
+            _write_all(part)
+            kept += len(part)
+        rest = chunk[len(part) :]
+        if not rest:
             continue
-        _write_all(chunk[: limit - kept])
-        kept += len(chunk)
-        if kept >= limit:
+        if not dropped:
             _write_all(
-                f"\n[run_job] the output went over {limit} bytes: the rest is not kept "
-                "(--max-output of the resource manager, PATHWAYS_MAX_OUTPUT_BYTES)\n".encode()
+                f"\n[run_job] the output went over {limit} bytes: the rest is not kept but "
+                "for its last 64 KiB, written when the run ends (--max-output of the resource "
+                "manager, PATHWAYS_MAX_OUTPUT_BYTES)\n".encode()
             )
+        dropped += len(rest)
+        tail += rest
+        del tail[: max(0, len(tail) - TAIL_BYTES)]
+    if dropped:
+        _write_all(
+            f"\n[run_job] {dropped - len(tail)} bytes not kept; the last {len(tail)}:\n".encode()
+            + bytes(tail)
+        )
 
 
 def _read(source: int) -> bytes:
@@ -127,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=MAX_OUTPUT_BYTES,
         help="Bytes of the command's output to keep; the rest is dropped.",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=GRACE_SECONDS,
+        help="Seconds from SIGTERM to SIGKILL of what the command left.",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     arguments = parser.parse_args(argv)
@@ -154,16 +186,26 @@ def main(argv: list[str] | None = None) -> int:
             "started": time.time(),
         },
     )
+    become_subreaper()
     try:
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # A group of its own: a command that kills its group does not kill this wrapper.
+        child = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0
+        )
     except OSError as error:
         print(f"run_job: could not start {command[0]!r}: {error}", file=sys.stderr)
         write_json(exit_path, {"uid": arguments.uid, "code": 127, "error": str(error)})
         return 127
+    record = read_json(record_path) or {}
+    write_json(record_path, {**record, "child": child.pid})
 
     def forward(signum: int, _frame: Any) -> None:
         with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
+            os.killpg(child.pid, signum)
+        if signum == signal.SIGTERM:  # then, after the grace period, whatever is left
+            timer = threading.Timer(arguments.grace, end_all, args=(child.pid,))
+            timer.daemon = True
+            timer.start()
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
@@ -173,9 +215,52 @@ def main(argv: list[str] | None = None) -> int:
     )
     pump.start()
     code = child.wait()
-    pump.join(timeout=OUTPUT_DRAIN_SECONDS)  # a process the command left may hold the pipe
+    end_all(child.pid)  # what it left behind ends with it, as in a container
+    pump.join(timeout=OUTPUT_DRAIN_SECONDS)  # a process out of reach may hold the pipe
     write_json(exit_path, {"uid": arguments.uid, "code": code, "ended": time.time()})
     return 128 - code if code < 0 else code
+
+
+def become_subreaper() -> None:
+    """Make the processes the command leaves orphaned (a child that started a session of its
+    own, say) this process's children rather than init's, so that :func:`end_all` finds them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found += below
+        frontier += below
+    return found
+
+
+def end_all(group: int, timeout: float = 5.0) -> None:
+    """SIGKILL the command's process group and every process below this one, and reap them
+    (the orphans of those killed come to this process, and are killed in turn)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while (left := descendants(os.getpid())) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
 
 
 if __name__ == "__main__":

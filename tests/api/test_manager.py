@@ -23,7 +23,7 @@ from unittest.mock import ANY
 import pytest
 
 from pathways_api.manager import Manager
-from pathways_api.run_job import ALREADY_RUNNING, process_start, read_json
+from pathways_api.run_job import ALREADY_RUNNING, paths, process_start, read_json
 from pathways_api.store import EVENTS_KEPT, SqliteStore
 from pathways_core.control import Event, ObjectRef
 
@@ -225,7 +225,15 @@ def test_two_programs_that_fit_only_one_at_a_time_both_run(running: Running) -> 
 
 def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running) -> None:
     store = running.store
-    submit(store, "long", "import time; time.sleep(600)")
+    saves = (
+        "import signal, sys, time\n"
+        "def stop(*_):\n"
+        "    print('got SIGTERM', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "time.sleep(600)\n"
+    )
+    submit(store, "long", saves)
     submit(store, "doomed", "import time; time.sleep(600)")
     for name in ("long", "doomed"):
         wait_for(lambda name=name: phase(store, "PathwaysProgram", name) == "Running")
@@ -245,8 +253,13 @@ def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running)
     store.mark_deleting("PathwaysProgram", "team", "doomed")
     wait_for(lambda: phase(store, "PathwaysProgram", "long") == "Suspended", what="Suspended")
     wait_for(lambda: store.read("PathwaysProgram", "team", "doomed") is None, what="deleted")
-    for running_job in processes.values():
-        assert running_job.popen.poll() is not None  # the processes are gone
+    # Their processes are stopped (SIGTERM, as a pod's) and gone.
+    wait_for(
+        lambda: all(job.popen.poll() is not None for job in processes.values()),
+        timeout=20,
+        what="the runs' processes gone",
+    )
+    assert "got SIGTERM" in store.log_path("team", "long-run-1").read_text()
     wait_for(lambda: store.read("VirtualSlice", "team", "long-main") is None)
     assert store.read("Job", "team", "doomed-run-1") is None
 
@@ -489,9 +502,58 @@ def test_a_run_started_twice_runs_once(tmp_path: Path) -> None:
     assert read_json(tmp_path / "job.exit") == {"uid": "u", "code": 0, "ended": ANY}
 
 
+def test_a_run_ends_whole_and_is_stopped_as_a_pod_is(tmp_path: Path) -> None:
+    """Processes a driver started outlived its run (one of them in a session of its own kept
+    computing on devices given to another program); a stopped driver got SIGKILL at once, so
+    it could save nothing."""
+    wrapper = [sys.executable, "-m", "pathways_api.run_job", "--record", str(tmp_path / "job")]
+    leaver = (
+        "import subprocess, sys\n"
+        "for new_session in (False, True):\n"
+        "    child = subprocess.Popen(['sleep', '300'], start_new_session=new_session)\n"
+        "    print(child.pid, flush=True)\n"
+    )
+    done = subprocess.run(
+        [*wrapper, "--uid", "u", "--", sys.executable, "-c", leaver],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0
+    for pid in map(int, done.stdout.split()):
+        assert process_start(pid) is None, f"{pid} outlived its run"
+
+    graceful = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('saved', flush=True), sys.exit(3)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    stubborn = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    for source, code, said in ((graceful, 3, "saved"), (stubborn, -9, "")):
+        started = subprocess.Popen(
+            [*wrapper, "--uid", f"u-{code}", "--grace", "1", "--", sys.executable, "-c", source],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert started.stdout is not None and started.stdout.readline() == "ready\n"
+        sent = time.monotonic()
+        started.send_signal(signal.SIGTERM)
+        output, _ = started.communicate(timeout=30)
+        assert output.strip() == said
+        assert read_json(paths(tmp_path / "job")[2])["code"] == code
+        assert time.monotonic() - sent < (0.5 if code == 3 else 5)
+
+
 def test_a_run_keeps_its_output_up_to_the_limit_and_never_blocks(tmp_path: Path) -> None:
     """A program printing in a loop filled the disk with its log; now the wrapper keeps the
-    first --max-output bytes, says so once, and reads and drops the rest."""
+    first --max-output bytes, says so once, and reads and drops the rest but for its last
+    64 KiB (its last words: a failure's reason was lost with the rest)."""
     chatty = "import sys\nfor i in range(100_000): print('x' * 99)\nprint('err', file=sys.stderr)"
     wrapper = [sys.executable, "-m", "pathways_api.run_job", "--record", str(tmp_path / "job")]
     log = tmp_path / "job.log"
@@ -505,10 +567,13 @@ def test_a_run_keeps_its_output_up_to_the_limit_and_never_blocks(tmp_path: Path)
     assert done.returncode == 0
     kept = log.read_bytes()
     assert kept[:1000] == (b"x" * 99 + b"\n") * 10
-    assert kept.endswith(
-        b"the output went over 1000 bytes: the rest is not kept (--max-output "
-        b"of the resource manager, PATHWAYS_MAX_OUTPUT_BYTES)\n"
-    )
+    head, said, rest = kept[1000:].partition(b"\n[run_job] ")
+    assert head == b"" and said
+    assert rest.startswith(b"the output went over 1000 bytes: the rest is not kept but for ")
+    dropped = 100_000 * 100 + len(b"err\n") - 1000
+    ending = f"\n[run_job] {dropped - 65536} bytes not kept; the last 65536:\n".encode()
+    assert ending in kept and kept.endswith(b"x" * 99 + b"\nerr\n")
+    assert len(kept.partition(ending)[2]) == 65536
     quiet = "import sys; print('out'); print('err', file=sys.stderr, flush=True)"
     with log.open("wb") as output:
         subprocess.run(
