@@ -1108,7 +1108,7 @@ def logs(
     previous: bool,
 ) -> None:
     """Print a program's output (each run's after a '--- run N ---' line)."""
-    from pathways_client.watch import TERMINAL, phase_of, standing
+    from pathways_client.watch import finished, phase_of, standing
 
     if previous and run is not None:
         raise click.UsageError("--previous and --run: give one")
@@ -1117,7 +1117,11 @@ def logs(
         return (program.get("status") or {}).get("runs") or 0
 
     def ended(program: dict[str, Any]) -> bool:
-        return phase_of(program) in TERMINAL or (run is not None and runs_of(program) > run)
+        """Whether what is followed has ended: the program, or run ``run`` (a later one
+        started, or it was stopped: suspended, preempted, ...)."""
+        if finished(program) or run is None:
+            return finished(program)
+        return runs_of(program) > run or phase_of(program) != "Running"
 
     with _api(state, api, token, tenant) as client:
         try:

@@ -12,6 +12,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from pathways_client.api_client import ApiClient
 
 TERMINAL = ("Succeeded", "Failed")
+"""Phases a program never leaves (a cancelled one is ``Suspended`` for good too: see
+:func:`finished`)."""
 
 
 class WaitTimeout(TimeoutError):
@@ -33,6 +35,14 @@ def phase_of(document: dict[str, Any]) -> str:
     return (document.get("status") or {}).get("phase") or "Pending"
 
 
+def finished(document: dict[str, Any]) -> bool:
+    """Whether a program will run no more: succeeded, failed, or cancelled."""
+    status = document.get("status") or {}
+    return phase_of(document) in TERMINAL or (
+        status.get("phase") == "Suspended" and status.get("reason") == "Cancelled"
+    )
+
+
 def standing(document: dict[str, Any]) -> str:
     """Where a program stands: its phase, and why (its status message), if it says."""
     message = (document.get("status") or {}).get("message")
@@ -47,7 +57,7 @@ def wait_programs(
     report: bool = False,
 ) -> dict[Hashable, dict[str, Any]]:
     """Poll programs (any key -> the client of its tenant and its name) until each is
-    Succeeded or Failed; their last documents. With ``report``, print a line each time a
+    Succeeded, Failed or cancelled; their last documents. With ``report``, print a line each time a
     program's phase or status message changes (why it waits, in logs too, where the progress
     bar is not drawn). :class:`WaitTimeout` after ``timeout`` seconds (``None``: no limit)."""
     done: dict[Hashable, dict[str, Any]] = {}
@@ -75,7 +85,7 @@ def wait_programs(
                     said[key] = now
                     progress.console.print(f"{name}: {now}", markup=False)
                 phases.append(f"{name}: {phase}")
-                if phase in TERMINAL:
+                if finished(document):
                     done[key] = document
             progress.update(
                 task, completed=len(done), description=f"{what} ({', '.join(phases[:2])})"
@@ -84,8 +94,8 @@ def wait_programs(
                 break
             if deadline is not None and time.monotonic() > deadline:
                 pending = {key: last[key] for key in programs if key not in done}
-                finished = {key: done[key] for key in programs if key in done}
-                raise WaitTimeout(f"{what}: still running after {timeout:g} s", finished, pending)
+                ended = {key: done[key] for key in programs if key in done}
+                raise WaitTimeout(f"{what}: still running after {timeout:g} s", ended, pending)
             time.sleep(0.3)
     return {key: done[key] for key in programs}
 

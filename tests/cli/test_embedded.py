@@ -625,3 +625,51 @@ def _lines_until(stream: IO[str], last: Callable[[str], bool]) -> list[str]:
         assert line, f"the stream ended after {lines}"
         lines.append(line.rstrip("\n"))
     return lines
+
+
+SLEEPER = """
+apiVersion: pathways.dev/v1alpha1
+kind: PathwaysProgram
+metadata: {name: NAME}
+spec:
+  slices:
+    - {name: main, devices: 1}
+  driver:
+    source: |
+      import time
+      print("started", flush=True)
+      time.sleep(600)
+"""
+
+
+def test_waits_and_follows_end_when_a_program_is_cancelled_or_their_run_is_stopped(
+    state: Path, tmp_path: Path, pathways
+) -> None:
+    """`submit --wait` and `logs --follow` waited for ever on a cancelled program, and
+    `logs --run 1 --follow` on a run that suspension had stopped."""
+    at = ("--state", str(state))
+    assert pathways("up", *at, "--hosts", "1", "--devices", "2").exit_code == 0
+    cli = [sys.executable, "-m", "pathways_client"]
+    for name in ("napper", "waited"):
+        (tmp_path / f"{name}.yaml").write_text(SLEEPER.replace("NAME", name))
+    assert pathways("submit", str(tmp_path / "napper.yaml"), *at).exit_code == 0
+    waiting = subprocess.Popen(
+        [*cli, "submit", str(tmp_path / "waited.yaml"), *at, "--wait", "--timeout", "300"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    run_one = subprocess.Popen(
+        [*cli, "logs", "napper", *at, "--run", "1", "--follow"], stdout=subprocess.PIPE, text=True
+    )
+    assert run_one.stdout is not None
+    assert [run_one.stdout.readline() for _ in range(2)] == ["--- run 1 ---\n", "started\n"]
+    assert pathways("suspend", "napper", *at).exit_code == 0
+    assert run_one.wait(timeout=60) == 0  # the run it followed was stopped
+    assert pathways("resume", "napper", *at).exit_code == 0
+    whole = subprocess.Popen([*cli, "logs", "napper", *at, "--follow"], stdout=subprocess.PIPE)
+    assert pathways("cancel", "napper", "waited", *at).exit_code == 0
+    assert whole.wait(timeout=60) == 0  # the program will run no more
+    output, _ = waiting.communicate(timeout=60)
+    assert waiting.returncode == 1, output
+    assert "waited: Suspended" in output and "after 300 s" not in output
