@@ -296,8 +296,37 @@ def test_a_request_waiting_past_its_patience_has_its_islands_kept_for_it() -> No
         "to be bound, until it is"
     )
     assert phases(plan)["urgent"] == ("Bound", None, Stage.BIND)  # a higher priority is not
+    waiting = next(c for c in plan.changes if c.key == "t/big").status["message"]
+    assert waiting.endswith(
+        "waiting since 2026-01-01T00:00:00Z, it has the islands it fits on kept for it ('a'): "
+        "nothing of its priority or lower queued after it is placed there"
+    )
     # With the others gone, the devices that came free go to it.
     assert phases(plan_bindings([island("a")], [big, small], late))["big"][0] == "Bound"
+
+
+def test_a_program_waiting_past_its_patience_has_all_its_islands_kept_from_when_it_waits() -> None:
+    """Only the island of the slice that failed in a pass was kept: a small request took the
+    other one. And a program preempted after hours of running had its islands kept at once."""
+    late = datetime(2026, 1, 1, 0, 5, tzinfo=UTC)
+    islands = [island("a", "4", 1), island("b", "4", 1)]
+    held = [vslice("x", 3, island="a", status=bound("a", [0, 1, 2]))]
+    gang = [inline("gg", "g0", 4, island="a"), inline("gg", "g1", 4, island="b")]
+    later = vslice("small", 1, island="b", created=50)
+    plan = plan_bindings(islands, [*held, *gang, later], late)
+    assert phases(plan)["small"][:2] == ("Pending", "InsufficientDevices")
+    # Preempted a minute ago, it has waited a minute, not since it was made.
+    lost = {
+        "phase": "Preempted",
+        "reason": "Preempted",
+        "conditions": [
+            {"type": "Bound", "status": "False", "lastTransitionTime": "2026-01-01T00:04:00Z"}
+        ],
+    }
+    for document in gang:
+        document["status"] = copy.deepcopy(lost)
+    plan = plan_bindings(islands, [*held, *gang, later], late)
+    assert phases(plan)["small"] == ("Bound", None, Stage.BIND)
 
 
 def test_a_program_that_cannot_fit_whole_preempts_nothing() -> None:

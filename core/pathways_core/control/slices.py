@@ -135,6 +135,16 @@ def queued_since(document: Document) -> datetime | None:
     return parse_time(since) or parse_time(meta.get("creationTimestamp"))
 
 
+def waiting_since(document: Document) -> datetime | None:
+    """Since when an unbound slice has waited for devices: since it last lost them (preempted,
+    released) or was first seen unbound, else since it was queued."""
+    status = document.get("status") or {}
+    bound = next((c for c in status.get("conditions") or [] if c.get("type") == "Bound"), None)
+    if bound is not None and bound.get("status") == "False":
+        return parse_time(bound.get("lastTransitionTime")) or queued_since(document)
+    return queued_since(document)
+
+
 def _at(request: Request, priority: int | None) -> Request:
     """``request`` at ``priority`` (unchanged when ``None``)."""
     return request if priority is None else replace(request, priority=priority)
@@ -467,10 +477,27 @@ def _decide_queue(
             if not isinstance(decisions[-1], Bound):
                 break
         failed = decisions[-1]
-        starving = now - (queued_since(members[0][1]) or now) > patience
-        if starving and isinstance(failed, Pending) and failed.reason == "InsufficientDevices":
-            for name in allocator.islands_for(members[len(decisions) - 1][0]):
+        since = max(waiting_since(document) or now for _, document in members)
+        names: set[str] = set()
+        if (
+            isinstance(failed, Pending)
+            and failed.reason == "InsufficientDevices"
+            and now - since > patience
+        ):
+            # Every island the program needs (not only the one it failed on), but those
+            # kept already for an older request.
+            names = {n for request, _ in members for n in allocator.islands_for(request)} - barred
+        if names:
+            assert isinstance(failed, Pending)
+            for name in names:
                 kept[name] = max(kept.get(name, priority), priority)
+            failed = decisions[-1] = Pending(
+                failed.key,
+                failed.reason,
+                f"{failed.message}; waiting since {timestamp(since)}, it has the islands it fits "
+                f"on kept for it ({', '.join(sorted(map(repr, names)))}): nothing of its "
+                "priority or lower queued after it is placed there",
+            )
         if isinstance(failed, Bound) or (len(members) == 1 and gang not in held):
             decided += [(r, d, x) for (r, d), x in zip(members, decisions, strict=True)]
             continue
