@@ -266,6 +266,25 @@ def test_a_group_is_opened_by_the_request_that_can_be_bound() -> None:
     check_invariants(store)
 
 
+def test_a_group_is_opened_by_the_next_request_when_the_first_ones_program_cannot_be_bound() -> (
+    None
+):
+    """A time-shared slice waited for ever on an empty island behind one whose program had
+    another slice that could never fit."""
+    store = Store([island(topology="4")])
+    never = vslice("never-t", 4, created=0)
+    too_big = vslice("never-e", 5, shared=False, created=0)
+    for document in (never, too_big):
+        document["metadata"]["labels"] = {"pathways.dev/program": "never"}
+        document["metadata"]["ownerReferences"] = [{"kind": "PathwaysProgram", "uid": "u-n"}]
+        store.add(document)
+    store.add(vslice("fine", 4, created=2))
+    store.settle()
+    assert store.status("fine")["message"] == "bound to 4 devices of island 'isl'"
+    assert store.status("never-e")["phase"] == "Pending"
+    check_invariants(store)
+
+
 def test_without_time_shared_slices_the_plan_is_plan_bindings() -> None:
     store = Store([island(topology="4")])
     store.add(vslice("a", 2, shared=False))

@@ -17,7 +17,8 @@ slices that ask for ``timeShared: true`` are bound in *groups*:
 
 Unbound time-shared slices that find no group wait for one of them to open one (one new group
 per request signature per pass: the highest priority, then the oldest, whose tenant's quota
-has room), so tenants that arrive together share instead of each taking devices of their own.
+has room; one not bound gives the next its turn), so tenants that arrive together share
+instead of each taking devices of their own.
 """
 
 from __future__ import annotations
@@ -182,19 +183,10 @@ def plan_bindings_shared(
         passed.append(_with_group_priority(documents[0], documents))
 
     joins: list[tuple[Document, Document]] = []
-    twins: list[Document] = []
     requests = {key_of(d): _request(d) for d in unbound}
     unbound.sort(key=lambda d: _opening_order(d, requests[key_of(d)]))
-    # Per signature, the request that opens a group: the first that its tenant may be charged.
-    openers: dict[tuple[Any, ...], Document] = {}
-    for document in unbound:
-        request = requests[key_of(document)]
-        if request is None:
-            continue
-        signature = _signature(request)
-        first = openers.setdefault(signature, document)
-        if first is not document and not charges.has_room(first) and charges.has_room(document):
-            openers[signature] = document
+    # Unbound slices that join no group, by signature: one of each may open a group.
+    candidates: dict[tuple[Any, ...], list[Document]] = defaultdict(list)
     for document in unbound:
         request = requests[key_of(document)]
         if request is None:
@@ -219,12 +211,38 @@ def plan_bindings_shared(
         )
         if holder is not None:
             joins.append((document, holder))
-        elif openers[_signature(request)] is document:
-            passed.append(document)  # opens a group if plan_bindings binds it
         else:
-            twins.append(document)  # joins the group its twin opens in this pass, next pass
+            candidates[_signature(request)].append(document)
 
-    plan = plan_bindings(islands, passed, now, quotas, patience)
+    # Per signature, the first that its tenant may be charged opens a group; one that is not
+    # bound (its program cannot be, say) gives the next its turn, or those behind it waited
+    # for ever on an empty island.
+    failed: set[str] = set()
+    for _ in range(MAX_OPENING_TRIES):
+        openers = {
+            signature: opener
+            for signature, documents in candidates.items()
+            if (opener := _opener([d for d in documents if key_of(d) not in failed], charges))
+        }
+        tried = [d for documents in candidates.values() for d in documents if key_of(d) in failed]
+        plan = plan_bindings(islands, [*passed, *openers.values(), *tried], now, quotas, patience)
+        unopened = {key_of(d) for d in openers.values()} - set(plan.newly_bound)
+        turns = [
+            signature
+            for signature, opener in openers.items()
+            if key_of(opener) in unopened
+            and any(key_of(d) not in failed | unopened for d in candidates[signature])
+        ]
+        if not turns:
+            break
+        failed |= unopened
+    opened = {key_of(d) for d in openers.values()}
+    twins = [
+        d
+        for documents in candidates.values()
+        for d in documents
+        if key_of(d) not in opened and key_of(d) not in failed
+    ]
     # Changes carry the holders as they are, not as the allocator saw them.
     originals = {key_of(holder): holder for holder in holders.values()}
     plan.changes[:] = [
@@ -313,6 +331,17 @@ def _release(
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+MAX_OPENING_TRIES = 4
+"""Binding passes a plan tries at most, giving the next slice its turn to open a group when
+the one before it was not bound."""
+
+
+def _opener(documents: Sequence[Document], charges: _Charges) -> Document | None:
+    """The slice that opens a group of its signature: the first (in opening order) whose
+    tenant may be charged the devices, else the first."""
+    return next((d for d in documents if charges.has_room(d)), documents[0] if documents else None)
 
 
 def _opening_order(document: Document, request: Request | None) -> tuple[Any, ...]:
