@@ -62,6 +62,13 @@ _BROKEN_CALL = frozenset(
 # Ids are unique across all of this process's sessions: a buffer keeps its id when another
 # island pulls it, so two islands' sessions of one client must never mint the same one.
 _IDS = itertools.count()
+
+
+def _nonce() -> str:
+    """The random part of an id: 64 bits."""
+    return os.urandom(8).hex()
+
+
 # Uploads of an input's shards to the executors after the first (the caller's thread takes it).
 _PUTS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="put-shards")
 
@@ -535,7 +542,7 @@ class IslandClient:
     def _new_id(self, kind: str) -> str:
         # 64 random bits: an island reads a buffer to whoever names it, so ids are not
         # guessed from the counter (traces list computation ids, never buffer ids).
-        return f"{self.client}/{kind}{next(_IDS)}-{os.urandom(8).hex()}"
+        return f"{self.client}/{kind}{next(_IDS)}-{_nonce()}"
 
     def _send(self, message: pb.ClientMessage) -> None:
         pending = getattr(self._batching, "messages", None)

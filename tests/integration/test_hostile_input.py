@@ -654,7 +654,7 @@ def _put(target: str, chunks: list[pb.ArrayChunk]) -> tuple[grpc.StatusCode, str
 
 
 def test_uploads_with_nonsense_fields_are_refused_naming_the_field(
-    island: LocalIsland, endpoints: Endpoints
+    island: LocalIsland, endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = endpoints.grpc_executors[0]
 
@@ -707,10 +707,12 @@ def test_uploads_with_nonsense_fields_are_refused_naming_the_field(
         assert code == grpc.StatusCode.ALREADY_EXISTS, details
         np.testing.assert_array_equal(owner.get(x), np.zeros(4))
         # Nor is a value uploaded ahead under an id a computation then writes served as its
-        # output (a client's ids are easy to guess): the computation fails saying so.
+        # output (ids are not guessed, their 64 random bits fixed here to play a stranger who
+        # learned one): the computation fails saying so.
+        monkeypatch.setattr(island_client_module, "_nonce", lambda: "0" * 16)
         function = owner.register(increment(), "increment")
         # (The id after the computation's: each id takes the next of one counter.)
-        guessed = f"{owner.client}/b{next(island_client_module._IDS) + 2}"
+        guessed = f"{owner.client}/b{next(island_client_module._IDS) + 2}-{'0' * 16}"
         code, _ = _put(target, list(to_chunks(guessed, np.full(4, 666, np.float32))))
         assert code == grpc.StatusCode.OK
         step = owner.submit(function, [0], [x], 1)
@@ -723,7 +725,7 @@ def test_uploads_with_nonsense_fields_are_refused_naming_the_field(
             pb.Computation(id="n1", function_id=function, devices=[2], inputs=["h"], outputs=["r"]),
         ]
         program = owner.register_program(nodes, ["a"], ["r"], name="across")
-        crossing = f"{owner.client}/p{next(island_client_module._IDS) + 1}/h"
+        crossing = f"{owner.client}/p{next(island_client_module._IDS) + 1}-{'0' * 16}/h"
         code, _ = _put(target, list(to_chunks(crossing, np.full(4, 666, np.float32))))
         assert code == grpc.StatusCode.OK
         with pytest.raises(IslandError, match=f"output '{crossing}' holds a value on executor 0"):
