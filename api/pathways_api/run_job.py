@@ -247,20 +247,24 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def end_all(group: int, timeout: float = 5.0) -> None:
+def end_all(command: int, timeout: float = 5.0) -> None:
     """SIGKILL the command's process group and every process below this one, and reap them
-    (the orphans of those killed come to this process, and are killed in turn)."""
+    (the orphans of those killed come to this process, and are killed in turn). The command
+    itself is left to its ``Popen`` to reap, which would otherwise read its status as 0."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(group, signal.SIGKILL)
+        os.killpg(command, signal.SIGKILL)
     deadline = time.monotonic() + timeout
-    while (left := descendants(os.getpid())) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        left = [pid for pid in descendants(os.getpid()) if pid != command]
+        if not left:
+            return
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.01)
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
+        for pid in left:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # those that became this process's children
 
 
 if __name__ == "__main__":
