@@ -1119,9 +1119,9 @@ def logs(
     def ended(program: dict[str, Any]) -> bool:
         """Whether what is followed has ended: the program, or run ``run`` (a later one
         started, or it was stopped: suspended, preempted, ...)."""
-        if finished(program) or run is None:
-            return finished(program)
-        return runs_of(program) > run or phase_of(program) != "Running"
+        return finished(program) or (
+            run is not None and (runs_of(program) > run or phase_of(program) != "Running")
+        )
 
     with _api(state, api, token, tenant) as client:
         try:

@@ -358,22 +358,20 @@ def put(value: Any, slice: Slice) -> Any:
     cluster = slice.cluster_or_fail()
     leaves, tree = jax.tree_util.tree_flatten_with_path(value)
     if jax.tree_util.treedef_is_leaf(tree):
-        return _put_one(cluster, value, slice)
-    arrays = []
-    for path, leaf in leaves:  # every leaf checked before any is uploaded
-        where = f"put: value{jax.tree_util.keystr(path)}"
-        try:
-            arrays.append(host_array(leaf))
-        except TypeError as error:
-            raise TypeError(f"{where}: {error}") from None
+        return _put_one(cluster, _host_array("put", value), slice)
+    # Every leaf checked before any is uploaded.
+    arrays = [_host_array(f"put: value{jax.tree_util.keystr(path)}", leaf) for path, leaf in leaves]
     return jax.tree_util.tree_unflatten(tree, [_put_one(cluster, array, slice) for array in arrays])
 
 
-def _put_one(cluster: Cluster, value: Any, slice: Slice) -> ArrayFuture:
+def _host_array(what: str, value: Any) -> np.ndarray:
     try:
-        array = host_array(value)
+        return host_array(value)
     except TypeError as error:
-        raise TypeError(f"put: {error}") from None
+        raise TypeError(f"{what}: {error}") from None
+
+
+def _put_one(cluster: Cluster, array: np.ndarray, slice: Slice) -> ArrayFuture:
     buffer_id = _upload(cluster.session(slice.island), array, slice, "put")
     aval = jax.ShapeDtypeStruct(array.shape, array.dtype)
     return ArrayFuture(cluster, slice, buffer_id, aval, node="put", done=None)

@@ -220,9 +220,10 @@ class Allocator:
                 request.key, "ShapeDoesNotFit", self._shape_message(request, candidates.states)
             )
         if kept:
+            barred = [s.inventory.name for s in shaped if s.inventory.name in kept]
             shaped = [s for s in shaped if s.inventory.name not in kept]
             if not shaped:
-                names = ", ".join(sorted(repr(name) for name in kept))
+                names = ", ".join(sorted(repr(name) for name in barred))
                 return Pending(
                     request.key,
                     "InsufficientDevices",
