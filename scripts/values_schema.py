@@ -23,6 +23,7 @@ from typing import Any
 
 from pathways_core.accelerators import AcceleratorKind, accelerator_info
 from pathways_core.crds import all_crds
+from pathways_core.resources.base import DNS_LABEL_PATTERN, MAX_PRIORITY
 from pathways_core.resources.island import ISLAND_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,6 +138,35 @@ def pod_settings() -> dict[str, Any]:
     }
 
 
+def tenants_schema() -> dict[str, Any]:
+    """The operator's tenant policy (PATHWAYS_TENANTS, read by pathways_core.control.tenants)."""
+    limits = {
+        "maxPriority": integer(
+            "The highest priority of the tenant's slices and programs.",
+            minimum=-MAX_PRIORITY,
+            maximum=MAX_PRIORITY,
+        ),
+        "devices": {
+            "type": "object",
+            "description": "The most devices the tenant holds, by accelerator kind.",
+            "propertyNames": {"enum": [kind.value for kind in AcceleratorKind]},
+            "additionalProperties": integer(minimum=0),
+        },
+    }
+    namespaces = {
+        "type": "array",
+        "description": "Namespaces whose objects may name the tenant (default: its own name).",
+        "items": string(pattern=DNS_LABEL_PATTERN),
+    }
+    return {
+        "type": "object",
+        "description": 'Tenants\' namespaces, highest priority and devices; "*": the others.',
+        "propertyNames": {"minLength": 1, "maxLength": 63},
+        "properties": {"*": obj(limits)},
+        "additionalProperties": obj({"namespaces": namespaces, **limits}),
+    }
+
+
 def values_schema() -> dict[str, Any]:
     """The whole values schema."""
     # Required fields may come from islandDefaults: the island template checks them merged.
@@ -194,6 +224,7 @@ def values_schema() -> dict[str, Any]:
                             "type": "boolean",
                             "description": "A control token per island, in a Secret of its own.",
                         },
+                        "tenants": tenants_schema(),
                     },
                     "The operator (global resource manager).",
                 ),

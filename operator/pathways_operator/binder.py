@@ -88,7 +88,7 @@ class Binder:
             key = f"{meta.get('namespace')}/{meta['name']}"
             if (document.get("status") or {}).get("phase") != "Bound":
                 self._first_seen.setdefault(key, seen)
-        plan = plan_bindings_shared(islands, slices, now_utc(), self.config.quotas)
+        plan = plan_bindings_shared(islands, slices, now_utc(), tenants=self.config.tenants)
         self.last_plan = plan
         again = plan.needs_another_pass
         ordered = plan.ordered()

@@ -7,10 +7,11 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from pathways_core.accelerators import AcceleratorKind
 from pathways_core.control.security import CONTROL_TOKENS_ENV, TLS_SECRET_ENV
+from pathways_core.control.tenants import Tenants
 from pathways_core.resources.island import DEFAULT_IMAGE
 
+TENANTS_ENV = "PATHWAYS_TENANTS"
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -19,7 +20,9 @@ class Config:
     """``PATHWAYS_NAMESPACE``: where island pods run (and Events of islands go);
     ``PATHWAYS_IMAGE``: the image of program Jobs; ``PATHWAYS_METRICS_PORT``: 0 disables
     metrics; ``PATHWAYS_RESYNC_SECONDS``: how often everything is reconciled again even when
-    nothing changed; ``PATHWAYS_QUOTAS``: JSON ``{"tenant": {"tpu-v5e": 64}}``;
+    nothing changed; ``PATHWAYS_TENANTS``: the tenant policy, JSON ``{"team-a":
+    {"namespaces": ["team-a"], "maxPriority": 100, "devices": {"tpu-v5e": 64}}, "*": {...}}``
+    (see :mod:`pathways_core.control.tenants`);
     ``PATHWAYS_TLS_SECRET``: name of the ``kubernetes.io/tls`` Secret mounted in island and
     program pods (unset: TLS off); ``PATHWAYS_CONTROL_TOKENS``: ``true`` gives each island a
     random control token in a Secret of its own, read by its scheduler and executors (unset or
@@ -29,7 +32,7 @@ class Config:
     image: str = DEFAULT_IMAGE
     metrics_port: int = 9090
     resync_seconds: float = 60.0
-    quotas: dict[tuple[str, AcceleratorKind], int] = field(default_factory=dict)
+    tenants: Tenants = field(default_factory=Tenants)
     tls_secret: str | None = None
     control_tokens: bool = False
 
@@ -37,23 +40,20 @@ class Config:
     def from_environment(cls) -> Config:
         """Read the settings; a malformed one raises naming the variable."""
         environ = os.environ
-        quotas: dict[tuple[str, AcceleratorKind], int] = {}
-        raw = environ.get("PATHWAYS_QUOTAS", "").strip()
-        if raw:
-            try:
-                for tenant, limits in json.loads(raw).items():
-                    for kind, limit in limits.items():
-                        quotas[(tenant, AcceleratorKind(kind))] = int(limit)
-            except (ValueError, AttributeError, TypeError) as error:
-                raise ValueError(
-                    f'PATHWAYS_QUOTAS: expected JSON like {{"tenant": {{"tpu-v5e": 64}}}} ({error})'
-                ) from None
+        raw = environ.get(TENANTS_ENV, "").strip()
+        try:
+            tenants = Tenants.from_wire(json.loads(raw)) if raw else Tenants()
+        except ValueError as error:
+            raise ValueError(
+                f'{TENANTS_ENV}: expected JSON like {{"team-a": {{"maxPriority": 100, '
+                f'"devices": {{"tpu-v5e": 64}}}}}} ({error})'
+            ) from None
         return cls(
             namespace=environ.get("PATHWAYS_NAMESPACE") or cls.namespace,
             image=environ.get("PATHWAYS_IMAGE") or cls.image,
             metrics_port=int(_number("PATHWAYS_METRICS_PORT", cls.metrics_port)),
             resync_seconds=_number("PATHWAYS_RESYNC_SECONDS", cls.resync_seconds),
-            quotas=quotas,
+            tenants=tenants,
             tls_secret=_secret_name(TLS_SECRET_ENV),
             control_tokens=_flag(CONTROL_TOKENS_ENV),
         )

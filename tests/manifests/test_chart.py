@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from typing import Any
@@ -13,7 +14,8 @@ import yaml
 from chart_helpers import CHART, ROOT, VALUES_FILES, values_args
 from chart_helpers import render as chart_render
 
-from pathways_core.accelerators import accelerator_info
+from pathways_core.accelerators import AcceleratorKind, accelerator_info
+from pathways_core.control.tenants import Tenants
 from pathways_core.crds import all_crds
 from pathways_core.manifests import check_document
 from pathways_core.resources.island import Island
@@ -288,6 +290,35 @@ def test_api_limits_reach_the_api_pods(rendered) -> None:
         "PATHWAYS_API_RATE_LIMIT": "0",
         "PATHWAYS_API_READ_RATE_LIMIT": "1000,10000",
     }
+
+
+def test_tenant_policy_reaches_the_operator_as_the_operator_reads_it(helm) -> None:
+    def operator_env(*args: str) -> dict[str, str | None]:
+        run = helm("template", "pw", str(CHART), *args)
+        assert run.returncode == 0, run.stderr
+        container = run.one("Deployment", "-operator")["spec"]["template"]["spec"]
+        return {item["name"]: item.get("value") for item in container["containers"][0]["env"]}
+
+    assert "PATHWAYS_TENANTS" not in operator_env()  # none: each tenant its own namespace
+    policy = {
+        "vision": {"namespaces": ["vision", "vision-eval"], "maxPriority": 100},
+        "*": {"maxPriority": 0, "devices": {"tpu-v5e": 8}},
+    }
+    env = operator_env("--set-json", f"operator.tenants={json.dumps(policy)}")
+    tenants = Tenants.from_wire(json.loads(env["PATHWAYS_TENANTS"] or ""))
+    assert tenants.namespaces("vision") == ("vision", "vision-eval")
+    assert (tenants.capped("vision", 500), tenants.capped("other", 500)) == (100, 0)
+    assert tenants.quotas(["other"]) == {("other", AcceleratorKind.TPU_V5E): 8}
+    for bad, message in [
+        ({"*": {"namespaces": ["a"]}}, "/operator/tenants/*"),
+        ({"t": {"devices": {"tpu-v9": 1}}}, "invalid propertyName 'tpu-v9'"),
+        ({"t": {"maxPriority": "high"}}, "/operator/tenants/t/maxPriority"),
+        ({"t": {"namespaces": ["Bad_NS"]}}, "/operator/tenants/t/namespaces/0"),
+    ]:
+        run = helm(
+            "template", "pw", str(CHART), "--set-json", f"operator.tenants={json.dumps(bad)}"
+        )
+        assert run.returncode != 0 and message in run.stderr, (bad, run.stderr)
 
 
 def test_services_reach_the_pods(rendered) -> None:

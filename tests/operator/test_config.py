@@ -1,4 +1,4 @@
-"""The operator's settings from its environment: defaults, quotas, and errors naming the
+"""The operator's settings from its environment: defaults, the tenant policy, and errors naming the
 variable at fault."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pathways_core.accelerators import AcceleratorKind
+from pathways_core.control.tenants import Tenants
 from pathways_operator.config import Config
 
 
@@ -14,7 +15,7 @@ def test_defaults_follow_the_contracts(monkeypatch: pytest.MonkeyPatch) -> None:
         "PATHWAYS_NAMESPACE",
         "PATHWAYS_IMAGE",
         "PATHWAYS_METRICS_PORT",
-        "PATHWAYS_QUOTAS",
+        "PATHWAYS_TENANTS",
         "PATHWAYS_TLS_SECRET",
         "PATHWAYS_CONTROL_TOKENS",
     ):
@@ -26,7 +27,7 @@ def test_defaults_follow_the_contracts(monkeypatch: pytest.MonkeyPatch) -> None:
         9090,
         60.0,
     )
-    assert config.quotas == {}
+    assert config.tenants == Tenants()
     assert config.tls_secret is None
     assert config.control_tokens is False  # dev clusters: no token unless asked for
 
@@ -49,20 +50,32 @@ def test_control_tokens_is_a_flag(
     assert Config.from_environment().control_tokens is expected
 
 
-def test_quotas_per_tenant_and_kind(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATHWAYS_QUOTAS", '{"research": {"tpu-v5e": 64, "cpu-fake": 8}}')
-    assert Config.from_environment().quotas == {
+def test_tenant_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "PATHWAYS_TENANTS",
+        '{"research": {"namespaces": ["research", "research-eval"], "maxPriority": 100,'
+        ' "devices": {"tpu-v5e": 64, "cpu-fake": 8}}, "*": {"maxPriority": 0}}',
+    )
+    tenants = Config.from_environment().tenants
+    assert tenants.namespaces("research") == ("research", "research-eval")
+    assert tenants.namespaces("other") == ("other",)
+    assert tenants.quotas(["research", "other"]) == {
         ("research", AcceleratorKind.TPU_V5E): 64,
         ("research", AcceleratorKind.CPU_FAKE): 8,
     }
+    assert (tenants.capped("research", 500), tenants.capped("other", 500)) == (100, 0)
 
 
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
-        ("PATHWAYS_QUOTAS", "{not json"),
-        ("PATHWAYS_QUOTAS", '{"t": {"tpu-v9": 1}}'),
-        ("PATHWAYS_QUOTAS", '{"t": 5}'),
+        ("PATHWAYS_TENANTS", "{not json"),
+        ("PATHWAYS_TENANTS", '{"t": {"devices": {"tpu-v9": 1}}}'),
+        ("PATHWAYS_TENANTS", '{"t": 5}'),
+        ("PATHWAYS_TENANTS", '["t"]'),
+        ("PATHWAYS_TENANTS", '{"t": {"maxPriority": "high"}}'),
+        ("PATHWAYS_TENANTS", '{"t": {"namespaces": ["Not_A_Namespace"]}}'),
+        ("PATHWAYS_TENANTS", '{"*": {"namespaces": ["a"]}}'),
         ("PATHWAYS_METRICS_PORT", "ninety"),
         ("PATHWAYS_RESYNC_SECONDS", "soon"),
         ("PATHWAYS_TLS_SECRET", "Not_A/Secret"),

@@ -8,7 +8,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from kube_cluster import Cluster, wait_for
+from kube_cluster import Cluster, running_operator, wait_for
 from kube_harness import JobRunner
 from kube_manifests import island, program, vslice
 
@@ -368,3 +368,48 @@ def test_a_deadline_edited_under_a_running_run_moves_its_jobs(cluster: Cluster, 
         lambda: "activeDeadlineSeconds" not in cluster.get("Job", "timed-run-1", "team")["spec"]
     )
     assert pstatus(cluster, "timed")["runs"] == 1
+
+
+def test_kubectl_users_stay_within_their_tenants_policy(cluster: Cluster) -> None:
+    # kubectl writes spec.tenant and spec.priority itself: the operator's tenant policy decides.
+    policy = {"team": {"maxPriority": 10}, "*": {"maxPriority": 0}}
+    cluster.create(external_island("far", "127.0.0.1:1", topology="8"))
+    with running_operator(PATHWAYS_TENANTS=json.dumps(policy)):
+        cluster.create(vslice("spoof", namespace="intruder", devices=4, tenant="team"))
+        cluster.create(vslice("bully", namespace="intruder", devices=4, priority=100))
+        cluster.create(
+            program(
+                "high",
+                priority=50,
+                slices=[{"name": "main", "devices": 4}],
+                driver={"source": "pass"},
+            )
+        )
+        spoof = wait_for(lambda: (s := sstatus(cluster, "spoof", "intruder")).get("reason") and s)
+        assert (spoof["phase"], spoof["reason"]) == ("Pending", "TenantNotAllowed")
+        assert spoof["message"].startswith(
+            "spec.tenant: tenant 'team' may be named only from namespace(s) 'team', not 'intruder'"
+        )
+        (event,) = wait_for(lambda: cluster.events("spoof", "TenantNotAllowed"))
+        assert event["type"] == "Warning"
+        bully = wait_for(lambda: (s := sstatus(cluster, "bully", "intruder")).get("reason") and s)
+        assert (bully["phase"], bully["reason"]) == ("Pending", "PriorityNotAllowed")
+        # A program above its tenant's priority says so, naming its slice and the field.
+        waiting = wait_for(
+            lambda: "PriorityNotAllowed" in (s := pstatus(cluster, "high")).get("message", "") and s
+        )
+        assert (
+            waiting["phase"] == "Pending"
+            and "spec.priority: 50 is above 10" in (waiting["message"])
+        )
+        assert cluster.list("Job", "team") == []
+        # Lowered within the policy, both bind (the island has room for both).
+        cluster.patch("PathwaysProgram", "high", {"spec": {"priority": 10}}, "team")
+        cluster.patch("VirtualSlice", "bully", {"spec": {"priority": 0}}, "intruder")
+        wait_for(lambda: cluster.get("Job", "high-run-1", "team"))
+        wait_for(lambda: sstatus(cluster, "bully", "intruder").get("phase") == "Bound")
+        assert sstatus(cluster, "spoof", "intruder")["reason"] == "TenantNotAllowed"
+
+
+def sstatus(cluster: Cluster, name: str, namespace: str = "team") -> dict:
+    return (cluster.get("VirtualSlice", name, namespace) or {}).get("status") or {}

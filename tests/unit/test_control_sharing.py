@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.control.common import key_of
 from pathways_core.control.sharing import plan_bindings_shared
+from pathways_core.control.tenants import Tenants
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -50,8 +51,14 @@ def vslice(
 class Store:
     """Applies plans as a store would, pass after pass, until nothing changes."""
 
-    def __init__(self, islands: list[dict[str, Any]], quotas: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        islands: list[dict[str, Any]],
+        quotas: dict[str, int] | None = None,
+        tenants: Tenants | None = None,
+    ) -> None:
         self.islands = islands
+        self.tenants = tenants
         self.quotas = {
             (tenant, AcceleratorKind.CPU_FAKE): n for tenant, n in (quotas or {}).items()
         }
@@ -69,7 +76,11 @@ class Store:
         for passes in range(1, 30):
             self.clock += timedelta(seconds=1)
             plan = plan_bindings_shared(
-                self.islands, list(self.slices.values()), self.clock, self.quotas
+                self.islands,
+                list(self.slices.values()),
+                self.clock,
+                self.quotas,
+                tenants=self.tenants,
             )
             for change in plan.ordered():
                 self.slices[change.key] = {**change.document, "status": change.status}

@@ -48,9 +48,11 @@ from pathways_core.control.slices import (
     BindingPlan,
     SliceChange,
     Stage,
+    pending_status,
     plan_bindings,
     queued_since,
 )
+from pathways_core.control.tenants import Refusal, Tenants
 from pathways_core.resources import Island, VirtualSlice
 from pathways_core.topology import parse_shape
 
@@ -131,8 +133,65 @@ def plan_bindings_shared(
     now: datetime,
     quotas: Mapping[tuple[str, AcceleratorKind], int] | None = None,
     patience: timedelta = PATIENCE,
+    tenants: Tenants | None = None,
 ) -> SharedBindingPlan:
-    """:func:`plan_bindings`, with time-shared slices bound in groups (see the module)."""
+    """:func:`plan_bindings`, with time-shared slices bound in groups (see the module), of
+    the slices ``tenants`` admits (see :mod:`pathways_core.control.tenants`; by default each
+    tenant is named from its own namespace only): the others wait, saying why. ``quotas``
+    adds to the tenants' device quotas."""
+    tenants = tenants or Tenants()
+    admitted, refused = _admitted(slices, tenants)
+    names = [request.tenant for d in admitted if (request := _request(d)) is not None]
+    plan = _plan_shared(
+        islands, admitted, now, {**tenants.quotas(names), **(quotas or {})}, patience
+    )
+    originals = {key_of(d): d for d in slices}
+    plan.changes[:] = [replace(c, document=originals[c.key]) for c in plan.changes]
+    for document, refusal in refused:
+        old = document.get("status") or {}
+        new = pending_status(document, now, refusal.reason, refusal.message)
+        if (old.get("reason"), old.get("message")) != (refusal.reason, refusal.message):
+            plan.changes.append(SliceChange(key_of(document), document, new, Stage.WAIT))
+            plan.events.append(
+                Event(ObjectRef.of(document), "Warning", refusal.reason, refusal.message)
+            )
+    plan.waiting += len(refused)
+    return plan
+
+
+def _admitted(
+    slices: Sequence[Document], tenants: Tenants
+) -> tuple[list[Document], list[tuple[Document, Refusal]]]:
+    """The slices ``tenants`` lets be bound (a bound one as the allocator sees it: at most its
+    tenant's highest priority), and those it refuses, with why."""
+    admitted: list[Document] = []
+    refused: list[tuple[Document, Refusal]] = []
+    for document in slices:
+        request = None if is_deleting(document) else _request(document)
+        if request is None:
+            admitted.append(document)  # plan_bindings releases or reports it
+            continue
+        status = document.get("status") or {}
+        if status.get("phase") == "Bound" and status.get("island"):
+            capped = tenants.capped(request.tenant, request.priority)
+            admitted.append(_at_priority(document, capped))
+            continue
+        namespace = (document.get("metadata") or {}).get("namespace") or "default"
+        refusal = tenants.refusal(namespace, request.tenant, request.priority)
+        if refusal is None:
+            admitted.append(document)
+        else:
+            refused.append((document, refusal))
+    return admitted, refused
+
+
+def _plan_shared(
+    islands: Sequence[Document],
+    slices: Sequence[Document],
+    now: datetime,
+    quotas: Mapping[tuple[str, AcceleratorKind], int],
+    patience: timedelta,
+) -> SharedBindingPlan:
     shared = [d for d in slices if is_time_shared(d) and not is_deleting(d)]
     if not shared:
         return SharedBindingPlan(**vars(plan_bindings(islands, slices, now, quotas, patience)))
@@ -418,11 +477,15 @@ def _with_group_priority(holder: Document, group: Sequence[Document]) -> Documen
     """The holder as the allocator sees it: at the highest priority of its group, since
     preempting it evicts them all (a priority-50 slice took a group holding a priority-1000
     member from its priority-0 holder)."""
-    priority = max(int((d.get("spec") or {}).get("priority") or 0) for d in group)
-    spec = holder.get("spec") or {}
+    return _at_priority(holder, max(int((d.get("spec") or {}).get("priority") or 0) for d in group))
+
+
+def _at_priority(document: Document, priority: int) -> Document:
+    """``document`` with ``spec.priority`` set to ``priority`` (itself if it has it)."""
+    spec = document.get("spec") or {}
     if priority == int(spec.get("priority") or 0):
-        return holder
-    return {**holder, "spec": {**spec, "priority": priority}}
+        return document
+    return {**document, "spec": {**spec, "priority": priority}}
 
 
 def _pending(document: Document, now: datetime) -> dict[str, Any]:

@@ -213,6 +213,11 @@ def _status(
     return status
 
 
+def pending_status(document: Document, now: datetime, reason: str, message: str) -> dict[str, Any]:
+    """The status of a slice that waits for ``reason`` (holding no devices)."""
+    return _status(document, "Pending", now, reason=reason, message=message)
+
+
 def _same(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     keys = ("phase", "island", "devices", "reason", "message", "observedGeneration")
     return all((old.get(k) or None) == (new.get(k) or None) for k in keys)
