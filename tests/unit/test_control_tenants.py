@@ -112,6 +112,13 @@ def test_refused_slices_count_as_waiting_and_say_so_once() -> None:
         store.islands, list(store.slices.values()), store.clock, tenants=POLICY
     )
     assert (plan.changes, plan.events, plan.waiting, plan.bound) == ([], [], 1, 0)
+    # Edited, still refused: its status says it saw the edit, with no second Event.
+    store.slices["intruder/stolen"]["metadata"]["generation"] = 2
+    plan = plan_bindings_shared(
+        store.islands, list(store.slices.values()), store.clock, tenants=POLICY
+    )
+    assert [c.status["observedGeneration"] for c in plan.changes] == [2]
+    assert plan.events == []
 
 
 @pytest.mark.parametrize(

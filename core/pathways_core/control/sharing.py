@@ -150,8 +150,9 @@ def plan_bindings_shared(
     for document, refusal in refused:
         old = document.get("status") or {}
         new = pending_status(document, now, refusal.reason, refusal.message)
-        if (old.get("reason"), old.get("message")) != (refusal.reason, refusal.message):
+        if any(old.get(key) != new[key] for key in ("reason", "message", "observedGeneration")):
             plan.changes.append(SliceChange(key_of(document), document, new, Stage.WAIT))
+        if (old.get("reason"), old.get("message")) != (refusal.reason, refusal.message):
             plan.events.append(
                 Event(ObjectRef.of(document), "Warning", refusal.reason, refusal.message)
             )
