@@ -225,6 +225,10 @@ def values_schema() -> dict[str, Any]:
                             "description": "A control token per island, in a Secret of its own.",
                         },
                         "tenants": tenants_schema(),
+                        "admissionPolicy": {
+                            "enum": ["auto", True, False],
+                            "description": "The tenant policy at admission as well.",
+                        },
                     },
                     "The operator (global resource manager).",
                 ),

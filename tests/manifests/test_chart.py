@@ -36,6 +36,7 @@ ALL_ON = (
     "tls.certManager.issuerRef.name=ca",
     "api.tokensSecret.name=tokens",
     "networkPolicy.crossIslandTransfers=false",
+    "operator.admissionPolicy=true",
 )
 RENDERS = [(name, ()) for name in VALUES_FILES] + [("values-kind.yaml", ALL_ON)]
 RENDER_IDS = [*VALUES_FILES, "all-features"]
