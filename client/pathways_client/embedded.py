@@ -407,6 +407,12 @@ class Supervisor:
                 "pids": [p.popen.pid for p in [*island.executors, island.scheduler] if p],
                 "executors": [p.popen.pid for p in island.executors],
                 "scheduler": island.scheduler.popen.pid if island.scheduler else 0,
+                # Prometheus metrics of the scheduler, then of each executor.
+                "metrics": [
+                    f"http://127.0.0.1:{p.health_port}/metrics"
+                    for p in [island.scheduler, *island.executors]
+                    if p and p.health_port
+                ],
                 "generation": generation,
                 "state": "ready",
                 "startedAt": time.time(),

@@ -49,8 +49,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--health-port",
         type=port,
         default=None,
-        help="serve the liveness endpoint GET /healthz on this port (0 picks a free one; "
-        "unset: none)",
+        help="serve the liveness endpoint GET /healthz and the metrics GET /metrics on this "
+        "port (0 picks a free one; unset: none)",
     )
     parser.add_argument(
         "--compilation-cache",

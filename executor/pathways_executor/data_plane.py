@@ -40,9 +40,12 @@ class DataPlaneServer:
         lookup: Callable[[str, float, float | None], Any],
         host: str = "127.0.0.1",
         tls: Tls | None = None,
+        sent: Callable[[int], None] = lambda size: None,
     ) -> None:
+        """``sent`` is told the size of every array sent."""
         self._lookup = lookup
         self._tls = tls
+        self._sent = sent
         self._listener = socket.create_server((host, 0), backlog=64)
         self.endpoint = f"{host}:{self._listener.getsockname()[1]}"
         threading.Thread(
@@ -107,6 +110,7 @@ class DataPlaneServer:
             if whole.nbytes <= SMALL_REPLY_BYTES:
                 # A small array leaves in one write with its header: one wake-up of the peer.
                 connection.sendall(header + whole.tobytes())
+                self._sent(whole.nbytes)
                 return
             payloads = [np.ascontiguousarray(whole).reshape(-1).view(np.uint8)]
         else:
@@ -124,6 +128,7 @@ class DataPlaneServer:
         for payload in payloads:
             if payload.nbytes:
                 connection.sendall(memoryview(payload))
+        self._sent(sum(payload.nbytes for payload in payloads))
 
     def close(self) -> None:
         self._listener.close()

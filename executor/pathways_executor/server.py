@@ -26,7 +26,9 @@ from pathways_executor.arrays import local_regions, received_upload
 from pathways_executor.buffers import BufferError
 from pathways_executor.control import ControlServer
 from pathways_executor.data_plane import DataPlaneServer, Puller
+from pathways_executor.health import publish_metrics
 from pathways_executor.lifeline import stop_when_stdin_closes
+from pathways_executor.metrics import PULLED, SENT, Tally, renderer
 from pathways_executor.rpc import MESSAGE_OPTIONS, generic_handler
 from pathways_executor.runner import INPUT_TIMEOUT_SECONDS, Runner
 from pathways_executor.tls import Tls, TlsConfigError, load
@@ -68,6 +70,7 @@ class ExecutorService:
             if device.process_index == jax.process_index()
         }
         self._puller = Puller(tls)
+        self.tally = Tally()
         self.runner = Runner(index, self.island_devices, self._fetch, self._emit)
         self.control = ControlServer(
             self._submit, host, tls, token=os.environ.get(CONTROL_TOKEN_ENV, "")
@@ -79,6 +82,7 @@ class ExecutorService:
             ),
             host,
             tls,
+            sent=lambda size: self.tally.add(SENT, size),
         )
 
     def _emit(self, events: list[pb.ExecutorEvent]) -> None:
@@ -219,6 +223,7 @@ class ExecutorService:
                 errors.append(f"{endpoint}: {error}")
             if assembly.complete:
                 assert assembly.array is not None
+                self.tally.add(PULLED, assembly.array.nbytes)
                 return assembly.array
         problem = "; ".join(errors) or "the holders sent only part of it"
         raise BufferError(f"cannot fetch buffer {source.buffer_id!r}: {problem}")
@@ -326,6 +331,7 @@ def serve(
         bound = server.add_secure_port(address, tls.server_credentials())
     service.endpoint = f"{host}:{bound}"
     server.start()
+    publish_metrics(renderer(service))
     return server, bound
 
 

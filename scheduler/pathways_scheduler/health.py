@@ -1,25 +1,40 @@
-"""A liveness endpoint: ``GET /healthz`` answers ``ok`` from a thread of this process.
+"""A liveness endpoint: ``GET /healthz`` answers ``ok`` from a thread of this process; and
+``GET /metrics``, once the process publishes them (:func:`publish_metrics`), its Prometheus
+metrics.
 
 It answers while the process can run Python, so a stopped or wedged process (SIGSTOP, an
 interpreter held for good) fails the probe: Kubernetes' liveness probe of the island's pods
 and the embedded supervisor restart the island then. Plain HTTP on its own port, carrying
-nothing: kubelet probes cannot present the island's TLS client certificate. The executor and
-the scheduler each hold a copy of this module, as of ``lifeline.py``."""
+nothing secret (the metrics name clients, not their data): kubelet probes and Prometheus
+cannot present the island's TLS client certificate. The executor and the scheduler each hold
+a copy of this module, as of ``lifeline.py``."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PATH = "/healthz"
+METRICS_PATH = "/metrics"
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_metrics: list[Callable[[], bytes]] = []  # what renders the metrics, once published
+
+
+def publish_metrics(render: Callable[[], bytes]) -> None:
+    """Serve ``render()`` at ``/metrics`` from now on."""
+    _metrics[:] = [render]
 
 
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        found = self.path == PATH
-        body = b"ok" if found else b"not found"
-        self.send_response(200 if found else 404)
-        self.send_header("Content-Type", "text/plain")
+        status, content, body = 404, "text/plain", b"not found"
+        if self.path == PATH:
+            status, body = 200, b"ok"
+        elif self.path == METRICS_PATH and _metrics:
+            status, content, body = 200, METRICS_TYPE, _metrics[0]()
+        self.send_response(status)
+        self.send_header("Content-Type", content)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

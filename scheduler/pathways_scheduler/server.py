@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -52,8 +52,9 @@ from pathways_core.wire.streams import (
     frames,
     messages,
 )
-from pathways_scheduler.health import serve_health
+from pathways_scheduler.health import publish_metrics, serve_health
 from pathways_scheduler.lifeline import stop_when_stdin_closes
+from pathways_scheduler.metrics import renderer
 from pathways_scheduler.rpc import MESSAGE_OPTIONS, generic_handler, stub
 from pathways_scheduler.tls import Tls, TlsConfigError, channel, load
 
@@ -78,6 +79,8 @@ MAX_CLIENT_NAME = 256
 WORK = ("computation", "call")
 # Deletions of many buffers are sent to executors in pieces of this many ids.
 DELETE_PIECE = 4096
+
+T = TypeVar("T")
 
 
 class Peer:
@@ -381,6 +384,11 @@ class SchedulerService:
             peer.flush()
         if refused:  # commands too large for a frame were not sent: their computations fail
             self._handle(lambda d: [i for e in refused for i in d.executor_event(e)])
+
+    def read(self, view: Callable[[IslandDispatcher], T]) -> T:
+        """``view`` of the dispatcher, taken under the lock its stimuli hold (keep it quick)."""
+        with self._lock:
+            return view(self.dispatcher)
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -715,8 +723,8 @@ def main() -> None:
         "--health-port",
         type=flags.port,
         default=None,
-        help="serve the liveness endpoint GET /healthz on this port (0 picks a free one; "
-        "unset: none)",
+        help="serve the liveness endpoint GET /healthz and the metrics GET /metrics on this "
+        "port (0 picks a free one; unset: none)",
     )
     parser.add_argument(
         "--session-port",
@@ -752,6 +760,7 @@ def main() -> None:
         run_length=args.run_length,
         executor_timeout=args.executor_timeout,
     )
+    publish_metrics(renderer(service))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=64),
         # A port another process listens on is refused, not shared (gRPC's SO_REUSEPORT).

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
+import httpx
 import pytest
 import yaml
 from processes import assert_all_stop
@@ -336,6 +337,12 @@ def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_wa
 
     status = pathways("status", "--state", str(state))
     assert "2x2" in status.output
+    # Each island's Prometheus metrics: the scheduler's first, then its executors'.
+    (line,) = [line for line in status.output.splitlines() if line.startswith("metrics of")]
+    urls = line.split(": ", 1)[1].split()
+    assert len(urls) == 3
+    assert "pathways_island_sessions{" in httpx.get(urls[0], timeout=10).text
+    assert "pathways_executor_buffers{" in httpx.get(urls[1], timeout=10).text
     # kubectl's ``get islands`` is told how this command lists them.
     kind = pathways("get", "islands", "--state", str(state))
     assert kind.exit_code == 1

@@ -15,6 +15,7 @@ from chart_helpers import CHART, ROOT, VALUES_FILES, values_args
 from chart_helpers import render as chart_render
 
 from pathways_core.accelerators import AcceleratorKind, accelerator_info
+from pathways_core.control import island_children, parse
 from pathways_core.control.tenants import Tenants
 from pathways_core.crds import all_crds
 from pathways_core.manifests import check_document
@@ -23,7 +24,7 @@ from pathways_core.resources.island import Island
 # The current Kubernetes release, and the oldest one the chart supports (Chart.yaml kubeVersion).
 KUBERNETES_VERSIONS = ["1.37", "1.30"]
 # Kinds kubernetes-validate has no schema for, and what checks them instead.
-CUSTOM_KINDS = {"Island", "ClusterKopfPeering", "ServiceMonitor", "Certificate"}
+CUSTOM_KINDS = {"Island", "ClusterKopfPeering", "ServiceMonitor", "PodMonitor", "Certificate"}
 # The IFRT proxy switched on (it needs the Secret of its tenant's API token).
 PROXY_ON = ("proxy.enabled=true", "proxy.tokenSecret.name=proxy-token")
 # Everything optional switched on, so that every template is rendered and validated.
@@ -111,6 +112,23 @@ def test_custom_resources_match_their_crds(rendered, values_file, sets) -> None:
             port["name"] for service in run.of_kind("Service") for port in service["spec"]["ports"]
         }
         assert ports <= service_ports
+    for monitor in run.of_kind("PodMonitor"):
+        # Island pods, as the operator makes them: the selector picks them, the port is theirs.
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        for island in run.of_kind("Island"):
+            parsed, _ = parse(island)
+            for child in island_children(
+                {**island, "metadata": {**island["metadata"], "uid": "u"}}, parsed, "ns"
+            ):
+                template = child["spec"].get("template") if child["kind"] != "Service" else None
+                if template is None:
+                    continue
+                labels = template["metadata"]["labels"]
+                assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+                names = {
+                    p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])
+                }
+                assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= names
 
 
 def test_chart_crds_equal_the_generated_crds() -> None:

@@ -16,6 +16,7 @@ from chart_helpers import CHART, VALUES_FILES, Run
 from pathways_core.control import island_children, parse, program_job
 from pathways_core.control.islands import (
     EXECUTOR_PORT,
+    HEALTH_PORT,
     SCHEDULER_PORT,
     control_secret_name,
     control_token_secret,
@@ -227,6 +228,9 @@ def test_network_policies_select_the_pods_the_operator_creates(rendered, values_
         }
         assert allowed(policies, executor, dns, 53)
         assert not allowed(policies, executor, api, 8080)
+        # Liveness and Prometheus metrics: the health port, from anywhere.
+        for target in (scheduler, executor):
+            assert allowed(policies, STRANGER, target, HEALTH_PORT), (island, target["name"])
     # The API from anywhere, on its port.
     assert allowed(policies, STRANGER, api, 8080)
     assert not allowed(policies, STRANGER, api, 9999)

@@ -107,6 +107,20 @@ class TraceRecord:
     ok: bool
 
 
+@dataclass(slots=True)
+class ClientUsage:
+    """What a client's work did on the island (counters, from its first session on)."""
+
+    completed: int = 0  # computations and program calls that finished well
+    failed: int = 0  # ... that failed (on an executor, or lost with one)
+    refused: int = 0  # ... refused when submitted (a bad request, or the island busy)
+    device_ns: int = 0  # device time its work held: per executor, run time x its devices
+
+
+# Usage of this many clients at most is kept: those of ended sessions go first.
+MAX_USAGE_CLIENTS = 1024
+
+
 @dataclass(frozen=True)
 class _Call:
     call: pb.ProgramCall
@@ -122,6 +136,7 @@ class _InFlight:
     client: str
     item: pb.Computation | _Call
     waiting: set[int]
+    usage: ClientUsage
     errors: list[str] = field(default_factory=list)
     pulls: set[str] = field(default_factory=set)  # inputs read from another executor
 
@@ -198,6 +213,9 @@ class IslandDispatcher:
         # intermediates, ``<call id>/...``, also live on the executors meanwhile).
         self._unfinished: set[str] = set()
         self._connected: set[str] = set()  # clients with an open session
+        self.usage: dict[str, ClientUsage] = {}
+        # Per program, per executor: each node's devices there (a call's device time).
+        self._node_devices: dict[str, dict[int, tuple[int, ...]]] = {}
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -207,6 +225,15 @@ class IslandDispatcher:
         self.queue.add_client(client, max(1, weight), priority)
         self._connected.add(client)
         return [ToClient(client, self._lost_event(index)) for index in sorted(self._down)]
+
+    def _usage(self, client: str) -> ClientUsage:
+        usage = self.usage.get(client)
+        if usage is None:
+            if len(self.usage) >= MAX_USAGE_CLIENTS:
+                ended = next((c for c in self.usage if c not in self._connected), None)
+                self.usage.pop(ended if ended is not None else next(iter(self.usage)))
+            usage = self.usage[client] = ClientUsage()
+        return usage
 
     def _lost_event(self, index: int) -> Event:
         return Event(kind=Event.EXECUTOR_LOST, executor=index, message=self._down[index])
@@ -228,6 +255,21 @@ class IslandDispatcher:
                 del self._users[identifier]
                 unused.append(identifier)
         return self._delete_now(gone) + self._forget(unused) + self._dispatch()
+
+    @property
+    def sessions(self) -> int:
+        """Clients with an open session."""
+        return len(self._connected)
+
+    @property
+    def in_flight(self) -> int:
+        """Computations and calls dispatched and not finished."""
+        return len(self._in_flight)
+
+    @property
+    def executors_lost(self) -> int:
+        """Executors lost (their work fails until the island restarts)."""
+        return len(self._down)
 
     @property
     def functions_held(self) -> int:
@@ -294,6 +336,7 @@ class IslandDispatcher:
             client, computation, float(len(computation.devices))
         )
         if problem is not None:
+            self._usage(client).refused += 1
             return [_rejected(client, computation.id, problem)]
         self._unfinished.add(computation.id)
         self._use(client, computation.function_id)
@@ -323,6 +366,13 @@ class IslandDispatcher:
                 event = Event(kind=Event.REJECTED, program_id=program_id[:64], message=checked)
                 return [ToClient(client, event)]
             program = self._programs[program_id] = checked
+            self._node_devices[program_id] = {
+                executor: tuple(
+                    sum(self.device_owner[d] == executor for d in node.devices)
+                    for node in registration.nodes
+                )
+                for executor in program.executors
+            }
         self._use(client, program_id, program.function_ids)
         return [ToClient(client, Event(kind=Event.REGISTERED, program_id=program_id))]
 
@@ -335,6 +385,7 @@ class IslandDispatcher:
             assert program is not None
             problem = self._enqueue(client, _Call(call, program), program.cost)
         if problem is not None:
+            self._usage(client).refused += 1
             return [_rejected(client, call.id, problem)]
         assert program is not None
         self._unfinished.add(call.id)
@@ -370,8 +421,16 @@ class IslandDispatcher:
         flight = self._in_flight.get(event.seq)
         if flight is None:
             return []  # a registration's failure, or a computation already failed
+        usage = flight.usage
         if isinstance(flight.item, _Call):
             self._keep((event, flight.client, flight.item), max(1, len(event.node_indices)))
+            program_id = flight.item.call.program_id
+            devices = self._node_devices.get(program_id, {}).get(event.executor, ())
+            for index, start_ns, end_ns in zip(
+                event.node_indices, event.node_starts_ns, event.node_ends_ns, strict=False
+            ):
+                if index < len(devices):
+                    usage.device_ns += max(0, end_ns - start_ns) * devices[index]
         else:
             record = self._trace_record(
                 event.seq,
@@ -383,6 +442,7 @@ class IslandDispatcher:
                 event.ok,
             )
             self._keep(record, 1)
+            usage.device_ns += max(0, record.end_ns - record.start_ns) * len(record.devices)
         flight.waiting.discard(event.executor)
         if not event.ok:
             flight.errors.append(event.message)
@@ -549,7 +609,7 @@ class IslandDispatcher:
         for executor in owners:
             instructions += self._register_on(executor, [computation.function_id])
         command_seq = self._next_seq()
-        flight = _InFlight(client, computation, set(owners))
+        flight = _InFlight(client, computation, set(owners), self._usage(client))
         for executor in owners:
             command = pb.ExecutorCommand(seq=command_seq, run=computation)
             for buffer_id in computation.inputs:
@@ -575,7 +635,7 @@ class IslandDispatcher:
                 command = pb.ExecutorCommand(seq=self._next_seq(), program=registration)
                 instructions.append(ToExecutor(executor, command))
         command_seq = self._next_seq()
-        flight = _InFlight(client, item, set(program.executors))
+        flight = _InFlight(client, item, set(program.executors), self._usage(client))
         for executor in program.executors:
             command = pb.ExecutorCommand(seq=command_seq, call=call)
             for position, readers in enumerate(program.argument_readers):
@@ -687,6 +747,7 @@ class IslandDispatcher:
         by_executor: dict[int, list[pb.Forget]] = {}
         for identifier in sorted(ids):
             is_program = self._programs.pop(identifier, None) is not None
+            self._node_devices.pop(identifier, None)
             self._functions.pop(identifier, None)
             for executor in self.executors:
                 if (identifier, executor) in self._registered:
@@ -750,7 +811,9 @@ class IslandDispatcher:
         return [*self._delete_commands(released), self._outcome(seq, flight)]
 
     def _outcome(self, seq: int, flight: _InFlight) -> ToClient:
+        usage = flight.usage
         if flight.errors:
+            usage.failed += 1
             event = Event(
                 kind=Event.FAILED,
                 computation_id=flight.id,
@@ -758,6 +821,7 @@ class IslandDispatcher:
                 message="; ".join(dict.fromkeys(flight.errors)),
             )
         else:
+            usage.completed += 1
             event = Event(kind=Event.COMPLETED, computation_id=flight.id, seq=seq)
         client = flight.client
         held = self._held.get(client, 0)

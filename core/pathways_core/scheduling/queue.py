@@ -114,6 +114,10 @@ class IslandQueue(Generic[Item]):
         state = self._clients.get(client)
         return 0 if state is None else state.bounded
 
+    def weights(self) -> dict[str, int]:
+        """Each client's weight."""
+        return {name: state.weight for name, state in self._clients.items()}
+
     def last(self, client: str) -> Item | None:
         """The client's most recently submitted item still waiting, if any."""
         state = self._clients.get(client)
