@@ -216,7 +216,17 @@ class Cluster:
             selector=spec.island_selector,
         )
         with self._direct.lock:
-            decision = self._direct_allocator().allocate(request, preempt=False)
+            allocator = self._direct_allocator()
+            for island_name in sorted(self.islands):
+                # Devices of executors the scheduler lost are never bound again (until the
+                # island restarts and a new connection sees them healthy).
+                session = self.session(island_name)
+                lost = session.lost_executors
+                allocator.set_health(
+                    island_name,
+                    [d for d, owner in session.device_owner.items() if owner in lost],
+                )
+            decision = allocator.allocate(request, preempt=False)
         if not isinstance(decision, Bound):
             raise SliceError(f"slice {name!r} ({list(shape)}) cannot be bound: {decision.message}")
         binding = decision.binding

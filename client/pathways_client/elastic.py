@@ -20,6 +20,7 @@ Failures that are not a loss of devices (a bad input, a bug) are raised at once.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -48,10 +49,17 @@ class Manager:
     """Tracks which of a program's slices are still usable and retries work after losses."""
 
     def __init__(self, cluster: Cluster, slices: Sequence[Slice]) -> None:
+        if not slices:
+            raise ValueError("Manager: slices: expected at least one slice")
+        names = [item.name for item in slices]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"Manager: slices: each slice once, but {twice} appear twice")
         self.cluster = cluster
         self.slices = list(slices)
         self.lost: list[Slice] = []
         self.events: list[tuple[int, str, list[str]]] = []  # (attempt, error, slices lost)
+        self._lock = threading.Lock()
 
     @property
     def available(self) -> list[Slice]:
@@ -59,52 +67,78 @@ class Manager:
         return [item for item in self.slices if item not in self.lost]
 
     def find_lost(self) -> list[Slice]:
-        """Probe the executors of every available slice; mark and return the newly lost."""
-        dead: dict[str, set[int]] = {}
-        for island in {item.island for item in self.available}:
-            session = self.cluster.session(island)
-            dead[island] = {
-                executor.index
-                for executor in session.info.executors
-                if not _answers(executor.endpoint)
-            }
-        newly = [
-            item
-            for item in self.available
-            if any(
-                self.cluster.session(item.island).device_owner.get(device) in dead[item.island]
-                for device in item.devices
-            )
-        ]
-        self.lost.extend(newly)
-        return newly
+        """Find which available slices lost devices; mark and return the newly lost. A slice is
+        lost when an executor holding one of its devices was declared lost by its island's
+        scheduler or does not answer, or when the session with that scheduler ended (the
+        scheduler stopped: what the island held is gone)."""
+        with self._lock:
+            dead: dict[str, set[int] | None] = {}  # None: the whole island
+            for island in {item.island for item in self.available}:
+                session = self.cluster.session(island)
+                if session.ended:
+                    dead[island] = None
+                    continue
+                known = session.lost_executors
+                dead[island] = set(known) | {
+                    executor.index
+                    for executor in session.info.executors
+                    if executor.index not in known and not _answers(executor.endpoint)
+                }
+            newly = [item for item in self.available if self._touches(item, dead[item.island])]
+            self.lost.extend(newly)
+            return newly
+
+    def _touches(self, item: Slice, dead: set[int] | None) -> bool:
+        if dead is None:
+            return True
+        owner = self.cluster.session(item.island).device_owner
+        return any(owner.get(device) in dead for device in item.devices)
 
     def elastic_retry(
         self,
-        max_retries: int = 3,
+        max_retries: int | Callable[..., T] = 3,
         on_elastic_event: Callable[[int, BaseException, list[Slice]], None] | None = None,
-    ) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    ) -> Any:
         """Retry the wrapped function up to ``max_retries`` times after losses of devices.
-        ``on_elastic_event(attempt, error, lost)`` is called before each retry."""
+        ``on_elastic_event(attempt, error, lost)`` is called before each retry.
+
+        A failure is a loss when a slice available as the attempt began is lost by the time
+        it failed (found lost now, or by another function of this manager meanwhile): a
+        computation failing (``NodeFailed``), the cluster unreachable (``ConnectError``), a
+        result not computed in time (``TimeoutError``: a host stopped) or a nested retry
+        giving up (``SlicesLost``). Other failures are raised at once. Used bare
+        (``@manager.elastic_retry``), it retries 3 times."""
+        if callable(max_retries):
+            return self.elastic_retry()(max_retries)
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int):
+            raise TypeError(
+                f"elastic_retry: max_retries: expected an int >= 0, got {max_retries!r}"
+            )
+        if max_retries < 0:
+            raise ValueError(f"elastic_retry: max_retries: expected an int >= 0, got {max_retries}")
+        retries = max_retries
 
         def decorate(function: Callable[..., T]) -> Callable[..., T]:
             @functools.wraps(function)
             def wrapper(*args: Any, **kwargs: Any) -> T:
                 attempt = 0
                 while True:
+                    began_with = self.available
                     try:
                         return function(*args, **kwargs)
-                    except (NodeFailed, ConnectError) as error:
-                        lost = self.find_lost()
+                    except (NodeFailed, ConnectError, SlicesLost, TimeoutError) as error:
+                        self.find_lost()
+                        lost = [item for item in began_with if item in self.lost]
                         if not lost:
                             raise  # not a loss of devices: the user's to fix
                         attempt += 1
                         self.events.append((attempt, str(error), [s.name for s in lost]))
-                        if attempt > max_retries or not self.available:
+                        if attempt > retries or not self.available:
+                            done = attempt - 1
                             raise SlicesLost(
                                 f"lost slices {[s.name for s in self.lost]} "
-                                f"({len(self.available)} left) after {attempt - 1} retries: "
-                                f"{error}",
+                                f"({len(self.available)} left) after {done} "
+                                f"{'retry' if done == 1 else 'retries'}: {error}",
                                 self.lost,
                             ) from error
                         if on_elastic_event is not None:

@@ -119,6 +119,7 @@ class IslandClient:
         connect_timeout: float = 60.0,
     ) -> None:
         self.client = island_client_name(client)
+        self.endpoint = endpoint
         self._tls = load() if tls == "environment" else tls
         self._channel = channel(endpoint, MESSAGE_OPTIONS, self._tls)
         info = stub(self._channel, SCHEDULER, "Info")
@@ -167,7 +168,7 @@ class IslandClient:
         self._ended = ""
         # Executors the scheduler said are lost, and why: direct calls to them fail at once,
         # those in progress (``_calls``) are cancelled.
-        self._lost: dict[int, str] = {}
+        self._lost: dict[int, str] = {e.index: e.lost for e in self.info.executors if e.lost}
         self._lost_changed = threading.Condition(self._lock)
         self._calls: dict[int, set[grpc.Future]] = {}
         host, port = _reachable(self.info.session_endpoint, endpoint)
@@ -190,6 +191,18 @@ class IslandClient:
         self._reader = threading.Thread(target=self._read, name=f"session-{client}", daemon=True)
         self._reader.start()
         threading.Thread(target=self._flush_loop, name=f"deletions-{client}", daemon=True).start()
+
+    @property
+    def lost_executors(self) -> dict[int, str]:
+        """The island's executors the scheduler said are lost, and why."""
+        with self._lock:
+            return dict(self._lost)
+
+    @property
+    def ended(self) -> str:
+        """Why the session ended; empty while it is open."""
+        with self._lock:
+            return self._ended
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -584,7 +597,10 @@ class IslandClient:
             for batch in messages(self._session.recv, pb.ClientEventBatch.FromString):
                 for event in batch.events:
                     self._on_event(event)
-            reason = self._rejected or "the scheduler closed the session"
+            reason = self._rejected or (
+                f"the scheduler at {self.endpoint} closed the session (it stopped or restarted; "
+                "what the session held on the island is gone): connect again to go on"
+            )
         except (OSError, FrameError) as error:
             reason = f"the scheduler is unreachable: {error}"
         with self._lock:

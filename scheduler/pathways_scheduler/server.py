@@ -514,6 +514,7 @@ class SchedulerService:
                     endpoint=s.endpoint,
                     devices=s.devices,
                     data_endpoint=s.data_endpoint,
+                    lost=dispatcher.lost_reason(s.index),
                 )
                 for s in dispatcher.executors.values()
             ],

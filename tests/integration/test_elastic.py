@@ -69,6 +69,18 @@ def test_training_survives_the_loss_of_a_slice(compilation_cache: Path) -> None:
             return checkpoint["w"]
 
         final = train()
+        # The dead executor's devices are never bound again, in this connection or a new one
+        # (the scheduler's Info says it lost them).
+        cluster.release(slices[1])
+        with pytest.raises(pw.SliceError, match="cannot be bound"):
+            cluster.slice(devices=2, name="again")
+        with pw.connect(island) as fresh:
+            lost = fresh.session(island.name).lost_executors
+            assert list(lost) == [1] and "unreachable" in lost[1]
+            healthy = fresh.slice(devices=2)
+            assert {owners[d] for d in healthy.devices} == {0}
+            with pytest.raises(pw.SliceError, match="cannot be bound"):
+                fresh.slice(devices=2)
     np.testing.assert_allclose(final, reference(), rtol=1e-5)
     assert [s.name for s in manager.lost] == ["b"]
     assert [s.name for s in manager.available] == ["a"]

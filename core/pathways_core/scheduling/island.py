@@ -271,6 +271,10 @@ class IslandDispatcher:
         """Executors lost (their work fails until the island restarts)."""
         return len(self._down)
 
+    def lost_reason(self, index: int) -> str:
+        """Why executor ``index`` was lost; empty if it was not."""
+        return self._down.get(index, "")
+
     @property
     def functions_held(self) -> int:
         """Functions some open session uses."""

@@ -329,7 +329,7 @@ class Ack(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint", "control_endpoint", "buffers", "buffer_bytes", "inputs_taken_over", "functions", "executables", "programs")
+    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint", "control_endpoint", "buffers", "buffer_bytes", "inputs_taken_over", "functions", "executables", "programs", "lost")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
@@ -342,6 +342,7 @@ class ExecutorInfo(_message.Message):
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     EXECUTABLES_FIELD_NUMBER: _ClassVar[int]
     PROGRAMS_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
     index: int
     endpoint: str
     devices: _containers.RepeatedScalarFieldContainer[int]
@@ -354,7 +355,8 @@ class ExecutorInfo(_message.Message):
     functions: int
     executables: int
     programs: int
-    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., buffers: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., inputs_taken_over: _Optional[int] = ..., functions: _Optional[int] = ..., executables: _Optional[int] = ..., programs: _Optional[int] = ...) -> None: ...
+    lost: str
+    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., buffers: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., inputs_taken_over: _Optional[int] = ..., functions: _Optional[int] = ..., executables: _Optional[int] = ..., programs: _Optional[int] = ..., lost: _Optional[str] = ...) -> None: ...
 
 class IslandInfo(_message.Message):
     __slots__ = ("island", "shape", "executors", "policy", "session_endpoint", "max_queued", "max_queued_per_client", "functions", "programs")

@@ -1,0 +1,179 @@
+"""The elastic manager's decisions, against a stand-in cluster: which slices are lost (the
+scheduler's word, a probe, a session that ended), which failures are retried, and its
+arguments checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+import pathways_client.elastic as elastic
+from pathways_client.errors import NodeFailed
+from pathways_client.slices import Slice
+from pathways_core.wire import pb
+
+
+@dataclass
+class Session:
+    """What the manager reads of an island session."""
+
+    executors: int = 2
+    lost_executors: dict[int, str] = field(default_factory=dict)
+    ended: str = ""
+
+    @property
+    def info(self) -> pb.IslandInfo:
+        return pb.IslandInfo(
+            executors=[
+                pb.ExecutorInfo(index=i, endpoint=f"h:{i}", devices=[2 * i, 2 * i + 1])
+                for i in range(self.executors)
+            ]
+        )
+
+    @property
+    def device_owner(self) -> dict[int, int]:
+        return {d: i for i in range(self.executors) for d in (2 * i, 2 * i + 1)}
+
+
+@dataclass
+class Cluster:
+    sessions: dict[str, Session]
+
+    def session(self, island: str) -> Session:
+        return self.sessions[island]
+
+
+def slices() -> list[Slice]:
+    return [Slice("a", "one", (0, 1), (2,)), Slice("b", "one", (2, 3), (2,))]
+
+
+@pytest.fixture
+def answering(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """Endpoints whose executors answer the manager's probe (all of them to start with)."""
+    alive = {"h:0", "h:1"}
+    monkeypatch.setattr(elastic, "_answers", lambda endpoint: endpoint in alive)
+    return alive
+
+
+def failure() -> NodeFailed:
+    return NodeFailed("step", "one", "executor 1 is unreachable")
+
+
+def test_an_executor_the_scheduler_lost_is_lost_even_if_it_answers(answering) -> None:
+    # Restarted at its old endpoint, it answers a probe; the scheduler still refuses it.
+    session = Session(lost_executors={1: "executor 1 is unreachable"})
+    manager = elastic.Manager(Cluster({"one": session}), slices())  # type: ignore[arg-type]
+    assert [s.name for s in manager.find_lost()] == ["b"]
+    assert [s.name for s in manager.available] == ["a"]
+
+
+def test_a_session_that_ended_loses_every_slice_of_its_island(answering) -> None:
+    cluster = Cluster({"one": Session(ended="the scheduler closed the session")})
+    manager = elastic.Manager(cluster, slices())  # type: ignore[arg-type]
+    assert [s.name for s in manager.find_lost()] == ["a", "b"]
+
+
+def test_a_loss_found_by_another_function_of_the_manager_is_retried(answering) -> None:
+    manager = elastic.Manager(Cluster({"one": Session()}), slices())  # type: ignore[arg-type]
+    seen = []
+
+    @manager.elastic_retry
+    def evaluate() -> str:
+        seen.append([s.name for s in manager.available])
+        if len(seen) == 1:
+            answering.discard("h:1")
+            manager.find_lost()  # a training loop sharing the manager found it first
+            raise failure()
+        return "done"
+
+    assert evaluate() == "done"
+    assert seen == [["a", "b"], ["a"]]
+    assert manager.events[0][2] == ["b"]
+
+
+def test_a_failure_on_slices_still_alive_is_raised_at_once(answering) -> None:
+    manager = elastic.Manager(Cluster({"one": Session()}), slices())  # type: ignore[arg-type]
+    answering.discard("h:1")
+    manager.find_lost()  # lost before the function began: its failure is not that loss
+
+    @manager.elastic_retry(max_retries=3)
+    def step() -> None:
+        raise failure()
+
+    with pytest.raises(NodeFailed):
+        step()
+    assert manager.events == []
+
+
+def test_a_nested_retry_giving_up_is_a_loss_for_the_outer_one(answering) -> None:
+    manager = elastic.Manager(Cluster({"one": Session()}), slices())  # type: ignore[arg-type]
+    attempts = []
+
+    @manager.elastic_retry(max_retries=5)
+    def outer() -> int:
+        @manager.elastic_retry(max_retries=0)
+        def inner() -> int:
+            attempts.append(len(manager.available))
+            if len(attempts) == 1:
+                answering.discard("h:1")
+                raise failure()
+            return len(manager.available)
+
+        return inner()
+
+    assert outer() == 1
+    assert attempts == [2, 1]
+
+
+def test_a_stopped_host_timing_out_is_a_loss(answering) -> None:
+    manager = elastic.Manager(Cluster({"one": Session()}), slices())  # type: ignore[arg-type]
+
+    @manager.elastic_retry(max_retries=1)
+    def step() -> int:
+        if "h:1" in answering:
+            answering.discard("h:1")  # stopped: it answers no probe
+            raise TimeoutError("'step' was not computed within 5 s")
+        return len(manager.available)
+
+    assert step() == 1
+
+
+def test_retries_used_up_say_so_in_good_english(answering) -> None:
+    cluster = Cluster({"one": Session(executors=3)})
+    answering.add("h:2")
+    three = [*slices(), Slice("c", "one", (4, 5), (2,))]
+    manager = elastic.Manager(cluster, three)  # type: ignore[arg-type]
+
+    @manager.elastic_retry(max_retries=1)
+    def step() -> None:
+        answering.discard(f"h:{3 - len(manager.available) + 1}")  # loses one host per attempt
+        raise failure()
+
+    with pytest.raises(elastic.SlicesLost, match=r"\(1 left\) after 1 retry: "):
+        step()
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        ("2", TypeError, "max_retries: expected an int >= 0, got '2'"),
+        (None, TypeError, "max_retries: expected an int >= 0, got None"),
+        (1.5, TypeError, "got 1.5"),
+        (True, TypeError, "got True"),
+        (-1, ValueError, "max_retries: expected an int >= 0, got -1"),
+    ],
+)
+def test_max_retries_is_checked_when_decorating(value, error, message) -> None:
+    manager = elastic.Manager(Cluster({"one": Session()}), slices())  # type: ignore[arg-type]
+    with pytest.raises(error, match=message):
+        manager.elastic_retry(max_retries=value)
+
+
+def test_slices_must_be_given_each_once() -> None:
+    cluster = Cluster({"one": Session()})
+    with pytest.raises(ValueError, match="at least one slice"):
+        elastic.Manager(cluster, [])  # type: ignore[arg-type]
+    a, b = slices()
+    with pytest.raises(ValueError, match=r"\['a'\] appear twice"):
+        elastic.Manager(cluster, [a, a, b])  # type: ignore[arg-type]
