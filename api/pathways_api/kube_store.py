@@ -24,6 +24,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +34,15 @@ import httpx
 import yaml
 
 from pathways_api.auth import Quotas, Tenant
-from pathways_api.errors import Conflict, NotFound, Unauthorized, Unavailable
+from pathways_api.errors import (
+    ApiError,
+    Conflict,
+    Forbidden,
+    InvalidField,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+)
 from pathways_api.logs import LogBytes, Part
 from pathways_api.store import (
     ANNOTATION_CANCELLED,
@@ -142,6 +151,9 @@ class KubernetesStore:
                 message = answer.json().get("message") or answer.text
             except ValueError:
                 message = answer.text
+            refusal = _admission_refusal(answer.status_code, message)
+            if refusal is not None:
+                raise refusal
             raise Unavailable(f"the Kubernetes API server answered {answer.status_code}: {message}")
         return answer.json() if answer.content else None
 
@@ -453,3 +465,23 @@ def _data_file(data: str, name: str) -> str:
     path.write_bytes(base64.b64decode(data))
     path.chmod(0o600)
     return str(path)
+
+
+_DENIED = re.compile(r"denied (?:the )?request: (?P<reason>.*)", re.DOTALL)
+_FIELD = re.compile(r"^(?P<field>(?:spec|metadata)(?:\.[A-Za-z0-9_\[\]]+)*): ")
+
+
+def _admission_refusal(status: int, message: str) -> ApiError | None:
+    """The tenant's error when the API server's admission refused an object (the cluster's
+    ValidatingAdmissionPolicies, such as the chart's tenant policy, or webhooks): 403 or 422
+    with the policy's words and the field they name. ``None`` for any other refusal (our own
+    service account lacking a permission is the cluster's problem, not the caller's)."""
+    denied = _DENIED.search(message) if status in (403, 422) else None
+    if denied is None:
+        return None
+    reason = denied["reason"].strip()
+    field = _FIELD.match(reason)
+    error = Forbidden if status == 403 else InvalidField
+    return error(
+        f"refused by the cluster's admission policy: {reason}", field=field and field["field"]
+    )

@@ -173,6 +173,36 @@ def test_quota_and_idempotency(cluster: Cluster, api: Api) -> None:
     assert len(cluster.list("PathwaysProgram", "team-a")) == 3
 
 
+def test_the_clusters_admission_policy_refusal_reaches_the_tenant_naming_the_field(
+    cluster: Cluster, api: Api
+) -> None:
+    # As the chart's ValidatingAdmissionPolicy of the tenant policy answers a create.
+    words = "spec.priority: 50 is above 10, the highest priority of tenant 'team-a'"
+
+    async def admission(request: kmock.Request) -> None:
+        named = ((request.data or {}).get("metadata") or {}).get("name")
+        if request.action == kmock.action.CREATE and named == "greedy":
+            raise kmock.KubernetesError(
+                403,
+                "Forbidden",
+                f'pathwaysprograms.pathways.dev "greedy" is forbidden: '
+                f"ValidatingAdmissionPolicy 'pw-pathways-tenants' with binding "
+                f"'pw-pathways-tenants' denied request: {words}",
+            )
+
+    cluster.call_soon(lambda: cluster.emulator.hooks.append(admission))
+    greedy = {**program("greedy"), "spec": {**program("greedy")["spec"], "priority": 50}}
+    refused = call(api, "token-a", "POST", "/v1/programs", json=greedy)
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"] == {
+        "code": "Forbidden",
+        "message": f"refused by the cluster's admission policy: {words}",
+        "field": "spec.priority",
+    }
+    assert cluster.list("PathwaysProgram", "team-a") == []
+    assert call(api, "token-a", "POST", "/v1/programs", json=program("modest")).status_code == 201
+
+
 @pytest.mark.parametrize(
     ("token", "message"),
     [
