@@ -324,7 +324,8 @@ class Manager:
         for _ in range(10):
             islands = self.store.read_all(ISLAND)
             slices = self.store.read_all(SLICE)
-            plan = plan_bindings_shared(islands, slices, now_utc())
+            programs = self.store.read_all(PROGRAM)
+            plan = plan_bindings_shared(islands, slices, now_utc(), programs=programs)
             again = plan.needs_another_pass
             released_ok = True
             for change in plan.ordered():

@@ -79,6 +79,9 @@ class Binder:
         metrics.BINDING_PASSES.inc()
         islands = await self.kube.list(GROUP_VERSION, "Island")
         slices = await self.kube.list(GROUP_VERSION, "VirtualSlice")
+        # After the slices, so the pass sees the program of every slice it sees (listed
+        # before, one created in between had its first inline slice bound alone).
+        programs = await self.kube.list(GROUP_VERSION, "PathwaysProgram")
         seen = time.monotonic()
         current = {f"{d['metadata'].get('namespace')}/{d['metadata']['name']}" for d in slices}
         for key in set(self._first_seen) - current:
@@ -88,7 +91,9 @@ class Binder:
             key = f"{meta.get('namespace')}/{meta['name']}"
             if (document.get("status") or {}).get("phase") != "Bound":
                 self._first_seen.setdefault(key, seen)
-        plan = plan_bindings_shared(islands, slices, now_utc(), tenants=self.config.tenants)
+        plan = plan_bindings_shared(
+            islands, slices, now_utc(), tenants=self.config.tenants, programs=programs
+        )
         self.last_plan = plan
         again = plan.needs_another_pass
         ordered = plan.ordered()

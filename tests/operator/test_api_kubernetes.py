@@ -180,7 +180,8 @@ def test_the_clusters_admission_policy_refusal_reaches_the_tenant_naming_the_fie
     words = "spec.priority: 50 is above 10, the highest priority of tenant 'team-a'"
 
     async def admission(request: kmock.Request) -> None:
-        named = ((request.data or {}).get("metadata") or {}).get("name")
+        data = request.data if isinstance(request.data, dict) else {}
+        named = (data.get("metadata") or {}).get("name")
         if request.action == kmock.action.CREATE and named == "greedy":
             raise kmock.KubernetesError(
                 403,

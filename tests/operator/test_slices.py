@@ -12,7 +12,7 @@ from itertools import combinations
 import kmock
 from kube_cluster import NAMESPACE, Cluster, running_operator, wait_for
 from kube_harness import mark_ready, set_executor_pods
-from kube_manifests import island, vslice
+from kube_manifests import island, program, vslice
 
 
 def status(cluster: Cluster, name: str, namespace: str = "team") -> dict:
@@ -211,3 +211,35 @@ def test_time_shared_slices_share_devices_exclusive_ones_do_not(cluster: Cluster
     wait_for(lambda: all(phase(cluster, n) == "Bound" for n in ("tenant-a", "tenant-b", "alone")))
     a, b, alone = (set(status(cluster, n)["devices"]) for n in ("tenant-a", "tenant-b", "alone"))
     assert a == b and not a & alone
+
+
+def test_a_program_whose_slices_arrive_apart_preempts_nobody_for_a_part(
+    cluster: Cluster, operator
+) -> None:
+    # The API server takes a while to create its second inline slice: bound alone, the first
+    # preempted low-1 for a program that can never run (its second slice fits no island).
+    async def slow_second_slice(request: kmock.Request) -> None:
+        data = request.data if isinstance(request.data, dict) else {}
+        named = (data.get("metadata") or {}).get("name")
+        if request.action == kmock.action.CREATE and named == "big-y":
+            await asyncio.sleep(0.5)
+
+    cluster.call_soon(lambda: cluster.emulator.hooks.append(slow_second_slice))
+    cluster.create(island("a", topology="2x4", hosts=2))
+    for name in ("low-1", "low-2"):
+        cluster.create(vslice(name, devices=4))
+    wait_for(lambda: phase(cluster, "low-1") == phase(cluster, "low-2") == "Bound")
+    cluster.create(
+        program(
+            "big",
+            priority=10,
+            slices=[{"name": "x", "devices": 4}, {"name": "y", "devices": 16}],
+            driver={"source": "pass"},
+        )
+    )
+    waiting = wait_for(lambda: (s := status(cluster, "big-x")).get("reason") and s)
+    assert waiting["phase"] == "Pending" and "its program's slice big-y" in waiting["message"]
+    time.sleep(1)  # a few binding passes more
+    assert phase(cluster, "low-1") == phase(cluster, "low-2") == "Bound"
+    assert not cluster.events("low-1", "Preempted") and not cluster.events("low-2", "Preempted")
+    assert not cluster.events("big-x", "Bound")

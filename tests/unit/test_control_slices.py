@@ -9,7 +9,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pathways_core.accelerators import AcceleratorKind
 from pathways_core.control import Stage, plan_bindings
+from pathways_core.control.slices import PATIENCE
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -335,10 +337,107 @@ def test_a_program_that_cannot_fit_whole_preempts_nothing() -> None:
     plan = plan_bindings([island("a")], [low, *program], NOW)
     # 6 + 4 devices of 8: the first would have preempted low for nothing.
     assert phases(plan) == {
-        "hix-a": ("Pending", "InsufficientDevices", Stage.WAIT),
-        "hix-b": ("Pending", "InsufficientDevices", Stage.WAIT),
+        "hix-a": ("Pending", "ProgramDoesNotFit", Stage.WAIT),
+        "hix-b": ("Pending", "ProgramDoesNotFit", Stage.WAIT),
     }
     assert plan.devices_free == {"a": 0} and plan.bound == 1
+    failing = next(c for c in plan.changes if c.key == "t/hix-b")
+    assert failing.status["message"] == (
+        "its program's 2 slices need 10 devices together, more than the islands they may use "
+        "hold even when empty"
+    )
+
+
+def program(name: str, *inline_slices: str, uid: str | None = None) -> dict[str, Any]:
+    """A PathwaysProgram with these inline slices (of 2 devices), as the store holds it."""
+    return {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "PathwaysProgram",
+        "metadata": {"name": name, "namespace": "t", "uid": uid or f"uid-{name}"},
+        "spec": {
+            "slices": [{"name": item, "devices": 2} for item in inline_slices],
+            "driver": {"source": "pass"},
+        },
+    }
+
+
+def test_a_programs_slices_wait_until_all_of_them_exist() -> None:
+    # Created one at a time (an API server's latency between them), the first alone was
+    # bound, preempting others for a program that could never run.
+    low = vslice("low", 8, status=bound("a", list(range(8))))
+    first = inline("big", "x", 4, priority=10)
+    plan = plan_bindings([island("a")], [low, first], NOW, programs=[program("big", "x", "y")])
+    assert [c.key for c in plan.changes] == []  # neither bound nor preempting: no decision
+    second = inline("big", "y", 16, priority=10)
+    plan = plan_bindings(
+        [island("a")], [low, first, second], NOW, programs=[program("big", "x", "y")]
+    )
+    assert phases(plan) == {
+        "big-x": ("Pending", "ShapeDoesNotFit", Stage.WAIT),
+        "big-y": ("Pending", "ShapeDoesNotFit", Stage.WAIT),
+    }
+    # Another program's slices (an older uid, a name alike) are no members of it.
+    stale = program("big", "x", "y", uid="uid-older")
+    plan = plan_bindings([island("a", topology="4x4", hosts=2)], [first], NOW, programs=[stale])
+    assert phases(plan) == {"big-x": ("Bound", None, Stage.BIND)}
+
+
+def test_a_program_that_fits_only_alone_says_so_with_real_room_and_quota() -> None:
+    z = vslice("z", 4, status=bound("a", [0, 1, 2, 3]))
+    slices = [z, inline("p", "a", 2), inline("p", "b", 4)]
+    plan = plan_bindings([island("a")], slices, NOW)
+    failing = next(c for c in plan.changes if c.key == "t/p-b")
+    # Counted with p-a's tentative devices, the island looked full (0 free); it has 4.
+    assert failing.status["message"] == (
+        "it fits alone, but not beside its program's other slices (6 devices together)"
+    )
+    quota = plan_bindings(
+        [island("a", topology="4x4")], slices, NOW, {("t", AcceleratorKind.CPU_FAKE): 8}
+    )
+    failing = next(c for c in quota.changes if c.key == "t/p-b").status
+    assert (failing["reason"], failing["message"]) == (
+        "QuotaExceeded",
+        "its tenant's quota has room for it alone, not for its program's 6 devices together",
+    )
+    quota = plan_bindings(
+        [island("a", topology="4x4")], slices, NOW, {("t", AcceleratorKind.CPU_FAKE): 6}
+    )
+    failing = next(c for c in quota.changes if c.key == "t/p-b").status
+    assert failing["message"].endswith("(its program's slices need 6 devices together)")
+    assert "uses 4 of 6" in failing["message"]  # its program's 2 devices not counted
+
+
+def test_no_island_is_kept_for_a_program_that_can_never_fit() -> None:
+    later = NOW + PATIENCE + timedelta(seconds=1)
+    gang = [inline("big", "x", 8), inline("big", "y", 8)]
+    small = vslice("small", 2, created=5)
+    plan = plan_bindings([island("a")], [*gang, small], later)
+    assert phases(plan)["small"] == ("Bound", None, Stage.BIND)
+    assert phases(plan)["big-x"][1] == "ProgramDoesNotFit"
+
+
+def test_slices_displaced_by_a_resize_keep_their_place_in_the_queue() -> None:
+    slices = [
+        vslice("s1", 2, created=1, status=bound("a", [6, 7])),
+        vslice("s2", 4, created=2, status=bound("a", [0, 1, 2, 3])),
+        vslice("young", 2, created=3),
+    ]
+    shrunk = island("a", topology="2x3", hosts=2)  # 6 devices: s1's are gone
+    plan = plan_bindings([shrunk], slices, NOW)
+    # young, queued after s1, does not take the room s1 is to be bound on in the next pass.
+    assert phases(plan) == {"s1": ("Preempted", "IslandResized", Stage.RELEASE)}
+    again = plan_bindings([shrunk], apply(slices, plan.ordered()), NOW)
+    assert phases(again)["s1"] == ("Bound", None, Stage.BIND)
+    assert phases(again)["young"][1] == "InsufficientDevices"
+
+
+def test_a_preempted_slice_says_so_until_it_cannot_fit_at_all() -> None:
+    preempted = {"phase": "Preempted", "reason": "Preempted", "message": "preempted by t/u"}
+    v = vslice("v", 8, status=preempted)
+    urgent = vslice("u", 8, priority=10, status=bound("a", list(range(8))))
+    assert phases(plan_bindings([island("a")], [v, urgent], NOW)) == {}  # waits for room
+    plan = plan_bindings([island("a", topology="4", hosts=1)], [v], NOW)  # it shrank
+    assert phases(plan) == {"v": ("Pending", "ShapeDoesNotFit", Stage.WAIT)}
 
 
 def test_the_slices_a_program_holds_go_while_another_of_its_slices_cannot_be_bound() -> None:
@@ -424,7 +523,6 @@ def test_invalid_slice_waits_with_the_field_at_fault() -> None:
 
 
 def test_quotas_hold() -> None:
-    from pathways_core.accelerators import AcceleratorKind
 
     plan = plan_bindings(
         [island("a")],

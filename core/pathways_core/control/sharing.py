@@ -48,6 +48,7 @@ from pathways_core.control.slices import (
     BindingPlan,
     SliceChange,
     Stage,
+    incomplete_programs,
     pending_status,
     plan_bindings,
     queued_since,
@@ -134,6 +135,7 @@ def plan_bindings_shared(
     quotas: Mapping[tuple[str, AcceleratorKind], int] | None = None,
     patience: timedelta = PATIENCE,
     tenants: Tenants | None = None,
+    programs: Sequence[Document] | None = None,
 ) -> SharedBindingPlan:
     """:func:`plan_bindings`, with time-shared slices bound in groups (see the module), of
     the slices ``tenants`` admits (see :mod:`pathways_core.control.tenants`; by default each
@@ -143,7 +145,7 @@ def plan_bindings_shared(
     admitted, refused = _admitted(slices, tenants)
     names = [request.tenant for d in admitted if (request := _request(d)) is not None]
     plan = _plan_shared(
-        islands, admitted, now, {**tenants.quotas(names), **(quotas or {})}, patience
+        islands, admitted, now, {**tenants.quotas(names), **(quotas or {})}, patience, programs
     )
     originals = {key_of(d): d for d in slices}
     plan.changes[:] = [replace(c, document=originals[c.key]) for c in plan.changes]
@@ -192,10 +194,15 @@ def _plan_shared(
     now: datetime,
     quotas: Mapping[tuple[str, AcceleratorKind], int],
     patience: timedelta,
+    programs: Sequence[Document] | None,
 ) -> SharedBindingPlan:
+    # Of every slice: plan_bindings sees only some of the time-shared ones.
+    incomplete = incomplete_programs(programs or (), slices)
     shared = [d for d in slices if is_time_shared(d) and not is_deleting(d)]
     if not shared:
-        return SharedBindingPlan(**vars(plan_bindings(islands, slices, now, quotas, patience)))
+        return SharedBindingPlan(
+            **vars(plan_bindings(islands, slices, now, quotas, patience, incomplete=incomplete))
+        )
     passed: list[Document] = [d for d in slices if not is_time_shared(d) or is_deleting(d)]
     inventories: dict[str, IslandInventory] = {}
     for document in islands:
@@ -285,7 +292,14 @@ def _plan_shared(
             if (opener := _opener([d for d in documents if key_of(d) not in failed], charges))
         }
         tried = [d for documents in candidates.values() for d in documents if key_of(d) in failed]
-        plan = plan_bindings(islands, [*passed, *openers.values(), *tried], now, quotas, patience)
+        plan = plan_bindings(
+            islands,
+            [*passed, *openers.values(), *tried],
+            now,
+            quotas,
+            patience,
+            incomplete=incomplete,
+        )
         unopened = {key_of(d) for d in openers.values()} - set(plan.newly_bound)
         turns = [
             signature

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import IntEnum
@@ -40,6 +40,7 @@ from pathways_core.allocator import (
     Pending,
     Request,
     is_block,
+    program_slice_name,
 )
 from pathways_core.control.common import (
     ANNOTATION_QUEUED_SINCE,
@@ -57,7 +58,7 @@ from pathways_core.control.common import (
     timestamp,
 )
 from pathways_core.control.islands import unhealthy_devices
-from pathways_core.resources import Island, VirtualSlice, VirtualSliceSpec
+from pathways_core.resources import Island, PathwaysProgram, VirtualSlice, VirtualSliceSpec
 from pathways_core.topology import format_shape, parse_shape
 
 DEFAULT_NAMESPACE = "default"
@@ -229,13 +230,20 @@ def plan_bindings(
     now: datetime,
     quotas: Mapping[tuple[str, AcceleratorKind], int] | None = None,
     patience: timedelta = PATIENCE,
+    programs: Sequence[Document] | None = None,
+    *,
+    incomplete: Collection[str] | None = None,
 ) -> BindingPlan:
-    """Decide every slice's status from a snapshot of all Islands and VirtualSlices.
+    """Decide every slice's status from a snapshot of all Islands and VirtualSlices (and the
+    PathwaysPrograms, whose inline slices are bound only once they all exist; or
+    ``incomplete``: the programs, as :func:`incomplete_programs` names them, whose do not).
 
     Deterministic: the same snapshot gives the same plan. Stored bindings are restored first,
     oldest first (so if two slices claim a device, the one bound earlier keeps it); then
     unbound slices are bound by priority (highest first), then age, then name, preempting
-    strictly lower priorities when they cannot fit.
+    strictly lower priorities when they cannot fit. Slices losing their devices in a pass
+    (preempted, on a resized or deleted island, on a lost host) are bound again in the next
+    one; until then nothing that ranks after them is bound, so they keep their place.
     """
     plan = BindingPlan()
     allocator = Allocator()
@@ -328,8 +336,11 @@ def plan_bindings(
         ]
     restorable.sort(key=lambda item: (item[0], item[1]))
     documents: dict[str, Document] = {}
+    displaced: list[tuple[Request, Document]] = []  # lost their devices in this pass
+    restored_requests: dict[str, Request] = {}
     for _, key, binding, document in restorable:
         documents[key] = document
+        restored_requests[key] = binding.request
         inventory = inventories.get(binding.island)
         lost = sorted(set(binding.devices) & inventory.unhealthy) if inventory else []
         if lost:
@@ -344,6 +355,7 @@ def plan_bindings(
                 Stage.RELEASE,
             )
             event(document, "Warning", "HostUnhealthy", message)
+            displaced.append((binding.request, document))
             continue
         rejected = allocator.restore([binding])
         if rejected:
@@ -378,9 +390,22 @@ def plan_bindings(
                 Stage.RELEASE,
             )
             event(document, "Warning", reason, message)
+            displaced.append((binding.request, document))
 
     queue.sort(key=lambda item: (-item[0].priority, queued_since(item[1]) or now, item[0].key))
-    decided, let_go = _decide_queue(allocator, queue, documents, now, patience)
+    decided, let_go = _decide_queue(
+        allocator,
+        queue,
+        documents,
+        now,
+        patience,
+        inventories=inventories,
+        restored_requests=restored_requests,
+        incomplete=(
+            incomplete_programs(programs or (), slices) if incomplete is None else incomplete
+        ),
+        displaced=displaced,
+    )
     for document, reason, message in let_go:
         change(
             document,
@@ -423,8 +448,11 @@ def plan_bindings(
                 )
                 event(victim_document, "Warning", "Preempted", message)
             continue
-        if status.get("phase") == "Preempted":
-            continue  # keeps saying why it lost its devices until it is bound again
+        if status.get("phase") == "Preempted" and decision.reason in (
+            "InsufficientDevices",
+            status.get("reason"),
+        ):
+            continue  # keeps saying why it lost its devices while it waits for room
         assert isinstance(decision, Pending)
         new = _status(document, "Pending", now, reason=decision.reason, message=decision.message)
         if not _same(status, new):
@@ -447,21 +475,73 @@ def plan_bindings(
     return plan
 
 
+def _rank(request: Request, document: Document, now: datetime) -> tuple[Any, ...]:
+    """A request's place in the queue: priority (highest first), then age, then name."""
+    return (-request.priority, queued_since(document) or now, request.key)
+
+
+def incomplete_programs(programs: Sequence[Document], slices: Sequence[Document]) -> set[str]:
+    """The programs (``namespace/name/uid``, as their inline slices' gang) some of whose inline
+    slices do not exist yet: created one at a time, the first alone was bound (preempting
+    others) for a program that could not run."""
+    present: dict[str, set[str]] = {}
+    for document in slices:
+        gang = _gang(document)
+        if gang is not None and not is_deleting(document):
+            present.setdefault(gang, set()).add((document.get("metadata") or {}).get("name"))
+    incomplete: set[str] = set()
+    for document in programs:
+        program, _ = parse(document)
+        uid = (document.get("metadata") or {}).get("uid")
+        if is_deleting(document) or not isinstance(program, PathwaysProgram) or not uid:
+            continue
+        name = program.metadata.name or ""
+        gang = f"{_namespace(document)}/{name}/{uid}"
+        inline = {
+            program_slice_name(name, item.name)
+            for item in program.spec.slices
+            if item.virtual_slice_name is None
+        }
+        if inline - present.get(gang, set()):
+            incomplete.add(gang)
+    return incomplete
+
+
+def _fits_empty(
+    inventories: Mapping[str, IslandInventory], requests: Sequence[Request], healthy: bool = False
+) -> bool:
+    """Whether the requests could all be bound at once were every island empty (their lost
+    hosts still lost, unless ``healthy``): a program that never could is told so, and no
+    island is kept for requests that cannot fit there now."""
+    allocator = Allocator()
+    for inventory in inventories.values():
+        allocator.add_island(replace(inventory, unhealthy=frozenset()) if healthy else inventory)
+    return all(isinstance(allocator.allocate(r, preempt=False), Bound) for r in requests)
+
+
 def _decide_queue(
     allocator: Allocator,
     queue: Sequence[tuple[Request, Document]],
     restored: Mapping[str, Document],
     now: datetime,
     patience: timedelta,
+    *,
+    inventories: Mapping[str, IslandInventory],
+    restored_requests: Mapping[str, Request],
+    incomplete: Collection[str],
+    displaced: Sequence[tuple[Request, Document]],
 ) -> tuple[list[tuple[Request, Document, Bound | Pending]], list[tuple[Document, str, str]]]:
     """Bind the queue (in its order) program by program, all of a program's slices or none
     (see the module); ``restored``: the slices bound before, restored in ``allocator``.
 
     Returns each queued slice's decision, and the restored slices of programs not bound whole
-    that let their devices go (with the reason and message they are Pending with). Islands
-    a request waited past ``patience`` for are kept for it: no request of its priority or
-    lower queued after it is placed on them (a stream of small requests kept a large one
-    waiting for ever)."""
+    that let their devices go (with the reason and message they are Pending with). A slice
+    with no decision keeps its status: one of a program whose inline slices do not all exist
+    yet (``incomplete``), or one ranking after a slice that lost its devices in this pass
+    (``displaced``, or preempted here), which it must not overtake.
+    Islands a request waited past ``patience`` for are kept for it, if it could fit there at
+    all: no request of its priority or lower queued after it is placed on them (a stream of
+    small requests kept a large one waiting for ever)."""
     gangs: dict[str, list[tuple[Request, Document]]] = {}
     for request, document in queue:
         gangs.setdefault(_gang(document) or request.key, []).append((request, document))
@@ -473,45 +553,71 @@ def _decide_queue(
     decided: list[tuple[Request, Document, Bound | Pending]] = []
     let_go: list[tuple[Document, str, str]] = []
     kept: dict[str, int] = {}  # island -> the priority it is kept at
-    for gang, members in gangs.items():
-        priority = members[0][0].priority
+    # Nothing ranking after a slice that lost its devices in this pass is bound before it.
+    behind = min((_rank(r, d, now) for r, d in displaced), default=None)
+    for gang, group in gangs.items():
+        if behind is not None and _rank(*group[0], now) > behind:
+            continue
+        if gang in incomplete:
+            continue  # its program's other slices are being created: bound with them
+        priority = group[0][0].priority
         barred = frozenset(name for name, level in kept.items() if level >= priority)
         decisions: list[Bound | Pending] = []
-        for request, _ in members:
+        for request, _ in group:
             decisions.append(allocator.allocate(request, preempt=True, kept=barred))
             if not isinstance(decisions[-1], Bound):
                 break
         failed = decisions[-1]
-        since = max(waiting_since(document) or now for _, document in members)
+        taken = [decision for decision in decisions if isinstance(decision, Bound)]
+        requests = [request for request, _ in group] + [
+            restored_requests[key] for key in held.get(gang, [])
+        ]
+        whole = len(requests) > 1
+        if isinstance(failed, Bound):
+            for victim in (v for decision in taken for v in decision.preempted):
+                rank = _rank(victim.request, restored[victim.key], now)
+                behind = rank if behind is None else min(behind, rank)
+            decided += [(r, d, x) for (r, d), x in zip(group, decisions, strict=True)]
+            continue
+        if whole:
+            # What it took goes back (what it preempted keeps its devices) before its
+            # message is made: counted with them, the room and quota it saw were not there.
+            for decision in taken:
+                allocator.release(decision.binding.request.key)
+            allocator.restore([victim for decision in taken for victim in decision.preempted])
+            failed = _gang_failure(
+                allocator, failed, group[len(decisions) - 1][0], requests, barred
+            )
+        busy = failed.reason == "InsufficientDevices"
+        if busy and whole and not _fits_empty(inventories, requests, healthy=True):
+            total = sum(request.size for request in requests)
+            failed = Pending(
+                failed.key,
+                "ProgramDoesNotFit",
+                f"its program's {len(requests)} slices need {total} devices together, more "
+                "than the islands they may use hold even when empty",
+            )
+            busy = False
+        since = max(waiting_since(document) or now for _, document in group)
         names: set[str] = set()
-        if (
-            isinstance(failed, Pending)
-            and failed.reason == "InsufficientDevices"
-            and now - since > patience
-        ):
+        if busy and now - since > patience and _fits_empty(inventories, requests):
             # Every island the program needs (not only the one it failed on), but those
             # kept already for an older request.
-            names = {n for request, _ in members for n in allocator.islands_for(request)} - barred
+            names = {n for request, _ in group for n in allocator.islands_for(request)} - barred
         if names:
-            assert isinstance(failed, Pending)
             for name in names:
                 kept[name] = max(kept.get(name, priority), priority)
-            failed = decisions[-1] = Pending(
+            failed = Pending(
                 failed.key,
                 failed.reason,
                 f"{failed.message}; waiting since {timestamp(since)}, it has the islands it fits "
                 f"on kept for it ({', '.join(sorted(map(repr, names)))}): nothing of its "
                 "priority or lower queued after it is placed there",
             )
-        if isinstance(failed, Bound) or (len(members) == 1 and gang not in held):
-            decided += [(r, d, x) for (r, d), x in zip(members, decisions, strict=True)]
+        if not whole:
+            decided.append((group[0][0], group[0][1], failed))
             continue
-        # Not whole: what it took goes back, and what it preempted keeps its devices.
-        taken = [decision for decision in decisions if isinstance(decision, Bound)]
-        for decision in taken:
-            allocator.release(decision.binding.request.key)
-        allocator.restore([victim for decision in taken for victim in decision.preempted])
-        failing = key_of(members[len(decisions) - 1][1]).rsplit("/", 1)[1]
+        failing = key_of(group[len(decisions) - 1][1]).rsplit("/", 1)[1]
         together = (
             f"its program's slice {failing} cannot be bound ({failed.reason}: "
             f"{failed.message}); a program's slices are bound all at once"
@@ -519,7 +625,7 @@ def _decide_queue(
         for key in held.get(gang, []):
             if allocator.release(key) is not None:  # not preempted in this pass
                 let_go.append((restored[key], failed.reason, f"devices released: {together}"))
-        for request, document in members:
+        for request, document in group:
             mine = request.key == failed.key
             decided.append(
                 (
@@ -529,3 +635,34 @@ def _decide_queue(
                 )
             )
     return decided, let_go
+
+
+def _gang_failure(
+    allocator: Allocator,
+    failed: Pending,
+    request: Request,
+    gang: Sequence[Request],
+    kept: Collection[str],
+) -> Pending:
+    """Why ``request``, the slice of a program that ``failed`` to be bound with the others,
+    waits: the allocator's reason for it alone (nothing of its program taken: counted with
+    them, the room and quota it saw were not there), and the devices the program needs."""
+    total = sum(r.size for r in gang)
+    alone = allocator.allocate(request, preempt=False, kept=kept)
+    if not isinstance(alone, Bound):
+        return Pending(
+            request.key,
+            alone.reason,
+            f"{alone.message} (its program's slices need {total} devices together)",
+        )
+    allocator.release(request.key)
+    if failed.reason == "QuotaExceeded":
+        message = (
+            f"its tenant's quota has room for it alone, not for its program's {total} devices "
+            "together"
+        )
+    else:
+        message = (
+            f"it fits alone, but not beside its program's other slices ({total} devices together)"
+        )
+    return Pending(request.key, failed.reason, message)
