@@ -319,22 +319,22 @@ class IslandClient:
                     call.result()
 
         first, *others = sorted(regions)
+        # Announced first: a client that dies while some uploads are done and others are not
+        # leaves nothing behind, as its session's end deletes the buffer where it is (one
+        # announced after them left a finished shard on its executor for good).
+        holders = [first, *others]
+        placed = pb.PlacedBuffer(buffer_id=buffer_id, executors=holders)
+        self._send(pb.ClientMessage(placed=placed))
+        self._locations[buffer_id] = tuple(holders)
         uploads = {first: None, **{e: _PUTS.submit(upload, e) for e in others}}
-        stored: list[int] = []
         failure: IslandError | None = None
         for executor, done in uploads.items():
             try:
                 upload(executor) if done is None else done.result()
-                stored.append(executor)
             except IslandError as error:
                 failure = failure or error
-        if stored:
-            self._locations[buffer_id] = tuple(stored)
-            placed = pb.PlacedBuffer(buffer_id=buffer_id, executors=stored)
-            self._send(pb.ClientMessage(placed=placed))
         if failure is not None:
-            if stored:
-                self.delete([buffer_id])
+            self.delete([buffer_id])
             raise failure
         return buffer_id
 

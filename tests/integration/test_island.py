@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import grpc
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,7 +29,8 @@ import pathways_client.island_client as island_client_module
 from pathways_client.embedded import _alive
 from pathways_client.island_client import IslandClient, IslandError, Submitted
 from pathways_client.launcher import LocalIsland
-from pathways_core.wire import pb
+from pathways_client.rpc import stub
+from pathways_core.wire import EXECUTOR, pb
 from pathways_core.wire.streams import frame, messages
 from pathways_executor.functions import TOKEN_FROM_BYTES
 
@@ -608,3 +611,49 @@ def test_a_scheduler_that_never_answers_is_given_up_on_within_twice_the_connect_
         assert time.monotonic() - began < 5
     finally:
         silent.close()
+
+
+# A client that uploads a sharded array over two executors and says when it started.
+DYING_UPLOADER = """
+import sys
+import numpy as np
+from pathways_client.island_client import IslandClient
+client = IslandClient(sys.argv[1], "dying")
+print("uploading", flush=True)
+array = np.ones((4, 1 << 20), np.float32)  # 16 MiB: 8 to each executor
+rows = lambda a, b: [(slice(a, b), slice(0, 1 << 20))]
+client.put_shards(array, {0: rows(0, 2), 1: rows(2, 4)})
+print("uploaded", flush=True)
+"""
+
+
+def test_a_client_killed_mid_upload_leaves_no_shard_behind(compilation_cache) -> None:
+    with LocalIsland(hosts=2, devices_per_host=2, compilation_cache=compilation_cache) as island:
+        slow = island.executors[1].popen
+        slow.send_signal(signal.SIGSTOP)  # its shard's upload waits; executor 0's completes
+        uploader = subprocess.Popen(
+            [sys.executable, "-c", DYING_UPLOADER, island.scheduler_endpoint],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert uploader.stdout is not None and uploader.stdout.readline() == "uploading\n"
+            deadline = time.monotonic() + 30
+            while first_executor_buffers(island) == 0:  # executor 0 holds its shard
+                assert time.monotonic() < deadline, "executor 0 never received its shard"
+                time.sleep(0.05)
+            uploader.kill()
+            uploader.wait()
+        finally:
+            slow.send_signal(signal.SIGCONT)
+        # The session's end deletes the buffer where it is: nothing stays on either executor.
+        deadline = time.monotonic() + 20
+        while any(info.buffers for info in executor_infos(island)):
+            assert time.monotonic() < deadline, [i.buffers for i in executor_infos(island)]
+            time.sleep(0.1)
+
+
+def first_executor_buffers(island: LocalIsland) -> int:
+    """Executor 0's buffers (asked alone: a stopped executor answers nothing)."""
+    with grpc.insecure_channel(island.executors[0].endpoint) as channel:
+        return stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=10).buffers
