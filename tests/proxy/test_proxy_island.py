@@ -387,14 +387,21 @@ def test_bad_input_is_refused_by_name_and_the_island_goes_on(
         )
         assert reply.response_metadata.status.code == NOT_FOUND
         session.close()
-    # The proxy and the island go on: a stock client computes.
-    doubled = run_program(
+    # The proxy and the island go on: a stock client computes; devices out of memory are
+    # RESOURCE_EXHAUSTED, as plain JAX says (code catching it by status finds it).
+    doubled, exhausted = run_program(
         island_proxy.address,
         "import json, numpy as np\n"
         "y = jax.jit(lambda v: v * 2)(np.arange(4.0, dtype=np.float32))\n"
-        "print(json.dumps(np.asarray(y).tolist()))\n",
+        "try:\n"
+        "    jax.block_until_ready(jax.numpy.zeros((1 << 36,)))\n"
+        "    error = ''\n"
+        "except Exception as e:\n"
+        "    error = str(e)\n"
+        "print(json.dumps([np.asarray(y).tolist(), error]))\n",
     )
     assert doubled == [0.0, 2.0, 4.0, 6.0]
+    assert exhausted.startswith("RESOURCE_EXHAUSTED:") and "Out of memory" in exhausted
     assert island_proxy.alive() and island.exited() is None
 
 

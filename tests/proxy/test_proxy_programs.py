@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-from proxy_harness import HERE, PYTHON, ProxyProcess, client_env, run_client
+from proxy_harness import HERE, PYTHON, ProxyProcess, client_env, run_client, run_program
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
@@ -43,3 +43,19 @@ def test_unmodified_jax_program_matches_plain_jax(proxy: ProxyProcess, tmp_path:
     # The training loop trained: the loss fell by orders of magnitude.
     assert expected["losses"][-1] < expected["losses"][0] / 10
     assert proxy.alive()
+
+
+def test_a_pytree_of_thousands_of_arrays_is_put_and_read_back(proxy: ProxyProcess) -> None:
+    # Every leaf is its own host buffer call, all started at once: past gRPC's default 1,000
+    # calls waiting for a worker, it cancelled the rest and the client lost its session.
+    leaves = run_program(
+        proxy.address,
+        """
+import json
+import numpy as np
+tree = {f"leaf{i}": np.full(3, i, np.float32) for i in range(3000)}
+back = jax.device_get(jax.device_put(tree))
+print(json.dumps([float(back[f"leaf{i}"].sum()) for i in (0, 1, 2999)]))
+""",
+    )
+    assert leaves == [0.0, 3.0, 8997.0]

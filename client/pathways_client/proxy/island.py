@@ -322,7 +322,7 @@ class IslandSession(ArraySession):
         try:
             value = self.island.get(buffer.id, timeout=RESULT_TIMEOUT_SECONDS)
         except (IslandError, OSError) as error:
-            raise ProxyError("INTERNAL", f"array: {_why(error)}") from None
+            raise ProxyError(_code(error), f"array: {_why(error)}") from None
         if keep:
             buffer.host = value
         return value
@@ -694,10 +694,16 @@ def _wait(done: Future | None, what: str) -> None:
         return
     try:
         done.result(RESULT_TIMEOUT_SECONDS)
-    except IslandBusy as error:
-        raise ProxyError("RESOURCE_EXHAUSTED", f"{what}: {error}") from None
     except (IslandError, TimeoutError) as error:
-        raise ProxyError("INTERNAL", f"{what}: {_why(error)}") from None
+        raise ProxyError(_code(error), f"{what}: {_why(error)}") from None
+
+
+def _code(error: BaseException) -> str:
+    """The status code a failure of the island's reaches the client with: an island too busy
+    or devices out of memory (the executor's JAX says ``RESOURCE_EXHAUSTED``, as plain JAX
+    raises it) are ``RESOURCE_EXHAUSTED``, the rest ``INTERNAL``."""
+    exhausted = isinstance(error, IslandBusy) or "RESOURCE_EXHAUSTED" in str(error)
+    return "RESOURCE_EXHAUSTED" if exhausted else "INTERNAL"
 
 
 def _all_done(futures: list[Future], make: Callable[[], Any]) -> Future:
@@ -718,7 +724,7 @@ def _all_done(futures: list[Future], make: Callable[[], Any]) -> Future:
         if out.done():
             return
         if error is not None:
-            code = "RESOURCE_EXHAUSTED" if isinstance(error, IslandBusy) else "INTERNAL"
+            code = _code(error)
             with _suppress_set():
                 out.set_exception(ProxyError(code, _why(error)))
         elif last:

@@ -210,8 +210,11 @@ class ProxyServer:
             try:
                 for request in requests:
                     session.submit(request)
+            except grpc.RpcError:  # the client cancelled its stream: how stock clients end
+                log.info("session %d: its client ended the stream", number)
+                session.abandon()
             except Exception as exc:
-                log.info("session %d: stream ended: %s", number, exc)
+                log.warning("session %d: stream broken: %r", number, exc)
                 session.abandon()
             finally:
                 session.drain()
@@ -340,6 +343,11 @@ UNARY_WORKERS = 16
 at once (a call finding no worker would wait, not be refused)."""
 
 
+MAX_PENDING_CALLS = 1 << 20
+"""Calls gRPC holds for a worker before it refuses more: as many as a client may start at
+once (every leaf of a pytree of arrays is one host buffer call)."""
+
+
 def serve(
     config: ProxyConfig,
     address: str = "127.0.0.1:0",
@@ -358,6 +366,11 @@ def serve(
             # A port another process listens on is refused, not shared (gRPC's default
             # SO_REUSEPORT split clients at random between two proxies on one port).
             ("grpc.so_reuseport", 0),
+            # A stock client sends every host buffer of a pytree at once, each its own call:
+            # beyond gRPC's default 1,000 calls awaiting a worker (3,000 at most), it cancelled
+            # the later ones and the client dropped its whole session.
+            ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+            ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
         ],
     )
     server.add_generic_rpc_handlers((servicer.handler(),))

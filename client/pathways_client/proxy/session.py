@@ -142,7 +142,12 @@ class Session:
         """The stream broke (the client is gone): drop what it left queued."""
         if not self._abandoned:
             self._abandoned = True
-            log.info("session %d: dropping the requests its client left queued", self.number)
+            with self._pending_cond:
+                left = self._pending
+            if left:
+                log.info(
+                    "session %d: dropping %d requests its client left queued", self.number, left
+                )
 
     def drain(self, timeout: float = 60.0) -> None:
         """Wait until every queued request was answered (the stream's end)."""
