@@ -15,7 +15,7 @@ API calls the operator makes (its RBAC, as verbs per resource):
 - ``""`` (core) ``secrets``: create only, in the islands' namespace, with
   ``PATHWAYS_CONTROL_TOKENS`` (each island's control token; never read, patched or listed)
 - ``""`` (core) ``pods``: list (which executor hosts are ready)
-- ``batch`` ``jobs``: get, list, watch, create, delete
+- ``batch`` ``jobs``: get, list, watch, create, patch (a run's deadline), delete
 - ``""`` (core) ``events``: create, patch; ``events.k8s.io`` ``events``: create, patch (kopf)
 - ``""`` (core) ``namespaces``: list, watch (kopf, only when run with ``--namespace`` patterns)
 - ``apiextensions.k8s.io`` ``customresourcedefinitions``: list, watch (kopf's discovery)

@@ -10,7 +10,6 @@ programs again every ``PATHWAYS_RESYNC_SECONDS`` in case an event was missed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Iterable
@@ -428,8 +427,11 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
             if decision.deadline is not None:  # merge patch: None removes it
                 ref = decision.deadline.job
                 deadline = {"spec": {"activeDeadlineSeconds": decision.deadline.seconds}}
-                with contextlib.suppress(ApiError):  # the Job went meanwhile
+                try:
                     await kube.patch(ref.api_version, ref.kind, ref.namespace, ref.name, deadline)
+                except ApiError as error:
+                    if error.status != 404:  # gone meanwhile is fine; refused is not
+                        raise
             if decision.status is not None:
                 operations = [
                     {

@@ -394,7 +394,7 @@ OPERATOR_RULES = (
     | expand(PW, FINALIZERS, "update")
     | expand("apps", "deployments statefulsets", "get list watch create patch delete")
     | expand("", "services configmaps", "get create patch delete")
-    | expand("batch", "jobs", "get list watch create delete")
+    | expand("batch", "jobs", "get list watch create patch delete")
     | expand("", "pods", READ)
     | expand("", "events", "create patch")
     | expand("events.k8s.io", "events", "create patch")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from kopf.testing import KopfRunner
 from kube_cluster import Cluster, running_operator
+from rbac import refused
 
 
 @pytest.fixture
@@ -18,6 +19,10 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster
     monkeypatch.setenv("KUBECONFIG", str(emulated.write_kubeconfig(tmp_path / "kubeconfig")))
     yield emulated
     emulated.close()
+    # Every call the operator made, the chart's RBAC allows (the emulator checks none).
+    assert not refused(emulated.emulator), (
+        f"the chart's operator role lacks {refused(emulated.emulator)}"
+    )
 
 
 @pytest.fixture
