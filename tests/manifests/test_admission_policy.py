@@ -32,15 +32,22 @@ def evaluate(expression: str, activation: dict[str, Any]) -> Any:
     return program.evaluate(activation)
 
 
+OPERATOR = "system:serviceaccount:default:pw-pathways-operator"
+
+
 def admission(
-    policy: dict[str, Any], document: dict[str, Any], old: dict[str, Any] | None = None
+    policy: dict[str, Any],
+    document: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    user: str = "system:serviceaccount:team:trainer",
 ) -> str | None:
-    """What the API server answers ``document``'s create (or update from ``old``): ``None``
-    when admitted, else the message of the first validation that fails."""
+    """What the API server answers ``user``'s create of ``document`` (or update from
+    ``old``): ``None`` when admitted, else the message of the first validation that fails."""
     spec = policy["spec"]
     request = {
         "operation": "CREATE" if old is None else "UPDATE",
         "namespace": document["metadata"]["namespace"],
+        "userInfo": {"username": user},
     }
     activation: dict[str, Any] = {
         "object": celpy.json_to_cel(document),
@@ -130,18 +137,41 @@ def test_without_a_policy_each_tenant_is_its_namespace_and_priorities_are_free(h
     assert refused == Tenants().refusal("a", "b", 0).message  # type: ignore[union-attr]
 
 
-def test_edits_of_metadata_alone_pass_so_a_stricter_policy_never_blocks_a_release(
-    helm,
-) -> None:
+def test_edits_that_let_go_pass_so_a_stricter_policy_never_blocks_a_release(helm) -> None:
     policy = rendered_policy(helm, *tenants_args(POLICY))
     assert policy is not None
-    old = manifest("VirtualSlice", "vision", priority=500)  # admitted before the policy
+    old = manifest("PathwaysProgram", "vision", priority=500)  # admitted before the policy
     finalizers_removed = {**old, "metadata": {**old["metadata"], "finalizers": []}}
     assert admission(policy, finalizers_removed, old) is None
-    raised = manifest("VirtualSlice", "vision", priority=501)
+    suspended = manifest("PathwaysProgram", "vision", priority=500, suspend=True)
+    assert admission(policy, suspended, old) is None  # suspend and cancel
+    assert admission(policy, manifest("PathwaysProgram", "vision", priority=200), old) is None
+    raised = manifest("PathwaysProgram", "vision", priority=501)
     assert admission(policy, raised, old) is not None
-    lowered = manifest("VirtualSlice", "vision", priority=100)
-    assert admission(policy, lowered, old) is None
+    moved = manifest("PathwaysProgram", "vision", priority=500, tenant="speech")
+    assert admission(policy, moved, old) is not None
+
+
+def test_the_operators_inline_slices_pass_and_the_binder_holds_them(helm) -> None:
+    policy = rendered_policy(helm, *tenants_args(POLICY))
+    assert policy is not None
+    inline = manifest("VirtualSlice", "vision", priority=500)  # its program's, admitted before
+    assert admission(policy, inline, user=OPERATOR) is None
+    assert admission(policy, inline) is not None  # anyone else: refused
+
+
+def test_any_tenant_name_renders_and_is_named_as_the_binder_names_it(helm) -> None:
+    names = {"o'brien": {"maxPriority": 10}, 'a"b\\c': {"maxPriority": 10}}
+    policy = rendered_policy(helm, *tenants_args(names))
+    assert policy is not None
+    tenants = Tenants.from_wire(names)
+    for tenant in names:
+        for spec in ({"tenant": tenant}, {"tenant": tenant, "priority": 11}):
+            namespace = "team" if "priority" not in spec else tenant
+            document = manifest("VirtualSlice", namespace, **spec)
+            refusal = tenants.refusal(namespace, tenant, spec.get("priority", 0))
+            assert refusal is not None
+            assert admission(policy, document) == refusal.message
 
 
 def test_rendered_where_the_cluster_serves_the_kind_or_when_asked(helm) -> None:

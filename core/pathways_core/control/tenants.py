@@ -123,17 +123,17 @@ class Tenants:
         if namespace not in allowed:
             return Refusal(
                 "TenantNotAllowed",
-                f"spec.tenant: tenant {tenant!r} may be named only from namespace(s) "
-                f"{', '.join(map(repr, allowed))}, not {namespace!r}; leave spec.tenant out "
-                "to be the namespace's own tenant, or ask the cluster's administrators to "
-                "list this namespace under the tenant (operator.tenants)",
+                f"spec.tenant: tenant {_quoted(tenant)} may be named only from namespace(s) "
+                f"{', '.join(map(_quoted, allowed))}, not {_quoted(namespace)}; leave "
+                "spec.tenant out to be the namespace's own tenant, or ask the cluster's "
+                "administrators to list this namespace under the tenant (operator.tenants)",
             )
         highest = self.policy(tenant).max_priority
         if highest is not None and priority > highest:
             return Refusal(
                 "PriorityNotAllowed",
                 f"spec.priority: {priority} is above {highest}, the highest priority of tenant "
-                f"{tenant!r}; lower it to {highest} or less",
+                f"{_quoted(tenant)}; lower it to {highest} or less",
             )
         return None
 
@@ -149,3 +149,8 @@ class Tenants:
             for tenant in set(tenants)
             for kind, limit in self.policy(tenant).devices.items()
         }
+
+
+def _quoted(name: str) -> str:
+    """A name in messages, in single quotes as is (the admission policy's CEL says the same)."""
+    return f"'{name}'"
