@@ -92,7 +92,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
         # kopf freezes every replica when two share the highest priority: without --priority,
         # each replica takes a random one, so exactly one serves and the others stand by.
         settings.peering.priority = secrets.randbelow(2**30) + 1
-    config = Config.from_environment()
+    try:
+        config = Config.from_environment()
+    except ValueError as error:  # permanent: the operator stops, saying which setting
+        raise kopf.PermanentError(str(error)) from None
     memo.config = config
     memo.kube = Kube(lambda: _login(settings, logger))
     memo.binder = Binder(memo.kube, config)

@@ -69,3 +69,24 @@ def test_kopf_run_module(cluster: Cluster, tmp_path: Path) -> None:
         process.send_signal(signal.SIGINT)
         code = process.wait(timeout=30)
     assert code == 0, (tmp_path / "operator.log").read_text()[-3000:]
+
+
+def test_a_malformed_setting_stops_the_operator_saying_which(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    kopf = Path(sys.executable).with_name("kopf")
+    run = subprocess.run(
+        [str(kopf), "run", "-m", "pathways_operator", "--all-namespaces", "--standalone"],
+        env={
+            **os.environ,
+            "PATHWAYS_METRICS_PORT": "0",
+            "PATHWAYS_TENANTS": '{"vision": {"maxPriority": "high"}}',
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # Not retried every minute while the pod looks alive: it stops, naming the setting.
+    assert run.returncode != 0
+    assert "PATHWAYS_TENANTS" in run.stdout + run.stderr
+    assert "vision.maxPriority" in run.stdout + run.stderr

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.resources.base import MAX_PRIORITY, DnsLabel
@@ -37,11 +37,12 @@ class _Entry(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
+    # Strict: JSON's true or "100" are no priority or count (the chart's schema agrees).
     namespaces: list[DnsLabel] | None = None
-    max_priority: Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] | None = Field(
+    max_priority: Annotated[StrictInt, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] | None = Field(
         None, alias="maxPriority"
     )
-    devices: dict[AcceleratorKind, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    devices: dict[AcceleratorKind, Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
