@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "charts" / "pathways" / "values.schema.json"
 MESH_RANKS = Path("files") / "mesh-ranks.json"  # beside the schema, read by templates/islands.yaml
 
+DURATION = r"^([0-9]+(ms|s|m|h|d|w|y))+$"  # Prometheus' durations (30s, 1m30s)
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 QUANTITY = {
     "type": ["string", "integer", "number"],
@@ -329,8 +330,10 @@ def values_schema() -> dict[str, Any]:
                 "serviceMonitor": obj(
                     {
                         "enabled": {"type": "boolean"},
-                        "interval": string(),
-                        "scrapeTimeout": string(),
+                        "interval": string("A Prometheus duration, such as 30s.", pattern=DURATION),
+                        "scrapeTimeout": string(
+                            "A Prometheus duration, at most the interval.", pattern=DURATION
+                        ),
                         "labels": STRING_MAP,
                     }
                 ),

@@ -29,9 +29,10 @@ def publish_metrics(render: Callable[[], bytes]) -> None:
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         status, content, body = 404, "text/plain", b"not found"
-        if self.path == PATH:
+        path = self.path.split("?", 1)[0]  # a scrape may carry parameters
+        if path == PATH:
             status, body = 200, b"ok"
-        elif self.path == METRICS_PATH and _metrics:
+        elif path == METRICS_PATH and _metrics:
             status, content, body = 200, METRICS_TYPE, _metrics[0]()
         self.send_response(status)
         self.send_header("Content-Type", content)

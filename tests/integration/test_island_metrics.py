@@ -138,3 +138,4 @@ def test_an_unknown_path_is_404_and_healthz_still_answers(island: LocalIsland) -
     base = f"http://127.0.0.1:{scheduler.health_port}"
     assert httpx.get(f"{base}/nothing", timeout=10).status_code == 404
     assert httpx.get(f"{base}/healthz", timeout=10).text == "ok"
+    assert "pathways_island_sessions" in httpx.get(f"{base}/metrics?x=1", timeout=10).text

@@ -125,6 +125,7 @@ def test_custom_resources_match_their_crds(rendered, values_file, sets) -> None:
                     continue
                 labels = template["metadata"]["labels"]
                 assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+                assert set(monitor["spec"]["podTargetLabels"]) <= labels.keys()
                 names = {
                     p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])
                 }
@@ -751,6 +752,11 @@ BAD_VALUES = [
         ("proxy.apiUrl=grpc://x",), ["/proxy/apiUrl", "does not match pattern"], id="proxy-url"
     ),
     pytest.param(("proxy.devices=0",), ["/proxy/devices", "minimum: got 0, want 1"], id="devices"),
+    pytest.param(
+        ("serviceMonitor.interval=banana",),
+        ["/serviceMonitor/interval", "does not match pattern"],
+        id="scrape-interval",
+    ),
     pytest.param(
         ("api.limits.rateLimit=fast",),
         ["/api/limits/rateLimit", "does not match pattern"],

@@ -66,3 +66,20 @@ def test_usage_is_kept_for_a_bounded_number_of_clients_ended_sessions_first() ->
     dispatcher.submit("a", computation("a", 1, devices=(99,)))
     assert len(dispatcher.usage) == MAX_USAGE_CLIENTS
     assert "a" in dispatcher.usage and "gone0" not in dispatcher.usage
+
+
+def test_the_usage_of_the_session_that_ended_longest_ago_goes_first() -> None:
+    dispatcher = island()
+    dispatcher.connect("daily")  # seen first, and back every day
+    dispatcher.submit("daily", computation("daily", 1, devices=(99,)))
+    dispatcher.disconnect("daily")
+    for n in range(MAX_USAGE_CLIENTS - 1):
+        client = f"once{n}"
+        dispatcher.connect(client)
+        dispatcher.submit(client, computation(client, 1, devices=(99,)))
+        dispatcher.disconnect(client)
+    dispatcher.connect("daily")
+    dispatcher.disconnect("daily")
+    dispatcher.submit("a", computation("a", 1, devices=(99,)))  # one more client: one goes
+    assert "daily" in dispatcher.usage and "once0" not in dispatcher.usage
+

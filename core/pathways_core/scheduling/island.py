@@ -224,7 +224,15 @@ class IslandDispatcher:
         is told of executors already lost."""
         self.queue.add_client(client, max(1, weight), priority)
         self._connected.add(client)
+        self._touch(client)
         return [ToClient(client, self._lost_event(index)) for index in sorted(self._down)]
+
+    def _touch(self, client: str) -> None:
+        """Move a client's usage last: the usage of the session that ended longest ago goes
+        first (its order is of sessions opened and ended, not of work: that is the hot path)."""
+        usage = self.usage.pop(client, None)
+        if usage is not None:
+            self.usage[client] = usage
 
     def _usage(self, client: str) -> ClientUsage:
         usage = self.usage.get(client)
@@ -242,6 +250,7 @@ class IslandDispatcher:
         """A client's session ends: its queued work is dropped and its buffers deleted."""
         self.queue.remove_client(client)
         self._connected.discard(client)
+        self._touch(client)
         self._held.pop(client, None)
         prefix = f"{client}/"
         self._deleting = {i for i in self._deleting if not i.startswith(prefix)}
