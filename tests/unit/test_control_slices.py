@@ -389,7 +389,8 @@ def test_a_program_that_fits_only_alone_says_so_with_real_room_and_quota() -> No
     failing = next(c for c in plan.changes if c.key == "t/p-b")
     # Counted with p-a's tentative devices, the island looked full (0 free); it has 4.
     assert failing.status["message"] == (
-        "it fits alone, but not beside its program's other slices (6 devices together)"
+        "it fits alone, but not beside its program's other slices; its program's slices need 6 "
+        "devices together"
     )
     quota = plan_bindings(
         [island("a", topology="4x4")], slices, NOW, {("t", AcceleratorKind.CPU_FAKE): 8}
@@ -397,7 +398,7 @@ def test_a_program_that_fits_only_alone_says_so_with_real_room_and_quota() -> No
     failing = next(c for c in quota.changes if c.key == "t/p-b").status
     assert (failing["reason"], failing["message"]) == (
         "QuotaExceeded",
-        "its tenant's quota has room for it alone, not for its program's 6 devices together",
+        "its tenant's quota has room for it alone; its program's slices need 6 devices together",
     )
     quota = plan_bindings(
         [island("a", topology="4x4")], slices, NOW, {("t", AcceleratorKind.CPU_FAKE): 6}

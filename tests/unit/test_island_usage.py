@@ -82,4 +82,3 @@ def test_the_usage_of_the_session_that_ended_longest_ago_goes_first() -> None:
     dispatcher.disconnect("daily")
     dispatcher.submit("a", computation("a", 1, devices=(99,)))  # one more client: one goes
     assert "daily" in dispatcher.usage and "once0" not in dispatcher.usage
-

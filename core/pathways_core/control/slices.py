@@ -645,24 +645,16 @@ def _gang_failure(
     kept: Collection[str],
 ) -> Pending:
     """Why ``request``, the slice of a program that ``failed`` to be bound with the others,
-    waits: the allocator's reason for it alone (nothing of its program taken: counted with
-    them, the room and quota it saw were not there), and the devices the program needs."""
-    total = sum(r.size for r in gang)
+    waits, for the same reason: said of it alone (nothing of its program taken: counted with
+    them, the room and quota it saw were not there), with the devices the program needs."""
+    together = f"its program's slices need {sum(r.size for r in gang)} devices together"
     alone = allocator.allocate(request, preempt=False, kept=kept)
-    if not isinstance(alone, Bound):
-        return Pending(
-            request.key,
-            alone.reason,
-            f"{alone.message} (its program's slices need {total} devices together)",
-        )
-    allocator.release(request.key)
+    if isinstance(alone, Bound):
+        allocator.release(request.key)
+    elif alone.reason == failed.reason:
+        return Pending(request.key, failed.reason, f"{alone.message} ({together})")
     if failed.reason == "QuotaExceeded":
-        message = (
-            f"its tenant's quota has room for it alone, not for its program's {total} devices "
-            "together"
-        )
+        message = f"its tenant's quota has room for it alone; {together}"
     else:
-        message = (
-            f"it fits alone, but not beside its program's other slices ({total} devices together)"
-        )
+        message = f"it fits alone, but not beside its program's other slices; {together}"
     return Pending(request.key, failed.reason, message)
