@@ -133,6 +133,46 @@ def test_a_client_arriving_waits_for_at_most_one_run() -> None:
     assert taken[11:27] == ["late"] * 16 and taken[27:43] == ["busy"] * 16
 
 
+def test_a_higher_prioritys_burst_gives_a_newcomer_no_wait_behind_a_waiting_client() -> None:
+    # The burst raised the one virtual time; the waiting client's pass did not move, so a
+    # client arriving after the burst waited behind all of it (598 items of 600 measured).
+    queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE)
+    for name, priority in (("waiting", 0), ("newcomer", 0), ("burst", 10)):
+        queue.add_client(name, priority=priority)
+    for n in range(1000):
+        queue.submit("waiting", n)
+    for n in range(600):
+        queue.submit("burst", n)
+    assert {client for client, _ in (queue.next() for _ in range(600))} == {"burst"}
+    queue.submit("newcomer", 0)
+    taken = [client for client, _ in (queue.next() for _ in range(3))]
+    assert "newcomer" in taken
+
+
+def test_a_client_arriving_beside_heavier_ones_waits_about_a_run_not_their_catch_up() -> None:
+    # The run's holder raised the virtual time past the lighter client still waiting: one
+    # joining then waited until that one caught up (75 items of a median, runs of 16).
+    queue: IslandQueue[int] = IslandQueue(
+        Policy.PROPORTIONAL_SHARE, max_queued=20_000, run_length=16
+    )
+    queue.add_client("w1", weight=1)
+    queue.add_client("w8", weight=8)
+    queue.add_client("interactive", weight=8)
+    for n in range(5000):
+        queue.submit("w1", n)
+        queue.submit("w8", n)
+    waits = []
+    for n in range(20):
+        for _ in range(37):  # the others run a while
+            queue.next()
+        queue.submit("interactive", n)
+        waited = 0
+        while queue.next()[0] != "interactive":  # type: ignore[index]
+            waited += 1
+        waits.append(waited)
+    assert max(waits) <= 32, waits
+
+
 def test_a_higher_priority_ends_a_run() -> None:
     queue: IslandQueue[str] = IslandQueue(Policy.PROPORTIONAL_SHARE, run_length=16)
     queue.add_client("low", priority=0)

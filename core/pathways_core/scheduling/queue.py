@@ -8,7 +8,11 @@ point backwards in the island order and gang scheduling cannot deadlock). Betwee
 - ``proportional-share``: stride scheduling. Each client has a *pass*; the client with the lowest
   pass goes next and its pass advances by ``cost / weight``, so over time clients get device time
   in proportion to their weights (1:2:4:8 gives 1/15, 2/15, 4/15, 8/15). A client that was idle
-  rejoins at the current virtual time, so it cannot claim the time it did not use. With a
+  rejoins at the current virtual time of its priority, so it cannot claim the time it did not
+  use; that time is the lowest pass of the clients of that priority with work queued when one
+  was last taken (not the pass of the one taken: a run's holder, or a higher priority's burst,
+  raised it past clients still waiting, and a newcomer then waited behind them for as long as
+  the run or the burst had lasted). With a
   ``run_length`` above 1 the client chosen keeps the devices for up to that many consecutive
   items of work (free items, such as the buffer deletions between a chain's computations, do
   not count; its pass still advances by each item, so shares over time are unchanged, but a share
@@ -99,7 +103,7 @@ class IslandQueue(Generic[Item]):
         self._arrivals = 0
         self._queued = 0
         self._bounded = 0
-        self._virtual_time = 0.0
+        self._virtual_time: dict[int, float] = {}  # per priority
         self.run_length = run_length
         self._last: ClientState[Item] | None = None  # the client of the current run
         self._run = 0  # items of work it took in a row
@@ -129,7 +133,8 @@ class IslandQueue(Generic[Item]):
             raise ValueError(f"weight must be >= 1 (got {weight})")
         state = self._clients.get(name)
         if state is None:
-            self._clients[name] = ClientState(name, weight, priority, pass_value=self._virtual_time)
+            now = self._virtual_time.get(priority, 0.0)
+            self._clients[name] = ClientState(name, weight, priority, pass_value=now)
         else:
             state.weight, state.priority = weight, priority
 
@@ -157,8 +162,9 @@ class IslandQueue(Generic[Item]):
             if state.bounded >= self.max_queued_per_client:
                 raise QueueFull(client, state.bounded, self.max_queued_per_client, True)
         if not state.pending:
-            # An idle client rejoins at the current virtual time.
-            state.pass_value = max(state.pass_value, self._virtual_time)
+            # An idle client rejoins at the current virtual time of its priority.
+            now = self._virtual_time.get(state.priority, 0.0)
+            state.pass_value = max(state.pass_value, now)
         state.pending.append((self._arrivals, item, cost, bounded))
         self._arrivals += 1
         self._queued += 1
@@ -180,6 +186,8 @@ class IslandQueue(Generic[Item]):
             chosen = min(ready, key=lambda s: s.pending[0][0])
         else:
             chosen = min(ready, key=lambda s: (s.pass_value, s.pending[0][0]))
+            now = self._virtual_time.get(top, 0.0)
+            self._virtual_time[top] = max(now, chosen.pass_value)  # the lowest waiting pass
             last = self._last
             # ``ready`` holds the top priority only: a higher one ends the run.
             if self._run < self.run_length and any(state is last for state in ready):
@@ -202,7 +210,6 @@ class IslandQueue(Generic[Item]):
         # not count toward it, or a chain's runs would hold half the computations asked for.
         self._run = (self._run if chosen is self._last else 0) + int(cost > 0)
         self._last = chosen
-        self._virtual_time = max(self._virtual_time, chosen.pass_value)
         chosen.pass_value += cost / chosen.weight
         self._queued -= 1
         if bounded:
