@@ -44,7 +44,6 @@ from pathways_core.resources import PathwaysProgram
 from pathways_core.resources.program import (
     PROGRAM_NAME,
     FunctionArtifact,
-    ProgramSlice,
 )
 from pathways_core.scheduling.programs import MAX_PROGRAM_NODES
 from pathways_core.topology import format_shape
@@ -220,20 +219,20 @@ class Program:
         values = [*jax.tree.leaves((args, kwargs)), *trace.constants]
         functions = dict(trace.functions)
         flow = _with_source_nodes(trace, values, functions)
-        artifacts = {
-            key: FunctionArtifact(
-                name=key,
-                inline=base64.b64encode(specialized.artifact).decode(),
-                sha256=hashlib.sha256(specialized.artifact).hexdigest(),
-            )
-            for key, (_, specialized) in functions.items()
-        }
         slices = {item.name: item for item, _ in functions.values()}
+        # A program over several islands stays so (its arrays cross between them); one on a
+        # single island may run on whichever fits.
+        pinned = len({item.island for item in slices.values()}) > 1
         document = {
             "metadata": {"name": name or self.name, "namespace": namespace},
             "spec": {
-                "slices": [_program_slice(item) for item in slices.values()],
-                "graph": flow.to_graph(artifacts),
+                "slices": [_program_slice(item, pinned) for item in slices.values()],
+                "graph": flow.to_graph(
+                    {
+                        key: self._artifact(key, specialized.artifact)
+                        for key, (_, specialized) in functions.items()
+                    }
+                ),
                 "steps": steps,
                 "weight": weight,
                 "priority": priority,
@@ -244,6 +243,23 @@ class Program:
         except ValidationError as error:  # one line naming each field, as the API would
             problems = "; ".join(map(str, problems_of(error, PathwaysProgram)))
             raise ValueError(f"program {self.name!r} as a resource: {problems}") from None
+
+    def _artifact(self, key: str, artifact: bytes) -> FunctionArtifact:
+        """Function ``key`` of the resource, its artifact inline; a ValueError naming it when
+        it cannot be (too large to inline)."""
+        try:
+            return FunctionArtifact(
+                name=key,
+                inline=base64.b64encode(artifact).decode(),
+                sha256=hashlib.sha256(artifact).hexdigest(),
+            )
+        except ValidationError as error:
+            problems = "; ".join(map(str, problems_of(error, FunctionArtifact)))
+            raise ValueError(
+                f"program {self.name!r} as a resource: function {key!r} ({len(artifact)} bytes "
+                f"exported, arguments and captured values included): {problems}; pass large "
+                "values as inputs of a driver program, or make them smaller"
+            ) from None
 
 
 def program(fun: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
@@ -459,10 +475,12 @@ def _with_source_nodes(
     return flow
 
 
-def _program_slice(item: Slice) -> ProgramSlice:
-    if len(item.shape) == 1:
-        return ProgramSlice(name=item.name, devices=item.size)
-    return ProgramSlice(name=item.name, shape=format_shape(item.shape))
+def _program_slice(item: Slice, pinned: bool) -> dict[str, Any]:
+    """A slice of the program's resource: its size or mesh, and its island when ``pinned``."""
+    size: dict[str, Any] = (
+        {"devices": item.size} if len(item.shape) == 1 else {"shape": format_shape(item.shape)}
+    )
+    return {"name": item.name, **size, **({"island": item.island} if pinned else {})}
 
 
 def _aval(value: Any) -> jax.ShapeDtypeStruct:

@@ -29,6 +29,7 @@ from pathways_client.errors import PathwaysError
 from pathways_client.futures import Specialized
 from pathways_client.programs import dispatch
 from pathways_client.slices import Slice
+from pathways_core.control.programs import ARTIFACTS_MOUNT
 from pathways_core.dataflow import Dataflow
 from pathways_core.resources import PathwaysProgram
 from pathways_core.resources.program import (
@@ -38,7 +39,7 @@ from pathways_core.resources.program import (
 )
 from pathways_core.topology import parse_shape
 
-ARTIFACTS_DIR = "/etc/pathways/artifacts"
+ARTIFACTS_DIR = ARTIFACTS_MOUNT
 
 
 def load_spec(path: Path) -> PathwaysProgramSpec:
@@ -69,7 +70,15 @@ def load_artifact(function: FunctionArtifact, artifacts_dir: Path) -> bytes:
         artifact = _read(function.name, Path(function.uri.removeprefix("file://")))
     elif function.config_map_key_ref is not None:
         ref = function.config_map_key_ref
-        artifact = _read(function.name, artifacts_dir / ref.name / ref.key)
+        path = artifacts_dir / ref.name / ref.key
+        if not path.is_file():
+            raise PathwaysError(
+                f"function {function.name!r}: its artifact, key {ref.key!r} of ConfigMap "
+                f"{ref.name!r}, is not at {path}: the ConfigMap must exist in the program's "
+                "namespace and hold that key (binaryData: the serialized jax.export bytes); "
+                "the embedded mode keeps no ConfigMaps, use inline or file:// artifacts there"
+            )
+        artifact = _read(function.name, path)
     else:
         raise PathwaysError(
             f"function {function.name!r}: fetching {function.uri} is not supported here; "

@@ -22,6 +22,7 @@ import pathways_client as pw
 from pathways_client.futures import Specialized, call, function_id_on
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland
+from pathways_client.programs import _program_slice
 from pathways_client.rpc import stub
 from pathways_core.resources import PathwaysProgram
 from pathways_core.wire import EXECUTOR, pb
@@ -637,6 +638,12 @@ def test_misuse_is_named_where_it_happens(cluster: pw.Cluster) -> None:
             twice.to_resource(np.zeros(3, np.float32), name="twice", steps=0)
         with pytest.raises(ValueError, match=r"metadata.name: expected a lowercase RFC 1123 la"):
             twice.to_resource(np.zeros(3, np.float32), name="t" * 55)
+        # An argument too large to inline names the function it became, not a pydantic model.
+        with pytest.raises(ValueError, match=r"as a resource: function '.*' \(\d+ bytes export"):
+            twice.to_resource(np.random.default_rng(0).random(200_000, np.float32))
+        # On one island, a resource may run on whichever island fits; across two, it stays.
+        assert [s.island for s in twice.to_resource(np.zeros(3, np.float32)).spec.slices] == [None]
+        assert _program_slice(one, pinned=True)["island"] == one.island
         # A long function name was cut to 55 characters, or to one ending in '-'.
         for long_name in (
             "train_step_for_the_very_large_language_model_experiment_v2",

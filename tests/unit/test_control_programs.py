@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pathways_client.run_graph as run_graph
 from pathways_core.control import ChildRef, ProgramView, reconcile_program
 from pathways_core.control.common import timestamp
 from pathways_core.control.programs import island_client_name
@@ -313,8 +314,16 @@ def test_suspend_stops_the_run_and_releases_the_slices() -> None:
 
 def test_graph_programs_mount_their_spec_for_the_graph_runner() -> None:
     graph = {
-        "functions": [{"name": "f", "uri": "file:///f.bin"}],
-        "nodes": [{"name": "n", "function": "f", "slice": "main"}],
+        "functions": [
+            {"name": "f", "uri": "file:///f.bin"},
+            {"name": "g", "configMapKeyRef": {"name": "weights", "key": "g.jaxexport"}},
+            {"name": "h", "configMapKeyRef": {"name": "weights", "key": "h.jaxexport"}},
+        ],
+        "nodes": [
+            {"name": "n", "function": "f", "slice": "main"},
+            {"name": "m", "function": "g", "slice": "main", "inputs": [{"node": "n"}]},
+            {"name": "o", "function": "h", "slice": "main", "inputs": [{"node": "m"}]},
+        ],
     }
     document = program(driver=None, graph=graph)
     del document["spec"]["driver"]
@@ -337,6 +346,17 @@ def test_graph_programs_mount_their_spec_for_the_graph_runner() -> None:
     assert {"name": "program", "mountPath": "/etc/pathways", "readOnly": True} in container[
         "volumeMounts"
     ]
+    # configMapKeyRef artifacts: each ConfigMap of the namespace mounted where the runner
+    # reads them (they were never mounted: such a program could not run).
+    pod = created["spec"]["template"]["spec"]
+    assert {"name": "artifacts-0", "configMap": {"name": "weights"}} in pod["volumes"]
+    mount = {
+        "name": "artifacts-0",
+        "mountPath": "/etc/pathways-artifacts/weights",
+        "readOnly": True,
+    }
+    assert mount in container["volumeMounts"]
+    assert run_graph.ARTIFACTS_DIR == "/etc/pathways-artifacts"
 
 
 def test_decisions_are_deterministic() -> None:

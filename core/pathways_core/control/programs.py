@@ -50,6 +50,9 @@ COMPONENT = "program"
 """``pathways.dev/component`` of program pods: NetworkPolicies let them reach islands."""
 GRAPH_KEY = "program.json"
 GRAPH_MOUNT = "/etc/pathways"
+# Where a graph runner finds configMapKeyRef artifacts: <ConfigMap>/<key>, each ConfigMap of
+# the program's namespace mounted read-only (beside the spec's mount, not inside it).
+ARTIFACTS_MOUNT = "/etc/pathways-artifacts"
 TERMINAL = ("Succeeded", "Failed")
 RUN_SPEC_ANNOTATION = "pathways.dev/run-spec"
 """On a run's Job: the digest of the spec it was made from (:func:`run_spec_digest`)."""
@@ -355,6 +358,20 @@ def program_job(
         }
         volumes.append({"name": "program", "configMap": {"name": graph_config_map_name(name)}})
         mounts.append({"name": "program", "mountPath": GRAPH_MOUNT, "readOnly": True})
+        assert program.spec.graph is not None
+        referenced = sorted(
+            {
+                function.config_map_key_ref.name
+                for function in program.spec.graph.functions
+                if function.config_map_key_ref is not None
+            }
+        )
+        for index, config_map in enumerate(referenced):
+            volume = f"artifacts-{index}"
+            volumes.append({"name": volume, "configMap": {"name": config_map}})
+            mounts.append(
+                {"name": volume, "mountPath": f"{ARTIFACTS_MOUNT}/{config_map}", "readOnly": True}
+            )
     container["env"] = env
     if mounts:
         container["volumeMounts"] = mounts

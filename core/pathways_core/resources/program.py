@@ -336,7 +336,8 @@ class PathwaysProgramSpec(Model):
     )
     restart_policy: RestartPolicy = Field(
         default=RestartPolicy.NEVER,
-        description="Never, or OnFailure: restart from the last completed step.",
+        description="Never, or OnFailure: start a new run after a failure (a driver resumes "
+        "from its own checkpoint, PATHWAYS_RUN > 1; a graph program starts its steps again).",
     )
     max_restarts: int = Field(
         default=3,
@@ -346,8 +347,8 @@ class PathwaysProgramSpec(Model):
     )
     suspend: bool = Field(
         default=False,
-        description="Suspend the program: its slices are released and it resumes from its "
-        "last completed step when unset.",
+        description="Suspend the program: its run stops and its slices are released; unset, "
+        "a new run starts (a driver resumes from its own checkpoint).",
     )
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="Fail the program if it runs longer than this."
