@@ -6,13 +6,14 @@ point backwards in the island order and gang scheduling cannot deadlock). Betwee
 
 - ``fifo``: arrival order;
 - ``proportional-share``: stride scheduling. Each client has a *pass*; the client with the lowest
-  pass goes next and its pass advances by ``cost / weight``, so over time clients get device time
-  in proportion to their weights (1:2:4:8 gives 1/15, 2/15, 4/15, 8/15). A client that was idle
-  rejoins at the current virtual time of its priority, so it cannot claim the time it did not
-  use; that time is the lowest pass of the clients of that priority with work queued when one
-  was last taken (not the pass of the one taken: a run's holder, or a higher priority's burst,
-  raised it past clients still waiting, and a newcomer then waited behind them for as long as
-  the run or the burst had lasted). With a
+  pass goes next and its pass advances by ``cost / weight``, so over time clients get cost in
+  proportion to their weights (1:2:4:8 gives 1/15, 2/15, 4/15, 8/15): device time when an
+  item's cost is its device time (the island charges its devices; see the README). A client
+  that was idle rejoins at the current virtual time of its priority, so it cannot claim the
+  time it did not use; that time is the lowest pass of the clients of that priority with work
+  queued when one was last taken (not the pass of the one taken: a run's holder, or a higher
+  priority's burst, raised it past clients still waiting, and a newcomer then waited behind
+  them for as long as the run or the burst had lasted). With a
   ``run_length`` above 1 the client chosen keeps the devices for up to that many consecutive
   items of work (free items, such as the buffer deletions between a chain's computations, do
   not count; its pass still advances by each item, so shares over time are unchanged, but a share
