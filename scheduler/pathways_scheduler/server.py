@@ -639,6 +639,8 @@ def _apply(dispatcher: IslandDispatcher, client: str, batch: Any) -> list[Instru
             instructions += dispatcher.register_program(client, message.program)
         elif kind == "call":
             instructions += dispatcher.call(client, message.call)
+        elif kind == "hello":  # again: the session's new weight and priority (its name stays)
+            instructions += dispatcher.connect(client, message.hello.weight, message.hello.priority)
     return instructions
 
 

@@ -4,6 +4,8 @@ and the bytes its data plane moved."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland, Process
+from pathways_core.wire import pb
 
 INCREMENT = increment_of()
 
@@ -139,3 +142,35 @@ def test_an_unknown_path_is_404_and_healthz_still_answers(island: LocalIsland) -
     assert httpx.get(f"{base}/nothing", timeout=10).status_code == 404
     assert httpx.get(f"{base}/healthz", timeout=10).text == "ok"
     assert "pathways_island_sessions" in httpx.get(f"{base}/metrics?x=1", timeout=10).text
+
+
+def test_a_hello_again_changes_the_sessions_weight(island: LocalIsland) -> None:
+    scheduler = island.scheduler
+    assert scheduler is not None
+    with IslandClient(island.scheduler_endpoint, "metrics-reweigh", weight=1) as client:
+        client._send(pb.ClientMessage(hello=pb.Hello(client=client.client, weight=8, priority=0)))
+        weight = (
+            "pathways_island_client_weight",
+            (("client", "metrics-reweigh"), ("island", island.name)),
+        )
+        deadline = time.monotonic() + 10
+        while scrape(scheduler).get(weight) != 8:
+            assert time.monotonic() < deadline, scrape(scheduler).get(weight)
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"weight": 0}, "weight: expected an int from 1"),
+        ({"weight": -5}, "weight: expected an int from 1"),
+        ({"weight": 2**40}, "weight: expected an int from 1"),
+        ({"priority": 2**31}, "priority: expected a 32-bit int"),
+        ({"weight": 1.5}, "weight: expected an int"),
+    ],
+)
+def test_a_weight_or_priority_out_of_range_is_refused_naming_it(
+    island: LocalIsland, options: dict, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        IslandClient(island.scheduler_endpoint, "metrics-bad", **options)
