@@ -92,6 +92,9 @@ VANISHED = (
     "(it was killed)"
 )
 
+LAST_WORDS_CHARS = 1000
+"""A failed run's last line in its status, at most (its start and end when longer)."""
+
 logger = logging.getLogger("pathways_api.manager")
 
 
@@ -744,7 +747,13 @@ class Manager:
                 lines = log.read().decode(errors="replace").strip().splitlines()
         except OSError:
             return ""
-        return f": {lines[-1].strip()[:300]}" if lines else ""
+        if not lines:
+            return ""
+        line = lines[-1].strip()
+        if len(line) > LAST_WORDS_CHARS:  # its end says what went wrong: keep both ends
+            half = LAST_WORDS_CHARS // 2
+            line = f"{line[:half]} ... {line[-half:]}"
+        return f": {line}"
 
     def _write_job(
         self, job: Document, *, failed: bool, message: str, reason: str = "BackoffLimitExceeded"
