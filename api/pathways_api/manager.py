@@ -680,6 +680,9 @@ class Manager:
         for running in list(self.terminating):
             if not running.alive():
                 self.terminating.remove(running)
+                # Its trace is kept as a finished run's (suspended, cancelled or moved, a run
+                # of hours had none).
+                self._finishing.submit(self._keep_trace, running)
             elif time.monotonic() > (running.kill_at or 0):
                 child = (
                     (read_json(paths(running.record)[1]) or {}).get("child")
@@ -711,10 +714,7 @@ class Manager:
     ) -> None:
         """Keep the run's trace, then write the Job's outcome."""
         if not lost:
-            try:
-                self._collect_trace(running)
-            except Exception:  # a trace is worth no failed run
-                logger.warning("could not collect the trace of %s", key, exc_info=True)
+            self._keep_trace(running)
         job = self.store.read(JOB, *key.split("/"))
         if job is None:
             return
@@ -790,6 +790,14 @@ class Manager:
         program = (job["metadata"].get("labels") or {}).get(LABEL_PROGRAM)
         if program:
             self.store.settle(PROGRAM, job["metadata"]["namespace"], program, False)
+
+    def _keep_trace(self, running: Running) -> None:
+        """:meth:`_collect_trace`, a failure logged (a trace is worth no failed run)."""
+        try:
+            self._collect_trace(running)
+        except Exception:
+            name = running.job["metadata"]["name"]
+            logger.warning("could not collect the trace of %s", name, exc_info=True)
 
     def _collect_trace(self, running: Running) -> None:
         """The island trace records of this run's client since the run started, kept in the

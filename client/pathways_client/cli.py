@@ -1195,7 +1195,9 @@ def trace(
         except ApiCallError as error:
             _fail(error)
     if not records:
-        _fail(f"program {name!r} has no trace yet (traces are kept when a run ends)")
+        _fail(
+            f"program {name!r} has no trace yet (a run's trace is kept when it ends or is stopped)"
+        )
     write_trace(records, out, title=f"program {name}")
     from pathways_client.trace_export import computation_count
 

@@ -680,3 +680,42 @@ def test_waits_and_follows_end_when_a_program_is_cancelled_or_their_run_is_stopp
     output, _ = waiting.communicate(timeout=60)
     assert waiting.returncode == 1, output
     assert "waited: Suspended" in output and "after 300 s" not in output
+
+
+COMPUTING = """
+apiVersion: pathways.dev/v1alpha1
+kind: PathwaysProgram
+metadata: {name: computing}
+spec:
+  slices:
+    - {name: main, devices: 1}
+  driver:
+    source: |
+      import numpy as np
+      import pathways_client as pw
+      with pw.connect() as cluster:
+          step = pw.function(lambda x: x + 1, slice=cluster.slice("main"), name="step")
+          x = np.zeros(4, np.float32)
+          for n in range(1_000_000):
+              x = step(x).result()
+              print("step", n, flush=True)
+"""
+
+
+def test_a_stopped_run_keeps_its_trace(state: Path, tmp_path: Path, pathways) -> None:
+    """Only runs that ended had their trace kept: one suspended or cancelled after hours had
+    none."""
+    at = ("--state", str(state))
+    assert pathways("up", *at, "--hosts", "1", "--devices", "2").exit_code == 0
+    (tmp_path / "computing.yaml").write_text(COMPUTING)
+    assert pathways("submit", str(tmp_path / "computing.yaml"), *at).exit_code == 0
+    wait_until(lambda: "step 20\n" in pathways("logs", "computing", *at).output, "step 20")
+    assert pathways("cancel", "computing", *at).exit_code == 0
+    out = tmp_path / "trace.json"
+    wait_until(
+        lambda: pathways("trace", "computing", *at, "--out", str(out)).exit_code == 0,
+        "the cancelled run's trace",
+    )
+    events = json.loads(out.read_text())
+    names = {e.get("name") for e in (events["traceEvents"] if isinstance(events, dict) else events)}
+    assert "step" in names, sorted(map(str, names))[:10]
