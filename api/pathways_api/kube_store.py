@@ -27,6 +27,7 @@ import os
 import re
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from pathways_api.errors import (
     Forbidden,
     InvalidField,
     NotFound,
+    RateLimited,
     Unauthorized,
     Unavailable,
 )
@@ -62,6 +64,7 @@ from pathways_core.control.common import Document
 from pathways_core.topology import device_count, parse_shape
 
 GV = "pathways.dev/v1alpha1"
+OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")  # a DNS subdomain
 PLURALS = {PROGRAM: "pathwaysprograms", SLICE: "virtualslices", ISLAND: "islands"}
 ANNOTATION_KEY = "pathways.dev/idempotency-key"
 ANNOTATION_FINGERPRINT = "pathways.dev/idempotency-fingerprint"
@@ -141,21 +144,31 @@ class KubernetesStore:
             answer = await self.http.request(method, path, headers=headers, **arguments)
         except httpx.HTTPError as error:
             raise Unavailable(f"the Kubernetes API server did not answer: {error}") from None
-        if answer.status_code == 404:
-            return None
-        if answer.status_code == 409:
+        if answer.status_code == 404 and method != "POST":
+            return None  # (a create's 404 is its namespace missing: the cluster's, below)
+        if answer.status_code < 400:
+            return answer.json() if answer.content else None
+        try:
+            message = answer.json().get("message") or answer.text
+        except ValueError:
+            message = answer.text
+        if answer.status_code == 409 and method == "POST":
             name = (arguments.get("json") or {}).get("metadata", {}).get("name")
             raise Conflict(f"an object named {name!r} already exists", field="metadata.name")
-        if answer.status_code >= 400:
-            try:
-                message = answer.json().get("message") or answer.text
-            except ValueError:
-                message = answer.text
-            refusal = _admission_refusal(answer.status_code, message)
-            if refusal is not None:
-                raise refusal
-            raise Unavailable(f"the Kubernetes API server answered {answer.status_code}: {message}")
-        return answer.json() if answer.content else None
+        if answer.status_code == 409:
+            raise Conflict(f"the object changed or is being deleted; try again ({message})")
+        refusal = _admission_refusal(answer.status_code, message)
+        if refusal is not None:
+            raise refusal
+        if answer.status_code == 422:  # the API server's own validation: the caller's to fix
+            raise InvalidField(f"the cluster refused it: {message}")
+        if answer.status_code == 429:  # the API server throttles: wait as it says
+            wait = answer.headers.get("Retry-After") or "1"
+            raise RateLimited(
+                f"the Kubernetes API server is throttling requests: {message}",
+                headers={"Retry-After": wait if wait.isdigit() else "1"},
+            )
+        raise Unavailable(f"the Kubernetes API server answered {answer.status_code}: {message}")
 
     @staticmethod
     def _path(kind: str, namespace: str | None, name: str | None = None) -> str:
@@ -164,7 +177,11 @@ class KubernetesStore:
             parts.append(f"namespaces/{namespace}")
         parts.append(PLURALS[kind])
         if name:
-            parts.append(name)
+            # A name is one path segment, never a query, a '..' or more path: no object of
+            # the cluster has another.
+            if not OBJECT_NAME.fullmatch(name):
+                raise NotFound(f"no {kind} named {name!r}", field="name")
+            parts.append(urllib.parse.quote(name, safe=""))
         return "/".join(parts)
 
     async def _all(self, kind: str, namespace: str | None) -> list[Document]:
@@ -446,9 +463,13 @@ def _usage(programs: list[Document], slices: list[Document]) -> Usage:
                 continue
             devices += _size(item)
     for item in slices:
-        labels = item["metadata"].get("labels") or {}
-        # Inline slices of programs are counted with their program.
-        if is_active(item) and "pathways.dev/program" not in labels:
+        # Inline slices of programs are counted with their program: those the operator made,
+        # owned by a program (a tenant's label alone made a slice free of the quota).
+        owned = any(
+            reference.get("kind") == "PathwaysProgram"
+            for reference in item["metadata"].get("ownerReferences") or []
+        )
+        if is_active(item) and not owned:
             devices += _size(item.get("spec") or {})
     return Usage(devices, active_programs)
 

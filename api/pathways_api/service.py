@@ -87,6 +87,10 @@ def _generated_name(prefix: str) -> str:
     return prefix + "".join(secrets.choice(NAME_ALPHABET) for _ in range(5))
 
 
+SYSTEM_PREFIX = "pathways.dev"
+"""Labels and annotations of this prefix are the system's: a caller may not set them."""
+
+
 class Service:
     """The API's behaviour over a :class:`Store`."""
 
@@ -125,6 +129,13 @@ class Service:
                 raise InvalidField(
                     "generateName must be a lowercase RFC 1123 prefix",
                     field="metadata.generateName",
+                )
+        for field_name, keys in (("labels", meta.labels), ("annotations", meta.annotations)):
+            reserved = sorted(k for k in keys or {} if k.split("/")[0] == SYSTEM_PREFIX)
+            if reserved:  # the system's (a program's label freed a slice of the quota)
+                raise InvalidField(
+                    f"{SYSTEM_PREFIX}/ keys are set by the system; omit them",
+                    field=f"metadata.{field_name}.{reserved[0]}",
                 )
         metadata: dict[str, Any] = {"name": name, "namespace": tenant.name}
         if meta.labels:

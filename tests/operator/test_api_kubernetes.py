@@ -298,3 +298,41 @@ def test_events_are_the_objects_own_not_those_of_an_earlier_one_of_its_name(
     answer = call(api, "token-a", "GET", "/v1/programs/again/events")
     assert answer.status_code == 200, answer.text
     assert [event["reason"] for event in answer.json()["items"]] == ["Running"]
+
+
+def test_names_labels_and_the_api_servers_errors_reach_the_tenant_as_theirs(
+    cluster: Cluster, api: Api
+) -> None:
+    # A name is one path segment: never a query, '..' or another namespace's path.
+    for path in ("/v1/programs/%3FlabelSelector=x", "/v1/islands/%2E%2E"):
+        assert call(api, "token-a", "GET", path).status_code == 404, path
+    # The system's labels are the system's: a program's label freed a slice of the quota.
+    labelled = {
+        "metadata": {"name": "free", "labels": {"pathways.dev/program": "nope"}},
+        "spec": {"devices": 4},
+    }
+    refused = call(api, "token-a", "POST", "/v1/virtualslices", json=labelled)
+    assert refused.status_code == 422
+    assert refused.json()["error"]["field"] == "metadata.labels.pathways.dev/program"
+    # The API server's answers: its validation is the caller's (422), its throttling a wait
+    # (429 with Retry-After), a missing namespace the cluster's (503, never 201 with nothing).
+    answers = {
+        "invalid": (422, "Invalid", "metadata.annotations: Too long"),
+        "throttled": (429, "TooManyRequests", "slow down"),
+        "homeless": (404, "NotFound", 'namespaces "team-a" not found'),
+    }
+
+    async def answer(request: kmock.Request) -> None:
+        data = request.data if isinstance(request.data, dict) else {}
+        named = (data.get("metadata") or {}).get("name")
+        if request.action == kmock.action.CREATE and named in answers:
+            raise kmock.KubernetesError(*answers[named])
+
+    cluster.call_soon(lambda: cluster.emulator.hooks.append(answer))
+    got = {
+        name: call(api, "token-a", "POST", "/v1/programs", json=program(name)) for name in answers
+    }
+    assert got["invalid"].status_code == 422 and "Too long" in got["invalid"].text
+    assert got["throttled"].status_code == 429 and got["throttled"].headers["Retry-After"]
+    assert got["homeless"].status_code == 503 and "not found" in got["homeless"].text
+    assert cluster.list("PathwaysProgram", "team-a") == []

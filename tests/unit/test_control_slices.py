@@ -611,3 +611,16 @@ def test_passes_settle_and_every_slice_that_fits_alone_is_bound_or_says_why(
             and not s["metadata"].get("deletionTimestamp")
         ]
         assert all(members) or not any(members), (program, slices)
+
+
+def test_a_slice_of_its_own_cannot_jump_the_queue_with_a_queued_since_annotation() -> None:
+    older = vslice("older", 8, created=1)
+    forged = vslice("forged", 8, created=5)
+    forged["metadata"]["annotations"] = {"pathways.dev/queued-since": "2020-01-01T00:00:00Z"}
+    plan = plan_bindings([island("a")], [forged, older], NOW)
+    assert phases(plan)["older"] == ("Bound", None, Stage.BIND)
+    # A program's inline slice is queued when its program was made, as the operator says.
+    early = inline("p", "m", 8, created=5)
+    early["metadata"]["annotations"] = {"pathways.dev/queued-since": "2026-01-01T00:00:00Z"}
+    plan = plan_bindings([island("a")], [early, older], NOW)
+    assert phases(plan)["p-m"] == ("Bound", None, Stage.BIND)

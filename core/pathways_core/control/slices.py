@@ -132,7 +132,9 @@ def queued_since(document: Document) -> datetime | None:
     """When a slice joined the queue: its program's creation for an inline slice, else its
     own. Among equal priorities the earlier is bound first."""
     meta = document.get("metadata") or {}
-    since = (meta.get("annotations") or {}).get(ANNOTATION_QUEUED_SINCE)
+    # Only an inline slice's says when: on a slice of its own it would jump the queue.
+    own = _gang(document) is None
+    since = None if own else (meta.get("annotations") or {}).get(ANNOTATION_QUEUED_SINCE)
     return parse_time(since) or parse_time(meta.get("creationTimestamp"))
 
 
