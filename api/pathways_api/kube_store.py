@@ -407,12 +407,20 @@ class KubernetesStore:
             ):
                 continue  # a server that ignores the selector
             pod_name = pod["metadata"]["name"]
-            answer = await self.http.get(
-                f"/api/v1/namespaces/{namespace}/pods/{pod_name}/log", headers=self._headers()
-            )
+            try:
+                answer = await self.http.get(
+                    f"/api/v1/namespaces/{namespace}/pods/{pod_name}/log", headers=self._headers()
+                )
+            except httpx.HTTPError as error:
+                raise Unavailable(f"the Kubernetes API server did not answer: {error}") from None
             number = labels.get("pathways.dev/run", "")
             if answer.status_code == 200 and number.isdigit():
                 parts.append((int(number), LogBytes(answer.content)))
+            elif answer.status_code != 404:  # gone is no log; a failing kubelet is no silence
+                raise Unavailable(
+                    f"the log of pod {pod_name} could not be read ({answer.status_code}: "
+                    f"{answer.text[:300]})"
+                )
         return sorted(parts, key=lambda part: part[0])
 
     async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]:

@@ -272,6 +272,15 @@ def test_logs_are_the_pods_logs_by_run_through_a_window(cluster: Cluster, api: A
     assert later.status_code == 404 and "2 started so far" in later.text
     assert call(api, "token-b", "GET", "/v1/programs/talker/logs").status_code == 404
 
+    # A kubelet failing to give a run's log is an error, not an empty log.
+    async def failing_kubelet(request: kmock.Request) -> None:
+        if str(request.url.path).endswith("talker-run-1-x/log"):
+            raise kmock.KubernetesError(500, "InternalError", "kubelet unreachable")
+
+    cluster.call_soon(lambda: cluster.emulator.hooks.append(failing_kubelet))
+    failed = call(api, "token-a", "GET", "/v1/programs/talker/logs", params={"run": 1})
+    assert failed.status_code == 503 and "could not be read" in failed.json()["error"]["message"]
+
 
 def test_events_are_the_objects_own_not_those_of_an_earlier_one_of_its_name(
     cluster: Cluster, api: Api
