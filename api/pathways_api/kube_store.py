@@ -56,8 +56,6 @@ from pathways_api.store import (
     Usage,
     check_changeable,
     check_quota,
-    decode_token,
-    encode_token,
     is_active,
 )
 from pathways_core.control.common import Document
@@ -295,9 +293,12 @@ class KubernetesStore:
         phase: str | None = None,
         labels: dict[str, str] | None = None,
     ) -> Page:
-        """See :meth:`~pathways_api.store.Store.list`: pages in creation order; the token is
-        the position in that order."""
-        after = decode_token(token) if token else 0
+        """See :meth:`~pathways_api.store.Store.list`: pages in creation order (then name);
+        the token is the last item's place in it, so objects deleted while paging move no
+        other (a position skipped one), and those created later come later (the API server
+        times creations to the second: one made in the second of the page's last item, with
+        a name before its, is not seen)."""
+        after = _decode_place(token) if token else None
         items = [
             item
             for item in await self._all(kind, namespace)
@@ -306,10 +307,11 @@ class KubernetesStore:
                 (item["metadata"].get("labels") or {}).get(k) == v
                 for k, v in (labels or {}).items()
             )
+            and (after is None or _place(item) > after)
         ]
-        page = items[after : after + limit]
-        more = after + limit < len(items)
-        return Page(page, encode_token(after + limit) if more else None)
+        page = items[:limit]
+        more = len(items) > limit
+        return Page(page, _encode_place(_place(page[-1])) if more else None)
 
     async def cancel(self, namespace: str, name: str) -> Document:
         """See :meth:`~pathways_api.store.Store.cancel`."""
@@ -514,3 +516,28 @@ def _admission_refusal(status: int, message: str) -> ApiError | None:
     return error(
         f"refused by the cluster's admission policy: {reason}", field=field and field["field"]
     )
+
+
+def _place(document: Document) -> tuple[str, str]:
+    """A listed object's place in creation order: its creation time, then its name."""
+    meta = document["metadata"]
+    return (meta.get("creationTimestamp") or "", meta.get("name") or "")
+
+
+def _encode_place(place: tuple[str, str]) -> str:
+    """An opaque continue token: the place of the last object given."""
+    return base64.urlsafe_b64encode(json.dumps(["after", *place]).encode()).decode().rstrip("=")
+
+
+def _decode_place(token: str) -> tuple[str, str]:
+    """The place a continue token stands for, or InvalidField."""
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        tag, created, name = json.loads(base64.urlsafe_b64decode(padded).decode())
+        if tag != "after" or not isinstance(created, str) or not isinstance(name, str):
+            raise ValueError
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise InvalidField(
+            "not a continue token given by a previous page", field="query continue"
+        ) from None
+    return created, name

@@ -345,3 +345,21 @@ def test_names_labels_and_the_api_servers_errors_reach_the_tenant_as_theirs(
     assert got["throttled"].status_code == 429 and got["throttled"].headers["Retry-After"]
     assert got["homeless"].status_code == 503 and "not found" in got["homeless"].text
     assert cluster.list("PathwaysProgram", "team-a") == []
+
+
+def test_pages_move_on_from_the_last_item_given(cluster: Cluster, api: Api) -> None:
+    # A token that was a position skipped an item when one before it was deleted, and gave
+    # one twice when one was made before it.
+    for name in ("d1", "d2", "d3", "d4"):
+        one = {"metadata": {"name": name}, "spec": {"devices": 1}}
+        assert call(api, "token-a", "POST", "/v1/virtualslices", json=one).status_code == 201
+    first = call(api, "token-a", "GET", "/v1/virtualslices", params={"limit": 2}).json()
+    assert [p["metadata"]["name"] for p in first["items"]] == ["d1", "d2"]
+    assert call(api, "token-a", "DELETE", "/v1/virtualslices/d1").status_code == 200
+    token = first["continue"]
+    second = call(
+        api, "token-a", "GET", "/v1/virtualslices", params={"limit": 2, "continue": token}
+    )
+    assert [p["metadata"]["name"] for p in second.json()["items"]] == ["d3", "d4"]
+    bad = call(api, "token-a", "GET", "/v1/virtualslices", params={"continue": "c2VxOi0x"})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "query continue"
