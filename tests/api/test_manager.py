@@ -236,6 +236,7 @@ def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running)
         "    print('got SIGTERM', flush=True)\n"
         "    sys.exit(0)\n"
         "signal.signal(signal.SIGTERM, stop)\n"
+        "print('ready', flush=True)\n"
         "time.sleep(600)\n"
     )
     submit(store, "long", saves)
@@ -249,6 +250,11 @@ def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running)
         what="both runs' processes",
     )
     assert set(processes) == expected
+    # Stopped only once it listens for SIGTERM (stopped before, it died of it, silently).
+    wait_for(
+        lambda: "ready" in store.log_path("team", "long-run-1").read_text(),
+        what="the driver's SIGTERM handler",
+    )
 
     def cancel(document: dict[str, Any]) -> dict[str, Any]:
         document["spec"]["suspend"] = True
