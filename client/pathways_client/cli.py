@@ -613,7 +613,12 @@ def status(state: Path | None, api: str | None, token: str | None, tenant: str) 
     for name, island in sorted((info.islands if info is not None else {}).items()):
         urls = island.get("metrics") or []
         if urls:  # Prometheus metrics: the scheduler's (queue, usage per client), executors'
-            console.print(f"metrics of {escape(name)}: {' '.join(urls)}", soft_wrap=True)
+            scheduler, *executors = urls
+            console.print(
+                f"metrics of {escape(name)}: scheduler {scheduler}; executors "
+                f"{' '.join(executors)}",
+                soft_wrap=True,
+            )
     if info is not None and (info.restarts or info.error):
         # The embedded supervisor starts dead components again; say how often, and why not.
         restarts = ", ".join(f"{name} {count}" for name, count in sorted(info.restarts.items()))

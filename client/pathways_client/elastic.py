@@ -11,7 +11,7 @@ drops them; the function reads ``manager.available`` and resumes from its own la
     @manager.elastic_retry(max_retries=2)
     def train():
         replicas = manager.available          # the slices still alive
-        params = checkpoint.latest            # resume where the last attempt stopped
+        step, params = pw.checkpoint.restore() or (0, init)  # where the last attempt stopped
         ...
 
 Failures that are not a loss of devices (a bad input, a bug) are raised at once.

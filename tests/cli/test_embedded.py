@@ -339,8 +339,8 @@ def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_wa
     assert "2x2" in status.output
     # Each island's Prometheus metrics: the scheduler's first, then its executors'.
     (line,) = [line for line in status.output.splitlines() if line.startswith("metrics of")]
-    urls = line.split(": ", 1)[1].split()
-    assert len(urls) == 3
+    urls = [p.rstrip(";") for p in line.split(": ", 1)[1].split() if p.startswith("http")]
+    assert len(urls) == 3 and "scheduler http" in line and "; executors http" in line
     assert "pathways_island_sessions{" in httpx.get(urls[0], timeout=10).text
     assert "pathways_executor_buffers{" in httpx.get(urls[1], timeout=10).text
     # kubectl's ``get islands`` is told how this command lists them.
