@@ -142,8 +142,7 @@ def plan_bindings_shared(
     tenant is named from its own namespace only): the others wait, saying why. ``quotas``
     adds to the tenants' device quotas."""
     tenants = tenants or Tenants()
-    admitted, refused = _admitted(slices, tenants)
-    names = [request.tenant for d in admitted if (request := _request(d)) is not None]
+    admitted, refused, names = _admitted(slices, tenants)
     plan = _plan_shared(
         islands, admitted, now, {**tenants.quotas(names), **(quotas or {})}, patience, programs
     )
@@ -164,11 +163,13 @@ def plan_bindings_shared(
 
 def _admitted(
     slices: Sequence[Document], tenants: Tenants
-) -> tuple[list[Document], list[tuple[Document, Refusal]]]:
+) -> tuple[list[Document], list[tuple[Document, Refusal]], set[str]]:
     """The slices ``tenants`` lets be bound (a bound one as the allocator sees it: at most its
-    tenant's highest priority), and those it refuses, with why."""
+    tenant's highest priority), those it refuses, with why, and the tenants of those it
+    lets be bound (whose quotas apply)."""
     admitted: list[Document] = []
     refused: list[tuple[Document, Refusal]] = []
+    names: set[str] = set()
     for document in slices:
         request = None if is_deleting(document) else _request(document)
         if request is None:
@@ -178,14 +179,16 @@ def _admitted(
         if status.get("phase") == "Bound" and status.get("island"):
             capped = tenants.capped(request.tenant, request.priority)
             admitted.append(_at_priority(document, capped))
+            names.add(request.tenant)
             continue
         namespace = (document.get("metadata") or {}).get("namespace") or "default"
         refusal = tenants.refusal(namespace, request.tenant, request.priority)
         if refusal is None:
             admitted.append(document)
+            names.add(request.tenant)
         else:
             refused.append((document, refusal))
-    return admitted, refused
+    return admitted, refused, names
 
 
 def _plan_shared(
