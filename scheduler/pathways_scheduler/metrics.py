@@ -35,20 +35,18 @@ class IslandCollector(Collector):
             gauge = GaugeMetricFamily(name, documentation, labels=["island"])
             gauge.add_metric([island], value)
             yield gauge
-        gauge = GaugeMetricFamily(
-            "pathways_island_queued", "Computations queued, by client.", labels=["island", "client"]
-        )
-        for client, count in sorted(queued.items()):
-            gauge.add_metric([island, client], count)
-        yield gauge
-        gauge = GaugeMetricFamily(
-            "pathways_island_client_weight",
-            "Each open session's weight in proportional share.",
-            labels=["island", "client"],
-        )
-        for client, weight in sorted(weights.items()):
-            gauge.add_metric([island, client], weight)
-        yield gauge
+        for name, documentation, values in (
+            ("pathways_island_queued", "Computations queued, by client.", queued),
+            (
+                "pathways_island_client_weight",
+                "Each open session's weight in proportional share.",
+                weights,
+            ),
+        ):
+            gauge = GaugeMetricFamily(name, documentation, labels=["island", "client"])
+            for client, value in sorted(values.items()):
+                gauge.add_metric([island, client], value)
+            yield gauge
         counter = CounterMetricFamily(
             "pathways_island_computations",
             "Computations and program calls by client and outcome (completed, failed, refused).",
