@@ -218,8 +218,8 @@ class Cluster:
         with self._direct.lock:
             allocator = self._direct_allocator()
             for island_name in sorted(self.islands):
-                # Devices of executors the scheduler lost are never bound again (until the
-                # island restarts and a new connection sees them healthy).
+                # Devices of executors the scheduler lost are not bound (until it takes them
+                # back, restarted).
                 session = self.session(island_name)
                 lost = session.lost_executors
                 allocator.set_health(

@@ -15,12 +15,17 @@ drops them; the function reads ``manager.available`` and resumes from its own la
         ...
 
 Failures that are not a loss of devices (a bad input, a bug) are raised at once.
+
+A lost slice comes back once every executor of its devices was restarted and taken back by
+its scheduler (a kubelet restarts a killed executor's container): each retry begins by taking
+back the slices that did, and ``manager.wait_for_slices()`` waits for them.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -88,6 +93,52 @@ class Manager:
             self.lost.extend(newly)
             return newly
 
+    def find_returned(self) -> list[Slice]:
+        """Find which lost slices came back; make them available again and return them. A
+        slice comes back when its island's session is still open and every executor holding
+        one of its devices was taken back by the scheduler (restarted) and answers."""
+        with self._lock:
+            returned = []
+            for item in self.lost:
+                session = self.cluster.session(item.island)
+                if session.ended:
+                    continue
+                lost = session.lost_executors
+                holders = {session.device_owner.get(device) for device in item.devices}
+                endpoints = {e.index: e.endpoint for e in session.info.executors}
+                if not holders & lost.keys() and all(
+                    index in endpoints and _answers(endpoints[index]) for index in holders
+                ):
+                    returned.append(item)
+            self.lost = [item for item in self.lost if item not in returned]
+            return returned
+
+    def wait_for_slices(
+        self, count: int | None = None, timeout: float | None = None, poll_interval: float = 1.0
+    ) -> list[Slice]:
+        """Wait until at least ``count`` slices (all of them when ``None``) are available,
+        taking back those that came back; return the available ones. ``TimeoutError``
+        naming the slices still lost after ``timeout`` seconds (``None``: no limit)."""
+        wanted = len(self.slices) if count is None else count
+        if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
+            raise ValueError(f"wait_for_slices: count: expected an int >= 0, got {count!r}")
+        if wanted > len(self.slices):
+            raise ValueError(
+                f"wait_for_slices: count: {wanted} slices asked for; the manager has "
+                f"{len(self.slices)}"
+            )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.find_returned()
+            if len(self.available) >= wanted:
+                return self.available
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"{len(self.available)} of {wanted} slices available after {timeout:g} s; "
+                    f"still lost: {[item.name for item in self.lost]}"
+                )
+            time.sleep(poll_interval)
+
     def _touches(self, item: Slice, dead: set[int] | None) -> bool:
         if dead is None:
             return True
@@ -123,6 +174,8 @@ class Manager:
             def wrapper(*args: Any, **kwargs: Any) -> T:
                 attempt = 0
                 while True:
+                    if self.lost:  # those whose executors were restarted meanwhile
+                        self.find_returned()
                     began_with = self.available
                     try:
                         return function(*args, **kwargs)

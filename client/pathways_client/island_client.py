@@ -180,6 +180,9 @@ class IslandClient:
         # those in progress (``_calls``) are cancelled.
         self._lost: dict[int, str] = {e.index: e.lost for e in self.info.executors if e.lost}
         self._lost_changed = threading.Condition(self._lock)
+        # Buffers held by an executor when it was lost, and why: gone for good, even once a
+        # restarted executor is taken back in its place.
+        self._gone: dict[str, str] = {}
         self._calls: dict[int, set[grpc.Future]] = {}
         host, port = _reachable(self.info.session_endpoint, endpoint)
         self._session = socket.create_connection((host, port), timeout=connect_timeout)
@@ -204,9 +207,17 @@ class IslandClient:
 
     @property
     def lost_executors(self) -> dict[int, str]:
-        """The island's executors the scheduler said are lost, and why."""
+        """The island's executors the scheduler said are lost (and has not taken back,
+        restarted, since), and why."""
         with self._lock:
             return dict(self._lost)
+
+    def wait_for_executors(self, timeout: float | None = None) -> bool:
+        """Wait until no executor of the island is lost (each restarted and taken back by
+        the scheduler); whether none is."""
+        with self._lost_changed:
+            self._lost_changed.wait_for(lambda: not self._lost or self._ended, timeout)
+            return not self._lost
 
     @property
     def ended(self) -> str:
@@ -411,6 +422,9 @@ class IslandClient:
         holders = self._locations.get(buffer_id)
         if not holders:
             raise IslandError(f"unknown buffer {buffer_id!r}")
+        gone = self._gone.get(buffer_id)
+        if gone is not None:
+            raise IslandError(f"get {buffer_id!r}: it was lost: {gone}")
         request = pb.ArrayRequest(buffer_id=buffer_id, timeout_seconds=timeout)
         # Each executor of the buffer's slice sends the shards it holds.
         assembly = Assembly()
@@ -429,6 +443,7 @@ class IslandClient:
         """Free buffers once the computations queued before this call have used them."""
         for buffer_id in buffer_ids:
             self._locations.pop(buffer_id, None)
+            self._gone.pop(buffer_id, None)
         message = pb.ClientMessage(delete=pb.DeleteBuffers(ids=list(buffer_ids)))
         if getattr(self._batching, "messages", None) is not None:
             self._send(message)
@@ -627,10 +642,26 @@ class IslandClient:
         if event.kind == Event.EXECUTOR_LOST:
             with self._lock:
                 self._lost[event.executor] = event.message
+                for buffer_id, holders in list(self._locations.items()):
+                    if event.executor in holders:
+                        self._gone.setdefault(buffer_id, event.message)
                 self._lost_changed.notify_all()
                 calls = list(self._calls.get(event.executor, ()))
             for call in calls:
                 call.cancel()
+            return
+        if event.kind == Event.EXECUTOR_REJOINED:
+            rejoined = event.rejoined
+            # A new channel: the old one may be waiting out gRPC's reconnect backoff.
+            fresh = channel(rejoined.endpoint, MESSAGE_OPTIONS, self._tls)
+            with self._lock:
+                self._lost.pop(event.executor, None)
+                stale, self._executors[event.executor] = self._executors[event.executor], fresh
+                for executor in self.info.executors:  # its data endpoint changed
+                    if executor.index == event.executor:
+                        executor.CopyFrom(rejoined)
+                self._lost_changed.notify_all()
+            stale.close()
             return
         if event.kind == Event.REJECTED and not (
             event.computation_id or event.function_id or event.program_id

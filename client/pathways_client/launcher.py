@@ -49,6 +49,7 @@ class Process:
     log: Path
     port: int = 0
     health_port: int = 0  # its liveness endpoint, GET /healthz
+    arguments: list[str] = field(default_factory=list)  # what it was started with
 
     @property
     def endpoint(self) -> str:
@@ -103,6 +104,7 @@ class LocalIsland:
     _control_token: str = field(default="", repr=False, init=False)
     # The workdir start() made (none given): its logs and cache go with the island.
     _temporary: Path | None = field(default=None, repr=False, init=False)
+    _restarts: int = field(default=0, repr=False, init=False)
 
     def __post_init__(self) -> None:
         for name in ("hosts", "devices_per_host", "max_in_flight"):
@@ -228,6 +230,26 @@ class LocalIsland:
         self.executors[index].popen.kill()
         self.executors[index].popen.wait()
 
+    def restart_executors(self, *indexes: int) -> None:
+        """Start executors again, each a new process at its endpoint, as a kubelet restarts
+        a container (what is left of the old ones is killed first); return once all answer.
+        The scheduler takes them back. The executors of one JAX group are restarted together
+        (the group's coordinator ends the group when a restarted member joins it)."""
+        restarted = []
+        for index in indexes:
+            old = self.executors[index]
+            self.kill_executor(index)
+            for pipe in (old.popen.stdin, old.popen.stdout):
+                if pipe:
+                    pipe.close()
+            self._restarts += 1
+            arguments = [*old.arguments, "--port", str(old.port)]
+            process = self._spawn(f"executor-{index}-restart-{self._restarts}", arguments)
+            self.executors[index] = process
+            restarted.append(process)
+        for process in restarted:
+            self._await_ready(process)
+
     def __enter__(self) -> LocalIsland:
         return self.start()
 
@@ -262,7 +284,7 @@ class LocalIsland:
                 # processes of one session.
                 process_group=0,
             )
-        return Process(name, popen, log)
+        return Process(name, popen, log, arguments=arguments)
 
     def _await_ready(self, process: Process) -> None:
         line: list[str] = []

@@ -195,6 +195,12 @@ class Puller:
             with contextlib.suppress(OSError):  # wakes the pull waiting on it
                 socket.socket.shutdown(connection, socket.SHUT_RDWR)
 
+    def up(self, endpoint: str) -> None:
+        """A restarted executor listens at ``endpoint`` (perhaps where the lost one did): pulls
+        from it may go again."""
+        with self._lock:
+            self._down.pop(endpoint, None)
+
     def _check_up(self, endpoint: str) -> None:
         reason = self._down.get(endpoint)
         if reason is not None:

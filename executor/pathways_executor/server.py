@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -58,6 +59,9 @@ class ExecutorService:
     ) -> None:
         self.index = index
         self.endpoint = endpoint
+        # New at every start: the scheduler tells a restarted executor from a lost one that
+        # answers again (whose state it no longer trusts).
+        self.incarnation = secrets.token_hex(8)
         if jax.process_count() > 1:
             # One JAX distributed group per island: every device of the island, in island order.
             self.island_devices = dict(enumerate(jax.devices()))
@@ -89,13 +93,15 @@ class ExecutorService:
         self.control.emit(events)
 
     def _submit(self, commands: Sequence[pb.ExecutorCommand]) -> None:
-        """The scheduler's commands: a lost peer is acted on at once (its reads fail now),
-        the rest go to the runner in island order."""
+        """The scheduler's commands: a lost peer, or one taken back, is acted on at once (its
+        reads fail now, or may go again), the rest go to the runner in island order."""
         ordered = []
         for command in commands:
-            if command.WhichOneof("kind") == "peer_down":
-                down = command.peer_down
-                self._puller.down(down.data_endpoint, down.reason)
+            kind = command.WhichOneof("kind")
+            if kind == "peer_down":
+                self._puller.down(command.peer_down.data_endpoint, command.peer_down.reason)
+            elif kind == "peer_up":
+                self._puller.up(command.peer_up.data_endpoint)
             else:
                 ordered.append(command)
         self.runner.submit(ordered)
@@ -202,6 +208,7 @@ class ExecutorService:
             functions=self.runner.functions.loaded,
             executables=self.runner.functions.executables,
             programs=self.runner.programs,
+            incarnation=self.incarnation,
         )
 
     # -- data plane --------------------------------------------------------------------------

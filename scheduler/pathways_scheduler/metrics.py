@@ -1,9 +1,10 @@
 """The island scheduler's Prometheus metrics, read from its dispatcher at each scrape.
 
 Gauges of the queue (computations queued per client, in flight, sessions, executors lost,
-functions and programs held) and, per client, counters of its work (completed, failed,
-refused) and of the device time it held: what a platform team graphs to see each tenant's
-share of an island against its weight. Served at ``/metrics`` on the health port.
+functions and programs held), a counter of lost executors taken back (restarted) and, per
+client, counters of its work (completed, failed, refused) and of the device time it held:
+what a platform team graphs to see each tenant's share of an island against its weight.
+Served at ``/metrics`` on the health port.
 """
 
 from __future__ import annotations
@@ -30,11 +31,18 @@ class IslandCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         service = self.service
         island = service.island
-        weights, queued, usage, totals = service.read(_view)
+        weights, queued, usage, totals, rejoined = service.read(_view)
         for name, (documentation, value) in totals.items():
             gauge = GaugeMetricFamily(name, documentation, labels=["island"])
             gauge.add_metric([island], value)
             yield gauge
+        taken_back = CounterMetricFamily(
+            "pathways_island_executors_rejoined",
+            "Lost executors taken back after a restart.",
+            labels=["island"],
+        )
+        taken_back.add_metric([island], rejoined)
+        yield taken_back
         for name, documentation, values in (
             ("pathways_island_queued", "Computations queued, by client.", queued),
             (
@@ -84,7 +92,7 @@ def _view(dispatcher: IslandDispatcher) -> tuple[Any, ...]:
             dispatcher.in_flight,
         ),
         "pathways_island_executors_lost": (
-            "Executors lost (their computations fail until the island restarts).",
+            "Executors lost (work on them is refused until they are restarted and taken back).",
             dispatcher.executors_lost,
         ),
         "pathways_island_functions": (
@@ -96,7 +104,7 @@ def _view(dispatcher: IslandDispatcher) -> tuple[Any, ...]:
             dispatcher.programs_held,
         ),
     }
-    return weights, queued, usage, totals
+    return weights, queued, usage, totals, dispatcher.executors_rejoined
 
 
 def renderer(service: SchedulerService) -> Callable[[], bytes]:

@@ -64,6 +64,8 @@ SEND_TIMEOUT_SECONDS = 60
 # An executor heard from not even by its heartbeat (every second) for this long is lost: long
 # enough for a busy host's interpreter (a large upload's copy holds it for a while).
 DEFAULT_EXECUTOR_TIMEOUT_SECONDS = 30.0
+# A lost executor's endpoint is asked this often whether a restarted one answers there.
+REJOIN_POLL_SECONDS = 1.0
 # A completion held for a client's next event (see pathways_core.scheduling.island) goes out
 # after this long at the latest: a 1 ms computation behind two 4 s ones was reported 4 s late.
 MAX_HOLD_SECONDS = 0.005
@@ -260,26 +262,22 @@ class SchedulerService:
         self._silent: dict[int, str] = {}
         self._executor_timeout = executor_timeout
         self._held = HeldCompletions()
-        specs = []
-        controls = []
-        self._channels = []
+        # Each executor's process, by its incarnation: a lost one is taken back only as a
+        # new process (see ``_take_back``).
+        self._incarnations: dict[int, str] = {}
+        answers = []
         for index, endpoint in enumerate(executor_endpoints):
-            executor = channel(endpoint, MESSAGE_OPTIONS, tls)
-            self._channels.append(executor)
-            info = stub(executor, EXECUTOR, "Info")(pb.Empty(), timeout=60, wait_for_ready=True)
+            with channel(endpoint, MESSAGE_OPTIONS, tls) as executor:
+                info = stub(executor, EXECUTOR, "Info")(pb.Empty(), timeout=60, wait_for_ready=True)
             if info.index != index:
                 raise SystemExit(
                     f"executor {endpoint} says it is host {info.index}, but it is listed as "
                     f"host {index}: pass --executor once per host, in host order"
                 )
-            # Peers pull from the data plane at the name the executor was reached at (which
-            # its certificate carries), not at the wildcard it listens on.
-            data_endpoint = _reachable(info.data_endpoint, endpoint) if info.data_endpoint else ""
-            specs.append(ExecutorSpec(index, endpoint, tuple(info.devices), data_endpoint))
-            control_host, port = _reachable(info.control_endpoint, endpoint).rsplit(":", 1)
-            controls.append((control_host.strip("[]"), int(port)))
+            answers.append(_executor_spec(index, endpoint, info))
+            self._incarnations[index] = info.incarnation
         self.dispatcher = IslandDispatcher(
-            specs,
+            [spec for spec, _ in answers],
             Policy(policy),
             max_queued,
             max_in_flight,
@@ -288,8 +286,8 @@ class SchedulerService:
             max_artifact_bytes=max_artifact_bytes,
             run_length=run_length,
         )
-        for spec, control in zip(specs, controls, strict=True):
-            self._open_executor_stream(spec, control)
+        for spec, control in answers:
+            self._read_executor(spec, self._open_executor_stream(spec, control))
         if executor_timeout > 0:
             threading.Thread(target=self._watch_executors, name="heartbeats", daemon=True).start()
         self._listener = socket.create_server((host, session_port), backlog=64)
@@ -298,19 +296,32 @@ class SchedulerService:
 
     # -- executors ---------------------------------------------------------------------------
 
-    def _open_executor_stream(self, spec: ExecutorSpec, control: tuple[str, int]) -> None:
+    def _open_executor_stream(self, spec: ExecutorSpec, control: tuple[str, int]) -> socket.socket:
+        """Connect to an executor's control endpoint and say hello: from then on, it takes
+        its commands from this stream (its events are read by ``_read_executor``)."""
         connection = socket.create_connection(control, timeout=60)
-        if self._tls is not None:  # the executor's certificate is checked, ours presented
-            connection = self._tls.connect_stream(connection, control[0])
-        connection.settimeout(None)
-        # The executor takes this stream as its scheduler's only after this hello.
-        hello = pb.ControlHello(island=self.island, token=os.environ.get(CONTROL_TOKEN_ENV, ""))
-        connection.sendall(frame(pb.CommandBatch(commands=[pb.ExecutorCommand(hello=hello)])))
-        self._executors[spec.index] = Peer(
-            connection, lambda commands: pb.CommandBatch(commands=commands)
-        )
-        self._streams[spec.index] = connection
-        self._heard[spec.index] = time.monotonic()
+        try:
+            if self._tls is not None:  # the executor's certificate is checked, ours presented
+                connection = self._tls.connect_stream(connection, control[0])
+            connection.settimeout(None)
+            # The executor takes this stream as its scheduler's only after this hello.
+            token = os.environ.get(CONTROL_TOKEN_ENV, "")
+            hello = pb.ControlHello(island=self.island, token=token)
+            connection.sendall(frame(pb.CommandBatch(commands=[pb.ExecutorCommand(hello=hello)])))
+        except OSError:
+            connection.close()
+            raise
+        peer = Peer(connection, lambda commands: pb.CommandBatch(commands=commands))
+        with self._lock:  # no stimulus is writing to the stream it replaces meanwhile
+            self._executors[spec.index] = peer
+            self._streams[spec.index] = connection
+            self._heard[spec.index] = time.monotonic()
+            self._silent.pop(spec.index, None)
+        return connection
+
+    def _read_executor(self, spec: ExecutorSpec, connection: socket.socket) -> None:
+        """Read an executor's events on a thread of their own; when its stream ends, it is
+        lost, and the thread waits for a restarted one to take back."""
 
         def incoming() -> None:
             reason = "its command stream ended"
@@ -325,8 +336,50 @@ class SchedulerService:
                 reason = f"{type(error).__name__}: {error}"
             reason = self._silent.get(spec.index, reason)
             self._handle(lambda d: d.executor_lost(spec.index, reason))
+            self._take_back(spec.index, spec.endpoint)
 
         threading.Thread(target=incoming, name=f"executor-{spec.index}", daemon=True).start()
+
+    def _take_back(self, index: int, endpoint: str) -> None:
+        """Wait for a restarted executor at a lost one's endpoint (a kubelet restarts its
+        container, a pod is recreated at its name) and take it back in its place. Only a new
+        process is: one that answers again after it was lost (stopped, cut off) holds state
+        the island has given up on, and stays lost until it is restarted."""
+        noted = ""
+        while True:
+            time.sleep(REJOIN_POLL_SECONDS)
+            try:
+                # A fresh channel each time: one kept would wait out gRPC's reconnect backoff
+                # (up to 2 minutes) and keep the address a recreated pod's name had before.
+                with channel(endpoint, MESSAGE_OPTIONS, self._tls) as executor:
+                    info = stub(executor, EXECUTOR, "Info")(
+                        pb.Empty(), timeout=REJOIN_POLL_SECONDS * 5
+                    )
+            except grpc.RpcError:
+                continue  # not up (yet)
+            spec, control = _executor_spec(index, endpoint, info)
+            problem = None
+            if info.incarnation == self._incarnations[index]:
+                problem = "it answers again, but as the process that was lost: restart it"
+            elif info.index != index:
+                problem = f"it says it is host {info.index}, not host {index}"
+            else:
+                problem = self.read(lambda d, s=spec: d.rejoin_problem(s))
+            if problem is not None:
+                if problem != noted:  # said once, not every second
+                    _say(f"executor {index} ({endpoint}) is not taken back: {problem}")
+                    noted = problem
+                continue
+            try:
+                connection = self._open_executor_stream(spec, control)
+            except OSError:
+                continue
+            self._incarnations[index] = info.incarnation
+            # Taken back before its events are read: an end of the new stream is a new loss.
+            self._handle(lambda d, s=spec: d.executor_rejoined(s))
+            _say(f"executor {index} ({endpoint}) was restarted and is taken back")
+            self._read_executor(spec, connection)
+            return
 
     def _watch_executors(self) -> None:
         """Cut off an executor that sends nothing, not even its heartbeat, for the executor
@@ -539,6 +592,23 @@ class SchedulerService:
                 for r in records
             ]
         )
+
+
+def _executor_spec(
+    index: int, endpoint: str, info: pb.ExecutorInfo
+) -> tuple[ExecutorSpec, tuple[str, int]]:
+    """An executor as its ``Info`` describes it, reached at ``endpoint``; and its control
+    endpoint."""
+    # Peers pull from the data plane at the name the executor was reached at (which its
+    # certificate carries), not at the wildcard it listens on.
+    data_endpoint = _reachable(info.data_endpoint, endpoint) if info.data_endpoint else ""
+    spec = ExecutorSpec(index, endpoint, tuple(info.devices), data_endpoint)
+    control_host, port = _reachable(info.control_endpoint, endpoint).rsplit(":", 1)
+    return spec, (control_host.strip("[]"), int(port))
+
+
+def _say(message: str) -> None:
+    print(f"pathways_scheduler: {message}", file=sys.stderr, flush=True)
 
 
 def _reachable(advertised: str, contacted: str) -> str:

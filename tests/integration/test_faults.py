@@ -70,7 +70,7 @@ def test_sigkill_of_an_executor_fails_its_work_fast_and_the_rest_keeps_serving(
         )
         with pytest.raises(IslandError, match=rf"put: {unreachable}"):
             client.put(np.zeros(4, np.float32), device=2)
-        with pytest.raises(IslandError, match=rf"get '{x}': {unreachable}"):
+        with pytest.raises(IslandError, match=rf"get '{x}': it was lost: {unreachable}"):
             client.get(x, timeout=5)
     # A closed session says so (not "Cannot invoke RPC on closed channel").
     with pytest.raises(IslandError, match=r"put: the session with island .* is closed"):

@@ -449,3 +449,95 @@ def test_at_most_a_bounded_number_of_completions_wait_in_a_row() -> None:
         count - HOLD_WHILE_PENDING,
         count - 1,
     ]
+
+
+# -- a lost executor restarted and taken back -----------------------------------------------
+
+
+def with_data_endpoints() -> IslandDispatcher:
+    specs = [
+        ExecutorSpec(0, "h:1", (0, 1, 2, 3), "d:1"),
+        ExecutorSpec(1, "h:2", (4, 5, 6, 7), "d:2"),
+    ]
+    dispatcher = IslandDispatcher(specs, policy="fifo", max_in_flight=1)
+    for client in ("a", "b"):
+        dispatcher.connect(client)
+        dispatcher.register(
+            client, pb.FunctionRegistration(function_id=FUNCTION, artifact=ARTIFACT, name="f")
+        )
+        dispatcher.placed(client, pb.PlacedBuffer(buffer_id=f"{client}/x", executor=0))
+    return dispatcher
+
+
+def test_a_restarted_executor_is_taken_back_at_its_new_endpoints() -> None:
+    dispatcher = with_data_endpoints()
+    (run,) = [
+        c for _, c in to_executors(dispatcher.submit("a", computation("a", 1, (4,)))) if c.run.id
+    ]
+    finish(dispatcher, run.seq, executor=1)
+    dispatcher.executor_lost(1, "killed")
+    restarted = ExecutorSpec(1, "h:2", (4, 5, 6, 7), "d:9")
+    assert "is not a lost executor" in (
+        dispatcher.rejoin_problem(ExecutorSpec(0, "h:1", (0, 1, 2, 3))) or ""
+    )
+    other_devices = ExecutorSpec(1, "h:2", (4, 5), "d:9")
+    assert "now owns devices [4, 5], not [4, 5, 6, 7]" in (
+        dispatcher.rejoin_problem(other_devices) or ""
+    )
+    with pytest.raises(ValueError, match="now owns devices"):
+        dispatcher.executor_rejoined(other_devices)
+
+    taken_back = dispatcher.executor_rejoined(restarted)
+    # The other executors may read it again, at its new data endpoint; every client is told.
+    assert [
+        (e, c.peer_up.executor, c.peer_up.data_endpoint) for e, c in to_executors(taken_back)
+    ] == [(0, 1, "d:9")]
+    told = client_events(taken_back)
+    assert [(e.kind, e.executor, e.rejoined.data_endpoint) for e in told] == [
+        (Event.EXECUTOR_REJOINED, 1, "d:9")
+    ] * 2
+    assert dispatcher.executors_lost == 0 and dispatcher.executors_rejoined == 1
+    assert client_events(dispatcher.connect("c")) == []  # a later session is told of no loss
+    assert dispatcher.lost_reason(1) == ""
+    # Work runs on it again: the function is sent to the new process before its first use.
+    sent = to_executors(dispatcher.submit("a", computation("a", 2, (5,), inputs=["a/x"])))
+    assert [(e, c.WhichOneof("kind")) for e, c in sent] == [(1, "register"), (1, "run")]
+    assert list(sent[1][1].sources[0].data_endpoints) == ["d:1"]
+    # What the lost process held is gone: reading it is refused, naming the loss.
+    (refused,) = client_events(dispatcher.submit("a", computation("a", 3, (0,), inputs=["a/out1"])))
+    assert refused.kind == Event.REJECTED
+    assert "reads buffer 'a/out1', which was lost: executor 1 (h:2) is unreachable: killed" in (
+        refused.message
+    )
+    # It may still be deleted, with nothing to free on the new process.
+    dispatcher.delete("a", ["a/out1"])
+    assert "a/out1" not in dispatcher._gone and "a/out1" not in dispatcher._buffers
+
+
+def test_work_queued_before_a_loss_fails_even_once_its_executor_is_back() -> None:
+    dispatcher = with_data_endpoints()  # one computation in flight at a time
+    (blocking,) = [
+        c for _, c in to_executors(dispatcher.submit("a", computation("a", 1))) if c.run.id
+    ]
+    assert to_executors(dispatcher.submit("b", computation("b", 1, (4,)))) == []
+    assert to_executors(dispatcher.submit("b", computation("b", 2, (0,), ["b/out1"]))) == []
+    dispatcher.executor_lost(1, "killed")
+    dispatcher.executor_rejoined(ExecutorSpec(1, "h:2", (4, 5, 6, 7), "d:9"))
+    failed = {
+        e.computation_id: e.message for e in client_events(finish(dispatcher, blocking.seq, 0))
+    }
+    assert failed["b/c1"] == "computation 'n1': executor 1 (h:2) is unreachable: killed"
+    assert failed["b/c2"] == (
+        "computation 'n2': its input 'b/out1' was lost: executor 1 (h:2) is unreachable: killed"
+    )
+
+
+def test_a_restarted_executor_learns_of_the_others_still_lost() -> None:
+    specs = [ExecutorSpec(i, f"h:{i}", (i,), f"d:{i}") for i in range(3)]
+    dispatcher = IslandDispatcher(specs, policy="fifo", max_in_flight=4)
+    dispatcher.executor_lost(1, "killed")
+    dispatcher.executor_lost(2, "killed too")
+    told = to_executors(dispatcher.executor_rejoined(ExecutorSpec(1, "h:1", (1,), "d:7")))
+    assert [(e, c.WhichOneof("kind")) for e, c in told] == [(0, "peer_up"), (1, "peer_down")]
+    assert told[1][1].peer_down.data_endpoint == "d:2"
+    assert "killed too" in told[1][1].peer_down.reason

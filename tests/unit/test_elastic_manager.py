@@ -1,6 +1,6 @@
 """The elastic manager's decisions, against a stand-in cluster: which slices are lost (the
-scheduler's word, a probe, a session that ended), which failures are retried, and its
-arguments checked."""
+scheduler's word, a probe, a session that ended) and which came back, which failures are
+retried, and its arguments checked."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def failure() -> NodeFailed:
 
 
 def test_an_executor_the_scheduler_lost_is_lost_even_if_it_answers(answering) -> None:
-    # Restarted at its old endpoint, it answers a probe; the scheduler still refuses it.
+    # Something answers at its endpoint, but the scheduler has not taken it back (yet).
     session = Session(lost_executors={1: "executor 1 is unreachable"})
     manager = elastic.Manager(Cluster({"one": session}), slices())  # type: ignore[arg-type]
     assert [s.name for s in manager.find_lost()] == ["b"]
@@ -177,3 +177,60 @@ def test_slices_must_be_given_each_once() -> None:
     a, b = slices()
     with pytest.raises(ValueError, match=r"\['a'\] appear twice"):
         elastic.Manager(cluster, [a, a, b])  # type: ignore[arg-type]
+
+
+def test_a_lost_slice_comes_back_once_its_executor_is_taken_back(answering) -> None:
+    session = Session(lost_executors={1: "executor 1 is unreachable"})
+    manager = elastic.Manager(Cluster({"one": session}), slices())  # type: ignore[arg-type]
+    manager.find_lost()
+    assert manager.find_returned() == []  # answering, but not taken back by the scheduler
+    with pytest.raises(
+        TimeoutError, match=r"1 of 2 slices available after 0 s; still lost: \['b'\]"
+    ):
+        manager.wait_for_slices(timeout=0)
+    assert manager.wait_for_slices(count=1, timeout=0) == manager.slices[:1]
+    session.lost_executors = {}  # restarted and taken back
+    assert [s.name for s in manager.wait_for_slices(timeout=0)] == ["a", "b"]
+    assert manager.lost == []
+
+
+def test_a_taken_back_executor_that_does_not_answer_stays_lost(answering) -> None:
+    manager = elastic.Manager(Cluster({"one": Session()}), slices())  # type: ignore[arg-type]
+    answering.discard("h:1")
+    manager.find_lost()
+    assert manager.find_returned() == []
+    answering.add("h:1")
+    assert [s.name for s in manager.find_returned()] == ["b"]
+
+
+def test_a_retry_takes_back_the_slices_that_came_back(answering) -> None:
+    session = Session()
+    manager = elastic.Manager(Cluster({"one": session}), slices())  # type: ignore[arg-type]
+    seen = []
+
+    def restarted(attempt, error, lost) -> None:
+        session.lost_executors = {}  # the kubelet restarted it before the retry
+
+    @manager.elastic_retry(max_retries=1, on_elastic_event=restarted)
+    def step() -> None:
+        seen.append([s.name for s in manager.available])
+        if len(seen) == 1:
+            session.lost_executors = {1: "executor 1 is unreachable"}
+            raise failure()
+
+    step()
+    assert seen == [["a", "b"], ["a", "b"]]
+
+
+@pytest.mark.parametrize(
+    ("count", "message"),
+    [
+        (3, "3 slices asked for; the manager has 2"),
+        (-1, "expected an int >= 0, got -1"),
+        (True, "expected an int >= 0, got True"),
+    ],
+)
+def test_wait_for_slices_checks_its_count(count, message) -> None:
+    manager = elastic.Manager(Cluster({"one": Session()}), slices())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        manager.wait_for_slices(count=count, timeout=0)

@@ -6,7 +6,7 @@ freed once the call is done, and calls refused with what is wrong."""
 from __future__ import annotations
 
 import pytest
-from test_dispatcher import FUNCTION, client_events, island, to_executors
+from test_dispatcher import ARTIFACT, FUNCTION, client_events, island, to_executors
 
 from pathways_core.scheduling import ExecutorSpec, IslandDispatcher
 from pathways_core.scheduling.island import TraceRecord
@@ -328,3 +328,34 @@ def test_a_program_over_the_node_limit_is_refused() -> None:
     (event,) = client_events(dispatcher.register_program("a", registration))
     assert event.kind == Event.REJECTED
     assert f"has {MAX_PROGRAM_NODES + 1} nodes; at most {MAX_PROGRAM_NODES}" in event.message
+
+
+def test_a_program_spanning_a_restarted_executor_is_registered_again_everywhere() -> None:
+    """The others' plans pull its intermediates from its data endpoint, which changed."""
+    specs = [
+        ExecutorSpec(0, "h:1", (0, 1, 2, 3), "d:1"),
+        ExecutorSpec(1, "h:2", (4, 5, 6, 7), "d:2"),
+    ]
+    dispatcher = IslandDispatcher(specs, policy="fifo")
+    dispatcher.connect("a")
+    dispatcher.register("a", pb.FunctionRegistration(function_id=FUNCTION, artifact=ARTIFACT))
+    dispatcher.placed("a", pb.PlacedBuffer(buffer_id="a/x", executor=0))
+    program = registered(dispatcher, chain([4, 0]))
+    first = to_executors(dispatcher.call("a", call(program, 1)))
+    pulls = [c.program for _, c in first if c.HasField("program") and c.program.sources]
+    assert [list(p.sources[0].data_endpoints) for p in pulls] == [["d:2"]]
+    seq = first[-1][1].seq
+    for executor in (0, 1):
+        dispatcher.executor_event(pb.ExecutorEvent(seq=seq, executor=executor, ok=True))
+    dispatcher.executor_lost(1, "killed")
+    dispatcher.executor_rejoined(ExecutorSpec(1, "h:2", (4, 5, 6, 7), "d:9"))
+    again = to_executors(dispatcher.call("a", call(program, 2)))
+    assert sorted((e, c.WhichOneof("kind")) for e, c in again) == [
+        (0, "call"),
+        (0, "program"),
+        (1, "call"),
+        (1, "program"),
+        (1, "register"),
+    ]
+    pulls = [c.program for _, c in again if c.HasField("program") and c.program.sources]
+    assert [list(p.sources[0].data_endpoints) for p in pulls] == [["d:9"]]

@@ -198,6 +198,11 @@ class IslandDispatcher:
         self._running: dict[str, int] = {}  # client -> its computations in flight
         self._held: dict[str, int] = {}  # client -> completions deferred since its last event
         self._down: dict[int, str] = {}  # executor -> why
+        self._rejoined = 0  # lost executors taken back (restarted)
+        # What a lost executor held, and work queued before its loss that ran on it: gone or
+        # failed for good (each id -> the loss), even once a restarted one is taken back.
+        self._gone: dict[str, str] = {}  # buffer ids
+        self._doomed: dict[str, str] = {}  # computation and call ids
         # Buffers another executor is pulling for an unfinished computation: a deletion waits
         # for them (the holder would otherwise free the bytes before the pull).
         self._pulling: dict[str, int] = {}  # buffer id -> computations still reading it
@@ -255,6 +260,7 @@ class IslandDispatcher:
         prefix = f"{client}/"
         self._deleting = {i for i in self._deleting if not i.startswith(prefix)}
         self._unfinished = {i for i in self._unfinished if not i.startswith(prefix)}
+        self._doomed = {i: why for i, why in self._doomed.items() if not i.startswith(prefix)}
         gone = [buffer_id for buffer_id in self._buffers if buffer_id.startswith(prefix)]
         unused = []
         for identifier in self._uses.pop(client, set()):
@@ -277,8 +283,13 @@ class IslandDispatcher:
 
     @property
     def executors_lost(self) -> int:
-        """Executors lost (their work fails until the island restarts)."""
+        """Executors lost now (work on them is refused until they are taken back)."""
         return len(self._down)
+
+    @property
+    def executors_rejoined(self) -> int:
+        """Lost executors taken back, restarted, so far."""
+        return self._rejoined
 
     def lost_reason(self, index: int) -> str:
         """Why executor ``index`` was lost; empty if it was not."""
@@ -474,14 +485,7 @@ class IslandDispatcher:
         # The others stop reading its buffers now: a read from a silent holder waited
         # minutes, holding up everything after it on the reader's devices.
         instructions: list[Instruction] = [
-            ToExecutor(
-                other.index,
-                pb.ExecutorCommand(
-                    peer_down=pb.PeerDown(
-                        executor=index, data_endpoint=spec.data_endpoint, reason=message
-                    )
-                ),
-            )
+            ToExecutor(other.index, self._peer_down(index, message))
             for other in self.executors.values()
             if other.index not in self._down and spec.data_endpoint
         ]
@@ -494,6 +498,88 @@ class IslandDispatcher:
                 # up on the group, ~100 s). Their later reports are ignored.
                 flight.errors.append(message)
                 instructions += self._finish(seq)
+        # What it held is gone, and the work queued to run on it fails when its turn comes,
+        # even if a restarted executor is taken back by then (clearer than a read that waits).
+        for buffer_id, holders in self._buffers.items():
+            if index in holders:
+                self._gone.setdefault(buffer_id, message)
+        for _, item in self.queue.waiting():
+            if isinstance(item, _Call) and index in item.program.executors:
+                self._doomed.setdefault(item.call.id, message)
+            elif isinstance(item, pb.Computation) and any(
+                self.device_owner[d] == index for d in item.devices
+            ):
+                self._doomed.setdefault(item.id, message)
+        return instructions + self._dispatch()
+
+    def _peer_down(self, index: int, message: str) -> pb.ExecutorCommand:
+        spec = self.executors[index]
+        down = pb.PeerDown(executor=index, data_endpoint=spec.data_endpoint, reason=message)
+        return pb.ExecutorCommand(peer_down=down)
+
+    def rejoin_problem(self, spec: ExecutorSpec) -> str | None:
+        """Why a restarted executor cannot be taken back in the place of a lost one, if it
+        cannot: it must be lost, and own the same devices."""
+        old = self.executors.get(spec.index)
+        if old is None or spec.index not in self._down:
+            return f"executor {spec.index} is not a lost executor of island {self.island!r}"
+        if tuple(spec.devices) != tuple(old.devices):
+            return (
+                f"executor {spec.index} now owns devices {list(spec.devices)}, not "
+                f"{list(old.devices)} as before: it was started with other flags"
+            )
+        return None
+
+    def executor_rejoined(self, spec: ExecutorSpec) -> list[Instruction]:
+        """A lost executor, restarted, is taken back in its place (its endpoints may have
+        changed; see ``rejoin_problem``): work may run on it again, and the other executors and
+        the clients may read from it. What the lost one held stays gone; functions and programs
+        are sent to it again before their next use there."""
+        problem = self.rejoin_problem(spec)
+        if problem is not None:
+            raise ValueError(problem)
+        index = spec.index
+        del self._down[index]
+        self.executors[index] = spec
+        self._rejoined += 1
+        # Programs spanning it are registered again everywhere: the others' plans pull their
+        # intermediates from its data endpoint, which the restart changed.
+        spanning = {pid for pid, program in self._programs.items() if index in program.executors}
+        self._registered = {
+            (identifier, executor)
+            for identifier, executor in self._registered
+            if executor != index and identifier not in spanning
+        }
+        for held in (self._buffers, self._deferred):
+            for buffer_id, holders in held.items():
+                if index in holders:
+                    held[buffer_id] = holders - {index}
+        for copies in self._copies.values():
+            copies.discard(index)
+        info = pb.ExecutorInfo(
+            index=index,
+            endpoint=spec.endpoint,
+            devices=spec.devices,
+            data_endpoint=spec.data_endpoint,
+        )
+        instructions: list[Instruction] = [
+            ToExecutor(
+                other,
+                pb.ExecutorCommand(
+                    peer_up=pb.PeerUp(executor=index, data_endpoint=spec.data_endpoint)
+                ),
+            )
+            for other in self.executors
+            if other != index and other not in self._down and spec.data_endpoint
+        ]
+        # It learns of the others still lost, as they were told of its loss.
+        instructions += [
+            ToExecutor(index, self._peer_down(other, message))
+            for other, message in sorted(self._down.items())
+            if self.executors[other].data_endpoint
+        ]
+        rejoined = Event(kind=Event.EXECUTOR_REJOINED, executor=index, rejoined=info)
+        instructions += [ToClient(c, rejoined) for c in sorted(self._connected)]
         return instructions + self._dispatch()
 
     # -- internals ---------------------------------------------------------------------------
@@ -523,9 +609,19 @@ class IslandDispatcher:
         if down:
             return f"computation {label!r} cannot run: {down[0]}"
         for buffer_id in computation.inputs:
-            if buffer_id not in self._buffers:
-                return f"computation {label!r} reads unknown buffer {buffer_id!r}"
+            problem = self._input_problem(buffer_id)
+            if problem:
+                return f"computation {label!r} reads {problem}"
         return self._outputs_problem(client, f"computation {label!r}", computation.outputs)
+
+    def _input_problem(self, buffer_id: str) -> str | None:
+        """What is wrong with reading a buffer (unknown, or lost with an executor), if
+        anything."""
+        if buffer_id not in self._buffers:
+            return f"unknown buffer {buffer_id!r}"
+        if buffer_id in self._gone:
+            return f"buffer {buffer_id!r}, which was lost: {self._gone[buffer_id]}"
+        return None
 
     def _outputs_problem(
         self, client: str, label: str, outputs: Sequence[str], scope: str = ""
@@ -574,8 +670,9 @@ class IslandDispatcher:
         if down:
             return f"{label} cannot run: {down[0]}"
         for buffer_id in call.arguments:
-            if buffer_id not in self._buffers:
-                return f"{label} reads unknown buffer {buffer_id!r}"
+            problem = self._input_problem(buffer_id)
+            if problem:
+                return f"{label} reads {problem}"
         if call.id in self._unfinished:
             return f"{label}: id {call.id!r} is taken by work not yet finished"
         for names in program.shared.values():
@@ -614,7 +711,7 @@ class IslandDispatcher:
     def _run(self, client: str, computation: pb.Computation) -> list[Instruction]:
         owners = sorted({self.device_owner[d] for d in computation.devices})
         label = f"computation {computation.name or computation.id!r}"
-        failed = self._failed_on_dispatch(client, computation.id, label, owners)
+        failed = self._failed_on_dispatch(client, computation.id, label, owners, computation.inputs)
         if failed is not None:
             self._unfinished.discard(computation.id)
             return [failed]
@@ -635,7 +732,7 @@ class IslandDispatcher:
     def _run_call(self, client: str, item: _Call) -> list[Instruction]:
         call, program = item.call, item.program
         label = f"call {call.id!r} of program {program.name!r}"
-        failed = self._failed_on_dispatch(client, call.id, label, program.executors)
+        failed = self._failed_on_dispatch(client, call.id, label, program.executors, call.arguments)
         if failed is not None:
             self._unfinished.discard(call.id)
             return [failed]
@@ -665,15 +762,27 @@ class IslandDispatcher:
         return instructions
 
     def _failed_on_dispatch(
-        self, client: str, item_id: str, label: str, owners: Sequence[int]
+        self,
+        client: str,
+        item_id: str,
+        label: str,
+        owners: Sequence[int],
+        inputs: Sequence[str],
     ) -> ToClient | None:
-        """The failure of work whose executors went down while it was queued, if they did
-        (it takes its place in the order all the same)."""
+        """The failure of work whose executors (or whose inputs' holders) were lost while it
+        was queued, if they were (it takes its place in the order all the same)."""
         seq = self._next_seq()
         down = [self._down[i] for i in owners if i in self._down]
-        if not down:
+        gone = [b for b in inputs if b in self._gone]
+        doomed = self._doomed.pop(item_id, None)
+        if doomed is not None:
+            message = f"{label}: {doomed}"
+        elif down:
+            message = f"{label}: {down[0]}"
+        elif gone:
+            message = f"{label}: its input {gone[0]!r} was lost: {self._gone[gone[0]]}"
+        else:
             return None
-        message = f"{label}: {down[0]}"
         return ToClient(
             client, Event(kind=Event.FAILED, computation_id=item_id, seq=seq, message=message)
         )
@@ -782,6 +891,7 @@ class IslandDispatcher:
         for buffer_id in ids:
             holders = self._buffers.pop(buffer_id, frozenset())
             holders |= self._copies.pop(buffer_id, set())
+            self._gone.pop(buffer_id, None)
             self._uploaded.discard(buffer_id)
             self._remote.pop(buffer_id, None)
             if self._pulling.get(buffer_id):

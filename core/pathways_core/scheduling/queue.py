@@ -40,6 +40,7 @@ refused and do not count against the bounds.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Generic, TypeVar
@@ -127,6 +128,12 @@ class IslandQueue(Generic[Item]):
         """The client's most recently submitted item still waiting, if any."""
         state = self._clients.get(client)
         return state.pending[-1][1] if state is not None and state.pending else None
+
+    def waiting(self) -> Iterator[tuple[str, Item]]:
+        """Every item waiting, with its client (in no particular order)."""
+        for state in self._clients.values():
+            for _, item, _, _ in state.pending:
+                yield state.name, item
 
     def add_client(self, name: str, weight: int = 1, priority: int = 0) -> None:
         """Register a client (or update its weight and priority)."""

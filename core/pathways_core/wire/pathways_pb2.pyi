@@ -173,7 +173,7 @@ class Hello(_message.Message):
     def __init__(self, client: _Optional[str] = ..., weight: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class ClientEvent(_message.Message):
-    __slots__ = ("kind", "computation_id", "seq", "message", "function_id", "program_id", "executor")
+    __slots__ = ("kind", "computation_id", "seq", "message", "function_id", "program_id", "executor", "rejoined")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[ClientEvent.Kind]
@@ -183,6 +183,7 @@ class ClientEvent(_message.Message):
         REJECTED: _ClassVar[ClientEvent.Kind]
         REGISTERED: _ClassVar[ClientEvent.Kind]
         EXECUTOR_LOST: _ClassVar[ClientEvent.Kind]
+        EXECUTOR_REJOINED: _ClassVar[ClientEvent.Kind]
     KIND_UNSPECIFIED: ClientEvent.Kind
     QUEUED: ClientEvent.Kind
     COMPLETED: ClientEvent.Kind
@@ -190,6 +191,7 @@ class ClientEvent(_message.Message):
     REJECTED: ClientEvent.Kind
     REGISTERED: ClientEvent.Kind
     EXECUTOR_LOST: ClientEvent.Kind
+    EXECUTOR_REJOINED: ClientEvent.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     COMPUTATION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +199,7 @@ class ClientEvent(_message.Message):
     FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    REJOINED_FIELD_NUMBER: _ClassVar[int]
     kind: ClientEvent.Kind
     computation_id: str
     seq: int
@@ -204,7 +207,8 @@ class ClientEvent(_message.Message):
     function_id: str
     program_id: str
     executor: int
-    def __init__(self, kind: _Optional[_Union[ClientEvent.Kind, str]] = ..., computation_id: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[str] = ..., function_id: _Optional[str] = ..., program_id: _Optional[str] = ..., executor: _Optional[int] = ...) -> None: ...
+    rejoined: ExecutorInfo
+    def __init__(self, kind: _Optional[_Union[ClientEvent.Kind, str]] = ..., computation_id: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[str] = ..., function_id: _Optional[str] = ..., program_id: _Optional[str] = ..., executor: _Optional[int] = ..., rejoined: _Optional[_Union[ExecutorInfo, _Mapping]] = ...) -> None: ...
 
 class InputSource(_message.Message):
     __slots__ = ("buffer_id", "executors", "data_endpoints", "uploaded", "partial")
@@ -221,7 +225,7 @@ class InputSource(_message.Message):
     def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ..., data_endpoints: _Optional[_Iterable[str]] = ..., uploaded: _Optional[bool] = ..., partial: _Optional[bool] = ...) -> None: ...
 
 class ExecutorCommand(_message.Message):
-    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "forget", "peer_down", "sources")
+    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "forget", "peer_down", "peer_up", "sources")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +235,7 @@ class ExecutorCommand(_message.Message):
     CALL_FIELD_NUMBER: _ClassVar[int]
     FORGET_FIELD_NUMBER: _ClassVar[int]
     PEER_DOWN_FIELD_NUMBER: _ClassVar[int]
+    PEER_UP_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     run: Computation
@@ -241,8 +246,9 @@ class ExecutorCommand(_message.Message):
     call: ProgramCall
     forget: Forget
     peer_down: PeerDown
+    peer_up: PeerUp
     sources: _containers.RepeatedCompositeFieldContainer[InputSource]
-    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., peer_down: _Optional[_Union[PeerDown, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., peer_down: _Optional[_Union[PeerDown, _Mapping]] = ..., peer_up: _Optional[_Union[PeerUp, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
 
 class Forget(_message.Message):
     __slots__ = ("function_ids", "program_ids")
@@ -261,6 +267,14 @@ class PeerDown(_message.Message):
     data_endpoint: str
     reason: str
     def __init__(self, executor: _Optional[int] = ..., data_endpoint: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PeerUp(_message.Message):
+    __slots__ = ("executor", "data_endpoint")
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    executor: int
+    data_endpoint: str
+    def __init__(self, executor: _Optional[int] = ..., data_endpoint: _Optional[str] = ...) -> None: ...
 
 class ControlHello(_message.Message):
     __slots__ = ("island", "token")
@@ -329,7 +343,7 @@ class Ack(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint", "control_endpoint", "buffers", "buffer_bytes", "inputs_taken_over", "functions", "executables", "programs", "lost")
+    __slots__ = ("index", "endpoint", "devices", "platform", "data_endpoint", "control_endpoint", "buffers", "buffer_bytes", "inputs_taken_over", "functions", "executables", "programs", "lost", "incarnation")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
@@ -343,6 +357,7 @@ class ExecutorInfo(_message.Message):
     EXECUTABLES_FIELD_NUMBER: _ClassVar[int]
     PROGRAMS_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     index: int
     endpoint: str
     devices: _containers.RepeatedScalarFieldContainer[int]
@@ -356,7 +371,8 @@ class ExecutorInfo(_message.Message):
     executables: int
     programs: int
     lost: str
-    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., buffers: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., inputs_taken_over: _Optional[int] = ..., functions: _Optional[int] = ..., executables: _Optional[int] = ..., programs: _Optional[int] = ..., lost: _Optional[str] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., buffers: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., inputs_taken_over: _Optional[int] = ..., functions: _Optional[int] = ..., executables: _Optional[int] = ..., programs: _Optional[int] = ..., lost: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class IslandInfo(_message.Message):
     __slots__ = ("island", "shape", "executors", "policy", "session_endpoint", "max_queued", "max_queued_per_client", "functions", "programs")

@@ -1,0 +1,121 @@
+"""A lost executor restarted at its endpoint (as a kubelet restarts a container) is taken back
+by its scheduler: work runs on it again, for sessions open through the loss and new ones,
+while what the lost process held stays gone, saying so."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import assert_chain_runs, export, f32, increment
+
+import pathways_client as pw
+from pathways_client.island_client import IslandClient, IslandError
+from pathways_client.launcher import LocalIsland
+
+UNREACHABLE = r"executor 1 \(127\.0\.0\.1:\d+\) is unreachable"
+
+
+def _metrics(island: LocalIsland) -> str:
+    assert island.scheduler is not None
+    url = f"http://127.0.0.1:{island.scheduler.health_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return answer.read().decode()
+
+
+def test_a_restarted_executor_is_taken_back_and_what_it_held_stays_gone(
+    compilation_cache: Path,
+) -> None:
+    # Not one JAX group: the other executor serves on while this one is down.
+    island = LocalIsland(
+        hosts=2, devices_per_host=2, distributed=False, compilation_cache=compilation_cache
+    )
+    with island:
+        with IslandClient(island.scheduler_endpoint, "through") as client:
+            add_one = client.register(increment(), "increment")
+            held = client.put(np.arange(4, dtype=np.float32), device=2)
+            island.kill_executor(1)
+            with pytest.raises(IslandError, match=UNREACHABLE):
+                client.submit(add_one, [2], [held], 1).wait(30)
+            assert list(client.lost_executors) == [1]
+
+            island.restart_executors(1)
+            assert client.wait_for_executors(timeout=60), client.lost_executors
+            # What the lost process held is gone, for the client and for work reading it.
+            with pytest.raises(IslandError, match=rf"get '{held}': it was lost: {UNREACHABLE}"):
+                client.get(held, timeout=5)
+            reads_lost = client.submit(add_one, [0], [held], 1)
+            with pytest.raises(IslandError, match=rf"reads buffer '{held}', which was lost"):
+                reads_lost.wait(30)
+            # The function registered before the loss is sent to the new process before its use;
+            # uploads go to it, and a chain crosses from the other executor to it and back.
+            x = client.put(np.arange(4, dtype=np.float32), device=2)
+            first = client.submit(add_one, [2], [x], 1)
+            second = client.submit(add_one, [0], [first.outputs[0]], 1)
+            third = client.submit(add_one, [3], [second.outputs[0]], 1)
+            np.testing.assert_array_equal(
+                client.get(third.outputs[0], timeout=60), np.arange(4) + 3
+            )
+            client.delete([held])  # a lost buffer may still be deleted
+        assert_chain_runs(island, "after")  # a session opened later sees it healthy
+        metrics = _metrics(island)
+        assert 'pathways_island_executors_rejoined_total{island="local"} 1.0' in metrics
+        assert 'pathways_island_executors_lost{island="local"} 0.0' in metrics
+
+
+def test_an_island_group_restarted_whole_is_taken_back(compilation_cache: Path) -> None:
+    """One JAX group: a restarted member ends the group (its coordinator aborts when it
+    rejoins), so the executors restart together, as a StatefulSet's pods do; the scheduler
+    takes each back and a collective over both hosts runs again."""
+    mesh_devices = 4
+    total = export(
+        lambda x: jnp.sum(x) * jnp.ones_like(x), f32(8), devices=mesh_devices, sharded=True
+    )
+    with (
+        LocalIsland(hosts=2, devices_per_host=2, compilation_cache=compilation_cache) as island,
+        IslandClient(island.scheduler_endpoint, "group") as client,
+    ):
+        function = client.register(total, "total")
+        devices = list(range(mesh_devices))
+
+        def all_reduce() -> np.ndarray:
+            x = client.put(np.arange(8, dtype=np.float32), device=0)
+            done = client.submit(function, devices, [x], 1)
+            return client.get(done.outputs[0], timeout=60)
+
+        np.testing.assert_array_equal(all_reduce(), np.full(8, 28.0))
+        island.restart_executors(1, 0)
+        assert client.wait_for_executors(timeout=60), client.lost_executors
+        np.testing.assert_array_equal(all_reduce(), np.full(8, 28.0))
+
+
+def test_a_slice_lost_with_its_executor_comes_back_once_it_is_restarted(
+    compilation_cache: Path,
+) -> None:
+    island = LocalIsland(
+        hosts=2, devices_per_host=2, distributed=False, compilation_cache=compilation_cache
+    )
+    with island, pw.connect(island) as cluster:
+        slices = [cluster.slice(devices=2, name=name) for name in ("a", "b")]
+        doubles = {s.name: pw.function(lambda v: v * 2, slice=s) for s in slices}
+        manager = pw.elastic.Manager(cluster, slices)
+        x = np.arange(4, dtype=np.float32)
+        np.testing.assert_array_equal(doubles["b"](x).result(timeout=60), x * 2)
+        island.kill_executor(1)
+        with pytest.raises(pw.NodeFailed, match=UNREACHABLE):
+            doubles["b"](x).result(timeout=60)
+        assert [s.name for s in manager.find_lost()] == ["b"]
+        with pytest.raises(TimeoutError, match=r"still lost: \['b'\]"):
+            manager.wait_for_slices(timeout=0)
+
+        island.restart_executors(1)
+        assert [s.name for s in manager.wait_for_slices(timeout=60)] == ["a", "b"]
+        np.testing.assert_array_equal(doubles["b"](x).result(timeout=60), x * 2)
+        # Its devices may be bound again too.
+        cluster.release(slices[1])
+        again = cluster.slice(devices=2, name="again")
+        owners = cluster.session(island.name).device_owner
+        assert {owners[d] for d in again.devices} == {1}
