@@ -59,6 +59,11 @@ class ControlServer:
         ).start()
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 
+    @property
+    def connected(self) -> bool:
+        """Whether a scheduler's stream is open (its hello was taken)."""
+        return self._connection is not None
+
     def _beat(self) -> None:
         while not self._closed.wait(HEARTBEAT_SECONDS):
             connection = self._connection

@@ -1,6 +1,7 @@
-"""A liveness endpoint: ``GET /healthz`` answers ``ok`` from a thread of this process; and
-``GET /metrics``, once the process publishes them (:func:`publish_metrics`), its Prometheus
-metrics.
+"""A liveness endpoint: ``GET /healthz`` answers ``ok`` from a thread of this process; a
+readiness endpoint, ``GET /readyz``, once the process publishes what it is ready when
+(:func:`publish_readiness`: 200, else 503 saying why); and ``GET /metrics``, once the process
+publishes them (:func:`publish_metrics`), its Prometheus metrics.
 
 It answers while the process can run Python, so a stopped or wedged process (SIGSTOP, an
 interpreter held for good) fails the probe: Kubernetes' liveness probe of the island's pods
@@ -16,14 +17,21 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PATH = "/healthz"
+READY_PATH = "/readyz"
 METRICS_PATH = "/metrics"
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _metrics: list[Callable[[], bytes]] = []  # what renders the metrics, once published
+_readiness: list[Callable[[], str]] = []  # why the process is not ready ("": it is)
 
 
 def publish_metrics(render: Callable[[], bytes]) -> None:
     """Serve ``render()`` at ``/metrics`` from now on."""
     _metrics[:] = [render]
+
+
+def publish_readiness(not_ready: Callable[[], str]) -> None:
+    """Answer ``/readyz`` from now on: 200 when ``not_ready()`` is empty, else 503 with it."""
+    _readiness[:] = [not_ready]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -32,6 +40,9 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]  # a scrape may carry parameters
         if path == PATH:
             status, body = 200, b"ok"
+        elif path == READY_PATH and _readiness:
+            why = _readiness[0]()
+            status, body = (503, why.encode()) if why else (200, b"ready")
         elif path == METRICS_PATH and _metrics:
             status, content, body = 200, METRICS_TYPE, _metrics[0]()
         self.send_response(status)

@@ -27,7 +27,7 @@ from pathways_executor.arrays import local_regions, received_upload
 from pathways_executor.buffers import BufferError
 from pathways_executor.control import ControlServer
 from pathways_executor.data_plane import DataPlaneServer, Puller
-from pathways_executor.health import publish_metrics
+from pathways_executor.health import publish_metrics, publish_readiness
 from pathways_executor.lifeline import stop_when_stdin_closes
 from pathways_executor.metrics import PULLED, SENT, Tally, renderer
 from pathways_executor.rpc import MESSAGE_OPTIONS, generic_handler
@@ -339,6 +339,11 @@ def serve(
     service.endpoint = f"{host}:{bound}"
     server.start()
     publish_metrics(renderer(service))
+    # Ready once its island's scheduler holds its command stream (took it, or took it back
+    # after a restart): a pod that only listens would count as a usable host too early.
+    publish_readiness(
+        lambda: "" if service.control.connected else "no island scheduler holds its command stream"
+    )
     return server, bound
 
 

@@ -4,9 +4,12 @@ while what the lost process held stays gone, saying so."""
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 from pathlib import Path
 
+import grpc
+import httpx
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,6 +18,9 @@ from conftest import assert_chain_runs, export, f32, increment
 import pathways_client as pw
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland
+from pathways_client.rpc import stub
+from pathways_core.wire import EXECUTOR, pb
+from pathways_core.wire.streams import frame, messages
 
 UNREACHABLE = r"executor 1 \(127\.0\.0\.1:\d+\) is unreachable"
 
@@ -119,3 +125,39 @@ def test_a_slice_lost_with_its_executor_comes_back_once_it_is_restarted(
         again = cluster.slice(devices=2, name="again")
         owners = cluster.session(island.name).device_owner
         assert {owners[d] for d in again.devices} == {1}
+
+
+def test_an_executor_is_ready_once_a_scheduler_holds_its_stream(tmp_path: Path) -> None:
+    """Its pod's readiness probe asks this: a restarted executor counts as a ready host
+    only once its scheduler took it back, not as soon as it listens."""
+    launcher = LocalIsland(workdir=tmp_path)
+    launcher._control_token = "t0ken"
+    process = launcher._spawn(
+        "executor",
+        ["-m", "pathways_executor", "--fake-devices", "1", "--health-port", "0"],
+    )
+    try:
+        launcher._await_ready(process)
+        ready = f"http://127.0.0.1:{process.health_port}/readyz"
+        answer = httpx.get(ready, timeout=10)
+        assert (answer.status_code, answer.text) == (
+            503,
+            "no island scheduler holds its command stream",
+        )
+        with grpc.insecure_channel(process.endpoint) as channel:
+            info = stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=30)
+        host, port = info.control_endpoint.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as connection:
+            hello = pb.ExecutorCommand(hello=pb.ControlHello(token="t0ken"))
+            # Its failure is reported on the stream: the executor has taken it by then.
+            unknown = pb.ExecutorCommand(
+                seq=1, run=pb.Computation(id="c/1", function_id="f" * 64, devices=[0])
+            )
+            connection.sendall(frame(pb.CommandBatch(commands=[hello])))  # alone, first
+            connection.sendall(frame(pb.CommandBatch(commands=[unknown])))
+            reports = messages(connection.recv, pb.EventBatch.FromString)
+            assert next(batch for batch in reports if batch.events).events[0].computation_id
+            assert httpx.get(ready, timeout=10).text == "ready"
+    finally:
+        process.popen.kill()
+        process.popen.wait()

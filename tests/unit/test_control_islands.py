@@ -84,6 +84,9 @@ def test_island_processes_are_probed_for_liveness_and_silent_executors_timed_out
         assert "--health-port 8477" in " ".join(container["args"])
     scheduler = made["Deployment/isl-scheduler"]["spec"]["template"]["spec"]["containers"][0]
     assert scheduler["args"][scheduler["args"].index("--executor-timeout") + 1] == "9"
+    # An executor is a ready host once its scheduler holds its stream (took it back, restarted).
+    executor = made["StatefulSet/isl-executor"]["spec"]["template"]["spec"]["containers"][0]
+    assert executor["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     _, problem = parse(
         island_document("cpu-fake", "1x4", 1, scheduler={"executorTimeoutSeconds": 1})
     )

@@ -317,7 +317,12 @@ def island_children(
             {"name": "coordinator", "containerPort": COORDINATOR_PORT},
             {"name": "health", "containerPort": HEALTH_PORT},
         ],
-        "readinessProbe": {"tcpSocket": {"port": EXECUTOR_PORT}},
+        # Ready once the scheduler took it (at the island's start, or back after a restart):
+        # only then does a host count as ready in the island's status and get slices bound.
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "health"},
+            "periodSeconds": 2,
+        },
         "livenessProbe": LIVENESS_PROBE,
     }
     if placed["resources"]:
