@@ -46,6 +46,11 @@ POLL_SECONDS = 0.5
 MAX_BUFFER_ID = 4096
 
 
+# The exit code of an executor its scheduler retired (lost, then answering again as the same
+# process): it is to be restarted, and taken back as a new one (EX_TEMPFAIL).
+RETIRED_EXIT_CODE = 75
+
+
 class ExecutorService:
     """Implements ``pathways.v1.Executor``."""
 
@@ -94,10 +99,18 @@ class ExecutorService:
 
     def _submit(self, commands: Sequence[pb.ExecutorCommand]) -> None:
         """The scheduler's commands: a lost peer, or one taken back, is acted on at once (its
-        reads fail now, or may go again), the rest go to the runner in island order."""
+        reads fail now, or may go again), and so is being retired; the rest go to the runner
+        in island order."""
         ordered = []
         for command in commands:
             kind = command.WhichOneof("kind")
+            if kind == "retire":
+                print(
+                    f"pathways_executor: retired by its scheduler: {command.retire.reason}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(RETIRED_EXIT_CODE)  # nothing here is the island's to keep any more
             if kind == "peer_down":
                 self._puller.down(command.peer_down.data_endpoint, command.peer_down.reason)
             elif kind == "peer_up":

@@ -296,9 +296,9 @@ class SchedulerService:
 
     # -- executors ---------------------------------------------------------------------------
 
-    def _open_executor_stream(self, spec: ExecutorSpec, control: tuple[str, int]) -> socket.socket:
+    def _connect_control(self, control: tuple[str, int]) -> socket.socket:
         """Connect to an executor's control endpoint and say hello: from then on, it takes
-        its commands from this stream (its events are read by ``_read_executor``)."""
+        its commands from this connection."""
         connection = socket.create_connection(control, timeout=60)
         try:
             if self._tls is not None:  # the executor's certificate is checked, ours presented
@@ -311,6 +311,12 @@ class SchedulerService:
         except OSError:
             connection.close()
             raise
+        return connection
+
+    def _open_executor_stream(self, spec: ExecutorSpec, control: tuple[str, int]) -> socket.socket:
+        """An executor's command stream, the island's commands for it going there from now
+        on (its events are read by ``_read_executor``)."""
+        connection = self._connect_control(control)
         peer = Peer(connection, lambda commands: pb.CommandBatch(commands=commands))
         with self._lock:  # no stimulus is writing to the stream it replaces meanwhile
             self._executors[spec.index] = peer
@@ -344,7 +350,7 @@ class SchedulerService:
         """Wait for a restarted executor at a lost one's endpoint (a kubelet restarts its
         container, a pod is recreated at its name) and take it back in its place. Only a new
         process is: one that answers again after it was lost (stopped, cut off) holds state
-        the island has given up on, and stays lost until it is restarted."""
+        the island has given up on, so it is retired (it exits, to be restarted)."""
         noted = ""
         while True:
             time.sleep(REJOIN_POLL_SECONDS)
@@ -360,8 +366,9 @@ class SchedulerService:
             spec, control = _executor_spec(index, endpoint, info)
             problem = None
             if info.incarnation == self._incarnations[index]:
-                problem = "it answers again, but as the process that was lost: restart it"
-            elif info.index != index:
+                self._retire(index, endpoint, control)
+                continue
+            if info.index != index:
                 problem = f"it says it is host {info.index}, not host {index}"
             else:
                 problem = self.read(lambda d, s=spec: d.rejoin_problem(s))
@@ -380,6 +387,20 @@ class SchedulerService:
             _say(f"executor {index} ({endpoint}) was restarted and is taken back")
             self._read_executor(spec, connection)
             return
+
+    def _retire(self, index: int, endpoint: str, control: tuple[str, int]) -> None:
+        """Tell a lost executor that answers again as the same process to exit."""
+        reason = (
+            f"island {self.island!r} lost it ({self.dispatcher.lost_reason(index)}) and it "
+            "answers again as the same process: exiting to be restarted and taken back"
+        )
+        retire = pb.ExecutorCommand(retire=pb.Retire(reason=reason))
+        try:
+            with self._connect_control(control) as connection:
+                connection.sendall(frame(pb.CommandBatch(commands=[retire])))
+        except OSError:
+            return  # gone meanwhile, or not answering: asked again at the next poll
+        _say(f"executor {index} ({endpoint}) answered again as the process that was lost: retired")
 
     def _watch_executors(self) -> None:
         """Cut off an executor that sends nothing, not even its heartbeat, for the executor

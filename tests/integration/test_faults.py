@@ -16,6 +16,7 @@ from conftest import export, f32, increment
 
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_client.launcher import LocalIsland
+from pathways_executor.server import RETIRED_EXIT_CODE
 
 
 def slow(x):
@@ -131,6 +132,10 @@ def test_a_stopped_executor_is_lost_after_the_executor_timeout_and_reads_from_it
             np.testing.assert_array_equal(client.get(after.outputs[0]), np.ones(4))
         finally:
             os.kill(pid, signal.SIGCONT)
+        # Resumed, it answers as the process the island gave up on: it is retired, to be
+        # restarted (by a kubelet) and taken back as a new one.
+        assert island.executors[1].popen.wait(timeout=30) == RETIRED_EXIT_CODE
+        assert "retired by its scheduler: island 'local' lost it" in island.executors[1].tail()
 
 
 def test_a_scheduler_stopped_longer_than_the_executor_timeout_keeps_its_executors(

@@ -225,7 +225,7 @@ class InputSource(_message.Message):
     def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ..., data_endpoints: _Optional[_Iterable[str]] = ..., uploaded: _Optional[bool] = ..., partial: _Optional[bool] = ...) -> None: ...
 
 class ExecutorCommand(_message.Message):
-    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "forget", "peer_down", "peer_up", "sources")
+    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "forget", "peer_down", "peer_up", "retire", "sources")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +236,7 @@ class ExecutorCommand(_message.Message):
     FORGET_FIELD_NUMBER: _ClassVar[int]
     PEER_DOWN_FIELD_NUMBER: _ClassVar[int]
     PEER_UP_FIELD_NUMBER: _ClassVar[int]
+    RETIRE_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     run: Computation
@@ -247,8 +248,9 @@ class ExecutorCommand(_message.Message):
     forget: Forget
     peer_down: PeerDown
     peer_up: PeerUp
+    retire: Retire
     sources: _containers.RepeatedCompositeFieldContainer[InputSource]
-    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., peer_down: _Optional[_Union[PeerDown, _Mapping]] = ..., peer_up: _Optional[_Union[PeerUp, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., peer_down: _Optional[_Union[PeerDown, _Mapping]] = ..., peer_up: _Optional[_Union[PeerUp, _Mapping]] = ..., retire: _Optional[_Union[Retire, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
 
 class Forget(_message.Message):
     __slots__ = ("function_ids", "program_ids")
@@ -275,6 +277,12 @@ class PeerUp(_message.Message):
     executor: int
     data_endpoint: str
     def __init__(self, executor: _Optional[int] = ..., data_endpoint: _Optional[str] = ...) -> None: ...
+
+class Retire(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class ControlHello(_message.Message):
     __slots__ = ("island", "token")
