@@ -79,6 +79,13 @@ class QuotaExceeded(ApiError):
     status, code = 429, "QuotaExceeded"
 
 
+class StoreDamaged(ApiError):
+    """The embedded store's file holds something it never wrote (edited by hand, or damaged):
+    the message names what and what to do; the rest of the store keeps serving."""
+
+    status, code = 500, "StoreDamaged"
+
+
 class RateLimited(ApiError):
     """The tenant sent more requests than its rate limit allows; nothing was done, and the
     ``Retry-After`` header says when to try again."""

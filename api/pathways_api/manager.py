@@ -25,9 +25,12 @@ query per tick. State is the store and the run records: every Job runs under
 :mod:`pathways_api.run_job`, in a session of its own, which records its pid and writes its exit
 status to ``DIR/runs``. A manager killed by SIGKILL leaves its runs running; the next one
 restores the bindings from the slices' statuses, *adopts* the runs still running, and takes the
-exit status of those that ended meanwhile. Only a run that left no status (its process was
-killed too) fails as lost, and its program's restart policy decides. Stopped by SIGTERM
-(``pathways down``), the manager stops its runs and records them as lost.
+exit status of those that ended meanwhile. A run the cluster's stop took (``pathways down``
+stops the manager with SIGTERM, which stops its runs; or the whole cluster was killed, its
+runs with it) is *interrupted*, as a pod a node drain evicts is (its Job's podFailurePolicy
+ignores a ``DisruptionTarget`` in a cluster): not the program's failure, so it counts toward
+no restart limit; its Job starts again with the cluster (its output appended to the same log),
+and its driver resumes from its checkpoint. An ``Interrupted`` Event on the program says so.
 
 A run is stopped (suspended, cancelled, edited, past its deadline, deleted, or at ``down``) as
 a pod is: SIGTERM, passed on to the command's process group, then SIGKILL of all it left after
@@ -66,7 +69,9 @@ from pathways_api.run_job import (
 from pathways_api.store import ISLAND, PROGRAM, SLICE, SqliteStore, now_text
 from pathways_core.control import (
     ANNOTATION_SCHEDULER_ENDPOINT,
+    Event,
     IslandObservation,
+    ObjectRef,
     ProgramView,
     Stage,
     is_deleting,
@@ -86,7 +91,8 @@ KILL_MARGIN_SECONDS = 5.0
 """How long after its grace period a stopped run's wrapper (which kills what the command left
 once the period is over) is given before its process groups are SIGKILLed."""
 IMAGE = "pathways-embedded"
-LOST = "the driver's process was lost (the embedded cluster stopped)"
+# How many times a Job's run was interrupted (started again after the cluster stopped).
+INTERRUPTIONS = "pathways.dev/interruptions"
 VANISHED = (
     "the driver's process ended while no resource manager watched it and left no exit status "
     "(it was killed)"
@@ -220,7 +226,7 @@ class Manager:
 
     def stop(self) -> None:
         """Stop the loop, stop running Jobs (all at once, each given its grace period) and
-        record them as failed."""
+        record them as interrupted, to start again with the cluster."""
         self._stop.set()
         for running in self.running.values():
             self._kill(running)
@@ -228,8 +234,9 @@ class Manager:
         while self.terminating and time.monotonic() < deadline:
             self._reap()
             time.sleep(0.05)
-        for key, running in list(self.running.items()):
-            self._finish(key, running, lost=True)
+        for running in list(self.running.values()):
+            self._interrupt(running.job, "pathways down stopped it")
+        self.running.clear()
         self._finishing.shutdown(wait=True)
 
     def tick(self) -> bool:
@@ -509,7 +516,8 @@ class Manager:
 
     def adopt_jobs(self) -> None:
         """Runs a previous manager started: adopt those still running, take the outcome of
-        those that ended meanwhile (at the next poll); a run that left no record is lost."""
+        those that ended meanwhile (at the next poll); a run that left no record was killed
+        with the cluster: it is interrupted, to start again."""
         for job in self.store.read_all(JOB):
             status = job.get("status") or {}
             if not status.get("active") or status.get("conditions"):
@@ -518,10 +526,40 @@ class Manager:
             key = f"{meta['namespace']}/{meta['name']}"
             running = self._adopt(job)
             if running is None:
-                self._write_job(job, failed=True, message=LOST)
+                self._interrupt(job, "the cluster was stopped with it, killed")
             else:
                 self.running[key] = running
                 logger.info("adopted run %s (pid %d)", key, running.pid)
+
+    def _interrupt(self, job: Document, why: str) -> None:
+        """Record a run the cluster's stop took as not started (its Job starts it again), one
+        interruption more, with an ``Interrupted`` Event on its program."""
+        meta = job["metadata"]
+
+        def change(stored: Document) -> Document:
+            annotations = stored["metadata"].setdefault("annotations", {})
+            annotations[INTERRUPTIONS] = str(int(annotations.get(INTERRUPTIONS) or 0) + 1)
+            stored["status"] = {}
+            return stored
+
+        for _ in range(5):
+            if self.store.replace(job, change) is not None:
+                break
+            job = self.store.read(JOB, meta["namespace"], meta["name"])
+            if job is None:
+                return
+        self._forget(meta["namespace"], meta["name"])
+        program_name = (meta.get("labels") or {}).get(LABEL_PROGRAM)
+        program = program_name and self.store.read(PROGRAM, meta["namespace"], program_name)
+        if program:
+            message = (
+                f"its run ({meta['name']}) was interrupted: {why}; it starts again with the "
+                "cluster, from its checkpoint (not counted as a restart)"
+            )
+            self.store.record_events(
+                [Event(ObjectRef.of(program), "Warning", "Interrupted", message)]
+            )
+        logger.info("interrupted run %s/%s: %s", meta["namespace"], meta["name"], why)
 
     def _forget(self, namespace: str, name: str) -> None:
         """Remove a run's record files once its outcome is stored (or it is deleted)."""
@@ -615,7 +653,15 @@ class Manager:
         wrapper += ["--uid", str(meta.get("uid") or ""), "--max-output", str(self.max_output)]
         wrapper += ["--grace", str(self.grace)]
         wrapper += ["--"]
-        with log.open("wb") as output:
+        # A run started again after an interruption goes on in the same log.
+        again = int((meta.get("annotations") or {}).get(INTERRUPTIONS) or 0)
+        with log.open("ab" if again else "wb") as output:
+            if again:
+                output.write(
+                    f"--- interrupted (the embedded cluster stopped); started again "
+                    f"({again}) ---\n".encode()
+                )
+                output.flush()
             popen = subprocess.Popen(
                 [*wrapper, *command],
                 stdout=output,
@@ -658,7 +704,7 @@ class Manager:
                 if running.deadline is not None and time.monotonic() > running.deadline:
                     self._kill(running)
                     del self.running[key]
-                    self._finishing.submit(self._finish, key, running, False, "DeadlineExceeded")
+                    self._finishing.submit(self._finish, key, running, "DeadlineExceeded")
                 continue
             del self.running[key]
             self._finishing.submit(self._finish, key, running)
@@ -709,12 +755,9 @@ class Manager:
             for r in self.terminating
         )
 
-    def _finish(
-        self, key: str, running: Running, lost: bool = False, reason: str | None = None
-    ) -> None:
+    def _finish(self, key: str, running: Running, reason: str | None = None) -> None:
         """Keep the run's trace, then write the Job's outcome."""
-        if not lost:
-            self._keep_trace(running)
+        self._keep_trace(running)
         job = self.store.read(JOB, *key.split("/"))
         if job is None:
             return
@@ -726,8 +769,6 @@ class Manager:
                 message="the run exceeded activeDeadlineSeconds",
                 reason="DeadlineExceeded",
             )
-        elif lost:
-            self._write_job(job, failed=True, message=LOST)
         elif code is None:
             self._write_job(job, failed=True, message=VANISHED)
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import sqlite3
 import threading
 import uuid
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pathways_api.auth import Tenant
-from pathways_api.errors import Conflict, InvalidField, NotFound, QuotaExceeded
+from pathways_api.errors import Conflict, InvalidField, NotFound, QuotaExceeded, StoreDamaged
 from pathways_api.logs import LogFile, Part
 from pathways_core.control.common import ANNOTATION_CANCELLED, Document, Event, timestamp
 
@@ -245,6 +246,12 @@ INSERT OR IGNORE INTO meta (key, value) VALUES ('resourceVersion', 0);
 """
 
 
+logger = logging.getLogger("pathways.store")
+# The tables an initialized store has: one missing was dropped or lost, and recreating it
+# empty would silently lose what it held.
+TABLES = ("objects", "events", "idempotency", "traces", "meta", "usage")
+
+
 class SqliteStore:
     """Objects in one SQLite file. Thread-safe: one connection per thread; writers serialize
     on SQLite's lock (``BEGIN IMMEDIATE``), so several processes may share the file."""
@@ -253,7 +260,32 @@ class SqliteStore:
         self.path = path
         self.log_dir = logs or path.parent / "logs"
         self._local = threading.local()
+        try:
+            existing = {
+                row[0]
+                for row in self._db().execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+        except sqlite3.DatabaseError as error:  # not a database, not readable or writable
+            raise StoreDamaged(
+                f"{path} cannot be used as the store: {error}. Make it readable and writable "
+                "by this user, restore it from a backup, or move it away to start afresh"
+            ) from None
+        missing = [table for table in TABLES if table not in existing]
+        if "meta" in existing and missing:
+            raise StoreDamaged(
+                f"{path} lacks its table(s) {', '.join(missing)}: it was damaged or edited. "
+                "Restore it from a backup, or move it away to start with an empty store"
+            )
         self._db().executescript(SCHEMA)
+        # What each tenant holds is derived from the objects: made again at every start, so
+        # a count that drifted (a file edited by hand) does not skew admission for good.
+        with self._transaction() as db:
+            db.execute("DELETE FROM usage")
+            db.execute(
+                "INSERT INTO usage (namespace, devices, programs) SELECT namespace, "
+                "SUM(devices), SUM(kind = 'PathwaysProgram') FROM objects WHERE active = 1 "
+                "GROUP BY namespace"
+            )
         columns = {row[1] for row in self._db().execute("PRAGMA table_info(events)")}
         if "uid" not in columns:  # a state folder from before Events carried their object's uid
             self._db().execute("ALTER TABLE events ADD COLUMN uid TEXT NOT NULL DEFAULT ''")
@@ -329,7 +361,9 @@ class SqliteStore:
                 "SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?",
                 (document["kind"], meta.get("namespace") or "", meta["name"]),
             ).fetchone()
-            deleting = row and (json.loads(row[0]).get("metadata") or {}).get("deletionTimestamp")
+            deleting = row and (self._parsed(row[0], document).get("metadata") or {}).get(
+                "deletionTimestamp"
+            )
             raise Conflict(
                 f"a {document['kind']} named {meta['name']!r} "
                 + (
@@ -351,15 +385,54 @@ class SqliteStore:
             )
             .fetchone()
         )
-        return json.loads(row[0]) if row else None
+        return self._parsed(row[0], kind, namespace, name) if row else None
 
     def read_all(self, kind: str, unsettled_only: bool = False) -> list[Document]:
-        """Every object of a kind (the manager's snapshot), oldest first."""
-        query = "SELECT body FROM objects WHERE kind = ?"
+        """Every object of a kind (the manager's snapshot), oldest first; one whose stored
+        body is damaged is left out, logged (the rest of the cluster goes on)."""
+        query = "SELECT seq, body FROM objects WHERE kind = ?"
         if unsettled_only:
             query += " AND settled = 0"
         rows = self._db().execute(query + " ORDER BY seq", (kind,)).fetchall()
-        return [json.loads(row[0]) for row in rows]
+        return self._readable(kind, rows)
+
+    def _readable(self, kind: str, rows: list[tuple[int, str]]) -> list[Document]:
+        """The documents of ``(seq, body)`` rows, leaving out (and logging) damaged ones."""
+        documents = []
+        for seq, body in rows:
+            try:
+                documents.append(self._parsed(body, kind, seq=seq))
+            except StoreDamaged as damaged:
+                logger.error("%s", damaged.message)
+        return documents
+
+    def _parsed(
+        self,
+        body: str,
+        kind: str | Document,
+        namespace: str | None = None,
+        name: str | None = None,
+        *,
+        seq: int | None = None,
+    ) -> Document:
+        """A stored object's document; ``StoreDamaged`` naming it when its body is not one."""
+        if isinstance(kind, dict):  # the document it stands for, as written
+            meta = kind.get("metadata") or {}
+            kind, namespace, name = kind["kind"], meta.get("namespace"), meta.get("name")
+        try:
+            document = json.loads(body)
+            if isinstance(document, dict) and isinstance(document.get("metadata"), dict):
+                return document
+            problem = "is not an object with metadata"
+        except (ValueError, TypeError) as error:
+            problem = f"is not valid JSON ({error})"
+        which = f"{kind} {namespace}/{name}" if name is not None else f"a {kind} (row {seq})"
+        row = f"seq = {seq}" if seq is not None else f"kind = '{kind}' AND name = '{name}'"
+        raise StoreDamaged(
+            f"the stored body of {which} in {self.path} {problem}: the file was damaged or "
+            f"edited. Restore it from a backup, or drop the object: sqlite3 {self.path} "
+            f'"DELETE FROM objects WHERE {row}"'
+        )
 
     def replace(
         self,
@@ -379,7 +452,7 @@ class SqliteStore:
             ).fetchone()
             if row is None:
                 return None
-            stored = json.loads(row[0])
+            stored = self._parsed(row[0], document)
             if stored["metadata"].get("resourceVersion") != meta.get("resourceVersion"):
                 return None
             new = change(stored)
@@ -444,7 +517,12 @@ class SqliteStore:
                     "DELETE FROM traces WHERE namespace = ? AND name = ?", (namespace or "", name)
                 )
         if kind == PROGRAM and row is not None:
-            runs = int((json.loads(row[0]).get("status") or {}).get("runs") or 0)
+            try:
+                runs = int(
+                    (self._parsed(row[0], kind, namespace, name).get("status") or {})["runs"]
+                )
+            except (StoreDamaged, KeyError, TypeError, ValueError):  # no runs, or unreadable
+                runs = 0
             for run in range(1, runs + 1):
                 self.log_path(namespace or "", f"{name}-run-{run}").unlink(missing_ok=True)
 
@@ -457,7 +535,7 @@ class SqliteStore:
             ).fetchone()
             if row is None:
                 return None
-            document = json.loads(row[0])
+            document = self._parsed(row[0], kind, namespace, name)
             if document["metadata"].get("deletionTimestamp"):
                 return document
             document["metadata"]["deletionTimestamp"] = now_text()
@@ -544,7 +622,7 @@ class SqliteStore:
                         (document["kind"], namespace, row[1]),
                     ).fetchone()
                     if body is not None:
-                        return json.loads(body[0]), False
+                        return self._parsed(body[0], document["kind"], namespace, row[1]), False
                     # The object was deleted since: the key is free again.
                     db.execute(
                         "DELETE FROM idempotency WHERE namespace = ? AND key = ?", (namespace, key)
@@ -588,7 +666,7 @@ class SqliteStore:
             parameters += [key, value]
         rows = self._db().execute(query + " ORDER BY seq LIMIT ?", [*parameters, limit + 1])
         found = rows.fetchall()
-        items = [json.loads(body) for _, body in found[:limit]]
+        items = self._readable(kind, found[:limit])
         more = len(found) > limit
         return Page(items, encode_token(found[limit - 1][0]) if more and limit else None)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -297,7 +298,7 @@ def _state(state: Path | None) -> Path:
 def _api(state: Path | None, api: str | None, token: str | None, tenant: str) -> ApiClient:
     """A client of the API given by flags or environment, else of the running embedded
     cluster, with the tenant's token from its tokens file."""
-    from pathways_client.embedded import read_info, tokens
+    from pathways_client.embedded import EmbeddedError, read_info, tokens
 
     url = api or os.environ.get("PATHWAYS_API")
     token = token or os.environ.get("PATHWAYS_TOKEN")
@@ -310,7 +311,10 @@ def _api(state: Path | None, api: str | None, token: str | None, tenant: str) ->
             )
             sys.exit(1)
         url = info.api
-        token = token or tokens(_state(state)).get(tenant)
+        try:
+            token = token or tokens(_state(state)).get(tenant)
+        except EmbeddedError as error:
+            _fail(error)
     if token is None:
         errors.print(
             f"[red]no token for tenant {tenant!r}:[/] give --token (or PATHWAYS_TOKEN), or add "
@@ -452,6 +456,7 @@ def up(
     elif problem := memory_problem(specs):
         option = "--islands" if len(specs) > specs[0].hosts else "--hosts"
         raise click.BadParameter(problem, param_hint=f"'{option}'")
+    previous_api = _recorded_api(_state(state))
     try:
         info = _with_spinner(
             "starting the embedded cluster",
@@ -466,7 +471,21 @@ def up(
         _fail(error)
     except OSError as error:  # the state directory cannot be made or written
         where = f" ({error.filename})" if error.filename else ""
+        if error.errno in (errno.EEXIST, errno.ENOTDIR):
+            _fail(f"cannot use the state directory: a file is in the way{where}")
         _fail(f"cannot use the state directory: {error.strerror or error}{where}")
+    # Another 'up' of this state may have started its cluster meanwhile, with other options.
+    if differences := _differences(info.islands, specs, given):
+        _fail(
+            f"the embedded cluster of {_state(state)} was started meanwhile by another "
+            f"'pathways up', and {'; '.join(differences)}: run 'pathways down' first (its "
+            "state is kept), then 'pathways up' with these options"
+        )
+    if previous_api and previous_api != info.api:
+        console.print(
+            f"[yellow]note:[/] the API moved from {previous_api} to {info.api} (its port was "
+            "taken): update PATHWAYS_API where you set it"
+        )
     _print_cluster(_state(state), info)
 
 
@@ -493,6 +512,15 @@ def _check_island(spec: IslandSpec) -> None:
     if problems:
         option = ISLAND_OPTIONS.get(problems[0].path, "--topology")
         raise click.BadParameter(problems[0].message, param_hint=f"'{option}'")
+
+
+def _recorded_api(state: Path) -> str | None:
+    """The API URL the state directory's last cluster had, if one is recorded."""
+    try:
+        api = json.loads((state / "cluster.json").read_text()).get("api")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return api if isinstance(api, str) and api else None
 
 
 def _differences(

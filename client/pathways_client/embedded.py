@@ -161,6 +161,36 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _is_supervisor(pid: int, state: Path) -> bool:
+    """Whether ``pid`` is the running supervisor of ``state``, not a process that took its
+    pid since (pids wrap quickly; a recorded one was signalled by ``down`` however it ended)."""
+    if not _alive(pid):
+        return False
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return _lock_held(state) if not Path("/proc/self").exists() else False
+    try:
+        given = Path(os.fsdecode(arguments[arguments.index(b"--state") + 1]))
+    except (ValueError, IndexError):
+        return False
+    return b"pathways_client.embedded" in arguments and given.resolve() == state.resolve()
+
+
+def _lock_held(state: Path) -> bool:
+    """Whether a process holds ``state``'s supervisor lock (where ``/proc`` cannot tell)."""
+    try:
+        with (state / "supervisor.lock").open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
+
+
 def read_info(state: Path) -> ClusterInfo | None:
     """The recorded cluster, if its supervisor still runs."""
     path = state / "cluster.json"
@@ -168,7 +198,7 @@ def read_info(state: Path) -> ClusterInfo | None:
         info = ClusterInfo(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
-    return info if _alive(info.supervisor) else None
+    return info if _is_supervisor(info.supervisor, state) else None
 
 
 def previous_islands(state: Path) -> list[IslandSpec]:
@@ -190,16 +220,46 @@ def previous_islands(state: Path) -> list[IslandSpec]:
         return []
 
 
+def _tokens_document(state: Path) -> dict[str, Any]:
+    """The state directory's tokens file, checked (an empty one when there is none);
+    ``EmbeddedError`` naming the file and what is wrong with it."""
+    path = state / "tokens.yaml"
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, yaml.YAMLError) as error:
+        problem = str(error).replace("\n", " ")
+    else:
+        tenants = document.get("tenants", {}) if isinstance(document, dict) else None
+        if not isinstance(tenants, dict):
+            problem = "expected a mapping 'tenants: {name: {tokens: [...]}}'"
+        else:
+            problem = next(
+                (
+                    f"tenants.{name}.tokens: expected a list of non-empty strings"
+                    for name, entry in tenants.items()
+                    if not isinstance(entry, dict)
+                    or not isinstance(entry.get("tokens"), list)
+                    or not all(isinstance(t, str) and t for t in entry["tokens"])
+                ),
+                "",
+            )
+            if not problem:
+                return document
+    raise EmbeddedError(
+        f"{path}: {problem}. Fix it, or move it away: the next 'pathways up' writes a new one "
+        "(each tenant then gets a new token)"
+    )
+
+
 def tokens(state: Path) -> dict[str, str]:
     """Tenant -> its first token, from the state directory's tokens file."""
-    try:
-        document = yaml.safe_load((state / "tokens.yaml").read_text()) or {}
-    except OSError:
-        return {}
+    document = _tokens_document(state)
     return {
         name: entry["tokens"][0]
         for name, entry in (document.get("tenants") or {}).items()
-        if entry.get("tokens")
+        if entry["tokens"]
     }
 
 
@@ -259,20 +319,21 @@ def ensure_tenants(
         if problem:
             raise ValueError(problem)
     path = state / "tokens.yaml"
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except OSError:
-        document = {}
+    document = _tokens_document(state)
     entries = document.setdefault("tenants", {})
-    for name in tenants:
-        if name not in entries:
-            entries[name] = {"tokens": [secrets.token_urlsafe(24)]}
-            if quotas:
-                entries[name]["quotas"] = dict(quotas)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600)
-    path.write_text(yaml.safe_dump(document, sort_keys=True))
-    path.chmod(0o600)
+    missing = [name for name in tenants if name not in entries]
+    for name in missing:
+        entries[name] = {"tokens": [secrets.token_urlsafe(24)]}
+        if quotas:
+            entries[name]["quotas"] = dict(quotas)
+    if missing or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Whole or not at all: a reader (the API, a concurrent 'up') never sees half a file.
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+            out.write(yaml.safe_dump(document, sort_keys=True))
+        os.replace(partial, path)
+    path.chmod(0o600)  # tenants' credentials: its user's alone, however it was made
     return tokens(state)
 
 
@@ -803,9 +864,9 @@ def down(state: Path, timeout: float = 90.0) -> bool:
     with contextlib.suppress(ProcessLookupError):  # a stopped one takes it now
         os.kill(info.supervisor, signal.SIGCONT)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(info.supervisor):
+    while time.monotonic() < deadline and _is_supervisor(info.supervisor, state):
         time.sleep(0.1)
-    if _alive(info.supervisor):
+    if _is_supervisor(info.supervisor, state):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(info.supervisor, signal.SIGKILL)
     return True

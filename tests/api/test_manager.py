@@ -22,6 +22,7 @@ from unittest.mock import ANY
 
 import pytest
 
+from pathways_api.errors import StoreDamaged
 from pathways_api.manager import Manager
 from pathways_api.run_job import ALREADY_RUNNING, paths, process_start, read_json
 from pathways_api.store import EVENTS_KEPT, SqliteStore
@@ -339,42 +340,54 @@ def test_events_are_an_objects_latest_two_hundred_and_of_gone_objects_an_hours(
     assert events("gone") == [] and len(events("quiet")) == 1 and len(events("busy")) == 200
 
 
-def test_a_stopped_manager_keeps_bindings_and_fails_its_runs_as_lost(state: Path) -> None:
+def test_a_stopped_manager_keeps_bindings_and_its_runs_start_again_uncounted(
+    state: Path,
+) -> None:
+    """`pathways down` counted its runs as failures: a laptop's restart failed a program
+    that never restarts and used up the restarts of one that does. They are interrupted, as
+    a pod a node drain evicts is, and start again with the cluster."""
     first = Running(state)
     store = first.store
-    submit(store, "survivor", "import time; time.sleep(600)", restartPolicy="OnFailure")
-    wait_for(lambda: phase(store, "PathwaysProgram", "survivor") == "Running")
+    for name, policy in (("survivor", "OnFailure"), ("once", "Never")):
+        submit(store, name, "print('started'); import time; time.sleep(600)", restartPolicy=policy)
+    for name in ("survivor", "once"):
+        wait_for(lambda n=name: phase(store, "PathwaysProgram", n) == "Running", what=name)
+    log = store.log_path("team", "once-run-1")
+    wait_for(lambda: log.exists() and "started" in log.read_text(), what="the first start")
     before = store.read("VirtualSlice", "team", "survivor-main")["status"]
-    first.stop()  # the cluster stops (SIGTERM, `pathways down`): the run is stopped, lost
+    first.stop()  # the cluster stops (SIGTERM, `pathways down`): the runs are interrupted
     second = Running(state)
     try:
-        # OnFailure: the lost run counts as a failure and the program runs again, on the
-        # devices it held (bindings are restored from the store, never re-decided).
-        wait_for(
-            lambda: (
-                (second.store.read("PathwaysProgram", "team", "survivor") or {})
-                .get("status", {})
-                .get("runs")
-                == 2
-            ),
-            what="second run",
-        )
+        for name in ("survivor", "once"):
+            job = wait_for(
+                lambda n=name: (
+                    (second.store.read("Job", "team", f"{n}-run-1") or {}).get("status") or {}
+                ).get("active"),
+                what=f"{name}'s run started again",
+            )
+            assert job
+            status = second.store.read("PathwaysProgram", "team", name)["status"]
+            assert (status["phase"], status["runs"], status.get("restarts", 0)) == (
+                "Running",
+                1,
+                0,
+            )
         after = second.store.read("VirtualSlice", "team", "survivor-main")["status"]
-        assert after["devices"] == before["devices"]
+        assert after["devices"] == before["devices"]  # restored from the store, not re-decided
         assert after["boundTime"] == before["boundTime"]
-        # The Events of a decision are recorded just after the status it wrote.
-        restarting = wait_for(
-            lambda: (
-                second.store._db()
-                .execute(
-                    "SELECT reason, message FROM events "
-                    "WHERE name = 'survivor' AND reason = 'Restarting'"
-                )
-                .fetchone()
-            ),
-            what="the Restarting event",
+        (message,) = (
+            second.store._db()
+            .execute("SELECT message FROM events WHERE name = 'once' AND reason = 'Interrupted'")
+            .fetchone()
         )
-        assert "lost" in restarting[1]
+        assert "once-run-1) was interrupted: pathways down stopped it" in message
+        assert "not counted as a restart" in message
+        # The run's output goes on in the same log, saying it was started again.
+        output = wait_for(
+            lambda: text if (text := log.read_text()).splitlines().count("started") == 2 else None,
+            what="the second start's output",
+        )
+        assert "--- interrupted (the embedded cluster stopped); started again (1) ---" in output
     finally:
         second.stop()
 
@@ -615,3 +628,43 @@ def test_a_state_folder_from_before_events_had_uids_is_read(tmp_path: Path) -> N
     store.record_events([Event(ref, "Normal", "Started", "after")])
     found = asyncio.run(store.events("PathwaysProgram", "team", "old", "u-1"))
     assert [event["message"] for event in found] == ["after"]  # not the uid-less one
+
+
+def test_a_damaged_object_is_named_and_the_rest_of_the_cluster_goes_on(running: Running) -> None:
+    """A row edited by hand stopped every reconcile (and the API's lists) with a bare
+    JSONDecodeError; it is left out, named, and everything else is served."""
+    store = running.store
+    submit(store, "damaged", "print(1)")
+    store._db().execute("UPDATE objects SET body = '{not json' WHERE name = 'damaged'")
+    submit(store, "fine", "print(1)")
+    wait_for(lambda: phase(store, "PathwaysProgram", "fine") == "Succeeded", what="fine runs")
+    with pytest.raises(StoreDamaged) as damaged:
+        store.read("PathwaysProgram", "team", "damaged")
+    assert "the stored body of PathwaysProgram team/damaged in " in damaged.value.message
+    assert "is not valid JSON" in damaged.value.message
+    assert "DELETE FROM objects WHERE kind = 'PathwaysProgram' AND name = 'damaged'" in (
+        damaged.value.message
+    )
+    page = asyncio.run(store.list("PathwaysProgram", "team", limit=10, token=None))
+    assert [item["metadata"]["name"] for item in page.items] == ["fine"]
+
+
+def test_a_store_missing_a_table_is_refused_and_usage_is_made_again(tmp_path: Path) -> None:
+    path = tmp_path / "pathways.db"
+    store = SqliteStore(path)
+    submit(store, "holder", "print(1)")
+    store._db().execute("UPDATE usage SET devices = 99, programs = 7")  # drifted, by hand
+    reopened = SqliteStore(path)
+    assert reopened._db().execute("SELECT namespace, devices, programs FROM usage").fetchall() == [
+        ("team", 2, 1)
+    ]
+    reopened._db().execute("DROP TABLE events")
+    with pytest.raises(StoreDamaged, match=r"pathways\.db lacks its table\(s\) events: it was"):
+        SqliteStore(path)
+
+
+def test_a_file_that_is_not_a_store_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "pathways.db"
+    path.write_bytes(b"not a database, but long enough to be read as one " * 100)
+    with pytest.raises(StoreDamaged, match=r"pathways\.db cannot be used as the store: file is"):
+        SqliteStore(path)

@@ -157,7 +157,7 @@ def test_up_names_a_state_directory_it_cannot_make(pathways, tmp_path: Path) -> 
     blocker.write_text("")
     result = pathways("up", "--state", str(blocker / "state"))
     assert result.exit_code == 1
-    assert f"cannot use the state directory: Not a directory ({blocker / 'state'})" in (
+    assert f"cannot use the state directory: a file is in the way ({blocker / 'state'})" in (
         result.output
     )
 

@@ -719,3 +719,94 @@ def test_a_stopped_run_keeps_its_trace(state: Path, tmp_path: Path, pathways) ->
     events = json.loads(out.read_text())
     names = {e.get("name") for e in (events["traceEvents"] if isinstance(events, dict) else events)}
     assert "step" in names, sorted(map(str, names))[:10]
+
+
+def test_a_recorded_supervisor_pid_another_process_took_is_not_signalled(tmp_path: Path) -> None:
+    """`down` sent SIGTERM to whatever process had the pid cluster.json recorded (pids wrap
+    quickly), and `up` refused to start, taking it for a cluster still starting."""
+    from pathways_client.embedded import down
+
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        (tmp_path / "cluster.json").write_text(
+            json.dumps({"supervisor": stranger.pid, "ready": True, "api": "http://127.0.0.1:1"})
+        )
+        assert read_info(tmp_path) is None
+        assert down(tmp_path, timeout=1) is False
+        assert stranger.poll() is None  # untouched
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("tenants:\n  default: {tokens: [abc\n", "while parsing a flow sequence"),
+        ("tenants: [1, 2]\n", "expected a mapping 'tenants: {name: {tokens: [...]}}'"),
+        ("tenants:\n  default: {tokens: abc}\n", "tenants.default.tokens: expected a list"),
+    ],
+)
+def test_a_damaged_tokens_file_is_named_and_starts_nothing(
+    tmp_path: Path, pathways, text: str, problem: str
+) -> None:
+    """It gave a 92-line traceback that did not name the file."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "tokens.yaml").write_text(text)
+    result = pathways("up", "--state", str(state), "--devices", "1")
+    assert result.exit_code == 1, result.output
+    assert f"{state}/tokens.yaml: " in result.output and problem in result.output
+    assert "Fix it, or move it away" in result.output and "Traceback" not in result.output
+    assert not (state / "cluster.json").exists()
+    assert (state / "tokens.yaml").read_text() == text  # left as it was
+
+
+def test_an_up_that_finds_a_cluster_started_meanwhile_with_other_options_says_so(
+    tmp_path: Path, pathways, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two `up` at once with different options: the second found the first's cluster and
+    said nothing of its other options (run one after the other, they were refused)."""
+    import pathways_client.embedded as embedded
+
+    started_meanwhile = embedded.ClusterInfo(
+        supervisor=1,
+        api="http://127.0.0.1:1",
+        islands={"island-0": {"hosts": 1, "devicesPerHost": 4, "policy": "fifo", "endpoint": ""}},
+        ready=True,
+    )
+    monkeypatch.setattr(embedded, "up", lambda *_, **__: started_meanwhile)
+    result = pathways("up", "--state", str(tmp_path / "state"), "--devices", "8")
+    assert result.exit_code == 1
+    output = " ".join(result.output.split())
+    assert "was started meanwhile by another 'pathways up', and" in output
+    assert "--devices 8" in output and "run 'pathways down' first" in output
+
+
+def test_an_api_that_moved_to_another_port_is_noted(
+    tmp_path: Path, pathways, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pathways_client.embedded as embedded
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "cluster.json").write_text(json.dumps({"supervisor": 1, "api": "http://127.0.0.1:7"}))
+    moved = embedded.ClusterInfo(supervisor=1, api="http://127.0.0.1:8", islands={}, ready=True)
+    monkeypatch.setattr(embedded, "up", lambda *_, **__: moved)
+    monkeypatch.setattr(embedded, "tokens", lambda _: {"default": "t"})
+    result = pathways("up", "--state", str(state))
+    output = " ".join(result.output.split())
+    assert "note: the API moved from http://127.0.0.1:7 to http://127.0.0.1:8" in output
+
+
+def test_a_state_path_that_is_a_file_says_so(
+    tmp_path: Path, pathways, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As $PATHWAYS_STATE (--state checks its own value): it said 'File exists'."""
+    in_the_way = tmp_path / "state"
+    in_the_way.write_text("")
+    monkeypatch.setenv("PATHWAYS_STATE", str(in_the_way))
+    result = pathways("up", "--devices", "1")
+    assert result.exit_code == 1
+    output = " ".join(result.output.split())
+    assert f"cannot use the state directory: a file is in the way ({in_the_way})" in output

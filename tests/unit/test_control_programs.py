@@ -121,6 +121,12 @@ def test_ready_program_starts_run_one_with_the_sdk_settings() -> None:
     (created,) = decision.create
     assert created["kind"] == "Job" and created["metadata"]["name"] == "p-run-1"
     assert created["spec"]["backoffLimit"] == 0 and created["spec"]["activeDeadlineSeconds"] == 60
+    # A driver evicted by a disruption (a node drained) is started again, not failed.
+    (rule,) = created["spec"]["podFailurePolicy"]["rules"]
+    assert rule == {
+        "action": "Ignore",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+    }
     container = created["spec"]["template"]["spec"]["containers"][0]
     # The Pathways image's tini entrypoint stays: the command is given as args.
     assert "command" not in container and container["image"] == IMAGE

@@ -388,6 +388,17 @@ def program_job(
     harden(pod_spec, tls_secret)
     spec: dict[str, Any] = {
         "backoffLimit": 0,
+        # A pod evicted by a disruption (a node drained, preempted or lost) is not the
+        # program's failure: the Job starts another, counting toward no restart limit, and
+        # the driver resumes from its checkpoint (the embedded mode does the same at down).
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                }
+            ]
+        },
         "template": {"metadata": {"labels": labels}, "spec": pod_spec},
     }
     if deadline_seconds is not None:
