@@ -192,10 +192,18 @@ class Pipeline:
 
 
 class Spmd:
-    """The same model and step without a pipeline: every stage on one slice, the whole batch
-    split across its devices (data parallel), one compiled function per training step."""
+    """The same model and step without a pipeline: every stage on one slice, one compiled
+    function per training step, in one of two layouts. ``"data"``: the weights replicated,
+    every microbatch split across the slice's devices (data parallel: the gradients are
+    all-reduced every step). ``"tensor"``: each layer's weights split across the devices as the
+    pipeline's stages split theirs (``stage_layout``: Megatron-LM's pairs), every microbatch
+    whole on each device."""
 
-    def __init__(self, devices: pw.Slice, config: Config) -> None:
+    LAYOUTS = ("data", "tensor")
+
+    def __init__(self, devices: pw.Slice, config: Config, layout: str = "data") -> None:
+        if layout not in self.LAYOUTS:
+            raise ValueError(f"Spmd: layout: expected one of {self.LAYOUTS}, got {layout!r}")
         last = config.stages - 1
 
         def loss(params, x, target):
@@ -213,12 +221,17 @@ class Spmd:
             scale = config.learning_rate / config.microbatches
             return jax.tree.map(lambda p, g: p - scale * g, params, grads), losses
 
+        if layout == "data":
+            params_spec, batch_spec = P(), P(None, "x")
+        else:
+            params_spec = [stage_layout(stage, stage == last)[0] for stage in range(config.stages)]
+            batch_spec = P()
         self.step = pw.function(
             step,
             slice=devices,
-            in_shardings=(P(), P(None, "x"), P(None, "x")),
-            out_shardings=P(),
-            name="spmd-step",
+            in_shardings=(params_spec, batch_spec, batch_spec),
+            out_shardings=(params_spec, P()),
+            name=f"spmd-{layout}-step",
         )
 
     def train(self, params, inputs, targets) -> tuple[list[float], list[Params]]:

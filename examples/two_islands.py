@@ -100,7 +100,9 @@ class DataParallel:
             ]
             losses.append(outcomes)
         mean_losses = [float(np.mean([value.result() for value, _ in step])) for step in losses]
-        return mean_losses, jax.tree.map(lambda leaf: leaf.result(), replicas[0])
+        # Every replica's last update is waited for: training is done once all are.
+        finals = [jax.tree.map(lambda leaf: leaf.result(), replica) for replica in replicas]
+        return mean_losses, finals[0]
 
 
 def run(islands: list[pw.Slice], config: Config = Config()) -> tuple[list[float], dict]:

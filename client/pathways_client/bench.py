@@ -65,14 +65,15 @@ SUITES = [
         "pipeline.py",
         ("--only", "pipeline"),
         ("--quick", "--only", "pipeline"),
-        "4-stage GPipe model against SPMD on the same 8 devices",
+        "GPipe model (S stages, M microbatches) against the faster SPMD layout on the same "
+        "8 devices",
     ),
     Suite(
         "islands",
         "pipeline.py",
         ("--only", "islands"),
         ("--quick", "--only", "islands"),
-        "data parallel over two islands (DCN) against one island",
+        "data parallel over two islands (DCN) against one island, over batch sizes",
     ),
     Suite(
         "multitenancy",
@@ -255,6 +256,10 @@ SHOWN_PARAMETERS = (
     "weights",
     "step_ms",
     "microbatches",
+    "global_batch",
+    "baseline",
+    "one_island_step_ms",
+    "round_ratios",
 )
 
 

@@ -51,11 +51,16 @@ def test_pipeline_trains_like_plain_jax_and_its_loss_falls(
         for a, b in zip(ours, theirs, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     assert losses[-1] < losses[0]
-    # The SPMD form of the same model (the pipeline benchmark's baseline) trains the same way.
+    # The SPMD forms of the same model (the pipeline benchmark's baselines) train the same way.
     with pw.connect(island) as cluster, cluster.slice(devices=8) as devices:
         params, inputs, targets = pipeline.init(config)
-        spmd_losses, _ = pipeline.Spmd(devices, config).train(params, inputs, targets)
-    np.testing.assert_allclose(spmd_losses, expected_losses, rtol=1e-5)
+        for layout in pipeline.Spmd.LAYOUTS:
+            spmd = pipeline.Spmd(devices, config, layout)
+            spmd_losses, spmd_params = spmd.train(params, inputs, targets)
+            np.testing.assert_allclose(spmd_losses, expected_losses, rtol=1e-5)
+            for ours, theirs in zip(spmd_params, expected_params, strict=True):
+                for a, b in zip(ours, theirs, strict=True):
+                    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_two_islands_equal_one_island_and_plain_jax(
