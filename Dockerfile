@@ -4,14 +4,14 @@
 # `args` so that tini stays PID 1 and forwards SIGTERM):
 #   operator     kopf run -m pathways_operator --all-namespaces --peering=pathways
 #                  --liveness=http://0.0.0.0:8080/healthz      (metrics on :9090/metrics)
-#   scheduler    python -m pathways_scheduler --port 8470 ...  (one per island)
-#   executor     python -m pathways_executor --port 8471 ...   (one per island host)
+#   scheduler    python -m pathways_scheduler --port 8470 --session-port 8472 ...  (one per island)
+#   executor     python -m pathways_executor --port 8473 ...   (one per island host)
 #   REST API     python -m pathways_api --host 0.0.0.0 --port 8080
 #   graph runner python -m pathways_client.run_graph --spec /etc/pathways/program.json
 #   driver/CLI   python -c ... / python /path/to/driver.py / pathways --help
 #
 # Variants (build arg JAX_VARIANT): cpu (default; also fake devices for kind), tpu (jax[tpu],
-# which brings libtpu), cuda12 (jax[cuda12], CUDA 12 wheels). For example
+# which brings libtpu), cuda12 or cuda13 (jax[cuda12] / jax[cuda13], CUDA wheels). For example
 #   docker build -t ghcr.io/pathways-k8s/pathways:0.1.0 .
 #   docker build --build-arg JAX_VARIANT=tpu -t ghcr.io/pathways-k8s/pathways:0.1.0-tpu .
 #

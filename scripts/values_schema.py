@@ -360,6 +360,13 @@ def values_schema() -> dict[str, Any]:
                                 ),
                                 "duration": string(),
                                 "renewBefore": string(),
+                                "clientNamespaces": {
+                                    "type": "array",
+                                    "description": "Namespaces whose program pods get a "
+                                    "client-only certificate (a ClusterIssuer signs it).",
+                                    "items": {"type": "string", "pattern": DNS_LABEL_PATTERN},
+                                    "uniqueItems": True,
+                                },
                             }
                         ),
                         "extraDnsNames": {"type": "array", "items": {"type": "string"}},

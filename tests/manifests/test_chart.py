@@ -163,7 +163,9 @@ def test_values_schema_is_generated_from_the_island_model() -> None:
 # --- the GKE TPU islands -------------------------------------------------------------------
 
 
-def test_gke_tpu_islands_carry_selectors_tolerations_and_tpu_requests(rendered) -> None:
+def test_gke_tpu_islands_carry_selectors_and_their_pods_tolerations_and_chips(
+    rendered,
+) -> None:
     islands = {i["metadata"]["name"]: i for i in rendered("values-gke-tpu.yaml").of_kind("Island")}
     assert set(islands) == {"v5e-2x4", "v5p-2x2x2"}
     expected = {"v5e-2x4": ("tpu-v5e", "2x4", 1, 8), "v5p-2x2x2": ("tpu-v5p", "2x2x2", 2, 4)}
@@ -178,16 +180,18 @@ def test_gke_tpu_islands_carry_selectors_tolerations_and_tpu_requests(rendered) 
         assert selector["cloud.google.com/gke-tpu-topology"] == topology
         # A multi-host slice is one node pool: both executor pods must land in it.
         assert selector["cloud.google.com/gke-nodepool"] == f"pathways-{name}"
-        assert any(
-            t.key == "google.com/tpu" and t.operator == "Exists" and t.effect == "NoSchedule"
-            for t in spec.placement.tolerations
-        )
-        resources = spec.placement.resources
-        assert resources is not None
-        # Extended resources need requests equal to limits: every chip of the host.
-        assert resources.requests["google.com/tpu"] == str(chips)
-        assert resources.limits["google.com/tpu"] == str(chips)
         assert spec.image.endswith("-tpu")
+        # The executor pods the operator makes tolerate the TPU taint (once) and take every
+        # chip of their host: extended resources need requests equal to limits.
+        children = island_children(islands[name], island, "pathways-system")
+        statefulset = next(c for c in children if c["kind"] == "StatefulSet")
+        pod = statefulset["spec"]["template"]["spec"]
+        tpu = {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}
+        assert pod["tolerations"].count(tpu) == 1
+        resources = pod["containers"][0]["resources"]
+        assert resources["requests"]["google.com/tpu"] == str(chips)
+        assert resources["limits"]["google.com/tpu"] == str(chips)
+        assert resources["requests"]["cpu"] == str(spec.placement.resources.requests["cpu"])
 
 
 def test_kind_islands_match_the_kind_cluster_workers(rendered) -> None:

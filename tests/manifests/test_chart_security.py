@@ -11,13 +11,14 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from chart_helpers import CHART, VALUES_FILES, Run
+from chart_helpers import CHART, VALUES_FILES, Run, render
 
 from pathways_core.control import island_children, parse, program_job
 from pathways_core.control.islands import (
     EXECUTOR_PORT,
     HEALTH_PORT,
     SCHEDULER_PORT,
+    SESSION_PORT,
     control_secret_name,
     control_token_secret,
     executor_host,
@@ -204,9 +205,11 @@ def test_network_policies_select_the_pods_the_operator_creates(rendered, values_
         other = next(i for i in islands if i != island)
         # Schedulers: from programs (any namespace), the API and the operator only.
         for caller in (program, api, operator):
-            assert allowed(policies, caller, scheduler, SCHEDULER_PORT), (island, caller["name"])
+            for port in (SCHEDULER_PORT, SESSION_PORT):  # gRPC, and the session stream
+                assert allowed(policies, caller, scheduler, port), (island, caller["name"], port)
         for caller in (STRANGER, executor, pods[f"{other}/executor"]):
-            assert not allowed(policies, caller, scheduler, SCHEDULER_PORT), (island, caller)
+            for port in (SCHEDULER_PORT, SESSION_PORT):
+                assert not allowed(policies, caller, scheduler, port), (island, caller, port)
         # Executors: gRPC and the data plane (any port) from their island and programs only.
         for port in (EXECUTOR_PORT, 8476, 41234):
             for caller in (scheduler, executor, program):
@@ -291,7 +294,9 @@ def test_the_proxy_reaches_the_islands_and_only_admitted_clients_reach_it(render
     port = proxy["ports"]["grpc"]
     # The proxy is a client of every island: scheduler sessions, executor transfers, the API.
     for island in ("fake-a", "fake-b"):
-        assert allowed(policies, proxy, pods[f"{island}/scheduler"], SCHEDULER_PORT), island
+        for scheduler_port in (SCHEDULER_PORT, SESSION_PORT):
+            scheduler = pods[f"{island}/scheduler"]
+            assert allowed(policies, proxy, scheduler, scheduler_port), (island, scheduler_port)
         for executor_port in (EXECUTOR_PORT, 41234):
             assert allowed(policies, proxy, pods[f"{island}/executor"], executor_port), island
     assert allowed(policies, proxy, api, 8080)
@@ -541,3 +546,24 @@ def test_control_tokens_off_grants_nothing_on_secrets(rendered) -> None:
     assert not run.of_kind("Role") and not run.of_kind("RoleBinding")
     for role in run.of_kind("ClusterRole"):
         assert all("secrets" not in rule["resources"] for rule in role["rules"])
+
+
+def test_tenant_namespaces_get_client_only_certificates(rendered) -> None:
+    """The docs said to copy the servers' Secret into each tenant namespace: anyone reading
+    Secrets there then held the key the API and the islands serve with."""
+    run = rendered("values-kind.yaml", *TLS_ON, "tls.certManager.clientNamespaces={team-a,team-b}")
+    clients = [c for c in run.of_kind("Certificate") if c["metadata"]["name"].endswith("-client")]
+    assert [c["metadata"]["namespace"] for c in clients] == ["team-a", "team-b"]
+    for certificate in clients:
+        spec = certificate["spec"]
+        assert spec["usages"] == ["client auth"] and "dnsNames" not in spec
+        assert spec["secretName"] == "pw-pathways-tls"  # what program Jobs mount
+        assert spec["issuerRef"]["kind"] == "ClusterIssuer"
+    namespaced = render(
+        "values-kind.yaml",
+        "tls.enabled=true",
+        "tls.certManager.issuerRef.name=ca",
+        "tls.certManager.clientNamespaces={team-a}",
+    )
+    assert namespaced.returncode != 0
+    assert "certificates in namespace team-a need a ClusterIssuer" in namespaced.stderr

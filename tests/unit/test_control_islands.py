@@ -54,9 +54,17 @@ def test_children_are_named_owned_and_labelled() -> None:
     assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
     deployment = made["Deployment/isl-scheduler"]["spec"]["template"]["spec"]["containers"][0]
     assert deployment["args"][deployment["args"].index("--executor") + 1] == (
-        "isl-executor-0.isl-executor.ns.svc:8471"
+        "isl-executor-0.isl-executor.ns.svc:8473"  # not 8471: libtpu's, on multi-host TPUs
     )
     assert deployment["args"].count("--executor") == 2
+    # Every port the scheduler listens on is a container port its Service forwards (clients
+    # reach the session endpoint at the Service's name: a port picked at start was not).
+    args = deployment["args"]
+    listening = {int(args[args.index(flag) + 1]) for flag in ("--port", "--session-port")}
+    assert listening == {8470, 8472}
+    assert listening <= {port["containerPort"] for port in deployment["ports"]}
+    service = made["Service/isl-scheduler"]["spec"]["ports"]
+    assert listening == {port["port"] for port in service} == {p["targetPort"] for p in service}
 
 
 def test_the_scheduler_gets_the_islands_policy_queue_bound_and_run_length() -> None:

@@ -2,7 +2,8 @@
 
 ``island_children`` builds the four children of an Island, owned by it:
 
-- ``<island>-scheduler``: a Deployment and a Service (port 8470) for the gang scheduler;
+- ``<island>-scheduler``: a Deployment and a Service (ports 8470, gRPC, and 8472, client
+  sessions) for the gang scheduler;
 - ``<island>-executor``: a StatefulSet (one pod per host, started together) and its headless
   Service, which gives executor ``i`` the stable name
   ``<island>-executor-<i>.<island>-executor.<namespace>.svc``; executor 0 is the island's JAX
@@ -57,9 +58,14 @@ from pathways_core.control.security import (
 from pathways_core.resources import Island
 
 SCHEDULER_PORT = 8470
-EXECUTOR_PORT = 8471
+# Client sessions' stream: a fixed port, which the scheduler's Service forwards (one the
+# scheduler picked at start was unreachable through the Service).
+SESSION_PORT = 8472
+# Not 8471: multi-host TPU hosts talk to each other there (libtpu, in the executor's pod).
+EXECUTOR_PORT = 8473
 COORDINATOR_PORT = 8476
 HEALTH_PORT = 8477
+SCHEDULER_REQUESTS = {"cpu": "250m", "memory": "512Mi"}
 LIVENESS_PROBE = {
     # A process that stops answering (stopped, wedged) is restarted, taking the island down as
     # a crash does; it answers from the start, so a slow JAX start or group join is no failure.
@@ -171,7 +177,9 @@ def executor_placement(island: Island) -> dict[str, Any]:
         node_selector[GKE_TPU_TOPOLOGY_LABEL] = spec.topology
     placement = spec.placement
     node_selector.update(placement.node_selector)
-    tolerations += [t.to_wire() for t in placement.tolerations]
+    for toleration in (t.to_wire() for t in placement.tolerations):
+        if toleration not in tolerations:  # one the accelerator needs, given again
+            tolerations.append(toleration)
     if placement.resources is not None:
         requests = {**placement.resources.requests, **requests}
         limits = {**placement.resources.limits, **limits}
@@ -241,6 +249,8 @@ def island_children(
         "0.0.0.0",
         "--port",
         str(SCHEDULER_PORT),
+        "--session-port",
+        str(SESSION_PORT),
         "--health-port",
         str(HEALTH_PORT),
     ]
@@ -271,10 +281,14 @@ def island_children(
                                 **({"env": token_env} if token_env else {}),
                                 "ports": [
                                     {"name": "grpc", "containerPort": SCHEDULER_PORT},
+                                    {"name": "session", "containerPort": SESSION_PORT},
                                     {"name": "health", "containerPort": HEALTH_PORT},
                                 ],
                                 "readinessProbe": {"tcpSocket": {"port": SCHEDULER_PORT}},
                                 "livenessProbe": LIVENESS_PROBE,
+                                # Requested, so node pressure does not evict the island's
+                                # order first (a scheduler busy dispatching takes a core).
+                                "resources": {"requests": SCHEDULER_REQUESTS},
                             }
                         ],
                     },
@@ -289,7 +303,10 @@ def island_children(
         "metadata": _metadata(document, scheduler_name(name), namespace, "scheduler"),
         "spec": {
             "selector": _selector(name, "scheduler"),
-            "ports": [{"name": "grpc", "port": SCHEDULER_PORT, "targetPort": SCHEDULER_PORT}],
+            "ports": [
+                {"name": "grpc", "port": SCHEDULER_PORT, "targetPort": SCHEDULER_PORT},
+                {"name": "session", "port": SESSION_PORT, "targetPort": SESSION_PORT},
+            ],
         },
     }
     placed = executor_placement(island)
