@@ -526,7 +526,7 @@ class Manager:
             key = f"{meta['namespace']}/{meta['name']}"
             running = self._adopt(job)
             if running is None:
-                self._interrupt(job, "the cluster was stopped with it, killed")
+                self._interrupt(job, "the cluster stopped while it ran (it left no exit status)")
             else:
                 self.running[key] = running
                 logger.info("adopted run %s (pid %d)", key, running.pid)

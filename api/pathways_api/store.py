@@ -247,9 +247,10 @@ INSERT OR IGNORE INTO meta (key, value) VALUES ('resourceVersion', 0);
 
 
 logger = logging.getLogger("pathways.store")
-# The tables an initialized store has: one missing was dropped or lost, and recreating it
-# empty would silently lose what it held.
-TABLES = ("objects", "events", "idempotency", "traces", "meta", "usage")
+# The table of an initialized store that holds what nothing else can make again: missing, it
+# was dropped or lost, and recreating it empty would silently lose every object. (Events,
+# traces and idempotency keys are made again empty; usage from the objects, at every start.)
+DATA_TABLE = "objects"
 
 
 class SqliteStore:
@@ -270,11 +271,10 @@ class SqliteStore:
                 f"{path} cannot be used as the store: {error}. Make it readable and writable "
                 "by this user, restore it from a backup, or move it away to start afresh"
             ) from None
-        missing = [table for table in TABLES if table not in existing]
-        if "meta" in existing and missing:
+        if "meta" in existing and DATA_TABLE not in existing:
             raise StoreDamaged(
-                f"{path} lacks its table(s) {', '.join(missing)}: it was damaged or edited. "
-                "Restore it from a backup, or move it away to start with an empty store"
+                f"{path} lacks its table {DATA_TABLE}: it was damaged or edited. Restore it "
+                "from a backup, or move it away to start with an empty store"
             )
         self._db().executescript(SCHEMA)
         # What each tenant holds is derived from the objects: made again at every start, so

@@ -243,7 +243,9 @@ class LocalIsland:
                 if pipe:
                     pipe.close()
             self._restarts += 1
-            arguments = [*old.arguments, "--port", str(old.port)]
+            arguments = list(old.arguments)
+            if "--port" not in arguments:  # at its endpoint, as the first restart put it
+                arguments += ["--port", str(old.port)]
             process = self._spawn(f"executor-{index}-restart-{self._restarts}", arguments)
             self.executors[index] = process
             restarted.append(process)

@@ -658,8 +658,8 @@ def test_a_store_missing_a_table_is_refused_and_usage_is_made_again(tmp_path: Pa
     assert reopened._db().execute("SELECT namespace, devices, programs FROM usage").fetchall() == [
         ("team", 2, 1)
     ]
-    reopened._db().execute("DROP TABLE events")
-    with pytest.raises(StoreDamaged, match=r"pathways\.db lacks its table\(s\) events: it was"):
+    reopened._db().execute("DROP TABLE objects")
+    with pytest.raises(StoreDamaged, match=r"pathways\.db lacks its table objects: it was"):
         SqliteStore(path)
 
 

@@ -20,6 +20,10 @@ around it only moves messages. Guarantees:
   called them): once the last such session ends they are forgotten here and on the executors
   (after every command that used them), so an island serving many sessions for weeks holds
   only what its open sessions use;
+- a lost executor (its stream ended, or it went silent) fails its work at once and work on it
+  is refused; one restarted and taken back in its place (``executor_rejoined``) runs work
+  again, while what the lost one held, and work queued before the loss that ran on it, stay
+  lost (refused or failed naming the loss);
 - bad requests are rejected at once with a message naming what is wrong;
 - a client's completion may wait for its next event (``ToClient.deferrable``) while the client
   has ``HOLD_WHILE_PENDING`` or more other computations queued or running, at most
@@ -772,17 +776,16 @@ class IslandDispatcher:
         """The failure of work whose executors (or whose inputs' holders) were lost while it
         was queued, if they were (it takes its place in the order all the same)."""
         seq = self._next_seq()
-        down = [self._down[i] for i in owners if i in self._down]
-        gone = [b for b in inputs if b in self._gone]
-        doomed = self._doomed.pop(item_id, None)
-        if doomed is not None:
-            message = f"{label}: {doomed}"
-        elif down:
-            message = f"{label}: {down[0]}"
-        elif gone:
-            message = f"{label}: its input {gone[0]!r} was lost: {self._gone[gone[0]]}"
-        else:
+        why = self._doomed.pop(item_id, None)
+        if why is None:
+            why = next((self._down[i] for i in owners if i in self._down), None)
+        if why is None and self._gone:
+            lost = next((b for b in inputs if b in self._gone), None)
+            if lost is not None:
+                why = f"its input {lost!r} was lost: {self._gone[lost]}"
+        if why is None:
             return None
+        message = f"{label}: {why}"
         return ToClient(
             client, Event(kind=Event.FAILED, computation_id=item_id, seq=seq, message=message)
         )
