@@ -235,7 +235,7 @@ class Manager:
             self._reap()
             time.sleep(0.05)
         for running in list(self.running.values()):
-            self._interrupt(running.job, "pathways down stopped it")
+            self._interrupt(running.job, "the embedded cluster stopped (pathways down, or its end)")
         self.running.clear()
         self._finishing.shutdown(wait=True)
 

@@ -68,7 +68,8 @@ class Manager:
 
     @property
     def available(self) -> list[Slice]:
-        """The slices whose devices all still answer, in their original order."""
+        """The slices not found lost (by :meth:`find_lost`, which every retry calls, less
+        those :meth:`find_returned` took back), in their original order."""
         return [item for item in self.slices if item not in self.lost]
 
     def find_lost(self) -> list[Slice]:

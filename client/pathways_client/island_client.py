@@ -180,9 +180,11 @@ class IslandClient:
         # those in progress (``_calls``) are cancelled.
         self._lost: dict[int, str] = {e.index: e.lost for e in self.info.executors if e.lost}
         self._lost_changed = threading.Condition(self._lock)
-        # Buffers held by an executor when it was lost, and why: gone for good, even once a
-        # restarted executor is taken back in its place.
+        # Buffers that will never have a value, and why: held by an executor when it was lost
+        # (gone for good, even once a restarted one is taken back in its place), or outputs of
+        # work that failed. Their reads fail at once, saying so.
         self._gone: dict[str, str] = {}
+        self._produces: dict[str, tuple[str, ...]] = {}  # unfinished work -> its outputs
         self._calls: dict[int, set[grpc.Future]] = {}
         host, port = _reachable(self.info.session_endpoint, endpoint)
         self._session = socket.create_connection((host, port), timeout=connect_timeout)
@@ -283,7 +285,7 @@ class IslandClient:
             raise IslandError(f"program {program_id[:12]!r} was not registered by this client")
         call_id = self._new_id("p")
         result_ids = tuple(self._new_id("b") for _ in holders)
-        done = self._pending_future(call_id)
+        done = self._pending_future(call_id, result_ids)
         for buffer_id, executors in zip(result_ids, holders, strict=True):
             self._locations[buffer_id] = executors
         self._send(
@@ -397,7 +399,7 @@ class IslandClient:
             raise ValueError(f"outputs must be >= 0, not {outputs}")
         computation_id = self._new_id("c")
         output_ids = tuple(self._new_id("b") for _ in range(outputs))
-        done = self._pending_future(computation_id)
+        done = self._pending_future(computation_id, output_ids)
         holders = tuple(sorted({self.device_owner[d] for d in devices if d in self.device_owner}))
         for buffer_id in output_ids:
             self._locations[buffer_id] = holders
@@ -424,7 +426,7 @@ class IslandClient:
             raise IslandError(f"unknown buffer {buffer_id!r}")
         gone = self._gone.get(buffer_id)
         if gone is not None:
-            raise IslandError(f"get {buffer_id!r}: it was lost: {gone}")
+            raise IslandError(f"get {buffer_id!r}: {gone}")
         request = pb.ArrayRequest(buffer_id=buffer_id, timeout_seconds=timeout)
         # Each executor of the buffer's slice sends the shards it holds.
         assembly = Assembly()
@@ -566,8 +568,9 @@ class IslandClient:
                 self._send(message)
         return future
 
-    def _pending_future(self, request_id: str) -> Future[None]:
-        """The completion of a computation or call about to be sent, once there is room."""
+    def _pending_future(self, request_id: str, outputs: tuple[str, ...]) -> Future[None]:
+        """The completion of a computation or call about to be sent (writing ``outputs``),
+        once there is room."""
         done: Future[None] = Future()
         self._wait_for_room()
         with self._lock:
@@ -575,6 +578,7 @@ class IslandClient:
                 done.set_exception(IslandError(self._ended))
             else:
                 self._pending[request_id] = done
+                self._produces[request_id] = outputs
         return done
 
     def _new_id(self, kind: str) -> str:
@@ -631,6 +635,7 @@ class IslandClient:
         with self._lock:
             waiting = [*self._pending.values(), *self._functions.values()]
             self._pending.clear()
+            self._produces.clear()
             self._ended = reason  # later requests fail at once with the same reason
             self._room.notify_all()
             self._lost_changed.notify_all()
@@ -644,7 +649,7 @@ class IslandClient:
                 self._lost[event.executor] = event.message
                 for buffer_id, holders in list(self._locations.items()):
                     if event.executor in holders:
-                        self._gone.setdefault(buffer_id, event.message)
+                        self._gone.setdefault(buffer_id, f"it was lost: {event.message}")
                 self._lost_changed.notify_all()
                 calls = list(self._calls.get(event.executor, ()))
             for call in calls:
@@ -677,6 +682,10 @@ class IslandClient:
                 future = self._pending.pop(event.computation_id, None)
                 if future is not None and len(self._pending) == self.window - self._refill:
                     self._room.notify_all()
+                outputs = self._produces.pop(event.computation_id, ())
+                if event.kind in (Event.FAILED, Event.REJECTED):
+                    for buffer_id in outputs:  # never computed: a read would wait in vain
+                        self._gone.setdefault(buffer_id, f"its computation failed: {event.message}")
             idle = not self._pending and self._deferred
         if idle:  # nothing else will carry the deferred deletions soon
             self._write([])

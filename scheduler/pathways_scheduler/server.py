@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import select
@@ -21,7 +22,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -66,6 +67,9 @@ SEND_TIMEOUT_SECONDS = 60
 DEFAULT_EXECUTOR_TIMEOUT_SECONDS = 30.0
 # A lost executor's endpoint is asked this often whether a restarted one answers there.
 REJOIN_POLL_SECONDS = 1.0
+# A restarted executor that took the scheduler's hello sends its heartbeat (every second)
+# within this long; one that refused it closes the stream.
+HELLO_ANSWER_SECONDS = 5.0
 # A completion held for a client's next event (see pathways_core.scheduling.island) goes out
 # after this long at the latest: a 1 ms computation behind two 4 s ones was reported 4 s late.
 MAX_HOLD_SECONDS = 0.005
@@ -313,10 +317,12 @@ class SchedulerService:
             raise
         return connection
 
-    def _open_executor_stream(self, spec: ExecutorSpec, control: tuple[str, int]) -> socket.socket:
-        """An executor's command stream, the island's commands for it going there from now
-        on (its events are read by ``_read_executor``)."""
-        connection = self._connect_control(control)
+    def _open_executor_stream(
+        self, spec: ExecutorSpec, control: tuple[str, int], connection: socket.socket | None = None
+    ) -> socket.socket:
+        """An executor's command stream (``connection``, else a new one), the island's
+        commands for it going there from now on (its events are read by ``_read_executor``)."""
+        connection = connection or self._connect_control(control)
         peer = Peer(connection, lambda commands: pb.CommandBatch(commands=commands))
         with self._lock:  # no stimulus is writing to the stream it replaces meanwhile
             self._executors[spec.index] = peer
@@ -325,14 +331,21 @@ class SchedulerService:
             self._silent.pop(spec.index, None)
         return connection
 
-    def _read_executor(self, spec: ExecutorSpec, connection: socket.socket) -> None:
-        """Read an executor's events on a thread of their own; when its stream ends, it is
-        lost, and the thread waits for a restarted one to take back."""
+    def _read_executor(
+        self,
+        spec: ExecutorSpec,
+        connection: socket.socket,
+        events: Iterator[pb.EventBatch] | None = None,
+    ) -> None:
+        """Read an executor's events (``events``, if some were read already) on a thread of
+        their own; when its stream ends, it is lost, and the thread waits for a restarted one
+        to take back."""
+        batches = events or messages(connection.recv, pb.EventBatch.FromString)
 
         def incoming() -> None:
             reason = "its command stream ended"
             try:
-                for batch in messages(connection.recv, pb.EventBatch.FromString):
+                for batch in batches:
                     self._heard[spec.index] = time.monotonic()
                     if batch.events:  # else a heartbeat
                         self._handle(
@@ -342,6 +355,7 @@ class SchedulerService:
                 reason = f"{type(error).__name__}: {error}"
             reason = self._silent.get(spec.index, reason)
             self._handle(lambda d: d.executor_lost(spec.index, reason))
+            _say(f"executor {spec.index} ({spec.endpoint}) is lost: {reason}")
             self._take_back(spec.index, spec.endpoint)
 
         threading.Thread(target=incoming, name=f"executor-{spec.index}", daemon=True).start()
@@ -352,6 +366,7 @@ class SchedulerService:
         process is: one that answers again after it was lost (stopped, cut off) holds state
         the island has given up on, so it is retired (it exits, to be restarted)."""
         noted = ""
+        retired = ""  # the incarnation told to exit
         while True:
             time.sleep(REJOIN_POLL_SECONDS)
             try:
@@ -366,30 +381,66 @@ class SchedulerService:
             spec, control = _executor_spec(index, endpoint, info)
             problem = None
             if info.incarnation == self._incarnations[index]:
-                self._retire(index, endpoint, control)
-                continue
-            if info.index != index:
+                problem = "it answers again as the process that was lost"
+                if retired != info.incarnation and self._retire(index, control):
+                    retired = info.incarnation
+                    problem += ": told it to exit, to be restarted and taken back"
+                elif retired == info.incarnation:
+                    problem += (
+                        " and did not exit when told to: did it refuse the scheduler's hello "
+                        f"(is its {CONTROL_TOKEN_ENV} the island's)? Restart it"
+                    )
+            elif info.index != index:
                 problem = f"it says it is host {info.index}, not host {index}"
             else:
                 problem = self.read(lambda d, s=spec: d.rejoin_problem(s))
-            if problem is not None:
-                if problem != noted:  # said once, not every second
+            taken = None
+            if problem is None:
+                taken = self._answered_hello(control)
+                if isinstance(taken, str):
+                    problem, taken = taken, None
+            if problem is not None or taken is None:
+                if problem is not None and problem != noted:  # said once, not every second
                     _say(f"executor {index} ({endpoint}) is not taken back: {problem}")
                     noted = problem
                 continue
-            try:
-                connection = self._open_executor_stream(spec, control)
-            except OSError:
-                continue
+            connection, events = taken
+            self._open_executor_stream(spec, control, connection)
             self._incarnations[index] = info.incarnation
             # Taken back before its events are read: an end of the new stream is a new loss.
             self._handle(lambda d, s=spec: d.executor_rejoined(s))
             _say(f"executor {index} ({endpoint}) was restarted and is taken back")
-            self._read_executor(spec, connection)
+            self._read_executor(spec, connection, events)
             return
 
-    def _retire(self, index: int, endpoint: str, control: tuple[str, int]) -> None:
-        """Tell a lost executor that answers again as the same process to exit."""
+    def _answered_hello(
+        self, control: tuple[str, int]
+    ) -> tuple[socket.socket, Iterator[pb.EventBatch]] | str | None:
+        """A command stream to a restarted executor that took the hello (its first frame, a
+        heartbeat, came back), with the rest of its events; why not, if it refused it; None
+        if it could not be reached."""
+        try:
+            connection = self._connect_control(control)
+        except OSError:
+            return None
+        events = messages(connection.recv, pb.EventBatch.FromString)
+        connection.settimeout(HELLO_ANSWER_SECONDS)
+        try:
+            first = next(events, None)
+        except (OSError, FrameError):
+            first = None
+        if first is None:
+            connection.close()
+            return (
+                "it refused the scheduler's hello (closed the stream, or sent nothing within "
+                f"{HELLO_ANSWER_SECONDS:g} s): is its {CONTROL_TOKEN_ENV} the island's?"
+            )
+        connection.settimeout(None)
+        return connection, itertools.chain([first], events)
+
+    def _retire(self, index: int, control: tuple[str, int]) -> bool:
+        """Tell a lost executor that answers again as the same process to exit; whether
+        the word was sent."""
         reason = (
             f"island {self.island!r} lost it ({self.dispatcher.lost_reason(index)}) and it "
             "answers again as the same process: exiting to be restarted and taken back"
@@ -399,8 +450,8 @@ class SchedulerService:
             with self._connect_control(control) as connection:
                 connection.sendall(frame(pb.CommandBatch(commands=[retire])))
         except OSError:
-            return  # gone meanwhile, or not answering: asked again at the next poll
-        _say(f"executor {index} ({endpoint}) answered again as the process that was lost: retired")
+            return False  # gone meanwhile, or not answering: asked again at the next poll
+        return True
 
     def _watch_executors(self) -> None:
         """Cut off an executor that sends nothing, not even its heartbeat, for the executor
@@ -418,15 +469,20 @@ class SchedulerService:
                 for index in list(self._heard):
                     self._heard[index] = max(self._heard[index], now)
             last = now
-            for index, heard in list(self._heard.items()):
-                if index in self._silent or now - heard <= timeout:
-                    continue
-                self._silent[index] = (
-                    f"it sent nothing for {now - heard:.0f} s, not even its heartbeat (stopped, "
-                    f"hung or cut off; --executor-timeout is {timeout:g} s)"
-                )
+            for index in list(self._heard):
+                # Decided under the lock a taken-back executor's new stream is installed under:
+                # its fresh stream is never cut off for the silence of the lost one.
+                with self._lock:
+                    heard = self._heard[index]
+                    if index in self._silent or now - heard <= timeout:
+                        continue
+                    self._silent[index] = (
+                        f"it sent nothing for {now - heard:.0f} s, not even its heartbeat "
+                        f"(stopped, hung or cut off; --executor-timeout is {timeout:g} s)"
+                    )
+                    stream = self._streams[index]
                 with contextlib.suppress(OSError):  # ends its reader, which reports it lost
-                    socket.socket.shutdown(self._streams[index], socket.SHUT_RDWR)
+                    socket.socket.shutdown(stream, socket.SHUT_RDWR)
 
     def _handle(self, stimulus: Callable[[IslandDispatcher], list[Instruction]]) -> None:
         touched: dict[int, Peer] = {}

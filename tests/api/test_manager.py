@@ -380,7 +380,7 @@ def test_a_stopped_manager_keeps_bindings_and_its_runs_start_again_uncounted(
             .execute("SELECT message FROM events WHERE name = 'once' AND reason = 'Interrupted'")
             .fetchone()
         )
-        assert "once-run-1) was interrupted: pathways down stopped it" in message
+        assert "once-run-1) was interrupted: the embedded cluster stopped" in message
         assert "not counted as a restart" in message
         # The run's output goes on in the same log, saying it was started again.
         output = wait_for(

@@ -56,6 +56,10 @@ def test_a_restarted_executor_is_taken_back_and_what_it_held_stays_gone(
             reads_lost = client.submit(add_one, [0], [held], 1)
             with pytest.raises(IslandError, match=rf"reads buffer '{held}', which was lost"):
                 reads_lost.wait(30)
+            # Its output will never be: a read says why at once (it waited 30 s, then said
+            # the buffer was never announced).
+            with pytest.raises(IslandError, match=r"its computation failed: .* which was lost"):
+                client.get(reads_lost.outputs[0], timeout=30)
             # The function registered before the loss is sent to the new process before its use;
             # uploads go to it, and a chain crosses from the other executor to it and back.
             x = client.put(np.arange(4, dtype=np.float32), device=2)
@@ -161,3 +165,27 @@ def test_an_executor_is_ready_once_a_scheduler_holds_its_stream(tmp_path: Path) 
     finally:
         process.popen.kill()
         process.popen.wait()
+
+
+def test_a_restarted_executor_that_refuses_the_hello_is_not_taken_back(
+    compilation_cache: Path,
+) -> None:
+    """Restarted with another control token, it refused the scheduler's hello: it was
+    announced to clients as taken back, then lost again, and 'retired' every second."""
+    island = LocalIsland(
+        hosts=2, devices_per_host=2, distributed=False, compilation_cache=compilation_cache
+    )
+    with island, IslandClient(island.scheduler_endpoint, "tokens") as client:
+        island.kill_executor(1)
+        token = island._control_token
+        island._control_token = "not-the-islands"  # as a misconfigured pod would start
+        island.restart_executors(1)
+        assert not client.wait_for_executors(timeout=5)  # never announced as back
+        assert island.scheduler is not None
+        log = island.scheduler.log.read_text()
+        assert "executor 1 (127.0.0.1:" in log and "is not taken back: it refused the" in log
+        assert "PATHWAYS_CONTROL_TOKEN the island's?" in log and "taken back\n" not in log
+        island._control_token = token
+        island.restart_executors(1)
+        assert client.wait_for_executors(timeout=60)
+        assert 'pathways_island_executors_rejoined_total{island="local"} 1.0' in _metrics(island)

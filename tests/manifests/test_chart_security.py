@@ -551,8 +551,13 @@ def test_control_tokens_off_grants_nothing_on_secrets(rendered) -> None:
 def test_tenant_namespaces_get_client_only_certificates(rendered) -> None:
     """The docs said to copy the servers' Secret into each tenant namespace: anyone reading
     Secrets there then held the key the API and the islands serve with."""
-    run = rendered("values-kind.yaml", *TLS_ON, "tls.certManager.clientNamespaces={team-a,team-b}")
+    run = rendered(
+        "values-kind.yaml",
+        *TLS_ON,
+        f"tls.certManager.clientNamespaces={{team-a,{NAMESPACE},team-b}}",
+    )
     clients = [c for c in run.of_kind("Certificate") if c["metadata"]["name"].endswith("-client")]
+    # The release's own namespace mounts the servers' Secret: no second Certificate writes it.
     assert [c["metadata"]["namespace"] for c in clients] == ["team-a", "team-b"]
     for certificate in clients:
         spec = certificate["spec"]
@@ -567,3 +572,7 @@ def test_tenant_namespaces_get_client_only_certificates(rendered) -> None:
     )
     assert namespaced.returncode != 0
     assert "certificates in namespace team-a need a ClusterIssuer" in namespaced.stderr
+    assert "issuerRef.kind is Issuer (the default when unset)" in namespaced.stderr
+    unissued = render("values-kind.yaml", "tls.certManager.clientNamespaces={team-a}")
+    assert unissued.returncode != 0
+    assert "clientNamespaces needs tls.enabled and tls.certManager.issuerRef" in unissued.stderr

@@ -382,7 +382,8 @@ def test_a_slice_bound_again_elsewhere_under_a_running_job_stops_that_run() -> N
     decision = decide(running, moved, dict(created, status={"active": 1}), islands)
     assert decision.delete == [ChildRef("batch/v1", "Job", "t", "p-run-1")]
     assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "SlicesMoved")
-    assert "main" in decision.status["message"] and decision.status["restarts"] == 0
+    assert "slice 'main' was bound again elsewhere" in decision.status["message"]
+    assert decision.status["restarts"] == 0
     # With the Job gone, run 2 starts at once on the new binding.
     after = decide(program(status=decision.status, restartPolicy="Never"), moved, None, islands)
     (second,) = after.create
@@ -394,6 +395,15 @@ def test_a_slice_bound_again_elsewhere_under_a_running_job_stops_that_run() -> N
     # The same binding at the same endpoint: the run goes on.
     same = decide(running, {"p-main": bound_slice()}, dict(created, status={"active": 1}), islands)
     assert same.delete == [] and same.status is None
+    # The same devices, the island restarted at another endpoint: said so, not "elsewhere".
+    restarted = {"isl": {"metadata": {"name": "isl"}, "status": {"schedulerEndpoint": "new:8470"}}}
+    again = decide(
+        running, {"p-main": bound_slice()}, dict(created, status={"active": 1}), restarted
+    )
+    assert again.delete == [ChildRef("batch/v1", "Job", "t", "p-run-1")]
+    assert (
+        "slice 'main' is on island 'isl', restarted at a new endpoint" in again.status["message"]
+    )
 
 
 def env_of(created_job: dict[str, Any]) -> dict[str, str]:

@@ -541,3 +541,17 @@ def test_a_restarted_executor_learns_of_the_others_still_lost() -> None:
     assert [(e, c.WhichOneof("kind")) for e, c in told] == [(0, "peer_up"), (1, "peer_down")]
     assert told[1][1].peer_down.data_endpoint == "d:2"
     assert "killed too" in told[1][1].peer_down.reason
+
+
+def test_an_upload_announced_after_its_executor_was_lost_is_lost() -> None:
+    """The client's word of an upload may come after the loss (batched): the buffer looked
+    healthy, and once a restarted executor was taken back it had no holder at all."""
+    dispatcher = with_data_endpoints()
+    dispatcher.executor_lost(1, "killed")
+    dispatcher.placed("a", pb.PlacedBuffer(buffer_id="a/late", executor=1))
+    dispatcher.executor_rejoined(ExecutorSpec(1, "h:2", (4, 5, 6, 7), "d:9"))
+    (refused,) = client_events(dispatcher.submit("a", computation("a", 1, (4,), ["a/late"])))
+    assert refused.kind == Event.REJECTED
+    assert "reads buffer 'a/late', which was lost: executor 1 (h:2) is unreachable" in (
+        refused.message
+    )

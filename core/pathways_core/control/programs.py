@@ -163,10 +163,11 @@ def _deadline_exceeded(job: Document) -> bool:
     )
 
 
-def _moved_slices(job: Document, wanted: dict[str, str]) -> list[str]:
+def _moved_slices(job: Document, wanted: dict[str, str]) -> dict[str, str]:
     """Slices the running Job was started on that are now bound elsewhere (another island,
-    other devices, or a scheduler at another endpoint: a restarted island): its driver talks
-    to devices its slices no longer hold. A Job without the settings is never stale."""
+    other devices), or whose island's scheduler answers at another endpoint (the island was
+    restarted): its driver talks to devices its slices no longer hold, or to a scheduler gone.
+    Each with what changed. A Job without the settings is never stale."""
     containers = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
         "containers"
     ) or [{}]
@@ -175,16 +176,19 @@ def _moved_slices(job: Document, wanted: dict[str, str]) -> list[str]:
         started = json.loads(env.get("PATHWAYS_SLICES") or "null")
         now = json.loads(wanted["PATHWAYS_SLICES"])
     except ValueError:
-        return []
+        return {}
     if not isinstance(started, dict):
-        return []
-    keys = ("island", "devices", "scheduler")
-    return sorted(
-        name
-        for name, entry in now.items()
-        if isinstance(started.get(name), dict)
-        and any(started[name].get(key) != entry.get(key) for key in keys)
-    )
+        return {}
+    changed = {}
+    for name, entry in sorted(now.items()):
+        before = started.get(name)
+        if not isinstance(before, dict):
+            continue
+        if any(before.get(key) != entry.get(key) for key in ("island", "devices")):
+            changed[name] = "was bound again elsewhere"
+        elif before.get("scheduler") != entry.get("scheduler"):
+            changed[name] = f"is on island {entry.get('island')!r}, restarted at a new endpoint"
+    return changed
 
 
 def _owned(program: Document, child: Document) -> bool:
@@ -698,7 +702,8 @@ def reconcile_program(
             # Released and bound again elsewhere between two looks (a lost host or island):
             # the run is stopped and the next one starts on the new binding at once.
             decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
-            message = f"run {runs} stopped: slice(s) {', '.join(moved)} were bound again elsewhere"
+            said = "; ".join(f"slice {slice_name!r} {why}" for slice_name, why in moved.items())
+            message = f"run {runs} stopped: {said}; the next run starts on its slices as they are"
             conditions = set_condition(
                 conditions, "Running", False, "SlicesMoved", message, now, gen
             )

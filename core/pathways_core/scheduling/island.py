@@ -356,6 +356,10 @@ class IslandDispatcher:
         else:
             self._buffers[message.buffer_id] = holders
             self._uploaded.add(message.buffer_id)
+            # Uploaded to an executor lost before this word came: gone with it.
+            lost = next((self._down[h] for h in sorted(holders) if h in self._down), None)
+            if lost is not None:
+                self._gone[message.buffer_id] = lost
         return []
 
     def submit(self, client: str, computation: pb.Computation) -> list[Instruction]:
