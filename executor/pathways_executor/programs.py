@@ -152,11 +152,21 @@ def plan(
                 local_reads,
             )
         )
+    # Pulled in the order this executor reads them: the transfer threads are few, and one
+    # waiting for an intermediate made late (after work here that waits on an earlier pull)
+    # while that earlier pull queued behind it deadlocked the island (a 1F1B pipeline did).
+    first_read: dict[str, int] = {}
+    for step in steps:
+        for _, _, name in step.inputs:
+            first_read.setdefault(name, step.index)
+    pulled = sorted(
+        registration.sources, key=lambda source: first_read.get(source.buffer_id, len(nodes))
+    )
     return Plan(
         program_id=registration.program_id,
         name=registration.name or registration.program_id[:12],
         steps=tuple(steps),
-        pulled=tuple(registration.sources),
+        pulled=tuple(pulled),
         results=results,
         stored=tuple(
             output

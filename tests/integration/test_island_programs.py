@@ -359,3 +359,42 @@ def test_functions_and_programs_are_forgotten_once_no_open_session_uses_them(
         again = third.submit(triple, [0], [third.put(np.ones(4, np.float32), device=0)], 1)
         again.wait(60)
         np.testing.assert_array_equal(third.get(again.outputs[0]), np.full(4, 3.0))
+
+
+def test_an_interleaved_schedule_crossing_executors_both_ways_runs(island: LocalIsland) -> None:
+    """A 1F1B-like order: stage A (executor 0) and stage B (executor 1) forward, and B's then
+    A's "backward" of microbatch m - 2 after each forward. Each executor pulled the other's
+    intermediates in the order of their names, on 8 transfer threads: all 8 waited for ones
+    made late (``grad-b-10`` ...), made only after work waiting on a pull queued behind them
+    (``grad-b-2``), and the island deadlocked until the 120 s input timeout."""
+    microbatches, lag = 32, 2
+    with IslandClient(island.scheduler_endpoint, "one-f-one-b") as client:
+        increment = client.register(INCREMENT, "increment")
+        double = client.register(DOUBLE, "double")
+        nodes = []
+
+        def node(name: str, function: str, device: int, source: str) -> str:
+            nodes.append(
+                pb.Computation(
+                    id=name, function_id=function, devices=[device], inputs=[source], outputs=[name]
+                )
+            )
+            return name
+
+        def backward(m: int) -> str:
+            return node(f"grad-a-{m}", double, 0, node(f"grad-b-{m}", increment, 4, f"fwd-b-{m}"))
+
+        results = []
+        for m in range(microbatches):
+            node(f"fwd-b-{m}", double, 4, node(f"fwd-a-{m}", increment, 0, f"x{m}"))
+            if m >= lag:
+                results.append(backward(m - lag))
+        results += [backward(m) for m in range(microbatches - lag, microbatches)]
+        arguments = [f"x{m}" for m in range(microbatches)]
+        program = client.register_program(nodes, arguments, results, name="one-f-one-b")
+        inputs = [client.put(np.full(4, m, np.float32), 0) for m in range(microbatches)]
+        done = client.call(program, inputs)
+        done.wait(60)
+        # x -> +1 (A) -> x2 (B) -> +1 (B) -> x2 (A), every microbatch's in its order
+        for m, result in enumerate(done.outputs):
+            np.testing.assert_array_equal(client.get(result), ((m + 1) * 2 + 1) * 2)
