@@ -10,6 +10,7 @@ run out of retries, raise :class:`ApiCallError` with ``code == "RateLimited"`` a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import time
@@ -70,7 +71,8 @@ class ApiClient:
         if verify is None:  # an https URL's certificate is checked against PATHWAYS_TLS_CA
             loaded = tls.load()  # (TlsConfigError when half set), else the system's CAs
             verify = loaded.client if loaded is not None else True
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, verify=verify)
+        self._settings = {"headers": headers, "timeout": timeout, "verify": verify}
+        self.http = httpx.Client(base_url=self.url, **self._settings)
         self.max_retries = max_retries
         self.max_retry_wait = max_retry_wait
         self._sleep = sleep
@@ -78,6 +80,13 @@ class ApiClient:
     def close(self) -> None:
         """Close the connection pool."""
         self.http.close()
+
+    def reconnect(self) -> None:
+        """Start a new connection pool: a request a signal interrupted (Ctrl-C) can leave the
+        old one unusable, and the clean-up after it must still reach the server."""
+        old, self.http = self.http, httpx.Client(base_url=self.url, **self._settings)
+        with contextlib.suppress(Exception):
+            old.close()
 
     def __enter__(self) -> ApiClient:
         return self

@@ -296,13 +296,28 @@ class Cluster:
             # answer to the submission came back): the slice goes, or it would bind later and
             # hold its devices and quota for no one.
             if not refused:
-                with contextlib.suppress(Exception):
-                    self.api.delete("virtualslices", name)
+                self._delete_slice(name)
             if isinstance(error, ApiCallError):
                 raise SliceError(f"slice {name!r} was refused: {error}") from None
             raise
         self.islands[island_name] = endpoint
         return Slice(name, island_name, tuple(status["devices"]), shape, cluster=self)
+
+    def _delete_slice(self, name: str) -> None:
+        """Delete a slice whose request was interrupted, on a fresh connection if the one
+        in use fails (an interrupted request can leave it broken, and the slice would stay)."""
+        assert self.api is not None
+        for attempt in range(2):
+            try:
+                self.api.delete("virtualslices", name)
+                return
+            except ApiCallError as error:
+                if error.status == 404:
+                    return  # gone already
+            except Exception:  # the connection pool itself, left broken
+                pass
+            if attempt == 0:
+                self.api.reconnect()
 
     def _direct_key(self, name: str) -> str:
         # Sessions sharing one allocator name their slices alike ("slice-1"): keep them apart.

@@ -285,7 +285,9 @@ class IslandClient:
             raise IslandError(f"program {program_id[:12]!r} was not registered by this client")
         call_id = self._new_id("p")
         result_ids = tuple(self._new_id("b") for _ in holders)
-        done = self._pending_future(call_id, result_ids)
+        # A failed call's results are not all lost: those of nodes independent of the failed
+        # one are computed (and the rest fail on their executors, saying why).
+        done = self._pending_future(call_id, ())
         for buffer_id, executors in zip(result_ids, holders, strict=True):
             self._locations[buffer_id] = executors
         self._send(

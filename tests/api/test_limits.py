@@ -195,6 +195,16 @@ def test_the_client_never_retries_a_quota_refusal(server: Server) -> None:
     assert (raised.value.code, raised.value.retry_after) == ("QuotaExceeded", None)
 
 
+def test_the_client_reconnects_with_its_token_and_settings(server: Server) -> None:
+    """After a request a signal interrupted, its clean-up goes on a fresh connection pool."""
+    with ApiClient(server.url, "token-a", sleep=pytest.fail) as client:
+        old = client.http
+        client.reconnect()
+        assert client.http is not old and old.is_closed
+        client.submit(program("after-reconnect"), idempotency_key="r1")  # authenticated
+        assert [p["metadata"]["name"] for p in client.list("programs")] == ["after-reconnect"]
+
+
 # -- settings --------------------------------------------------------------------------------
 
 
