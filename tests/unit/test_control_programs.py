@@ -401,9 +401,7 @@ def test_a_slice_bound_again_elsewhere_under_a_running_job_stops_that_run() -> N
         running, {"p-main": bound_slice()}, dict(created, status={"active": 1}), restarted
     )
     assert again.delete == [ChildRef("batch/v1", "Job", "t", "p-run-1")]
-    assert (
-        "slice 'main' is on island 'isl', restarted at a new endpoint" in again.status["message"]
-    )
+    assert "slice 'main' is on island 'isl', restarted at a new endpoint" in again.status["message"]
 
 
 def env_of(created_job: dict[str, Any]) -> dict[str, str]:
