@@ -37,6 +37,7 @@ from pathways_core.wire import EXECUTOR, SCHEDULER, pb
 from pathways_core.wire.arrays import (
     Assembly,
     Region,
+    explicit_region,
     native_order,
     numeric_dtype,
     region_chunks,
@@ -331,6 +332,13 @@ class IslandClient:
         if not regions or unknown:
             raise IslandError(f"put_shards: no executors given, or unknown ones ({unknown})")
         array = _numeric("put_shards", array)
+        try:  # said here, not as gRPC's "Exception iterating requests!" from the upload
+            regions = {
+                executor: [explicit_region(region, array.shape) for region in parts]
+                for executor, parts in regions.items()
+            }
+        except ValueError as error:
+            raise IslandError(f"put_shards: {error}") from None
         buffer_id = self._new_id("put")
 
         def upload(executor: int) -> None:

@@ -86,6 +86,12 @@ def test_a_host_input_sharded_over_both_executors_goes_to_each_in_parts(
     halves = {0: [(slice(0, 4), *rest)], 1: [(slice(4, 8), *rest)]}
     buffer_id = session.put_shards(value, halves)
     np.testing.assert_array_equal(session.get(buffer_id), value)
+    # Regions as numpy takes them (open bounds) work; one that is not a block is named.
+    whole = (slice(None), slice(None), slice(None))
+    open_halves = {0: [(slice(None, 4), *whole[1:])], 1: [(slice(4, None), *whole[1:])]}
+    np.testing.assert_array_equal(session.get(session.put_shards(value, open_halves)), value)
+    with pytest.raises(IslandError, match=r"put_shards: region .*: axis 0 is not a contiguous"):
+        session.put_shards(value, {0: [(slice(0, 8, 2), *whole[1:])]})
     assembly = Assembly()
     request = pb.ArrayRequest(buffer_id=buffer_id, timeout_seconds=10)
     assembly.add(stub(session._executors[1], EXECUTOR, "GetArray")(request, timeout=30))

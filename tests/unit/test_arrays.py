@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import ml_dtypes
@@ -9,7 +10,13 @@ import numpy as np
 import pytest
 
 from pathways_core.wire import arrays, pb
-from pathways_core.wire.arrays import Assembly, from_chunks, region_chunks, to_chunks
+from pathways_core.wire.arrays import (
+    Assembly,
+    explicit_region,
+    from_chunks,
+    region_chunks,
+    to_chunks,
+)
 from pathways_core.wire.fields import append_bytes_field, split_bytes_field
 
 
@@ -141,3 +148,20 @@ def test_bytes_fields_are_split_and_appended_as_protobuf_parses_them() -> None:
     for malformed in (b"\x0a\x05ab", b"\x0a", b"\xff", b"\x0b", b"\x2a\x80"):
         with pytest.raises(ValueError):
             split_bytes_field(malformed, 5)
+
+
+def test_regions_are_made_explicit_and_bad_ones_named() -> None:
+    """``slice(None)`` in a region reached the wire as a missing bound: the upload failed with
+    gRPC's "Exception iterating requests!"."""
+    assert explicit_region((slice(None), slice(1, -1)), (4, 6)) == (slice(0, 4), slice(1, 5))
+    for region, problem in (
+        ((slice(0, 2),), "has 1 slice(s); the array has 2 axes"),
+        ((slice(0, 4, 2), slice(None)), "axis 0 is not a contiguous block"),
+        ((slice(None), 3), "axis 1 is not a slice"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(problem)):
+            explicit_region(region, (4, 6))  # type: ignore[arg-type]
+    value = np.arange(24, dtype=np.float32).reshape(4, 6)
+    chunks = list(region_chunks("b", value.dtype, value.shape, [((slice(None),) * 2, value)]))
+    assert list(chunks[0].header.region_start) == [0, 0]
+    assert list(chunks[0].header.region_stop) == [4, 6]

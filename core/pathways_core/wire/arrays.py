@@ -123,12 +123,31 @@ def to_chunks(buffer_id: str, array: np.ndarray) -> Iterator[Chunk]:
     return region_chunks(buffer_id, array.dtype, array.shape, [(whole, array)])
 
 
+def explicit_region(region: Region, shape: tuple[int, ...]) -> Region:
+    """``region`` with every bound given (``slice(None)`` is the whole axis, negative bounds
+    count from the end); ``ValueError`` for one that is not a block of the array."""
+    if len(region) != len(shape):
+        raise ValueError(
+            f"region {region!r} has {len(region)} slice(s); the array has {len(shape)} axes"
+        )
+    bounds = []
+    for axis, (part, size) in enumerate(zip(region, shape, strict=True)):
+        if not isinstance(part, slice):
+            raise ValueError(f"region {region!r}: axis {axis} is not a slice")
+        start, stop, step = part.indices(size)
+        if step != 1 or stop < start:
+            raise ValueError(f"region {region!r}: axis {axis} is not a contiguous block")
+        bounds.append(slice(start, stop))
+    return tuple(bounds)
+
+
 def region_chunks(
     buffer_id: str, dtype: np.dtype, shape: tuple[int, ...], regions: Iterable[tuple[Region, Any]]
 ) -> Iterator[Chunk]:
     """Chunks of some regions (bounds and values) of an array of ``dtype`` and ``shape``,
     their data views of the values."""
-    for region, values in regions:
+    for given, values in regions:
+        region = explicit_region(given, shape)
         values = np.ascontiguousarray(values)
         data = memoryview(values.reshape(-1).view(np.uint8)) if values.size else memoryview(b"")
         header = pb.ArrayChunk(
