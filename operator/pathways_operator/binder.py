@@ -146,7 +146,7 @@ class Binder:
 
     async def _post(self, event: Any) -> None:
         try:
-            await self.kube.post_event(event, self.config.namespace)
+            await self.kube.post_event(event)
         except ApiError as error:  # an Event is worth no retry of the whole pass
             logger.warning("could not record event %s: %s", event.reason, error)
 

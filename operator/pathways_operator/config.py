@@ -7,6 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from pathways_core.control.programs import FAILURE_GRACE_SECONDS
 from pathways_core.control.security import CONTROL_TOKENS_ENV, TLS_SECRET_ENV
 from pathways_core.control.tenants import Tenants
 from pathways_core.resources.island import DEFAULT_IMAGE
@@ -17,10 +18,12 @@ DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*
 
 @dataclass(frozen=True)
 class Config:
-    """``PATHWAYS_NAMESPACE``: where island pods run (and Events of islands go);
+    """``PATHWAYS_NAMESPACE``: where island pods run (Events of islands go to ``default``);
     ``PATHWAYS_IMAGE``: the image of program Jobs; ``PATHWAYS_METRICS_PORT``: 0 disables
     metrics; ``PATHWAYS_RESYNC_SECONDS``: how often everything is reconciled again even when
-    nothing changed; ``PATHWAYS_TENANTS``: the tenant policy, JSON ``{"team-a":
+    nothing changed; ``PATHWAYS_FAILURE_GRACE_SECONDS``: how long after its Job failed a run
+    is judged (a failure, or an interruption if its island reports a host lost under it
+    meanwhile); ``PATHWAYS_TENANTS``: the tenant policy, JSON ``{"team-a":
     {"namespaces": ["team-a"], "maxPriority": 100, "devices": {"tpu-v5e": 64}}, "*": {...}}``
     (see :mod:`pathways_core.control.tenants`);
     ``PATHWAYS_TLS_SECRET``: name of the ``kubernetes.io/tls`` Secret mounted in island and
@@ -32,6 +35,7 @@ class Config:
     image: str = DEFAULT_IMAGE
     metrics_port: int = 9090
     resync_seconds: float = 60.0
+    failure_grace_seconds: float = FAILURE_GRACE_SECONDS
     tenants: Tenants = field(default_factory=Tenants)
     tls_secret: str | None = None
     control_tokens: bool = False
@@ -53,6 +57,9 @@ class Config:
             image=environ.get("PATHWAYS_IMAGE") or cls.image,
             metrics_port=int(_number("PATHWAYS_METRICS_PORT", cls.metrics_port)),
             resync_seconds=_number("PATHWAYS_RESYNC_SECONDS", cls.resync_seconds),
+            failure_grace_seconds=_number(
+                "PATHWAYS_FAILURE_GRACE_SECONDS", cls.failure_grace_seconds
+            ),
             tenants=tenants,
             tls_secret=_secret_name(TLS_SECRET_ENV),
             control_tokens=_flag(CONTROL_TOKENS_ENV),

@@ -103,12 +103,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     memo.seen = {}
     memo.metrics_server = metrics.serve(config.metrics_port)
     memo.stopping = asyncio.Event()
+    memo.rechecks = {}  # program -> the timer of its next look (see _recheck)
+    memo.running = set()
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     """Stop the resync daemons; close connections and the metrics endpoint."""
     memo.stopping.set()
+    for timer in memo.rechecks.values():
+        timer.cancel()
     await memo.kube.close()
     if memo.metrics_server is not None:
         memo.metrics_server.shutdown()
@@ -124,7 +128,7 @@ def _lock(memo: kopf.Memo, key: str) -> asyncio.Lock:
 async def _post(memo: kopf.Memo, events: Iterable[Event]) -> None:
     for event in events:
         try:
-            await memo.kube.post_event(event, memo.config.namespace)
+            await memo.kube.post_event(event)
         except ApiError as error:
             logger.warning("could not record event %s: %s", event.reason, error)
 
@@ -421,7 +425,11 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
                 {item["metadata"]["name"]: item for item in labelled},
             )
             decision = reconcile_program(
-                view, now_utc(), memo.config.image, tls_secret=memo.config.tls_secret
+                view,
+                now_utc(),
+                memo.config.image,
+                tls_secret=memo.config.tls_secret,
+                failure_grace=memo.config.failure_grace_seconds,
             )
             for child in decision.create:
                 await kube.create(child)
@@ -464,7 +472,27 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
             for ref in decision.delete:
                 await kube.delete(ref.api_version, ref.kind, ref.namespace, ref.name)
             await _post(memo, decision.events)
+            if decision.recheck_after is not None:
+                _recheck(memo, namespace, name, decision.recheck_after)
             return
+
+
+def _recheck(memo: kopf.Memo, namespace: str, name: str, delay: float) -> None:
+    """Reconcile the program again in ``delay`` seconds: its decision waits for time to pass,
+    not for an event (the resync would come, but much later)."""
+    key = f"{namespace}/{name}"
+    loop = asyncio.get_running_loop()
+    if (earlier := memo.rechecks.pop(key, None)) is not None:
+        earlier.cancel()
+
+    def due() -> None:
+        memo.rechecks.pop(key, None)
+        if not memo.stopping.is_set():
+            task = loop.create_task(_guard("program", reconcile(memo, namespace, name)))
+            memo.running.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(memo.running.discard)
+
+    memo.rechecks[key] = loop.call_later(max(delay, MIN_RESYNC_SECONDS), due)
 
 
 @kopf.on.event(GROUP, VERSION, "pathwaysprograms")

@@ -19,6 +19,8 @@ from pathways_core.control.common import now_utc
 
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
+# Where Events about cluster-scoped objects live (the API server allows no other namespace).
+CLUSTER_EVENTS_NAMESPACE = "default"
 
 
 @dataclass(frozen=True)
@@ -254,11 +256,12 @@ class Kube:
             raise
         return True
 
-    async def post_event(self, event: Event, namespace: str) -> None:
+    async def post_event(self, event: Event) -> None:
         """Record a Kubernetes Event (core/v1) about ``event.target``. Events of cluster-scoped
-        objects go to ``namespace``."""
+        objects (islands) go to ``default``: the API server refuses one elsewhere whose
+        involvedObject has no namespace (kopf posts them there too)."""
         target: ObjectRef = event.target
-        where = target.namespace or namespace
+        where = target.namespace or CLUSTER_EVENTS_NAMESPACE
         moment = timestamp(now_utc())
         involved = {
             "apiVersion": target.api_version,

@@ -26,6 +26,9 @@ T = TypeVar("T")
 NAMESPACE = "pathways-system"
 # Read when the operator module is first imported: every operator test uses these.
 os.environ.setdefault("PATHWAYS_RESYNC_SECONDS", "2")
+# A failed run is judged this long after its Job failed (10 s in a cluster): short, so tests of
+# failures end soon, and the judgement still waits on a timer rather than the resync.
+os.environ.setdefault("PATHWAYS_FAILURE_GRACE_SECONDS", "1")
 os.environ.setdefault("PATHWAYS_METRICS_PORT", "0")
 os.environ["PATHWAYS_NAMESPACE"] = NAMESPACE
 ARGS = ["run", "-m", "pathways_operator", "--standalone", "--all-namespaces"]

@@ -18,6 +18,9 @@ controller's correctness depends on. This subclass adds:
 - ``GET /api/v1/namespaces`` lists the namespaces objects live in;
 - garbage collection: deleting an object deletes the objects whose ownerReferences name it;
 - a deletion's ``preconditions.uid`` (409 when the object's uid differs);
+- core/v1 Events validated as the API server does (``legacyValidateEvent``): one about an
+  object of no namespace lives in ``default``, one about a namespaced object in its namespace
+  (422 otherwise);
 - ``hooks``: async callables run before each request, to delay or fail chosen requests;
 - ``pod_logs``: what a pod's ``log`` subresource answers.
 """
@@ -40,6 +43,19 @@ import kmock
 from kmock._internal import apps, enums
 
 Hook = Callable[[kmock.Request], Awaitable[None]]
+
+
+def _validate_event(event: dict[str, Any], namespace: str) -> None:
+    """The API server's rule for core/v1 Events without ``eventTime``
+    (pkg/apis/core/validation/events.go, legacyValidateEvent)."""
+    involved = (event.get("involvedObject") or {}).get("namespace") or ""
+    if (not involved and namespace not in ("", "default")) or (involved and namespace != involved):
+        raise kmock.KubernetesError(
+            422,
+            "Invalid",
+            f"involvedObject.namespace: Invalid value: {involved!r}: does not match "
+            "event.namespace",
+        )
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -177,6 +193,8 @@ class Emulator(kmock.KubernetesEmulator):
                 if not meta.get("generateName"):
                     raise kmock.KubernetesError(422, "Invalid", "metadata.name is required")
                 meta["name"] = meta["generateName"] + secrets.token_hex(3)
+            if resource.plural == "events" and not data.get("eventTime"):
+                _validate_event(data, namespace or "")
             key = (resource, namespace, meta["name"])
             if key in self._objects and not self._objects[key].deleted:
                 raise kmock.KubernetesError(409, "AlreadyExists", f"{meta['name']} exists")

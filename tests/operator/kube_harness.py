@@ -20,6 +20,8 @@ from typing import Any
 
 from kube_cluster import Cluster
 
+from pathways_core.control.common import now_utc, timestamp
+
 
 class JobRunner:
     """Runs the cluster's Jobs until stopped; ``outputs`` holds each Job's combined output."""
@@ -88,8 +90,15 @@ class JobRunner:
     def _finish(self, key: str, process: subprocess.Popen[str]) -> None:
         namespace, name = key.split("/")
         self.outputs[key] = (self.workdir / f"{namespace}_{name}.log").read_text()
+        # As the Job controller stamps its conditions.
+        moment = timestamp(now_utc())
         if process.returncode == 0:
-            status = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+            status = {
+                "succeeded": 1,
+                "conditions": [
+                    {"type": "Complete", "status": "True", "lastTransitionTime": moment}
+                ],
+            }
         else:
             status = {
                 "failed": 1,
@@ -99,6 +108,7 @@ class JobRunner:
                         "status": "True",
                         "reason": "BackoffLimitExceeded",
                         "message": f"the driver exited with code {process.returncode}",
+                        "lastTransitionTime": moment,
                     }
                 ],
             }

@@ -292,7 +292,12 @@ def test_events_are_the_objects_own_not_those_of_an_earlier_one_of_its_name(
         ("again", "uid-of-a-deleted-again", "JobFailed"),
         ("other", uid, "Elsewhere"),
     ):
-        involved = {"kind": "PathwaysProgram", "name": name, "uid": event_uid}
+        involved = {
+            "kind": "PathwaysProgram",
+            "name": name,
+            "namespace": "team-a",
+            "uid": event_uid,
+        }
         cluster.create(
             {
                 "apiVersion": "v1",

@@ -8,11 +8,12 @@ import json
 import textwrap
 from pathlib import Path
 
-from kube_cluster import Cluster, running_operator, wait_for
-from kube_harness import JobRunner
+from kube_cluster import NAMESPACE, Cluster, running_operator, wait_for
+from kube_harness import JobRunner, mark_ready, set_executor_pods
 from kube_manifests import island, program, vslice
 
 from pathways_client.launcher import LocalIsland
+from pathways_core.control.common import now_utc, timestamp
 
 DRIVER = textwrap.dedent(
     """
@@ -413,3 +414,48 @@ def test_kubectl_users_stay_within_their_tenants_policy(cluster: Cluster) -> Non
 
 def sstatus(cluster: Cluster, name: str, namespace: str = "team") -> dict:
     return (cluster.get("VirtualSlice", name, namespace) or {}).get("status") or {}
+
+
+def test_a_run_failed_by_its_islands_lost_host_is_interrupted_not_failed(
+    cluster: Cluster,
+) -> None:
+    """The driver's stream to a dead executor breaks at once and its Job fails; the executor's
+    pod is reported unready a few readiness probes later. Judged at once, the program failed
+    (restartPolicy Never) for what was its island's loss."""
+    with running_operator(PATHWAYS_FAILURE_GRACE_SECONDS="5"):
+        cluster.create(island("isl", topology="2x4", hosts=2))
+        wait_for(lambda: cluster.get("StatefulSet", "isl-executor", NAMESPACE))
+        mark_ready(cluster, "isl", NAMESPACE, scheduler=1, executors=2)
+        set_executor_pods(cluster, "isl", NAMESPACE, 2, {0, 1})
+        wait_for(lambda: (cluster.get("Island", "isl").get("status") or {}).get("phase") == "Ready")
+        cluster.create(
+            program(
+                "p",
+                slices=[{"name": "main", "devices": 8}],
+                driver={"source": "import time; time.sleep(999)"},
+            )
+        )
+        wait_for(lambda: pstatus(cluster, "p").get("phase") == "Running")
+        failed = {
+            "type": "Failed",
+            "status": "True",
+            "reason": "BackoffLimitExceeded",
+            "message": "Job has reached the specified backoff limit",
+            "lastTransitionTime": timestamp(now_utc()),
+        }
+        cluster.patch("Job", "p-run-1", {"status": {"failed": 1, "conditions": [failed]}}, "team")
+        held = wait_for(lambda: (s := pstatus(cluster, "p")).get("reason") == "RunEnded" and s)
+        assert held["phase"] == "Running" and "judged in" in held["message"]
+        set_executor_pods(cluster, "isl", NAMESPACE, 2, {0})  # host 1's pod is reported unready
+        (event,) = wait_for(lambda: cluster.events("p", "RunInterrupted"))
+        assert "not counted a failure" in event["message"], event
+        waiting = pstatus(cluster, "p")
+        assert waiting["phase"] == "Pending" and waiting["restarts"] == 0
+        set_executor_pods(cluster, "isl", NAMESPACE, 2, {0, 1})  # back
+        again = wait_for(lambda: (s := pstatus(cluster, "p")).get("runs") == 2 and s)
+        assert again["phase"] == "Running" and again["restarts"] == 0
+        # A failure with the island whole is the program's: judged after the grace.
+        failed["lastTransitionTime"] = timestamp(now_utc())
+        cluster.patch("Job", "p-run-2", {"status": {"failed": 1, "conditions": [failed]}}, "team")
+        ended = wait_for(lambda: (s := pstatus(cluster, "p")).get("phase") == "Failed" and s)
+        assert ended["reason"] == "JobFailed" and ended["runs"] == 2

@@ -272,9 +272,11 @@ def test_the_deadline_is_the_programs_not_each_runs() -> None:
     assert late.create == [] and late.status["reason"] == "DeadlineExceeded"
 
 
-def test_a_failed_run_counts_one_restart_however_long_the_next_waits_for_slices() -> None:
+def test_a_run_ended_is_judged_once_however_long_the_next_waits_for_slices() -> None:
     """Each look at the failed Job while the next run waited for its slice counted another
-    restart: one lost run used up all ten and failed the program."""
+    restart: one lost run used up all ten and failed the program. A run that ended as its
+    slice was lost is an interruption (no restart, whatever the policy), judged once; one
+    that failed on slices as it found them is a restart, counted once."""
     waiting_slice = {"metadata": OWNED, "spec": {"devices": 2}, "status": {}}
     status: dict[str, Any] = {"phase": "Running", "runs": 1, "restarts": 0}
     events = []
@@ -283,19 +285,20 @@ def test_a_failed_run_counts_one_restart_however_long_the_next_waits_for_slices(
         decision = decide(document, {"p-main": waiting_slice}, job("Failed"), READY_ISLAND)
         status = decision.status or status
         events += [e.reason for e in decision.events]
-    assert (status["phase"], status["runs"], status["restarts"]) == ("Pending", 1, 1)
-    assert status["restartedRun"] == 1 and events.count("Restarting") == 1
-    # Bound again: the next run starts, and its own failure counts once more.
+    assert (status["phase"], status["runs"], status["restarts"]) == ("Pending", 1, 0)
+    assert status["restartedRun"] == 1 and events.count("RunInterrupted") == 1
+    assert "Restarting" not in events
+    # Bound again: the next run starts; its own failure counts a restart, once.
     document = program(status=status, restartPolicy="OnFailure", maxRestarts=10)
     decision = decide(document, {"p-main": bound_slice()}, job("Failed"), READY_ISLAND)
     assert [c["metadata"]["name"] for c in decision.create] == ["p-run-2"]
-    assert (decision.status["runs"], decision.status["restarts"]) == (2, 1)
+    assert (decision.status["runs"], decision.status["restarts"]) == (2, 0)
     failed_again = program(status=decision.status, restartPolicy="OnFailure", maxRestarts=10)
     second = job("Failed") | {"metadata": {"name": "p-run-2"}}
     again = decide(failed_again, {"p-main": bound_slice()}, second, READY_ISLAND)
     assert (again.status["runs"], again.status["restarts"], again.status["restartedRun"]) == (
         3,
-        2,
+        1,
         2,
     )
 
@@ -619,4 +622,82 @@ def test_a_program_edited_from_a_graph_to_a_driver_drops_its_graph() -> None:
     edited = program(status={"phase": "Pending", "reason": "SpecChanged", "runs": 1})
     decision = decide(edited, {"p-main": bound_slice()}, None, READY_ISLAND)
     assert ChildRef("v1", "ConfigMap", "t", "p-graph") in decision.delete
+    assert [c["metadata"]["name"] for c in decision.create] == ["p-run-2"]
+
+
+def failed_at(moment: datetime, **condition: Any) -> dict[str, Any]:
+    """Run 1's Job, failed at ``moment`` (as the Job controller stamps its condition)."""
+    ended = job("Failed")
+    ended["status"]["conditions"][0].update(lastTransitionTime=timestamp(moment), **condition)
+    return ended
+
+
+def test_a_deadline_reported_first_as_a_failure_target_ends_the_program_unrestarted() -> None:
+    """Kubernetes 1.31's Job controller says FailureTarget (DeadlineExceeded) while the pod
+    terminates, and Failed only after: the program ended JobFailed, or restarted once."""
+    ended = job(None)
+    ended["status"]["conditions"] = [
+        {"type": "FailureTarget", "status": "True", "reason": "DeadlineExceeded"}
+    ]
+    document = program(
+        status={"phase": "Running", "runs": 1, "restarts": 0, "startTime": timestamp(NOW)},
+        restartPolicy="OnFailure",
+        maxRestarts=3,
+        activeDeadlineSeconds=60,
+    )
+    decision = decide(document, {"p-main": bound_slice()}, ended, READY_ISLAND)
+    assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "DeadlineExceeded")
+    assert decision.status["restarts"] == 0 and decision.create == []
+    assert "Restarting" not in [e.reason for e in decision.events]
+
+
+def test_a_failed_run_is_judged_once_its_islands_had_time_to_report_a_lost_host() -> None:
+    """A driver whose executor died fails its Job at once; the executor's pod is reported
+    unready seconds later. Judged at once, the program failed (restartPolicy Never) or used a
+    restart for what was its island's loss."""
+    document = program(status={"phase": "Running", "runs": 1, "restarts": 0})
+    ended = failed_at(NOW - timedelta(seconds=3))
+    early = decide(document, {"p-main": bound_slice()}, ended, READY_ISLAND)
+    assert (early.status["phase"], early.status["reason"]) == ("Running", "RunEnded")
+    assert early.recheck_after == 7.0 and early.create == early.delete == []
+    assert "judged in 7 s" in early.status["message"]
+    # The island reports the slice's host lost: an interruption, whatever the policy.
+    lost = {"isl": {"status": {"schedulerEndpoint": "sched:8470", "unhealthyHosts": [1]}}}
+    on_host = bound_slice() | {"status": bound_slice()["status"] | {"hosts": [1]}}
+    held = program(status=early.status)
+    interrupted = decide(held, {"p-main": on_host}, ended, lost)
+    assert (interrupted.status["phase"], interrupted.status["reason"]) == (
+        "Pending",
+        "WaitingForSlices",
+    )
+    assert "island 'isl' lost host 1" in interrupted.status["message"]
+    assert interrupted.status["restarts"] == 0 and interrupted.create == []
+    (event,) = [e for e in interrupted.events if e.reason == "RunInterrupted"]
+    assert "island 'isl' lost host 1, under its slice 'main'" in event.message
+    # Its host back: the next run starts.
+    back = decide(program(status=interrupted.status), {"p-main": on_host}, ended, READY_ISLAND)
+    assert [c["metadata"]["name"] for c in back.create] == ["p-run-2"]
+    # No report within the grace: a failure, judged as the policy says.
+    late = reconcile_program(
+        ProgramView(held, {"p-main": bound_slice()}, ended, READY_ISLAND),
+        NOW + timedelta(seconds=8),
+        IMAGE,
+    )
+    assert (late.status["phase"], late.status["reason"]) == ("Failed", "JobFailed")
+    assert late.recheck_after is None
+
+
+def test_a_run_failed_on_a_restarted_island_is_interrupted() -> None:
+    """Its island's scheduler answers at a new endpoint: the run's driver lost it."""
+    started = decide(program(), {"p-main": bound_slice()}, islands=READY_ISLAND)
+    (created,) = started.create
+    created["status"] = failed_at(NOW)["status"]
+    moved = {"isl": {"status": {"schedulerEndpoint": "sched-2:8470"}}}
+    decision = reconcile_program(
+        ProgramView(program(status=started.status), {"p-main": bound_slice()}, created, moved),
+        NOW + timedelta(seconds=1),
+        IMAGE,
+    )
+    (event,) = [e for e in decision.events if e.reason == "RunInterrupted"]
+    assert "restarted at a new endpoint" in event.message
     assert [c["metadata"]["name"] for c in decision.create] == ["p-run-2"]

@@ -12,6 +12,12 @@ the deadline at once; anything a run is made from (slices, driver or graph, step
 priority, weight) by stopping the running run and starting the next from the new spec (as a
 Deployment rolls out; not counted a restart), inline slices bound again first if theirs
 changed. A run's Job deleted by someone else is a failed run.
+
+A run whose Job failed while its slices were lost under it (preempted, a host its island reports
+lost, bound again elsewhere) was interrupted, not failed: counted toward no restart limit, and
+the next run starts once they are bound again. A driver whose executor died fails its Job at
+once, while the executor's pod is reported unready a few readiness probes later: a failed run is
+judged ``failure_grace`` seconds after its Job failed, so that the island's report comes first.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ GRAPH_MOUNT = "/etc/pathways"
 # the program's namespace mounted read-only (beside the spec's mount, not inside it).
 ARTIFACTS_MOUNT = "/etc/pathways-artifacts"
 TERMINAL = ("Succeeded", "Failed")
+# Long enough for an executor pod's readiness probes (every 2 s, 3 failures) and the island's
+# status to report a host lost under a run whose driver failed on it at once.
+FAILURE_GRACE_SECONDS = 10.0
 RUN_SPEC_ANNOTATION = "pathways.dev/run-spec"
 """On a run's Job: the digest of the spec it was made from (:func:`run_spec_digest`)."""
 LIVE_FIELDS = ("suspend", "restartPolicy", "maxRestarts", "activeDeadlineSeconds")
@@ -135,6 +144,8 @@ class ProgramDecision:
     delete: list[ChildRef] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     deadline: JobDeadline | None = None
+    # Decide again after this many seconds, even if nothing changes (a failed run's judgement).
+    recheck_after: float | None = None
 
 
 def _job_outcome(job: Document) -> tuple[str | None, str]:
@@ -156,11 +167,61 @@ def _job_outcome(job: Document) -> tuple[str | None, str]:
 
 
 def _deadline_exceeded(job: Document) -> bool:
-    """Whether a Job failed for running past its ``activeDeadlineSeconds``."""
+    """Whether a Job failed for running past its ``activeDeadlineSeconds``: the Job controller
+    of Kubernetes 1.31 and later says so first in ``FailureTarget`` (while the pod terminates),
+    then in ``Failed``."""
     conditions = (job.get("status") or {}).get("conditions") or []
     return any(
-        c.get("type") == "Failed" and c.get("reason") == "DeadlineExceeded" for c in conditions
+        c.get("type") in ("Failed", "FailureTarget")
+        and c.get("status") == "True"
+        and c.get("reason") == "DeadlineExceeded"
+        for c in conditions
     )
+
+
+def _failed_since(job: Document) -> datetime | None:
+    """When the Job's failure condition was set (``None``: it does not say)."""
+    for item in (job.get("status") or {}).get("conditions") or []:
+        if item.get("type") in ("Failed", "FailureTarget") and item.get("status") == "True":
+            return parse_time(item.get("lastTransitionTime"))
+    return None
+
+
+def _interruption(
+    view: ProgramView, names: dict[str, str], job: Document | None, settings: dict[str, str]
+) -> str | None:
+    """Why a run that ended failed may have been ended by its slices rather than by its
+    program: a slice no longer bound (preempted, released, its host lost), bound on a host its
+    island reports lost, on an island with no scheduler ready, or bound again elsewhere since
+    the run started. ``None``: its slices are as the run found them."""
+    for item, vs in names.items():
+        document = view.slices.get(vs)
+        if document is None:
+            continue  # deleted by someone: not the island's doing
+        status = document.get("status") or {}
+        if status.get("phase") != "Bound":
+            why = status.get("reason") or status.get("phase") or "not bound"
+            return f"its slice {item!r} was lost ({why})"
+        trouble = _island_trouble(status, view.islands)
+        if trouble:
+            return f"{trouble}, under its slice {item!r}"
+    moved = _moved_slices(job, settings) if job is not None else {}
+    if moved:
+        return "; ".join(f"its slice {name!r} {why}" for name, why in moved.items())
+    return None
+
+
+def _island_trouble(slice_status: dict[str, Any], islands: dict[str, Document]) -> str | None:
+    """What is wrong with the island a bound slice is on, for its programs' runs: a host of
+    the slice it reports lost, or no scheduler ready."""
+    island = slice_status.get("island")
+    status = (islands.get(island) or {}).get("status") or {}
+    lost = sorted(set(slice_status.get("hosts") or ()) & set(status.get("unhealthyHosts") or ()))
+    if lost:
+        return f"island {island!r} lost host {', '.join(str(host) for host in lost)}"
+    if not status.get("schedulerEndpoint"):
+        return f"island {island!r} has no scheduler ready"
+    return None
 
 
 def _moved_slices(job: Document, wanted: dict[str, str]) -> dict[str, str]:
@@ -437,10 +498,16 @@ def _graph_config_map(document: Document, program: PathwaysProgram) -> Document:
 
 
 def reconcile_program(
-    view: ProgramView, now: datetime, image: str, *, tls_secret: str | None = None
+    view: ProgramView,
+    now: datetime,
+    image: str,
+    *,
+    tls_secret: str | None = None,
+    failure_grace: float = FAILURE_GRACE_SECONDS,
 ) -> ProgramDecision:
     """The next step of a program's lifecycle; see the module docstring. ``tls_secret``: see
-    :func:`program_job`."""
+    :func:`program_job`; ``failure_grace``: seconds after its Job failed that a run is judged
+    failed (if its Job says when it failed)."""
     document = view.program
     meta = document.get("metadata") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace") or "default"
@@ -578,13 +645,42 @@ def reconcile_program(
         return decision
     retry = False
     if outcome == "Failed" and int(old.get("restartedRun") or 0) == runs:
-        # Its restart was counted when it was first seen; the next run waits for its slices.
+        # Judged when it was first seen (a restart counted, or an interruption): the next run
+        # waits for its slices.
         retry = True
     elif outcome == "Failed":
         if job is not None and _deadline_exceeded(job):
             # The program's deadline, not a run's: the same ending whoever saw it first.
             return fail_past_deadline()
-        if (
+        interrupted = _interruption(view, names, job, connection_settings(program, view, namespace))
+        failed_since = _failed_since(job) if job is not None else None
+        judged_in = (
+            0.0 if failed_since is None else failure_grace - (now - failed_since).total_seconds()
+        )
+        if interrupted is not None:
+            # As a pod evicted by a disruption: not the program's failure, and no restart.
+            status.update(restartedRun=runs)
+            retry = True
+            decision.events.append(
+                Event(
+                    ref,
+                    "Warning",
+                    "RunInterrupted",
+                    f"run {runs} ended as {interrupted}: not counted a failure; the next run "
+                    "starts once its slices are bound again",
+                )
+            )
+        elif judged_in > 0:
+            # Its islands may not have reported yet a host lost under it: judged later.
+            decision.recheck_after = judged_in
+            finish(
+                "Running",
+                "RunEnded",
+                f"run {runs} ended ({outcome_message}); judged in {judged_in:.0f} s, once its "
+                "islands have reported on their hosts",
+            )
+            return decision
+        elif (
             program.spec.restart_policy.value == "OnFailure"
             and restarts < program.spec.max_restarts
         ):
@@ -680,10 +776,9 @@ def reconcile_program(
             detail = slice_status.get("message")
             waiting.append(f"{item}: {why}{' (' + detail + ')' if detail else ''}")
             continue
-        island = slice_status.get("island")
-        endpoint = ((view.islands.get(island) or {}).get("status") or {}).get("schedulerEndpoint")
-        if not endpoint:
-            waiting.append(f"{item}: island {island!r} has no scheduler ready")
+        trouble = _island_trouble(slice_status, view.islands)
+        if trouble:
+            waiting.append(f"{item}: {trouble}")
     missing += taken
     ready = not waiting and not missing
 
