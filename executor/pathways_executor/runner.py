@@ -116,21 +116,29 @@ def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
         return jax.device_put(value, sharding)
     if array and not value.is_fully_addressable:
         if value.sharding._device_assignment != sharding._device_assignment:
-            value = _in_device_order(value, sharding)
+            value = _onto_devices(value, sharding)
         return jax.jit(lambda x: x, out_shardings=sharding)(value)
     host = np.asarray(value)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def _in_device_order(value: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
-    """``value`` (spanning hosts) over the devices of ``sharding`` in that sharding's order,
-    replicated: a jitted reshard refuses an argument whose devices are in another order (two
-    meshes of one slice's devices). Replicated on its own devices first, each device's copy is
-    then relabelled to the other order; every executor of the slice does the same."""
+def _onto_devices(value: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
+    """``value`` (spanning hosts) replicated over the devices of ``sharding``, in that
+    sharding's order: a jitted reshard refuses an argument on other devices, or on the same
+    in another order. Replicated on its own devices first (a collective of its makers' hosts,
+    all of which run this command: the scheduler sends a reader on fewer hosts a whole copy
+    instead), each host then copies its whole onto its devices of ``sharding``."""
     mine = jax.sharding.Mesh(np.array(value.sharding._device_assignment), ("devices",))
     whole = jax.jit(lambda x: x, out_shardings=NamedSharding(mine, PartitionSpec()))(value)
+    held = {shard.device: shard.data for shard in whole.addressable_shards}
+    any_copy = next(iter(held.values()))
+    process = jax.process_index()
+    copies = [
+        held[device] if device in held else jax.device_put(any_copy, device)
+        for device in sharding._device_assignment
+        if device.process_index == process
+    ]
     theirs = jax.sharding.Mesh(np.array(sharding._device_assignment), ("devices",))
-    copies = [shard.data for shard in whole.addressable_shards]
     return jax.make_array_from_single_device_arrays(
         value.shape, NamedSharding(theirs, PartitionSpec()), copies
     )
@@ -434,6 +442,27 @@ class ComputationError(Exception):
     """A computation could not run; the message is what the client sees."""
 
 
+class InputFailed(Exception):
+    """Input ``position`` of a computation is the output of one that failed on its devices,
+    found as it was laid out for its reader (copied to the host to spread over hosts):
+    the failure is its maker's, not the reader's."""
+
+    def __init__(self, position: int, error: Exception) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.position = position
+
+
+def _failed(value: Any) -> bool:
+    """Whether ``value`` is an array whose computation failed."""
+    if not isinstance(value, jax.Array):
+        return False
+    try:
+        value.block_until_ready()
+    except Exception:
+        return True
+    return False
+
+
 class Runner:
     """Executes commands in order on this host's devices; ``emit`` receives events, several
     at once when several computations finished together."""
@@ -707,6 +736,9 @@ class Runner:
         except (BufferError, FunctionError, ComputationError) as error:
             self._fail(command, str(error))
             return
+        except InputFailed as error:
+            self._fail(command, f"buffer {computation.inputs[error.position]!r} failed: {error}")
+            return
         except Exception as error:  # XLA or JAX refused the call
             self._fail(command, f"{type(error).__name__}: {error}")
             return
@@ -753,10 +785,17 @@ class Runner:
             check_inputs(function, values)
         if collective:
             self._bound_outstanding()
-        return [
-            place(value, sharding)
-            for value, sharding in zip(values, function.in_shardings, strict=True)
-        ]
+        placed = []
+        for position, (value, sharding) in enumerate(
+            zip(values, function.in_shardings, strict=True)
+        ):
+            try:
+                placed.append(place(value, sharding))
+            except Exception as error:
+                if _failed(value):
+                    raise InputFailed(position, error) from error
+                raise
+        return placed
 
     def _note_collective(self, awaited: Sequence[Any]) -> None:
         """A multi-device computation was dispatched (see MAX_OUTSTANDING)."""
@@ -876,6 +915,17 @@ class Runner:
                     )
             except (BufferError, FunctionError, ComputationError) as error:
                 problem = self._node_failure(call, node, str(error))
+            except InputFailed as error:  # its maker's failure, named as such
+                name = step.inputs[error.position][2]
+                maker = next(
+                    (s.node for s in known.steps if any(out == name for out, _ in s.outputs)),
+                    None,
+                )
+                problem = (
+                    self._node_failure(call, maker, str(error))
+                    if maker is not None
+                    else self._node_failure(call, node, f"its input {name!r} failed: {error}")
+                )
             except Exception as error:  # XLA or JAX refused the call
                 problem = self._node_failure(call, node, f"{type(error).__name__}: {error}")
             else:

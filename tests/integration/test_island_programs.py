@@ -398,3 +398,96 @@ def test_an_interleaved_schedule_crossing_executors_both_ways_runs(island: Local
         # x -> +1 (A) -> x2 (B) -> +1 (B) -> x2 (A), every microbatch's in its order
         for m, result in enumerate(done.outputs):
             np.testing.assert_array_equal(client.get(result), ((m + 1) * 2 + 1) * 2)
+
+
+def test_a_result_read_by_the_other_executor_in_its_call_outlives_its_deletion(
+    island: LocalIsland,
+) -> None:
+    """A result a node on the other executor also reads in the call, deleted at once by its
+    client (``_, s = step(x)``): its maker freed it while the reader had yet to pull it. The
+    reader failed with 'unknown buffer', or its executor waited 30 s for the buffer to appear,
+    holding every client's work there."""
+    with IslandClient(island.scheduler_endpoint, "dropped-result") as client:
+        increment = client.register(INCREMENT, "increment")
+        double = client.register(DOUBLE, "double")
+        nodes = [
+            pb.Computation(id="f", function_id=increment, devices=[0], inputs=["x"], outputs=["a"]),
+            pb.Computation(id="g", function_id=double, devices=[4], inputs=["a"], outputs=["b"]),
+        ]
+        program = client.register_program(nodes, ["x"], ["a", "b"], name="dropped")
+        x = client.put(np.arange(4, dtype=np.float32), 0)
+        calls = []
+        for _ in range(20):
+            with client.batch():  # the deletion leaves with the call, before the pull
+                call = client.call(program, [x])
+                client.delete([call.outputs[0]])
+            calls.append(call)
+        for call in calls:
+            call.wait(60)
+            np.testing.assert_array_equal(client.get(call.outputs[1]), (np.arange(4) + 1) * 2)
+
+
+# Made by a node on one set of devices spanning both executors, read by one on another set:
+# its shards are on other devices than the reader's (or on only some of them).
+SPANNING_READS = {
+    "to other devices": ([1, 6], [3, 4]),
+    "to the same devices in another order": ([3, 4], [4, 3]),
+    "to fewer devices": (list(range(8)), [0, 5]),
+    "to more devices": ([0, 5], list(range(8))),
+}
+
+
+@pytest.mark.parametrize("maker, reader", SPANNING_READS.values(), ids=SPANNING_READS)
+def test_an_array_spanning_executors_is_read_on_other_devices_spanning_them(
+    island: LocalIsland, maker: list[int], reader: list[int]
+) -> None:
+    """Each executor relabelled its copies of the array onto the reader's devices, as if they
+    were the same devices: JAX refused ('Expected 4 per-device arrays ... but got 1')."""
+    functions = {n: export(lambda v: v + 1, f32(8, 3), devices=n, sharded=True) for n in (2, 8)}
+    x = np.arange(24, dtype=np.float32).reshape(8, 3)
+    with IslandClient(island.scheduler_endpoint, "spanning-reads") as client:
+        ids = {n: client.register(artifact, f"inc{n}") for n, artifact in functions.items()}
+        first, second = ids[len(maker)], ids[len(reader)]
+        put = client.put(x, 0)
+        made = client.submit(first, maker, [put], 1)
+        plain = client.submit(second, reader, [made.outputs[0]], 1)
+        nodes = [
+            pb.Computation(id="a", function_id=first, devices=maker, inputs=["x"], outputs=["a"]),
+            pb.Computation(id="b", function_id=second, devices=reader, inputs=["a"], outputs=["b"]),
+        ]
+        program = client.register_program(nodes, ["x"], ["b"], name="spanning-read")
+        call = client.call(program, [put])
+        for done in (plain, call):
+            done.wait(60)
+            np.testing.assert_array_equal(client.get(done.outputs[0]), x + 2)
+
+
+def test_a_node_failing_on_its_devices_is_named_when_a_node_spanning_executors_reads_it(
+    island: LocalIsland,
+) -> None:
+    """The reader copied the failed output to the host to spread it over both executors,
+    which raised its maker's error there: the call named the reader as the node that failed,
+    and the node that failed nowhere."""
+    spread = export(lambda v: v * 2, f32(4), devices=5)
+    with IslandClient(island.scheduler_endpoint, "failing-maker") as client:
+        failing = client.register(huge(), "huge")
+        reader = client.register(spread, "spread")
+        nodes = [
+            pb.Computation(
+                id="h", name="huge", function_id=failing, devices=[5], inputs=["x"], outputs=["a"]
+            ),
+            pb.Computation(
+                id="s",
+                name="spread",
+                function_id=reader,
+                devices=[0, 1, 2, 3, 4],
+                inputs=["a"],
+                outputs=["b"],
+            ),
+        ]
+        program = client.register_program(nodes, ["x"], ["b"], name="failing-maker")
+        call = client.call(program, [client.put(np.ones(4, np.float32), device=5)])
+        with pytest.raises(IslandError) as failed:
+            call.wait(60)
+        assert str(failed.value).startswith("computation 'huge' of call"), failed.value
+        assert "failed on executor 1: JaxRuntimeError: RESOURCE_EXHAUSTED" in str(failed.value)

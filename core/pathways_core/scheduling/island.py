@@ -762,9 +762,14 @@ class IslandDispatcher:
                     self._source(flight, command, call.arguments[position], executor, spans)
             instructions.append(ToExecutor(executor, command))
         for position, name in enumerate(program.registration.results):
+            result_id = call.results[position]
             copies = program.result_copies.get(name)
             if copies:
-                self._copies.setdefault(call.results[position], set()).update(copies)
+                self._copies.setdefault(result_id, set()).update(copies)
+            if name in program.results_read_across:
+                # Its client may delete it before the call's reader has pulled it.
+                flight.pulls.add(result_id)
+                self._pulling[result_id] = self._pulling.get(result_id, 0) + 1
         self._in_flight[command_seq] = flight
         self._running[client] = self._running.get(client, 0) + 1
         return instructions

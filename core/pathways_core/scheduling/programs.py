@@ -67,6 +67,9 @@ class Program:
     wholes: Mapping[int, Mapping[str, frozenset[int]]]
     # Results pulled by executors that do not make them: those copies go with the result.
     result_copies: Mapping[str, frozenset[int]]
+    # Results read within the call by an executor that does not make them (pulled, or
+    # assembled whole): deleting one waits for the call to end.
+    results_read_across: frozenset[str]
     # Per executor: the function ids of the nodes it runs, each once, in node order.
     functions: Mapping[int, tuple[str, ...]]
 
@@ -202,6 +205,9 @@ def check_program(
         wholes=wholes,
         shared={executor: tuple(names) for executor, names in shared.items()},
         result_copies={name: frozenset(executors) for name, executors in copies.items()},
+        results_read_across=frozenset(
+            name for name in kept if name in copies or any(name in w for w in wholes.values())
+        ),
         functions={
             executor: tuple(
                 dict.fromkeys(
