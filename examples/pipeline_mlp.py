@@ -101,12 +101,18 @@ class Pipeline:
             def forward(params, x, is_last=is_last):
                 return layer(params, x, is_last)
 
-            def backward(params, y, dy, is_last=is_last, is_first=stage == 0):
+            def backward(params, y, dy, is_first=stage == 0):
                 # From the stored output: no recomputation of the forward pass. The first
                 # stage's input gradient has no consumer, so it is not computed.
                 weights, _ = params
-                dz = dy if is_last else dy * (1.0 - y * y)
+                dz = dy * (1.0 - y * y)
                 return dz, (None if is_first else dz @ weights.T)
+
+            def last_backward(params, prediction, target, is_first=stage == 0):
+                # The last stage starts the backward pass from the loss, in the same node.
+                weights, _ = params
+                loss, dz = mse(prediction, target), jax.grad(mse)(prediction, target)
+                return loss, dz, (None if is_first else dz @ weights.T)
 
             def update(params, xs, dzs):
                 # The weight gradient over every microbatch of the step at once (rows of the
@@ -127,10 +133,10 @@ class Pipeline:
             )
             self.backward.append(
                 pw.function(
-                    backward,
+                    last_backward if is_last else backward,
                     slice=devices,
                     in_shardings=(param_spec, y_spec, y_spec),
-                    out_shardings=(y_spec, x_spec),
+                    out_shardings=((P(),) if is_last else ()) + (y_spec, x_spec),
                     name=f"backward-{stage}",
                 )
             )
@@ -144,15 +150,13 @@ class Pipeline:
                 )
             )
 
-        def loss_and_grad(prediction, target):
-            return mse(prediction, target), jax.grad(mse)(prediction, target)
-
-        self.loss = pw.function(
-            loss_and_grad,
+        # A step's losses come back as one array, as the SPMD step's do: one fetch a step.
+        self.losses = pw.function(
+            lambda *losses: jnp.stack(losses),
             slice=slices[last],
             in_shardings=P(),
             out_shardings=P(),
-            name="loss",
+            name="losses",
         )
         self.step = pw.program(self._step, name="train-step")
 
@@ -168,9 +172,10 @@ class Pipeline:
         losses = []
         pre_activation_grads: list[list] = [[] for _ in range(stages)]
         for seen, target in zip(activations, targets, strict=True):
-            loss, dy = self.loss(seen[-1], target)
+            loss, dz, dy = self.backward[-1](params[-1], seen[-1], target)
             losses.append(loss)
-            for stage in reversed(range(stages)):
+            pre_activation_grads[-1].append(dz)
+            for stage in reversed(range(stages - 1)):
                 dz, dy = self.backward[stage](params[stage], seen[stage + 1], dy)
                 pre_activation_grads[stage].append(dz)
         updated = [
@@ -179,7 +184,7 @@ class Pipeline:
             )
             for stage in range(stages)
         ]
-        return updated, losses
+        return updated, self.losses(*losses)
 
     def train(self, params, inputs, targets) -> tuple[list[float], list[Params]]:
         """Train for ``len(inputs)`` steps; returns each step's mean loss and the parameters."""
@@ -187,7 +192,7 @@ class Pipeline:
         for step_inputs, step_targets in zip(inputs, targets, strict=True):
             params, losses = self.step(params, list(step_inputs), list(step_targets))
             step_losses.append(losses)
-        mean_losses = [float(np.mean([loss.result() for loss in step])) for step in step_losses]
+        mean_losses = [float(np.mean(losses.result())) for losses in step_losses]
         return mean_losses, [tuple(leaf.result() for leaf in p) for p in params]
 
 
