@@ -31,6 +31,9 @@ runs with it) is *interrupted*, as a pod a node drain evicts is (its Job's podFa
 ignores a ``DisruptionTarget`` in a cluster): not the program's failure, so it counts toward
 no restart limit; its Job starts again with the cluster (its output appended to the same log),
 and its driver resumes from its checkpoint. An ``Interrupted`` Event on the program says so.
+A run that failed as its island went down under it (the supervisor reports a dead island
+process within a fraction of a second) is interrupted too (``RunInterrupted``): a failed run
+is judged :data:`FAILURE_GRACE_SECONDS` after it ended, so that the report comes first.
 
 A run is stopped (suspended, cancelled, edited, past its deadline, deleted, or at ``down``) as
 a pod is: SIGTERM, passed on to the command's process group, then SIGKILL of all it left after
@@ -100,6 +103,9 @@ VANISHED = (
 
 LAST_WORDS_CHARS = 1000
 """A failed run's last line in its status, at most (its start and end when longer)."""
+FAILURE_GRACE_SECONDS = 2.0
+"""How long after it ended a failed run is judged: the supervisor reports an island whose
+process died down within a fraction of a second (it looks every 0.2 s)."""
 
 logger = logging.getLogger("pathways_api.manager")
 
@@ -210,6 +216,7 @@ class Manager:
         self._ended = threading.Event()
         self._islands_file: tuple[int, int, int] | None = None
         self._observed: dict[str, IslandObservation] = {}
+        self._recheck_at: float | None = None  # monotonic time a decision asked to be redone
 
     # -- loop ----------------------------------------------------------------------------------
 
@@ -245,9 +252,11 @@ class Manager:
         islands_changed = self._islands_changed()
         version = self._version()
         ended = self._ended.is_set()
-        if version == self._seen_version and not ended and not islands_changed:
+        due = self._recheck_at is not None and time.monotonic() >= self._recheck_at
+        if version == self._seen_version and not ended and not islands_changed and not due:
             return False
         self._ended.clear()
+        self._recheck_at = None  # the decisions of this round ask again if they still wait
         for _ in range(20):  # until the decisions settle
             self._seen_version = self._version()
             self.reconcile_islands()
@@ -413,7 +422,15 @@ class Manager:
         return ProgramView(document, slices, job, islands, labelled)
 
     def _reconcile(self, document: Document, labelled: dict[str, Document]) -> None:
-        decision = reconcile_program(self._view(document, labelled), now_utc(), IMAGE)
+        decision = reconcile_program(
+            self._view(document, labelled),
+            now_utc(),
+            IMAGE,
+            failure_grace=FAILURE_GRACE_SECONDS,
+        )
+        if decision.recheck_after is not None:
+            due = time.monotonic() + decision.recheck_after
+            self._recheck_at = min(due, self._recheck_at or due)
         for child in decision.create:
             if self._read_child(child) is None:
                 self.store.insert(child)
@@ -812,6 +829,7 @@ class Manager:
                         "status": "True",
                         "reason": reason,
                         "message": message,
+                        "lastTransitionTime": status["completionTime"],
                     }
                 ],
             )

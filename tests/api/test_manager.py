@@ -668,3 +668,46 @@ def test_a_file_that_is_not_a_store_is_named(tmp_path: Path) -> None:
     path.write_bytes(b"not a database, but long enough to be read as one " * 100)
     with pytest.raises(StoreDamaged, match=r"pathways\.db cannot be used as the store: file is"):
         SqliteStore(path)
+
+
+def test_a_run_failed_as_its_island_went_down_is_interrupted_and_runs_again(
+    running: Running, state: Path
+) -> None:
+    """A driver fails at once when an executor of its island dies; the supervisor reports the
+    island down a moment later. Judged at once, a program with ``restartPolicy: Never``
+    failed for its island's loss."""
+    store = running.store
+    islands = state / "islands.json"
+    healthy = json.loads(islands.read_text())
+    run = "os.environ['PATHWAYS_RUN']"
+    source = f"import os, sys; print('run', {run}); sys.exit({run} == '1')"
+    submit(store, "hit", source)
+
+    def status() -> dict[str, Any]:
+        return store.read("PathwaysProgram", "team", "hit").get("status") or {}
+
+    held = wait_for(
+        lambda: (s := status()).get("reason") == "RunEnded" and s,
+        what="run 1's failure held for judgement",
+    )
+    assert held["phase"] == "Running" and "judged in" in held["message"]
+    # The supervisor reports the island down, as when one of its processes died.
+    down = {"local": {**healthy["local"], "schedulerReady": False, "readyHosts": []}}
+    islands.write_text(json.dumps(down))
+    uid = store.read("PathwaysProgram", "team", "hit")["metadata"]["uid"]
+
+    def interrupted() -> list[dict[str, Any]]:
+        events = asyncio.run(store.events("PathwaysProgram", "team", "hit", uid))
+        return [e for e in events if e["reason"] == "RunInterrupted"]
+
+    (event,) = wait_for(interrupted, what="the run interrupted")
+    assert "not counted a failure" in event["message"], event
+    assert (status()["phase"], status()["restarts"]) == ("Pending", 0)
+    islands.write_text(json.dumps(healthy))  # back: the next run starts, and succeeds
+    wait_for(lambda: phase(store, "PathwaysProgram", "hit") == "Succeeded", what="Succeeded")
+    assert status()["runs"] == 2
+    assert "run 2" in store.log_path("team", "hit-run-2").read_text()
+    # A failure with its island whole is the program's, judged after the grace.
+    submit(store, "broken", "import sys; sys.exit(4)")
+    wait_for(lambda: phase(store, "PathwaysProgram", "broken") == "Failed", what="Failed")
+    assert store.read("PathwaysProgram", "team", "broken")["status"]["runs"] == 1
