@@ -414,6 +414,12 @@ def connect(
     bound: dict[str, Slice] = {}
     if target is not None:
         running = target if isinstance(target, list | tuple) else [target]
+        names = [item.name for item in running]
+        if len(set(names)) != len(names):
+            raise ValueError(
+                f"connect: islands share a name ({', '.join(sorted(names))}): give each "
+                "LocalIsland its own, LocalIsland(..., name='a')"
+            )
         islands = {item.name: item.scheduler_endpoint for item in running}
     elif islands is None and env.get(ENV_SLICES):
         islands, bound = _slices_from_env(env[ENV_SLICES])

@@ -23,6 +23,8 @@ from pathways_client.futures import (
     describe,
     host_array,
     input_shardings,
+    is_weak,
+    struct_of,
 )
 from pathways_client.slices import Slice
 
@@ -75,8 +77,33 @@ class CompiledFunction:
         the signature, as ``jax.jit`` does."""
         numbers = (numbers,) if isinstance(numbers, int) else tuple(numbers)
         names = (names,) if isinstance(names, str) else tuple(names)
-        if not all(isinstance(n, int) and n >= 0 for n in numbers):
-            raise TypeError(f"static_argnums: expected positions >= 0 (got {numbers})")
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
+            raise TypeError(f"static_argnums: expected positions (got {numbers})")
+        parameters = self._signature.parameters.values() if self._signature else ()
+        kinds = {p.kind for p in parameters}
+        if self._signature is not None and inspect.Parameter.VAR_POSITIONAL not in kinds:
+            # As jax.jit: a position past the function's (negative ones count from its end).
+            count = len(self._parameters)
+            wrong = [n for n in numbers if not -count <= n < count]
+            if wrong:
+                raise ValueError(
+                    f"function {self.name!r}: static_argnums {wrong} out of range: it takes "
+                    f"{count} positional argument(s) ({', '.join(self._parameters)})"
+                )
+            numbers = tuple(n % count for n in numbers)
+        elif any(n < 0 for n in numbers):
+            raise ValueError(
+                f"function {self.name!r}: static_argnums {numbers}: a negative position needs "
+                "a function of a fixed number of positional arguments"
+            )
+        if self._signature is not None and inspect.Parameter.VAR_KEYWORD not in kinds:
+            known = {p.name for p in parameters if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+            unknown = sorted(set(names) - known)
+            if unknown:
+                raise ValueError(
+                    f"function {self.name!r}: static_argnames {unknown} name no argument of it "
+                    f"(it takes {', '.join(sorted(known)) or 'none by name'})"
+                )
         positions = {*numbers, *(self._parameters.index(n) for n in names if n in self._parameters)}
         named = {*names, *(self._parameters[n] for n in numbers if n < len(self._parameters))}
         return frozenset(positions), frozenset(named)
@@ -119,8 +146,11 @@ class CompiledFunction:
         # function, and keep the user's argument and result structure here.
         try:
             outputs = jax.eval_shape(fun, *avals, **keyword_avals)
-        except Exception as error:
+        except TypeError as error:  # JAX's own: shapes, dtypes, a value used in Python
             raise self._uncompilable(avals, keyword_avals, error, statics) from error
+        except Exception as error:  # the function's own (a KeyError, an assert): as jax.jit
+            error.add_note(str(self._uncompilable(avals, keyword_avals, error, statics)))
+            raise
         out_tree = jax.tree.structure(outputs)
         for leaf in jax.tree.leaves(outputs):
             if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
@@ -139,6 +169,7 @@ class CompiledFunction:
             return tuple(results)
 
         if self.slice.size == 1:
+            self._check_one_device_shardings(avals, keyword_avals, outputs)
             jitted = jax.jit(flat)
         else:
             if keyword_avals and not _is_spec(self._in_shardings):
@@ -151,7 +182,8 @@ class CompiledFunction:
             jitted = jax.jit(
                 flat,
                 in_shardings=self._flat_shardings(
-                    self._in_shardings, (avals, keyword_avals) if keyword_avals else avals
+                    self._dynamic_in_shardings(len(avals)),
+                    (avals, keyword_avals) if keyword_avals else avals,
                 ),
                 out_shardings=self._flat_shardings(
                     self._out_shardings, jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
@@ -172,8 +204,8 @@ class CompiledFunction:
         specialized = Specialized(
             name=self.name,
             artifact=bytes(exported.serialize()),
-            in_avals=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals),
-            out_avals=tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.out_avals),
+            in_avals=tuple(struct_of(a) for a in exported.in_avals),
+            out_avals=tuple(struct_of(a) for a in exported.out_avals),
             in_tree=tree,
             # The structure of the trace exported: a result's structure may hold what the
             # trace numbered (checkify's error codes), which the first trace numbered apart.
@@ -192,7 +224,9 @@ class CompiledFunction:
         statics: Statics,
     ) -> TypeError:
         first_line = str(error).split("\n", 1)[0]  # JAX appends advice on its tracebacks
-        if isinstance(error, jax.errors.ConcretizationTypeError):
+        if not isinstance(error, TypeError):
+            first_line = f"{type(error).__name__}: {first_line}"
+        if isinstance(error, jax.errors.JAXTypeError) or "concrete values" in first_line:
             first_line += (
                 " (an argument the function uses as a Python value, in an if or a shape, must "
                 "be static: pw.function(..., static_argnames=(...)))"
@@ -201,6 +235,39 @@ class CompiledFunction:
         return TypeError(
             f"function {self.name!r} cannot be compiled for arguments {arguments}: {first_line}"
         )
+
+    def _dynamic_in_shardings(self, count: int) -> Any:
+        """``in_shardings`` for ``count`` positional arguments: given one per argument that is
+        not static (as ``jax.jit`` takes them), a placeholder goes in each static one's place."""
+        given = self._in_shardings
+        if _is_spec(given) or not self._static_positions:
+            return given
+        given = tuple(given)
+        dynamic = [i for i in range(count) if i not in self._static_positions]
+        if len(given) != len(dynamic) or len(given) == count:
+            return given
+        specs = iter(given)
+        return tuple(None if i in self._static_positions else next(specs) for i in range(count))
+
+    def _check_one_device_shardings(
+        self, avals: tuple[Any, ...], keyword_avals: dict[str, Any], outputs: Any
+    ) -> None:
+        """Shardings are checked on a slice of one device as on a larger one (as jax.jit
+        does), though its one device takes every array whole: an axis its mesh does not
+        have, or more entries than an array has axes, is refused here too."""
+        checks = [(self._out_shardings, outputs)]
+        if _is_spec(self._in_shardings) or not keyword_avals:
+            values = (avals, keyword_avals) if keyword_avals else avals
+            checks.append((self._dynamic_in_shardings(len(avals)), values))
+        for given, values in checks:
+            leaves = jax.tree.leaves(values)
+            for sharding, leaf in zip(self._flat_shardings(given, values), leaves, strict=True):
+                if len(sharding.spec) > len(leaf.shape):
+                    raise TypeError(
+                        f"function {self.name!r}: sharding {sharding.spec} has "
+                        f"{len(sharding.spec)} entries, more than the {len(leaf.shape)} axes "
+                        f"of {describe(leaf)}"
+                    )
 
     def _flat_shardings(self, given: Any, values: Any) -> tuple[NamedSharding, ...]:
         """One sharding per leaf of ``values``: ``given`` is one PartitionSpec for all, or a
@@ -321,9 +388,9 @@ class CompiledFunction:
         if isinstance(aval, jax.ShapeDtypeStruct):
             return aval
         array = host_array(value)
-        # A Python number is weakly typed, as in jax.jit: x * 2.0 keeps a bfloat16 x's dtype.
-        weak = type(value) in (int, float, complex)
-        return jax.ShapeDtypeStruct(array.shape, array.dtype, weak_type=weak)
+        # A Python number is weakly typed, as in jax.jit (x * 2.0 keeps a bfloat16 x's dtype),
+        # as is a jax.Array made of one (jnp.asarray(0.1)).
+        return jax.ShapeDtypeStruct(array.shape, array.dtype, weak_type=is_weak(value))
 
     def _check_fixed(self, avals: tuple[Any, ...], keyword_avals: dict[str, Any]) -> None:
         if self._fixed is None:
@@ -371,9 +438,11 @@ class CompiledFunction:
         """``a=float32[2, 3], b=float32[3]``: each argument by name, leaves by shape."""
         names = [*self._parameters, *(str(i) for i in range(len(self._parameters), len(avals)))]
         named = [*zip(names, avals, strict=False), *sorted(keyword_avals.items())]
+        # A pytree's leaves each by its path: params['w1']=float32[4, 4].
         return ", ".join(
-            f"{name}=" + ", ".join(map(_describe_leaf, jax.tree.leaves(aval)))
+            f"{name}{jax.tree_util.keystr(path)}={_describe_leaf(leaf)}"
             for name, aval in named
+            for path, leaf in jax.tree_util.tree_flatten_with_path(aval)[0]
         )
 
     def __repr__(self) -> str:

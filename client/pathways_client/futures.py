@@ -69,8 +69,8 @@ class Specialized:
         return cls(
             name=name,
             artifact=bytes(artifact),
-            in_avals=tuple(_struct(a) for a in exported.in_avals),
-            out_avals=tuple(_struct(a) for a in exported.out_avals),
+            in_avals=tuple(struct_of(a) for a in exported.in_avals),
+            out_avals=tuple(struct_of(a) for a in exported.out_avals),
             in_tree=exported.in_tree,
             out_tree=exported.out_tree,
             nr_devices=exported.nr_devices,
@@ -94,8 +94,18 @@ def input_shardings(exported: jax.export.Exported) -> tuple[Any, ...]:
         return ()
 
 
-def _struct(aval: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(tuple(aval.shape), aval.dtype)
+def struct_of(aval: Any) -> jax.ShapeDtypeStruct:
+    """An exported function's input or output: its shape, dtype and weak type (a result of
+    Python numbers alone promotes as one does: a bfloat16 array times it stays bfloat16)."""
+    return jax.ShapeDtypeStruct(
+        tuple(aval.shape), aval.dtype, weak_type=bool(getattr(aval, "weak_type", False))
+    )
+
+
+def is_weak(value: Any) -> bool:
+    """Whether a host value is weakly typed, as JAX has it: a Python number, or a jax.Array
+    made of one."""
+    return type(value) in (int, float, complex) or bool(getattr(value, "weak_type", False))
 
 
 def describe(aval: Any) -> str:
@@ -122,6 +132,10 @@ def host_array(value: Any) -> np.ndarray:
             "devices hold numbers and booleans"
         ) from None
     dtype = jax.dtypes.canonicalize_dtype(array.dtype)
+    if type(value) is int and dtype != array.dtype:
+        limits = np.iinfo(dtype)
+        if not limits.min <= value <= limits.max:  # as jax.jit: never wrapped around
+            raise OverflowError(f"Python int {value} too large to convert to {dtype.name}")
     return array if array.dtype == dtype else array.astype(dtype)
 
 
@@ -143,6 +157,14 @@ class Shaped:
     @property
     def dtype(self) -> np.dtype:
         return np.dtype(self.aval.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.aval.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.aval.shape)
 
 
 HOST_OPERATIONS: dict[str, tuple[str, ...]] = {
@@ -212,6 +234,7 @@ class ArrayFuture(Shaped):
         self._lock = self._shared.lock
         self._copies = self._shared.copies
         self._deleted = False
+        self._value: np.ndarray | None = None  # its value, once taken (as a jax.Array keeps)
         self._finalizer = weakref.finalize(self, _release, cluster, self._shared)
 
     def alias(self) -> ArrayFuture:
@@ -249,14 +272,21 @@ class ArrayFuture(Shaped):
             ) from None
 
     def result(self, timeout: float | None = RESULT_TIMEOUT_SECONDS) -> np.ndarray:
-        """The array's value on the host."""
+        """The array's value on the host, read-only: fetched once, then kept with the future
+        (as ``np.asarray`` of a ``jax.Array`` is); ``.copy()`` it to write to it."""
+        value = self._value
+        if value is not None and not self._deleted:
+            return value
         self.wait(timeout)
         session = self.cluster.session(self.slice.island)
         try:
-            return session.get(self.buffer_id, timeout=timeout or RESULT_TIMEOUT_SECONDS)
+            value = session.get(self.buffer_id, timeout=timeout or RESULT_TIMEOUT_SECONDS)
         except IslandError as error:
             self._check_alive()  # closed meanwhile, by another thread: say so
             raise NodeFailed(self.node, self.slice.island, str(error)) from None
+        value.flags.writeable = False
+        self._value = value
+        return value
 
     def block_until_ready(self) -> ArrayFuture:
         """As on a ``jax.Array``: wait until computed (see :meth:`wait`); return itself."""
@@ -265,7 +295,17 @@ class ArrayFuture(Shaped):
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         value = self.result()
-        return value if dtype is None else value.astype(dtype)
+        if dtype is not None:
+            return value.astype(dtype)
+        return value.copy() if copy else value
+
+    def item(self, *index: int) -> Any:
+        """As ``jax.Array.item``: one element as a Python scalar (fetching the value)."""
+        return self.result().item(*index)
+
+    def tolist(self) -> Any:
+        """As ``jax.Array.tolist``: the value as nested Python lists (fetching it)."""
+        return self.result().tolist()
 
     def __float__(self) -> float:
         return float(self.result())
@@ -287,6 +327,7 @@ class ArrayFuture(Shaped):
             if self._deleted:
                 return
             self._deleted = True
+            self._value = None
         self._finalizer()
 
     def buffer_on(self, island: str) -> str:
@@ -358,10 +399,14 @@ def put(value: Any, slice: Slice) -> Any:
     cluster = slice.cluster_or_fail()
     leaves, tree = jax.tree_util.tree_flatten_with_path(value)
     if jax.tree_util.treedef_is_leaf(tree):
-        return _put_one(cluster, _host_array("put", value), slice)
+        return _put_one(cluster, _host_array("put", value), slice, is_weak(value))
     # Every leaf checked before any is uploaded.
     arrays = [_host_array(f"put: value{jax.tree_util.keystr(path)}", leaf) for path, leaf in leaves]
-    return jax.tree_util.tree_unflatten(tree, [_put_one(cluster, array, slice) for array in arrays])
+    futures = [
+        _put_one(cluster, array, slice, is_weak(leaf))
+        for array, (_, leaf) in zip(arrays, leaves, strict=True)
+    ]
+    return jax.tree_util.tree_unflatten(tree, futures)
 
 
 def _host_array(what: str, value: Any) -> np.ndarray:
@@ -371,9 +416,9 @@ def _host_array(what: str, value: Any) -> np.ndarray:
         raise TypeError(f"{what}: {error}") from None
 
 
-def _put_one(cluster: Cluster, array: np.ndarray, slice: Slice) -> ArrayFuture:
+def _put_one(cluster: Cluster, array: np.ndarray, slice: Slice, weak: bool) -> ArrayFuture:
     buffer_id = _upload(cluster.session(slice.island), array, slice, "put")
-    aval = jax.ShapeDtypeStruct(array.shape, array.dtype)
+    aval = jax.ShapeDtypeStruct(array.shape, array.dtype, weak_type=weak)
     return ArrayFuture(cluster, slice, buffer_id, aval, node="put", done=None)
 
 

@@ -303,14 +303,17 @@ def test_a_closed_connection_refuses_work_and_its_futures_say_why(island: LocalI
         one = cluster.slice(devices=1)
         increment = pw.function(lambda v: v + 1, slice=one)
         value = increment(np.zeros(2, np.float32))
+        unread = increment(value)
         kept = value.result()
     assert cluster.closed
     np.testing.assert_array_equal(kept, np.ones(2))
     for work in (lambda: increment(np.zeros(2)), lambda: cluster.slice(devices=1)):
         with pytest.raises(pw.ConnectError, match=r"this connection was closed"):
             work()
+    # A value taken is kept with its future (as a jax.Array keeps it); one not taken is gone.
+    assert value.result() is kept
     with pytest.raises(pw.DeletedError, match=r"belongs to a closed connection"):
-        value.result()
+        unread.result()
     # Closed by another thread while a result is awaited: that is what the wait says (it said
     # NodeFailed, "Stream removed").
     failures: list[BaseException] = []
@@ -736,3 +739,110 @@ def test_a_node_stopped_by_another_nodes_failure_did_not_run(cluster: pw.Cluster
             pw.NodeFailed, match=r"node 'double' on island 'local' did not run: computation 'huge'"
         ):
             doubled.result(timeout=60)
+
+
+# -- as jax.jit has it ----------------------------------------------------------------------
+
+
+def test_a_python_int_too_large_for_its_dtype_is_refused_not_wrapped(cluster: pw.Cluster) -> None:
+    """``x * 2**40`` gave zeros and ``pw.put(2**40)`` 0: narrowed to int32, wrapped around."""
+    one = cluster.slice(devices=1)
+    multiply = pw.function(lambda x, y: x * y, slice=one)
+    x = np.ones(3, np.int32)
+    with pytest.raises(OverflowError):
+        jax.jit(lambda x, y: x * y)(x, 2**40)  # as JAX refuses it
+    for value in (2**40, 2**31, -(2**33) - 5):
+        with pytest.raises(OverflowError, match=rf"Python int {value} too large .* int32"):
+            multiply(x, value)
+        with pytest.raises(OverflowError, match=rf"Python int {value} too large .* int32"):
+            pw.put(value, one)
+    np.testing.assert_array_equal(multiply(x, 2**31 - 1).result(), [2**31 - 1] * 3)
+
+
+def test_weak_types_promote_as_in_jax(cluster: pw.Cluster) -> None:
+    """A bfloat16 model times a learning rate computed on the island, put there, or made by
+    jnp.asarray(0.1) became float32 (twice the memory), where JAX keeps bfloat16."""
+    one = cluster.slice(devices=1)
+    schedule = pw.function(lambda step: 0.1 * 0.5**step, slice=one)
+    multiply = pw.function(lambda x, s: x * s, slice=one)
+    x = np.ones(3, jnp.bfloat16)
+    rate = schedule(3)
+    assert rate.aval.weak_type and pw.put(0.1, one).aval.weak_type
+    for scale in (rate, pw.put(0.1, one), jnp.asarray(0.1), 0.1):
+        expected = jax.jit(lambda x, s: x * s)(x, jnp.asarray(0.1)).dtype
+        assert multiply(x, scale).dtype == expected == jnp.bfloat16, scale
+    np.testing.assert_allclose(multiply(x, rate).result().astype(np.float32), 0.0125, rtol=1e-2)
+
+
+def test_shardings_and_static_arguments_are_checked_as_jax_jit_checks_them(
+    cluster: pw.Cluster,
+) -> None:
+    two, one = cluster.slice(devices=2), cluster.slice(devices=1)
+    x = np.ones(4, np.float32)
+
+    def scale(x, n):
+        return x * n
+
+    # in_shardings, one per argument that is not static (a placeholder was needed).
+    sharded = pw.function(scale, slice=two, static_argnums=1, in_shardings=(P("x"),))
+    np.testing.assert_array_equal(sharded(x, 3).result(), 3 * x)
+    np.testing.assert_array_equal(pw.function(scale, slice=two, static_argnums=-1)(x, 2), 2 * x)
+    # On one device as on more: an axis the mesh lacks, more entries than axes (accepted).
+    for spec, problem in ((P("data"), "data"), (P("x", None, None), "3 entries")):
+        with pytest.raises(TypeError, match=problem):
+            pw.function(lambda v: v * 2, slice=one, in_shardings=spec)(x)
+    # A misspelled static name or a position past the arguments (accepted silently).
+    with pytest.raises(ValueError, match=r"static_argnames \['num'\] name no argument"):
+        pw.function(scale, slice=one, static_argnames="num")
+    with pytest.raises(ValueError, match=r"static_argnums \[7\] out of range: it takes 2"):
+        pw.function(scale, slice=one, static_argnums=7)
+
+
+def test_errors_of_the_function_keep_their_type_and_say_where(cluster: pw.Cluster) -> None:
+    """A KeyError or an assert in the function became a TypeError whose message was empty
+    (``...: ``) or a bare ``'w2'``; a Python value from an argument in a loop or a shape got
+    no advice to make it static."""
+    one = cluster.slice(devices=1)
+    params = {"w1": np.ones((4, 4), np.float32)}
+
+    def forward(params, x):
+        assert x.shape[-1] == params["w1"].shape[0]
+        return x @ params["w1"] @ params["w2"]
+
+    function = pw.function(forward, slice=one)
+    with pytest.raises(AssertionError) as refused:
+        function(params, np.ones((2, 3), np.float32))
+    assert "params['w1']=float32[4, 4], x=float32[2, 3]: AssertionError" in str(
+        refused.value.__notes__
+    )
+    with pytest.raises(KeyError, match="w2") as missing:
+        function(params, np.ones((2, 4), np.float32))
+    assert "x=float32[2, 4]: KeyError: 'w2'" in str(missing.value.__notes__)
+    for body in (
+        lambda x, n: sum(x for _ in range(n)),
+        lambda x, n: jnp.zeros(n) + x.sum(),
+        lambda x, n: x.reshape(n, -1),
+    ):
+        with pytest.raises(TypeError, match=r"must be static: pw\.function"):
+            pw.function(body, slice=one)(np.ones(4, np.float32), 2)
+
+
+def test_a_futures_value_is_taken_once_and_kept_read_only(cluster: pw.Cluster) -> None:
+    """Each .result(), np.asarray or float() fetched the whole array again."""
+    one = cluster.slice(devices=1)
+    value = pw.function(lambda v: v * 2, slice=one)(np.arange(6, dtype=np.float32))
+    first = value.result()
+    assert value.result() is first and np.asarray(value) is first
+    assert not first.flags.writeable and np.array(value).flags.writeable
+    assert (value.ndim, value.size, value.item(5), value.tolist()) == (
+        1,
+        6,
+        10.0,
+        [0.0, 2.0, 4.0, 6.0, 8.0, 10.0],
+    )
+
+
+def test_islands_of_one_name_are_refused(island: LocalIsland) -> None:
+    """Two LocalIslands of the default name: the connection silently kept only the last."""
+    with pytest.raises(ValueError, match=r"islands share a name .*name='a'"):
+        pw.connect([island, island])
