@@ -22,6 +22,7 @@ import struct
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any, TypeVar
@@ -353,6 +354,11 @@ class SchedulerService:
                         )
             except (OSError, FrameError) as error:
                 reason = f"{type(error).__name__}: {error}"
+            except Exception as error:  # a bug handling its events: its work fails, not hangs
+                traceback.print_exc()
+                reason = f"the scheduler failed on its events ({type(error).__name__}: {error})"
+                with contextlib.suppress(OSError):
+                    connection.close()
             reason = self._silent.get(spec.index, reason)
             self._handle(lambda d: d.executor_lost(spec.index, reason))
             _say(f"executor {spec.index} ({spec.endpoint}) is lost: {reason}")

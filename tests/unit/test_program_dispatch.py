@@ -359,3 +359,43 @@ def test_a_program_spanning_a_restarted_executor_is_registered_again_everywhere(
     ]
     pulls = [c.program for _, c in again if c.HasField("program") and c.program.sources]
     assert [list(p.sources[0].data_endpoints) for p in pulls] == [["d:9"]]
+
+
+def test_calls_refused_before_any_node_ran_leave_the_traces_count_true() -> None:
+    """Each such call counted one record its report never made: read between them, the count
+    drifted up one a call, the trace kept ever fewer records, and at its limit the trim popped
+    an empty trace, killing the executor's event thread (the island hung)."""
+    dispatcher = IslandDispatcher(
+        [ExecutorSpec(0, "h:1", (0, 1, 2, 3))], policy="fifo", max_in_flight=16, trace_limit=20
+    )
+    dispatcher.connect("a")
+    dispatcher.register("a", pb.FunctionRegistration(function_id=FUNCTION, artifact=ARTIFACT))
+    dispatcher.placed("a", pb.PlacedBuffer(buffer_id="a/x", executor=0))
+    program = registered(dispatcher, chain([0, 1]))
+    for n in range(60):
+        sent = to_executors(dispatcher.call("a", call(program, n)))
+        refused = pb.ExecutorEvent(seq=sent[-1][1].seq, ok=False, message="wrong argument")
+        (failed,) = client_events(dispatcher.executor_event(refused))
+        assert failed.kind == Event.FAILED
+        dispatcher.delete("a", [f"a/r{n}"])
+        if n == 30:  # one that ran, among them
+            ran = to_executors(dispatcher.call("a", call(program, 100)))
+            event = pb.ExecutorEvent(seq=ran[-1][1].seq, ok=True)
+            event.node_indices.extend([0, 1])
+            event.node_starts_ns.extend([1, 2])
+            event.node_ends_ns.extend([2, 3])
+            dispatcher.executor_event(event)
+        assert dispatcher._trace_size == len(dispatcher.trace)
+    assert [r.computation_id for r in dispatcher.trace] == ["a/p100/s0", "a/p100/s1"]
+
+
+def test_a_session_ended_before_its_work_keeps_nothing_in_the_dispatcher() -> None:
+    """Its completions, reported after it ended, counted the client's deferred completions
+    again: one entry kept for every such session, for good."""
+    dispatcher = island()
+    program = registered(dispatcher, chain([0, 1]))
+    seqs = [to_executors(dispatcher.call("a", call(program, n)))[-1][1].seq for n in range(3)]
+    dispatcher.disconnect("a")
+    for seq in seqs:
+        dispatcher.executor_event(pb.ExecutorEvent(seq=seq, ok=True))
+    assert "a" not in dispatcher._held

@@ -455,7 +455,8 @@ class IslandDispatcher:
             return []  # a registration's failure, or a computation already failed
         usage = flight.usage
         if isinstance(flight.item, _Call):
-            self._keep((event, flight.client, flight.item), max(1, len(event.node_indices)))
+            if event.node_indices:  # a call refused before any node ran has none to trace
+                self._keep((event, flight.client, flight.item), len(event.node_indices))
             program_id = flight.item.call.program_id
             devices = self._node_devices.get(program_id, {}).get(event.executor, ())
             for index, start_ns, end_ns in zip(
@@ -965,7 +966,10 @@ class IslandDispatcher:
             and held < MAX_HELD_COMPLETIONS
             and self._running.get(client, 0) + self.queue.queued_by(client) >= HOLD_WHILE_PENDING
         )
-        self._held[client] = held + 1 if deferrable else 0
+        if deferrable:
+            self._held[client] = held + 1
+        else:  # also a session ended meanwhile: nothing kept of it
+            self._held.pop(client, None)
         return ToClient(client, event, deferrable)
 
     @property
@@ -981,6 +985,7 @@ class IslandDispatcher:
                 else:
                     records.extend(self._node_records(*entry))
             self._trace = records
+            self._trace_size = len(records)
         return cast(list[TraceRecord], list(self._trace))  # every entry is a record now
 
     def _node_records(self, event: pb.ExecutorEvent, client: str, item: _Call) -> list[TraceRecord]:
@@ -1016,10 +1021,10 @@ class IslandDispatcher:
         self._trace_size += size
         if self._trace_size > self._trace_limit:
             keep = self._trace_limit - self._trace_limit // 10
-            while self._trace_size > keep:
+            while self._trace and self._trace_size > keep:
                 oldest = self._trace.popleft()
                 self._trace_size -= (
-                    1 if isinstance(oldest, TraceRecord) else max(1, len(oldest[0].node_indices))
+                    1 if isinstance(oldest, TraceRecord) else len(oldest[0].node_indices)
                 )
 
     def _trace_record(
