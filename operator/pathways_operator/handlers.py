@@ -104,7 +104,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     memo.metrics_server = metrics.serve(config.metrics_port)
     memo.stopping = asyncio.Event()
     memo.rechecks = {}  # program -> the timer of its next look (see _recheck)
-    memo.running = set()
+    memo.recheck_tasks = set()
 
 
 @kopf.on.cleanup()
@@ -489,8 +489,8 @@ def _recheck(memo: kopf.Memo, namespace: str, name: str, delay: float) -> None:
         memo.rechecks.pop(key, None)
         if not memo.stopping.is_set():
             task = loop.create_task(_guard("program", reconcile(memo, namespace, name)))
-            memo.running.add(task)  # held until done: the loop keeps only weak references
-            task.add_done_callback(memo.running.discard)
+            memo.recheck_tasks.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(memo.recheck_tasks.discard)
 
     memo.rechecks[key] = loop.call_later(max(delay, MIN_RESYNC_SECONDS), due)
 
