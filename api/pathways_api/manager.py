@@ -103,9 +103,16 @@ VANISHED = (
 
 LAST_WORDS_CHARS = 1000
 """A failed run's last line in its status, at most (its start and end when longer)."""
+
+
 FAILURE_GRACE_SECONDS = 2.0
 """How long after it ended a failed run is judged: the supervisor reports an island whose
 process died down within a fraction of a second (it looks every 0.2 s)."""
+
+
+class TraceUnavailable(RuntimeError):
+    """A run's island trace could not be read (its island's answer, in one line)."""
+
 
 logger = logging.getLogger("pathways_api.manager")
 
@@ -852,10 +859,12 @@ class Manager:
 
     def _keep_trace(self, running: Running) -> None:
         """:meth:`_collect_trace`, a failure logged (a trace is worth no failed run)."""
+        name = running.job["metadata"]["name"]
         try:
             self._collect_trace(running)
+        except TraceUnavailable as error:  # its island went down meanwhile, say
+            logger.warning("could not collect the trace of %s: %s", name, error)
         except Exception:
-            name = running.job["metadata"]["name"]
             logger.warning("could not collect the trace of %s", name, exc_info=True)
 
     def _collect_trace(self, running: Running) -> None:
@@ -898,7 +907,7 @@ class Manager:
             check=False,
         )
         if done.returncode != 0:
-            raise RuntimeError(done.stderr[-2000:])
+            raise TraceUnavailable(done.stderr.strip()[-2000:])
         run = int((job["metadata"].get("labels") or {}).get("pathways.dev/run") or 0)
         self.store.store_trace(namespace, name, run, json.loads(done.stdout))
 

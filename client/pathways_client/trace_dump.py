@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
+
+import grpc
 
 from pathways_client import tls
 from pathways_client.rpc import MESSAGE_OPTIONS, stub
@@ -36,8 +39,9 @@ def records_of(
     ]
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Print the records as a JSON list."""
+def main(argv: list[str] | None = None) -> int:
+    """Print the records as a JSON list; an island that does not answer is said in one line
+    (exit status 1)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--island", action="append", default=[], help="NAME=HOST:PORT")
     parser.add_argument("--client", action="append", default=[], help="Client name to keep.")
@@ -49,11 +53,20 @@ def main(argv: list[str] | None = None) -> None:
     found: list[dict[str, Any]] = []
     for item in arguments.island:
         name, _, endpoint = item.partition("=")
-        found += records_of(
-            name, endpoint, set(arguments.client), arguments.timeout, arguments.since_ns
-        )
+        try:
+            found += records_of(
+                name, endpoint, set(arguments.client), arguments.timeout, arguments.since_ns
+            )
+        except grpc.RpcError as error:
+            print(
+                f"island {name!r} at {endpoint} gave no trace: {error.code().name}: "
+                f"{error.details()}",
+                file=sys.stderr,
+            )
+            return 1
     print(json.dumps(found))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

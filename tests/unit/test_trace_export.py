@@ -33,3 +33,15 @@ def test_a_computation_spanning_two_executors_is_one_computation_on_each_of_its_
     assert len(complete) == 6  # one per computation per device
     rows = {(e["pid"], e["tid"]) for e in complete}
     assert len(rows) == 5  # island a's four devices and island b's one
+
+
+def test_an_island_that_does_not_answer_is_said_in_one_line(capsys) -> None:
+    """Collected after a run whose island went down, the dump failed with gRPC's traceback,
+    logged whole by the embedded manager."""
+    from pathways_client import trace_dump
+
+    assert trace_dump.main(["--island", "gone=127.0.0.1:9", "--timeout", "5"]) == 1
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert said.err.startswith("island 'gone' at 127.0.0.1:9 gave no trace: UNAVAILABLE: ")
+    assert said.err.count("\n") == 1
