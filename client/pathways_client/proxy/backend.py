@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,9 @@ _MEMORY_NAMES = {
 }
 #: Server-generated handles start here; the client mints its own below this.
 SERVER_HANDLES_START = 1 << 63
+# Threads copying one session's values to the host (each session its own: one session's many
+# large reads at once held up every other session's small ones, up to a second).
+COPY_THREADS = 4
 #: The program and compile-option kinds a ``Compile`` may carry (``xla.ifrt.Serialized``).
 XLA_PROGRAM = "xla::ifrt::XlaProgram"
 XLA_COMPILE_OPTIONS = "xla::ifrt::XlaCompileOptions"
@@ -257,8 +260,11 @@ class ArraySession(SessionState):
         self.arrays: dict[int, ArrayEntry] = {}
         self.executables: dict[int, Any] = {}
         self.execute_results: dict[int, Future] = {}
+        # Its threads start with its first copy.
+        self.copies = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="proxy-copy")
 
     def close(self) -> None:
+        self.copies.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             self.arrays.clear()
             self.executables.clear()
@@ -590,7 +596,11 @@ class ArraySession(SessionState):
             if error is not None:
                 answer.set_exception(error)
                 return
-            copying = self.backend.wait_pool.submit(copy)
+            try:
+                copying = self.copies.submit(copy)
+            except RuntimeError:  # the session closed meanwhile
+                answer.set_exception(ProxyError("CANCELLED", "the session ended"))
+                return
             copying.add_done_callback(lambda done: _settle(answer, done))
 
         self._when_ready([array], lambda: None).add_done_callback(copy_when_computed)

@@ -79,6 +79,9 @@ class _Buffer:
     # of it live (a sharded array read by the client is read shard by shard).
     host: np.ndarray | None = None
     viewers: int = 0
+    # Held while its value is fetched for views: the shards the client reads at once wait for
+    # one fetch (each fetched the whole value: 8 shards, 8 times the array's bytes).
+    fetching: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass(eq=False)
@@ -137,7 +140,6 @@ class IslandBackend(Backend):
         # Names this proxy's clients apart from another proxy's of the same tenant.
         self.prefix = f"{tenant}-proxy-{uuid.uuid4().hex[:6]}"
         self.compile_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="proxy-compile")
-        self.wait_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="proxy-wait")
 
     def devices(self) -> list[DeviceInfo]:
         return [
@@ -312,26 +314,29 @@ class IslandSession(ArraySession):
         for device in spec.device_ids:
             self.island_device(device, field_name)
 
-    def _fetch(self, buffer: _Buffer, keep: bool) -> np.ndarray:
-        """A buffer's value on the host, once computed (``keep``: for the views to come)."""
-        if buffer.host is not None:
-            return buffer.host
+    def _fetch(self, buffer: _Buffer) -> np.ndarray:
+        """A buffer's value on the host, once computed."""
         # Completed first: a computation the island refused (busy) is reported at once, not
         # after the executor gave up waiting for a buffer it never heard of.
         _wait(buffer.done, "array")
         try:
-            value = self.island.get(buffer.id, timeout=RESULT_TIMEOUT_SECONDS)
+            return self.island.get(buffer.id, timeout=RESULT_TIMEOUT_SECONDS)
         except (IslandError, OSError) as error:
             raise ProxyError(_code(error), f"array: {_why(error)}") from None
-        if keep:
-            buffer.host = value
-        return value
+
+    def _viewed(self, buffer: _Buffer) -> np.ndarray:
+        """A buffer's value kept for the views (shards) of it to come, fetched once."""
+        with buffer.fetching:
+            if buffer.host is None:
+                buffer.host = self._fetch(buffer)
+            return buffer.host
 
     def _value(self, array: _Array) -> np.ndarray:
         assert array.buffer is not None
-        if array.index is None:
-            return self._fetch(array.buffer, keep=False)
-        return self._fetch(array.buffer, keep=True)[array.index]
+        return self._value_of(array.buffer, array.index)
+
+    def _value_of(self, buffer: _Buffer, index: Index | None) -> np.ndarray:
+        return self._fetch(buffer) if index is None else self._viewed(buffer)[index]
 
     def _input(self, array: _Array, field_name: str) -> str:
         """The island buffer holding ``array``'s value (a shard is uploaded once, when first
@@ -503,8 +508,12 @@ class IslandSession(ArraySession):
         return response
 
     def _reader(self, array: _Array) -> Callable[[], np.ndarray]:
-        """The array's value fetched from the island, when computed."""
-        return lambda: self._value(array)
+        """The array's value fetched from the island, when computed: what it holds now (a
+        delete meanwhile does not change what is read)."""
+        buffer, index = array.buffer, array.index
+        if buffer is None:
+            raise ProxyError("FAILED_PRECONDITION", "array: it was deleted")
+        return lambda: self._value_of(buffer, index)
 
     def _when_ready(self, arrays: list[_Array], response: Callable[[], Any]) -> Future:
         """Answered when the island has completed every value."""
