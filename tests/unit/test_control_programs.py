@@ -701,3 +701,75 @@ def test_a_run_failed_on_a_restarted_island_is_interrupted() -> None:
     (event,) = [e for e in decision.events if e.reason == "RunInterrupted"]
     assert "restarted at a new endpoint" in event.message
     assert [c["metadata"]["name"] for c in decision.create] == ["p-run-2"]
+
+
+def test_a_loss_after_a_run_failed_does_not_make_it_an_interruption() -> None:
+    """Suspended, or its slice preempted, while its failure waited to be judged, a run that
+    failed (restartPolicy Never) was judged interrupted and run again."""
+    failed = failed_at(NOW)
+    # Preempted a second after the run failed: not what ended it.
+    preempted = {
+        "metadata": OWNED,
+        "spec": {"devices": 2},
+        "status": {
+            "phase": "Preempted",
+            "reason": "Preempted",
+            "conditions": [
+                {
+                    "type": "Bound",
+                    "status": "False",
+                    "reason": "Preempted",
+                    "lastTransitionTime": timestamp(NOW + timedelta(seconds=1)),
+                }
+            ],
+        },
+    }
+    judged = reconcile_program(
+        ProgramView(program(status={"phase": "Running", "runs": 1}), {"p-main": preempted}, failed),
+        NOW + timedelta(seconds=11),
+        IMAGE,
+    )
+    assert (judged.status["phase"], judged.status["reason"]) == ("Failed", "JobFailed")
+    # Preempted before it failed: that ended it.
+    preempted["status"]["conditions"][0]["lastTransitionTime"] = timestamp(NOW)
+    ended = reconcile_program(
+        ProgramView(program(status={"phase": "Running", "runs": 1}), {"p-main": preempted}, failed),
+        NOW + timedelta(seconds=11),
+        IMAGE,
+    )
+    assert "RunInterrupted" in [e.reason for e in ended.events]
+    # Suspended while its failure waits: judged first (held, then failed), never run again.
+    suspended = program(status={"phase": "Running", "runs": 1}, suspend=True)
+    held = decide(
+        suspended, {"p-main": bound_slice()}, failed_at(NOW - timedelta(seconds=1)), READY_ISLAND
+    )
+    assert (held.status["phase"], held.status["reason"]) == ("Running", "RunEnded")
+    assert held.delete == []  # its slice is kept until then
+    retried = program(
+        status={"phase": "Running", "runs": 1}, suspend=True, restartPolicy="OnFailure"
+    )
+    later = reconcile_program(
+        ProgramView(retried, {"p-main": bound_slice()}, failed, READY_ISLAND),
+        NOW + timedelta(seconds=11),
+        IMAGE,
+    )
+    assert (later.status["phase"], later.status["restarts"]) == ("Suspended", 1)
+    assert later.create == []
+
+
+def test_a_run_failed_past_the_deadline_is_not_said_to_restart() -> None:
+    """A Restarting Event, a restart counted, then DeadlineExceeded in the same decision."""
+    document = program(
+        status={"phase": "Running", "runs": 1, "restarts": 0, "startTime": timestamp(NOW)},
+        restartPolicy="OnFailure",
+        maxRestarts=3,
+        activeDeadlineSeconds=4,
+    )
+    decision = reconcile_program(
+        ProgramView(document, {"p-main": bound_slice()}, failed_at(NOW), READY_ISLAND),
+        NOW + timedelta(seconds=12),
+        IMAGE,
+    )
+    assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "DeadlineExceeded")
+    assert decision.status["restarts"] == 0
+    assert "Restarting" not in [e.reason for e in decision.events]

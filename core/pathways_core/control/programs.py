@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -63,6 +64,10 @@ TERMINAL = ("Succeeded", "Failed")
 # Long enough for an executor pod's readiness probes (every 2 s, 3 failures) and the island's
 # status to report a host lost under a run whose driver failed on it at once.
 FAILURE_GRACE_SECONDS = 10.0
+# Why a slice stops being bound when its island loses a host, reported late: the run it held
+# may have failed on that loss first.
+HOST_LOSSES = ("HostUnhealthy", "IslandDeleted", "IslandResized")
+REBOUND = "was bound again elsewhere"
 RUN_SPEC_ANNOTATION = "pathways.dev/run-spec"
 """On a run's Job: the digest of the spec it was made from (:func:`run_spec_digest`)."""
 LIVE_FIELDS = ("suspend", "restartPolicy", "maxRestarts", "activeDeadlineSeconds")
@@ -188,12 +193,29 @@ def _failed_since(job: Document) -> datetime | None:
 
 
 def _interruption(
-    view: ProgramView, names: dict[str, str], job: Document | None, settings: dict[str, str]
+    view: ProgramView,
+    names: dict[str, str],
+    job: Document | None,
+    settings: dict[str, str],
+    failed_since: datetime | None,
+    grace: float,
 ) -> str | None:
     """Why a run that ended failed may have been ended by its slices rather than by its
-    program: a slice no longer bound (preempted, released, its host lost), bound on a host its
-    island reports lost, on an island with no scheduler ready, or bound again elsewhere since
-    the run started. ``None``: its slices are as the run found them."""
+    program: a slice preempted or released before it ended, or one its island lost a host
+    under (reported within ``grace`` seconds after it ended, as a lost host is reported late):
+    a slice no longer bound, bound on a host its island reports lost, on an island with no
+    scheduler ready, or bound again elsewhere (its island restarted). ``None``: its slices were
+    as the run found them (a loss after it ended, a suspension, a preemption, did not end it)."""
+
+    def began_in_time(conditions: Any, kind: str, reported_late: bool) -> bool:
+        began = _condition_time(conditions, kind)
+        if failed_since is None or began is None:
+            return True
+        # In the second the run ended or before (timestamps are whole seconds), or, reported
+        # late, within the grace after.
+        return (began - failed_since).total_seconds() <= (grace if reported_late else 0.0)
+
+    moved = _moved_slices(job, settings) if job is not None else {}
     for item, vs in names.items():
         document = view.slices.get(vs)
         if document is None:
@@ -201,13 +223,28 @@ def _interruption(
         status = document.get("status") or {}
         if status.get("phase") != "Bound":
             why = status.get("reason") or status.get("phase") or "not bound"
-            return f"its slice {item!r} was lost ({why})"
+            if began_in_time(status.get("conditions"), "Bound", why in HOST_LOSSES):
+                return f"its slice {item!r} was lost ({why})"
+            continue
+        island = (view.islands.get(status.get("island")) or {}).get("status") or {}
         trouble = _island_trouble(status, view.islands)
-        if trouble:
+        if trouble and began_in_time(island.get("conditions"), "Degraded", True):
             return f"{trouble}, under its slice {item!r}"
-    moved = _moved_slices(job, settings) if job is not None else {}
-    if moved:
-        return "; ".join(f"its slice {name!r} {why}" for name, why in moved.items())
+        why = moved.get(item)
+        if why is None:
+            continue
+        # Bound again elsewhere since it ended (a suspension, a preemption) did not end it; its
+        # island restarted at a new endpoint (never for a program's failure) did.
+        if why != REBOUND or began_in_time(status.get("conditions"), "Bound", True):
+            return f"its slice {item!r} {why}"
+    return None
+
+
+def _condition_time(conditions: Any, kind: str) -> datetime | None:
+    """When the condition ``kind`` last changed (``None``: not said)."""
+    for item in conditions or []:
+        if isinstance(item, dict) and item.get("type") == kind:
+            return parse_time(item.get("lastTransitionTime"))
     return None
 
 
@@ -246,7 +283,7 @@ def _moved_slices(job: Document, wanted: dict[str, str]) -> dict[str, str]:
         if not isinstance(before, dict):
             continue
         if any(before.get(key) != entry.get(key) for key in ("island", "devices")):
-            changed[name] = "was bound again elsewhere"
+            changed[name] = REBOUND
         elif before.get("scheduler") != entry.get("scheduler"):
             changed[name] = f"is on island {entry.get('island')!r}, restarted at a new endpoint"
     return changed
@@ -602,7 +639,8 @@ def reconcile_program(
         finish(old["phase"], old.get("reason"), old.get("message") or "")
         return decision
 
-    if program.spec.suspend:
+    def suspend() -> ProgramDecision:
+        nonlocal conditions
         if job_active and job is not None:
             decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
         release_inline()
@@ -619,6 +657,16 @@ def reconcile_program(
         conditions = set_condition(conditions, "Running", False, reason, message, now, gen)
         finish("Suspended", reason, message)
         return decision
+
+    # A run that failed is judged before a suspension releases its slices (released, they
+    # would make its failure look like their loss).
+    unjudged = outcome == "Failed" and int(old.get("restartedRun") or 0) != runs
+    if program.spec.suspend and not unjudged:
+        return suspend()
+
+    def past_deadline() -> bool:
+        left = _deadline_left(program, old, now)
+        return left is not None and left <= 0
 
     def fail_past_deadline() -> ProgramDecision:
         nonlocal conditions
@@ -652,8 +700,15 @@ def reconcile_program(
         if job is not None and _deadline_exceeded(job):
             # The program's deadline, not a run's: the same ending whoever saw it first.
             return fail_past_deadline()
-        interrupted = _interruption(view, names, job, connection_settings(program, view, namespace))
         failed_since = _failed_since(job) if job is not None else None
+        interrupted = _interruption(
+            view,
+            names,
+            job,
+            connection_settings(program, view, namespace),
+            failed_since,
+            failure_grace,
+        )
         judged_in = (
             0.0 if failed_since is None else failure_grace - (now - failed_since).total_seconds()
         )
@@ -676,10 +731,12 @@ def reconcile_program(
             finish(
                 "Running",
                 "RunEnded",
-                f"run {runs} ended ({outcome_message}); judged in {judged_in:.0f} s, once its "
-                "islands have reported on their hosts",
+                f"run {runs} ended ({outcome_message}); judged in {math.ceil(judged_in)} s, "
+                "once its islands have reported on their hosts",
             )
             return decision
+        elif past_deadline():
+            return fail_past_deadline()  # no restart said, nor counted, for a run that cannot be
         elif (
             program.spec.restart_policy.value == "OnFailure"
             and restarts < program.spec.max_restarts
@@ -704,13 +761,15 @@ def reconcile_program(
                 conditions, "Failed", True, failure, outcome_message, now, gen
             )
             limit = (
-                f" after {restarts} restarts"
+                f", after {restarts} restarts"
                 if program.spec.restart_policy.value == "OnFailure"
                 else ""
             )
-            finish("Failed", failure, f"run {runs}: {outcome_message}{limit}", "Warning")
+            finish("Failed", failure, f"run {runs}{limit}: {outcome_message}", "Warning")
             return decision
 
+    if program.spec.suspend:
+        return suspend()
     deadline_left = _deadline_left(program, old, now)
     if job_active and not retry and deadline_left is not None and deadline_left <= 0:
         # A deadline shortened under the running run: its Job's own is longer.
