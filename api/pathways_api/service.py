@@ -103,11 +103,12 @@ class Service:
     def _document(self, tenant: Tenant, resource: PathwaysProgram | VirtualSlice) -> Document:
         """The document to store, or InvalidField naming what the caller may not set."""
         meta = resource.metadata
-        for key in meta.model_extra or {}:
-            raise InvalidField("unknown field", field=f"metadata.{key}")
-        for key in SYSTEM_METADATA:
-            if getattr(meta, _snake(key), None) is not None:
+        extra = meta.model_extra or {}
+        for key in SYSTEM_METADATA:  # (creationTimestamp, of a dump, is no field of the model)
+            if key in extra or getattr(meta, _snake(key), None) is not None:
                 raise InvalidField("set by the system; omit it", field=f"metadata.{key}")
+        for key in extra:
+            raise InvalidField("unknown field", field=f"metadata.{key}")
         if meta.namespace not in (None, tenant.name):
             raise InvalidField(
                 f"objects of tenant {tenant.name!r} live in namespace {tenant.name!r}; omit "

@@ -275,6 +275,20 @@ def test_filters_by_phase_and_labels(a: httpx.Client) -> None:
             "set by the system",
         ),
         (
+            # A `pathways get -o yaml` dump submitted again: "unknown field" it said.
+            json.dumps(
+                {
+                    **program(),
+                    "metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                }
+            ).encode(),
+            {"Content-Type": "application/json"},
+            422,
+            "InvalidField",
+            "metadata.creationTimestamp",
+            "set by the system",
+        ),
+        (
             json.dumps({**program(), "metadata": {"name": "p", "colour": "red"}}).encode(),
             {"Content-Type": "application/json"},
             422,
@@ -356,6 +370,7 @@ def test_filters_by_phase_and_labels(a: httpx.Client) -> None:
         "unknown-field",
         "other-namespace",
         "system-field",
+        "system-field-of-a-dump",
         "unknown-metadata",
         "status",
         "invalid-value",
