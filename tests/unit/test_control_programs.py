@@ -65,9 +65,13 @@ def decide(
     slices: dict[str, Any] | None = None,
     job_document: dict[str, Any] | None = None,
     islands: dict[str, Any] | None = None,
+    after: float = 0.0,
 ) -> Any:
+    """The decision ``after`` seconds past NOW."""
     return reconcile_program(
-        ProgramView(document, slices or {}, job_document, islands or {}), NOW, IMAGE
+        ProgramView(document, slices or {}, job_document, islands or {}),
+        NOW + timedelta(seconds=after),
+        IMAGE,
     )
 
 
@@ -257,18 +261,10 @@ def test_the_deadline_is_the_programs_not_each_runs() -> None:
         maxRestarts=2,
         activeDeadlineSeconds=60,
     )
-    later = reconcile_program(
-        ProgramView(failed, {"p-main": bound_slice()}, job("Failed"), READY_ISLAND),
-        NOW + timedelta(seconds=45),
-        IMAGE,
-    )
+    later = decide(failed, {"p-main": bound_slice()}, job("Failed"), READY_ISLAND, after=45)
     (created,) = later.create
     assert created["spec"]["activeDeadlineSeconds"] == 15
-    late = reconcile_program(
-        ProgramView(failed, {"p-main": bound_slice()}, job("Failed"), READY_ISLAND),
-        NOW + timedelta(seconds=61),
-        IMAGE,
-    )
+    late = decide(failed, {"p-main": bound_slice()}, job("Failed"), READY_ISLAND, after=61)
     assert late.create == [] and late.status["reason"] == "DeadlineExceeded"
 
 
@@ -678,11 +674,7 @@ def test_a_failed_run_is_judged_once_its_islands_had_time_to_report_a_lost_host(
     back = decide(program(status=interrupted.status), {"p-main": on_host}, ended, READY_ISLAND)
     assert [c["metadata"]["name"] for c in back.create] == ["p-run-2"]
     # No report within the grace: a failure, judged as the policy says.
-    late = reconcile_program(
-        ProgramView(held, {"p-main": bound_slice()}, ended, READY_ISLAND),
-        NOW + timedelta(seconds=8),
-        IMAGE,
-    )
+    late = decide(held, {"p-main": bound_slice()}, ended, READY_ISLAND, after=8)
     assert (late.status["phase"], late.status["reason"]) == ("Failed", "JobFailed")
     assert late.recheck_after is None
 
@@ -693,10 +685,8 @@ def test_a_run_failed_on_a_restarted_island_is_interrupted() -> None:
     (created,) = started.create
     created["status"] = failed_at(NOW)["status"]
     moved = {"isl": {"status": {"schedulerEndpoint": "sched-2:8470"}}}
-    decision = reconcile_program(
-        ProgramView(program(status=started.status), {"p-main": bound_slice()}, created, moved),
-        NOW + timedelta(seconds=1),
-        IMAGE,
+    decision = decide(
+        program(status=started.status), {"p-main": bound_slice()}, created, moved, after=1
     )
     (event,) = [e for e in decision.events if e.reason == "RunInterrupted"]
     assert "restarted at a new endpoint" in event.message
@@ -724,18 +714,14 @@ def test_a_loss_after_a_run_failed_does_not_make_it_an_interruption() -> None:
             ],
         },
     }
-    judged = reconcile_program(
-        ProgramView(program(status={"phase": "Running", "runs": 1}), {"p-main": preempted}, failed),
-        NOW + timedelta(seconds=11),
-        IMAGE,
+    judged = decide(
+        program(status={"phase": "Running", "runs": 1}), {"p-main": preempted}, failed, after=11
     )
     assert (judged.status["phase"], judged.status["reason"]) == ("Failed", "JobFailed")
     # Preempted before it failed: that ended it.
     preempted["status"]["conditions"][0]["lastTransitionTime"] = timestamp(NOW)
-    ended = reconcile_program(
-        ProgramView(program(status={"phase": "Running", "runs": 1}), {"p-main": preempted}, failed),
-        NOW + timedelta(seconds=11),
-        IMAGE,
+    ended = decide(
+        program(status={"phase": "Running", "runs": 1}), {"p-main": preempted}, failed, after=11
     )
     assert "RunInterrupted" in [e.reason for e in ended.events]
     # Suspended while its failure waits: judged first (held, then failed), never run again.
@@ -748,11 +734,7 @@ def test_a_loss_after_a_run_failed_does_not_make_it_an_interruption() -> None:
     retried = program(
         status={"phase": "Running", "runs": 1}, suspend=True, restartPolicy="OnFailure"
     )
-    later = reconcile_program(
-        ProgramView(retried, {"p-main": bound_slice()}, failed, READY_ISLAND),
-        NOW + timedelta(seconds=11),
-        IMAGE,
-    )
+    later = decide(retried, {"p-main": bound_slice()}, failed, READY_ISLAND, after=11)
     assert (later.status["phase"], later.status["restarts"]) == ("Suspended", 1)
     assert later.create == []
 
@@ -765,11 +747,7 @@ def test_a_run_failed_past_the_deadline_is_not_said_to_restart() -> None:
         maxRestarts=3,
         activeDeadlineSeconds=4,
     )
-    decision = reconcile_program(
-        ProgramView(document, {"p-main": bound_slice()}, failed_at(NOW), READY_ISLAND),
-        NOW + timedelta(seconds=12),
-        IMAGE,
-    )
+    decision = decide(document, {"p-main": bound_slice()}, failed_at(NOW), READY_ISLAND, after=12)
     assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "DeadlineExceeded")
     assert decision.status["restarts"] == 0
     assert "Restarting" not in [e.reason for e in decision.events]

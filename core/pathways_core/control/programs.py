@@ -692,11 +692,11 @@ def reconcile_program(
         finish("Succeeded", "JobSucceeded", f"run {runs}: {outcome_message}")
         return decision
     retry = False
-    if outcome == "Failed" and int(old.get("restartedRun") or 0) == runs:
+    if outcome == "Failed" and not unjudged:
         # Judged when it was first seen (a restart counted, or an interruption): the next run
         # waits for its slices.
         retry = True
-    elif outcome == "Failed":
+    elif unjudged:
         if job is not None and _deadline_exceeded(job):
             # The program's deadline, not a run's: the same ending whoever saw it first.
             return fail_past_deadline()
