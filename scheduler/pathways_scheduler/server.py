@@ -658,7 +658,8 @@ class SchedulerService:
 
     def GetTrace(self, request, context):
         with self._lock:
-            records = list(self.dispatcher.trace)
+            entries = self.dispatcher.trace_entries()
+        records = self.dispatcher.records_of(entries)  # not holding up dispatch meanwhile
         return pb.Trace(
             records=[
                 pb.TraceRecord(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 from pathways_core.scheduling import ToClient, ToExecutor
+from pathways_core.scheduling.island import TraceRecord
 from pathways_core.wire import pb
 from pathways_scheduler.server import MAX_HOLD_SECONDS, HeldCompletions, SchedulerService
 
@@ -78,3 +79,32 @@ def test_a_held_completion_goes_out_after_max_hold_seconds_at_the_latest() -> No
     deadline = threading.Event()
     deadline.wait(MAX_HOLD_SECONDS + 0.5)
     assert flushed == ["client a"]
+
+
+def test_get_trace_makes_its_records_without_holding_up_dispatch() -> None:
+    """Made under the dispatch lock, a call-heavy trace's records (seconds for a few hundred
+    thousand) stalled every client and executor of the island meanwhile."""
+    service = SchedulerService.__new__(SchedulerService)
+    service._lock = threading.Lock()
+    record = TraceRecord(1, "a/1", "a", "f", (0,), 0, 10, 20, True)
+    making, made = threading.Event(), threading.Event()
+
+    class Dispatcher:
+        def trace_entries(self) -> tuple[TraceRecord, ...]:
+            return (record,)
+
+        def records_of(self, entries: tuple[TraceRecord, ...]) -> list[TraceRecord]:
+            making.set()
+            made.wait(10)
+            return list(entries)
+
+    service.dispatcher = Dispatcher()
+    answers: list[pb.Trace] = []
+    reader = threading.Thread(target=lambda: answers.append(service.GetTrace(None, None)))
+    reader.start()
+    assert making.wait(10)
+    free = service._lock.acquire(timeout=5)  # as dispatch would, meanwhile
+    made.set()
+    reader.join(10)
+    assert free
+    assert [r.computation_id for r in answers[0].records] == ["a/1"]

@@ -37,9 +37,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 from pathways_core.scheduling.limits import (
     DEFAULT_MAX_ARTIFACT_BYTES,
@@ -133,6 +132,8 @@ class _Call:
 
 # A program call's report from one executor: its event, client and call.
 _CallReport = tuple[pb.ExecutorEvent, str, _Call]
+# A trace entry: a record, or a reported call standing for its nodes' records.
+TraceEntry = TraceRecord | _CallReport
 
 
 @dataclass
@@ -186,7 +187,7 @@ class IslandDispatcher:
         # The trace in the order of the reports: records, and program calls' executor
         # events, whose nodes' records are made only when the trace is read (~9 µs a node:
         # made in the dispatcher, 20,000 calls' worth at a time held it for 3.5 s).
-        self._trace: deque[TraceRecord | _CallReport] = deque()
+        self._trace: deque[TraceEntry] = deque()
         self._trace_size = 0  # the records it holds or stands for
         self._trace_limit = trace_limit
         self._seq = 0
@@ -976,17 +977,24 @@ class IslandDispatcher:
     def trace(self) -> list[TraceRecord]:
         """For every computation (and program node) on every executor, in the order their
         executors reported them: which client's work occupied which devices when (the most
-        recent ``trace_limit`` or so). Each call's node records are made now, once."""
-        if any(not isinstance(entry, TraceRecord) for entry in self._trace):
-            records: deque[TraceRecord | _CallReport] = deque()
-            for entry in self._trace:
-                if isinstance(entry, TraceRecord):
-                    records.append(entry)
-                else:
-                    records.extend(self._node_records(*entry))
-            self._trace = records
-            self._trace_size = len(records)
-        return cast(list[TraceRecord], list(self._trace))  # every entry is a record now
+        recent ``trace_limit`` or so)."""
+        return self.records_of(self.trace_entries())
+
+    def trace_entries(self) -> tuple[TraceEntry, ...]:
+        """What the trace holds now: its records, and the reported calls whose node records
+        ``records_of`` makes. Taken under the lock dispatch holds, made into records outside
+        it: making them is the slow part (seconds for a few hundred thousand)."""
+        return tuple(self._trace)
+
+    def records_of(self, entries: Iterable[TraceEntry]) -> list[TraceRecord]:
+        """The trace records ``entries`` (from ``trace_entries``) stand for, in order."""
+        records: list[TraceRecord] = []
+        for entry in entries:
+            if isinstance(entry, TraceRecord):
+                records.append(entry)
+            else:
+                records.extend(self._node_records(*entry))
+        return records
 
     def _node_records(self, event: pb.ExecutorEvent, client: str, item: _Call) -> list[TraceRecord]:
         """A reported call's nodes on its executor, each its own trace record (id
@@ -1014,7 +1022,7 @@ class IslandDispatcher:
             )
         return records
 
-    def _keep(self, entry: TraceRecord | _CallReport, size: int) -> None:
+    def _keep(self, entry: TraceEntry, size: int) -> None:
         """Add to the trace what stands for ``size`` records; past the limit, the oldest
         tenth goes."""
         self._trace.append(entry)
