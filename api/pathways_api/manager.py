@@ -30,7 +30,8 @@ stops the manager with SIGTERM, which stops its runs; or the whole cluster was k
 runs with it) is *interrupted*, as a pod a node drain evicts is (its Job's podFailurePolicy
 ignores a ``DisruptionTarget`` in a cluster): not the program's failure, so it counts toward
 no restart limit; its Job starts again with the cluster (its output appended to the same log),
-and its driver resumes from its checkpoint. An ``Interrupted`` Event on the program says so.
+and its driver resumes from its checkpoint. A ``RunInterrupted`` Event on the program says
+so.
 A run that failed as its island went down under it (the supervisor reports a dead island
 process within a fraction of a second) is interrupted too (``RunInterrupted``): a failed run
 is judged :data:`FAILURE_GRACE_SECONDS` after it ended, so that the report comes first.
@@ -557,7 +558,7 @@ class Manager:
 
     def _interrupt(self, job: Document, why: str) -> None:
         """Record a run the cluster's stop took as not started (its Job starts it again), one
-        interruption more, with an ``Interrupted`` Event on its program."""
+        interruption more, with a ``RunInterrupted`` Event on its program."""
         meta = job["metadata"]
 
         def change(stored: Document) -> Document:
@@ -581,7 +582,7 @@ class Manager:
                 "cluster, from its checkpoint (not counted as a restart)"
             )
             self.store.record_events(
-                [Event(ObjectRef.of(program), "Warning", "Interrupted", message)]
+                [Event(ObjectRef.of(program), "Warning", "RunInterrupted", message)]
             )
         logger.info("interrupted run %s/%s: %s", meta["namespace"], meta["name"], why)
 

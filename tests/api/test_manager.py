@@ -377,7 +377,7 @@ def test_a_stopped_manager_keeps_bindings_and_its_runs_start_again_uncounted(
         assert after["boundTime"] == before["boundTime"]
         (message,) = (
             second.store._db()
-            .execute("SELECT message FROM events WHERE name = 'once' AND reason = 'Interrupted'")
+            .execute("SELECT message FROM events WHERE name = 'once' AND reason = 'RunInterrupted'")
             .fetchone()
         )
         assert "once-run-1) was interrupted: the embedded cluster stopped" in message
