@@ -7,7 +7,6 @@ calls return futures at once. Inside a ``@program`` the calls are recorded inste
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +25,7 @@ from pathways_client.futures import (
     is_weak,
     struct_of,
 )
+from pathways_client.parameters import Parameters, Statics, statics_key, with_statics
 from pathways_client.slices import Slice
 
 
@@ -55,10 +55,10 @@ class CompiledFunction:
         self.mesh = slice.mesh(tuple(axes) if axes else None)
         self._in_shardings = in_shardings
         self._out_shardings = out_shardings
-        self._signature = _signature(fun)  # read once: keyword calls bind through it
-        self._parameters = _parameter_names(self._signature)
-        self._static_positions, self._static_names = self._statics(static_argnums, static_argnames)
-        if input_specs is not None and (self._static_positions or self._static_names):
+        self._parameters = Parameters(
+            fun, f"function {self.name!r}", static_argnums, static_argnames
+        )
+        if input_specs is not None and self._parameters.any_static:
             raise TypeError("give input_specs or static arguments, not both")
         self._fixed = None
         if input_specs is not None:
@@ -69,44 +69,6 @@ class CompiledFunction:
         self._specialized: dict[tuple[Any, ...], Specialized] = {}
 
     # -- compiling ---------------------------------------------------------------------------
-
-    def _statics(
-        self, numbers: int | Sequence[int], names: str | Sequence[str]
-    ) -> tuple[frozenset[int], frozenset[str]]:
-        """The static arguments' positions and names, each completed from the other through
-        the signature, as ``jax.jit`` does."""
-        numbers = (numbers,) if isinstance(numbers, int) else tuple(numbers)
-        names = (names,) if isinstance(names, str) else tuple(names)
-        if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
-            raise TypeError(f"static_argnums: expected positions (got {numbers})")
-        parameters = self._signature.parameters.values() if self._signature else ()
-        kinds = {p.kind for p in parameters}
-        if self._signature is not None and inspect.Parameter.VAR_POSITIONAL not in kinds:
-            # As jax.jit: a position past the function's (negative ones count from its end).
-            count = len(self._parameters)
-            wrong = [n for n in numbers if not -count <= n < count]
-            if wrong:
-                raise ValueError(
-                    f"function {self.name!r}: static_argnums {wrong} out of range: it takes "
-                    f"{count} positional argument(s) ({', '.join(self._parameters)})"
-                )
-            numbers = tuple(n % count for n in numbers)
-        elif any(n < 0 for n in numbers):
-            raise ValueError(
-                f"function {self.name!r}: static_argnums {numbers}: a negative position needs "
-                "a function of a fixed number of positional arguments"
-            )
-        if self._signature is not None and inspect.Parameter.VAR_KEYWORD not in kinds:
-            known = {p.name for p in parameters if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
-            unknown = sorted(set(names) - known)
-            if unknown:
-                raise ValueError(
-                    f"function {self.name!r}: static_argnames {unknown} name no argument of it "
-                    f"(it takes {', '.join(sorted(known)) or 'none by name'})"
-                )
-        positions = {*numbers, *(self._parameters.index(n) for n in names if n in self._parameters)}
-        named = {*names, *(self._parameters[n] for n in numbers if n < len(self._parameters))}
-        return frozenset(positions), frozenset(named)
 
     def specialize(self, *avals: Any, **keyword_avals: Any) -> Specialized:
         """The function exported for arguments of these shapes and dtypes (pytrees of
@@ -123,8 +85,7 @@ class CompiledFunction:
             tuple(
                 (tuple(a.shape), np.dtype(a.dtype), getattr(a, "weak_type", False)) for a in leaves
             ),
-            # Typed, as jax.jit keys them: 2 and 2.0 are equal but compile differently.
-            tuple((where, type(value), value) for where, value in statics),
+            statics_key(statics),
         )
         cached = self._specialized.get(key)
         if cached is not None:
@@ -139,7 +100,7 @@ class CompiledFunction:
             )
 
         def fun(*positional: Any, **keywords: Any) -> Any:
-            positional, keywords = _with_statics(positional, keywords, statics)
+            positional, keywords = with_statics(positional, keywords, statics)
             return self.fun(*positional, **keywords)
 
         # Executors call functions with flat lists of arrays: export a flat view of the
@@ -231,7 +192,7 @@ class CompiledFunction:
                 " (an argument the function uses as a Python value, in an if or a shape, must "
                 "be static: pw.function(..., static_argnames=(...)))"
             )
-        arguments = self._describe_arguments(*_with_statics(avals, keyword_avals, statics))
+        arguments = self._describe_arguments(*with_statics(avals, keyword_avals, statics))
         return TypeError(
             f"function {self.name!r} cannot be compiled for arguments {arguments}: {first_line}"
         )
@@ -239,15 +200,15 @@ class CompiledFunction:
     def _dynamic_in_shardings(self, count: int) -> Any:
         """``in_shardings`` for ``count`` positional arguments: given one per argument that is
         not static (as ``jax.jit`` takes them), a placeholder goes in each static one's place."""
-        given = self._in_shardings
-        if _is_spec(given) or not self._static_positions:
+        given, static = self._in_shardings, self._parameters.static_positions
+        if _is_spec(given) or not static:
             return given
         given = tuple(given)
-        dynamic = [i for i in range(count) if i not in self._static_positions]
+        dynamic = [i for i in range(count) if i not in static]
         if len(given) != len(dynamic) or len(given) == count:
             return given
         specs = iter(given)
-        return tuple(None if i in self._static_positions else next(specs) for i in range(count))
+        return tuple(None if i in static else next(specs) for i in range(count))
 
     def _check_one_device_shardings(
         self, avals: tuple[Any, ...], keyword_avals: dict[str, Any], outputs: Any
@@ -311,11 +272,11 @@ class CompiledFunction:
         from pathways_client.programs import active_trace
 
         if kwargs:
-            args, kwargs = self._bind(args, kwargs)
+            args, kwargs = self._parameters.bind(args, kwargs)
         statics: Statics = ()
-        if self._static_positions or self._static_names:
-            args, kwargs, statics = self._split_statics(args, kwargs)
-        avals = tuple(self._avals(arg, self._label(i)) for i, arg in enumerate(args))
+        if self._parameters.any_static:
+            args, kwargs, statics = self._parameters.split_statics(args, kwargs)
+        avals = tuple(self._avals(arg, self._parameters.label(i)) for i, arg in enumerate(args))
         keyword_avals = {
             name: self._avals(arg, f"argument {name!r}") for name, arg in kwargs.items()
         }
@@ -335,43 +296,6 @@ class CompiledFunction:
                 names=self._leaf_names(args, kwargs),
             )
         return jax.tree.unflatten(specialized.out_tree, outputs)
-
-    def _bind(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Keyword arguments of positional parameters become positional, as a call by
-        position compiles (and is cached) the same; the rest stay keywords."""
-        if self._signature is None:  # no signature to read (a builtin): as given
-            return args, kwargs
-        try:
-            bound = self._signature.bind(*args, **kwargs)
-        except TypeError as error:
-            raise TypeError(f"function {self.name!r}: {error}") from None
-        return bound.args, bound.kwargs
-
-    def _split_statics(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any], Statics]:
-        """The arguments without their static ones (``None``, an empty pytree, in their
-        places), and the static ones by position or name: part of what is compiled."""
-        statics: list[tuple[int | str, Any]] = [
-            (position, args[position])
-            for position in sorted(self._static_positions)
-            if position < len(args)
-        ]
-        statics += [(name, kwargs[name]) for name in sorted(self._static_names) if name in kwargs]
-        for where, value in statics:
-            try:
-                hash(value)
-            except TypeError:
-                label = self._label(where) if isinstance(where, int) else f"argument {where!r}"
-                raise TypeError(
-                    f"{label} of function {self.name!r} is static, so it must be hashable "
-                    f"(got {type(value).__name__}; a tuple for a list)"
-                ) from None
-        dynamic = tuple(None if i in self._static_positions else a for i, a in enumerate(args))
-        others = {name: value for name, value in kwargs.items() if name not in self._static_names}
-        return dynamic, others, tuple(statics)
 
     def _avals(self, argument: Any, label: str) -> Any:
         """An argument's shapes and dtypes (a pytree like it); ``TypeError`` naming it if a
@@ -407,7 +331,7 @@ class CompiledFunction:
         for position, (given, expected) in enumerate(zip(avals, self._fixed, strict=True)):
             given_leaves, given_tree = jax.tree.flatten(given)
             expected_leaves, expected_tree = jax.tree.flatten(expected)
-            label = self._label(position)
+            label = self._parameters.label(position)
             if given_tree != expected_tree:
                 raise TypeError(
                     f"{label} of function {self.name!r} has structure {given_tree}, expected "
@@ -420,23 +344,19 @@ class CompiledFunction:
                         f"{describe(e)}"
                     )
 
-    def _label(self, position: int) -> str:
-        if position < len(self._parameters):
-            return f"argument {self._parameters[position]!r} (position {position})"
-        return f"argument {position}"
-
     def _leaf_names(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
         """A label per leaf, in the order of ``jax.tree.leaves((args, kwargs))``."""
         names = []
         for position, arg in enumerate(args):
-            names.extend([self._label(position)] * len(jax.tree.leaves(arg)))
+            names.extend([self._parameters.label(position)] * len(jax.tree.leaves(arg)))
         for name in sorted(kwargs):  # a dict's leaves come in sorted key order
             names.extend([f"argument {name!r}"] * len(jax.tree.leaves(kwargs[name])))
         return names
 
     def _describe_arguments(self, avals: tuple[Any, ...], keyword_avals: dict[str, Any]) -> str:
         """``a=float32[2, 3], b=float32[3]``: each argument by name, leaves by shape."""
-        names = [*self._parameters, *(str(i) for i in range(len(self._parameters), len(avals)))]
+        known = self._parameters.names
+        names = [*known, *(str(i) for i in range(len(known), len(avals)))]
         named = [*zip(names, avals, strict=False), *sorted(keyword_avals.items())]
         # A pytree's leaves each by its path: params['w1']=float32[4, 4].
         return ", ".join(
@@ -487,25 +407,6 @@ def function(
     return wrap if fun is None else wrap(fun)
 
 
-Statics = tuple[tuple[int | str, Any], ...]
-"""Static arguments' values, each with its position or name."""
-
-
-def _with_statics(
-    args: tuple[Any, ...], kwargs: dict[str, Any], statics: Statics
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The arguments with the static ones back in their places."""
-    if not statics:
-        return args, kwargs
-    positional, keywords = list(args), dict(kwargs)
-    for where, value in statics:
-        if isinstance(where, int):
-            positional[where] = value
-        else:
-            keywords[where] = value
-    return tuple(positional), keywords
-
-
 def _describe_leaf(leaf: Any) -> str:
     """``float32[2, 3]`` for an array's shape, the value of a static argument."""
     return describe(leaf) if isinstance(leaf, jax.ShapeDtypeStruct) else repr(leaf)
@@ -514,20 +415,3 @@ def _describe_leaf(leaf: Any) -> str:
 def _is_spec(value: Any) -> bool:
     """One sharding for every leaf (None: replicated)."""
     return value is None or isinstance(value, PartitionSpec | NamedSharding)
-
-
-def _signature(fun: Callable[..., Any]) -> inspect.Signature | None:
-    try:
-        return inspect.signature(fun)
-    except (TypeError, ValueError):
-        return None
-
-
-def _parameter_names(signature: inspect.Signature | None) -> list[str]:
-    if signature is None:
-        return []
-    return [
-        p.name
-        for p in signature.parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]

@@ -37,6 +37,7 @@ from pathways_client.futures import (
     refuses_host_operations,
 )
 from pathways_client.island_client import IslandClient, IslandError
+from pathways_client.parameters import Parameters, Statics, statics_key, with_statics
 from pathways_client.slices import Slice
 from pathways_core.dataflow import Dataflow, Node, Ref, Source
 from pathways_core.manifests import problems_of
@@ -61,11 +62,13 @@ def active_trace() -> Trace | None:
 # Python on such a value cannot be traced into the graph: say what to do instead.
 @refuses_host_operations(
     " inside a @pw.program: the program's values are arrays the islands will compute, so "
-    "compute with them in pw.function calls (and with their results after the program returns)",
+    "compute with them in pw.function calls (and with their results after the program "
+    "returns); an argument the program uses as a Python value, in a loop or an if, must be "
+    "static: pw.program(static_argnames=(...))",
     {
         **HOST_OPERATIONS,
         "a truth test": ("__bool__",),
-        "the host value": ("__array__", "__float__", "__int__"),
+        "the host value": ("__array__", "__float__", "__int__", "__index__"),
     },
 )
 class Traced(Shaped):
@@ -128,14 +131,37 @@ class Program:
     """A traced Python function over compiled functions. Call it like the function: it
     returns futures (a pytree like the function's result)."""
 
-    def __init__(self, fun: Callable[..., Any], name: str | None = None) -> None:
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        name: str | None = None,
+        static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = (),
+    ) -> None:
         self.fun = fun
         self.name = _label(name or getattr(fun, "__name__", "program"))
+        self._parameters = Parameters(
+            fun, f"program {self.name!r}", static_argnums, static_argnames
+        )
         self._traces: dict[Any, Trace] = {}
+
+    def _split(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any], Statics]:
+        """A call's arguments that are arrays, and its static ones."""
+        if not self._parameters.any_static:
+            return args, kwargs, ()
+        if kwargs:
+            args, kwargs = self._parameters.bind(args, kwargs)
+        return self._parameters.split_statics(args, kwargs)
 
     def trace(self, *args: Any, **kwargs: Any) -> Trace:
         """Trace the function for arguments shaped like ``args`` and ``kwargs`` (cached by
-        shapes)."""
+        shapes, and by the values of static arguments)."""
+        args, kwargs, statics = self._split(args, kwargs)
+        return self._trace(args, kwargs, statics)
+
+    def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any], statics: Statics) -> Trace:
         leaves, tree = jax.tree.flatten((args, kwargs))
         avals = []
         for position, leaf in enumerate(leaves):
@@ -148,6 +174,7 @@ class Program:
             tuple(
                 (tuple(a.shape), np.dtype(a.dtype), getattr(a, "weak_type", False)) for a in avals
             ),
+            statics_key(statics),
         )
         cached = self._traces.get(key)
         if cached is not None:
@@ -161,6 +188,7 @@ class Program:
                 for i, (leaf, aval) in enumerate(zip(leaves, avals, strict=True))
             ],
         )
+        traced_args, traced_kwargs = with_statics(traced_args, traced_kwargs, statics)
         token = _ACTIVE.set(trace)
         try:
             result = self.fun(*traced_args, **traced_kwargs)
@@ -183,7 +211,8 @@ class Program:
         if active_trace() is not None:
             # Called inside another program: its calls become nodes of that program.
             return self.fun(*args, **kwargs)
-        trace = self.trace(*args, **kwargs)
+        args, kwargs, statics = self._split(args, kwargs)
+        trace = self._trace(args, kwargs, statics)
         outputs = dispatch(
             trace.flow,
             trace.functions,
@@ -214,8 +243,8 @@ class Program:
         PathwaysProgram resource: the cluster can run it with no Python. Arguments and
         captured values become source nodes (functions with no inputs that return them) on
         the slice of their first consumer."""
-        kwargs = dict(kwargs or {})
-        trace = self.trace(*args, **kwargs)
+        args, kwargs, statics = self._split(args, dict(kwargs or {}))
+        trace = self._trace(args, kwargs, statics)
         values = [*jax.tree.leaves((args, kwargs)), *trace.constants]
         functions = dict(trace.functions)
         flow = _with_source_nodes(trace, values, functions)
@@ -262,11 +291,21 @@ class Program:
             ) from None
 
 
-def program(fun: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
-    """Turn a Python function that calls compiled functions into a ``Program``."""
+def program(
+    fun: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+) -> Any:
+    """Turn a Python function that calls compiled functions into a ``Program``.
+
+    ``static_argnums`` / ``static_argnames`` name arguments passed as Python values, not
+    arrays, as with ``jax.jit``: a step count, a flag, a compiled function to call. Each
+    distinct (hashable) value traces the program anew."""
 
     def wrap(target: Callable[..., Any]) -> Program:
-        return Program(target, name)
+        return Program(target, name, static_argnums, static_argnames)
 
     return wrap if fun is None else wrap(fun)
 

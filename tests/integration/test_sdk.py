@@ -208,6 +208,36 @@ def test_static_arguments_are_python_values_compiled_in_as_jax_jit_has_them(
             pw.function(layer, slice=devices, static_argnums=1, input_specs=[ones])
 
 
+def test_programs_take_static_arguments_as_jax_jit_does(cluster: pw.Cluster) -> None:
+    """A step count or a flag of a program's Python could only be captured from outside it:
+    as an argument it was traced as an array, and range() over it failed."""
+    one = cluster.slice(devices=1)
+    double = pw.function(lambda v: v * 2, slice=one)
+    x = np.ones(4, np.float32)
+
+    def repeat(x, steps, *, negate=False):
+        for _ in range(steps):
+            x = double(x)
+        return double(double(x)) if negate else x
+
+    with pytest.raises(TypeError, match=r"must be static: pw\.program\(static_argnames="):
+        pw.program(repeat)(x, 3)
+    program = pw.program(repeat, static_argnames=("steps", "negate"))
+    np.testing.assert_array_equal(program(x, steps=3).result(), 8 * x)
+    np.testing.assert_array_equal(program(x, 2).result(), 4 * x)  # by position too
+    np.testing.assert_array_equal(program(x, 1, negate=True).result(), 8 * x)
+    program(x, steps=3).wait()
+    assert len(program._traces) == 3  # one trace per static value
+    resource = program.to_resource(x, 2)
+    assert len(resource.spec.graph.nodes) == 3  # the argument's source node and two calls
+    with pytest.raises(TypeError, match=r"argument 'steps' \(position 1\) of program 'repeat' "):
+        program(x, [3])
+    with pytest.raises(ValueError, match=r"program 'repeat': static_argnames \['step'\] name"):
+        pw.program(repeat, static_argnames="step")
+    with pytest.raises(ValueError, match=r"program 'repeat': static_argnums \[2\] out of range"):
+        pw.program(static_argnums=2)(repeat)
+
+
 def test_typed_prng_keys_are_refused_saying_how_to_send_them(cluster: pw.Cluster) -> None:
     """Sent, a ``jax.random.key`` failed in numpy; returned, on the executor."""
     with cluster.slice(devices=1) as one:
