@@ -227,6 +227,54 @@ def test_proportional_share_within_five_percent(compilation_cache, weights) -> N
         assert share == pytest.approx(weight / sum(weights), rel=0.05), (weight, share)
 
 
+def test_shares_are_of_device_time_when_tenants_functions_take_unlike(compilation_cache) -> None:
+    """Two tenants of equal weight, one's computation ~10x longer than the other's: charged by
+    devices alone, the slow one's took ~90% of the device time."""
+    heavy = export(lambda x: jax.lax.fori_loop(0, 40, lambda _, v: jnp.tanh(v @ v), x), f32(96, 96))
+    light = export(lambda x: jax.lax.fori_loop(0, 4, lambda _, v: jnp.tanh(v @ v), x), f32(96, 96))
+    with LocalIsland(
+        hosts=1,
+        devices_per_host=1,
+        policy="proportional-share",
+        max_in_flight=2,
+        compilation_cache=compilation_cache,
+    ) as island:
+        clients = [IslandClient(island.scheduler_endpoint, name) for name in ("heavy", "light")]
+        try:
+            x = np.eye(96, dtype=np.float32) * 0.5
+            functions = [
+                c.register(f, n) for c, f, n in zip(clients, (heavy, light), "hl", strict=False)
+            ]
+            inputs = [client.put(x, device=0) for client in clients]
+            for client, function, value in zip(clients, functions, inputs, strict=True):
+                client.submit(function, [0], [value], 1).wait(60)  # measured once, warm
+
+            def submit_all(client: IslandClient, function: str, value: str, count: int):
+                for _ in range(count):
+                    submitted = client.submit(function, [0], [value], 1)
+                return submitted
+
+            with ThreadPoolExecutor(2) as pool:
+                last = list(pool.map(submit_all, clients, functions, inputs, (150, 1500)))
+            for submitted in last:
+                submitted.wait(300)
+            records = sorted(clients[0].trace(), key=lambda r: r.seq)
+        finally:
+            for client in clients:
+                client.close()
+    # While both had work queued: from the third record on, until either ran out.
+    ends = [
+        max(i for i, r in enumerate(records) if r.client == name) for name in ("heavy", "light")
+    ]
+    window = records[2 : min(ends)]
+    time_of = {
+        name: sum(r.end_ns - r.start_ns for r in window if r.client == name)
+        for name in ("heavy", "light")
+    }
+    share = time_of["heavy"] / sum(time_of.values())
+    assert 0.35 < share < 0.65, (share, len(window))
+
+
 def test_failures_name_the_node_and_keep_the_island_serving(island: LocalIsland) -> None:
     with IslandClient(island.scheduler_endpoint, "faults") as client:
         increment = client.register(INCREMENT, "increment")

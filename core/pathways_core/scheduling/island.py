@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from pathways_core.scheduling.costs import DeviceTimeCosts
 from pathways_core.scheduling.limits import (
     DEFAULT_MAX_ARTIFACT_BYTES,
     DEFAULT_MAX_QUEUED,
@@ -144,6 +145,7 @@ class _InFlight:
     usage: ClientUsage
     errors: list[str] = field(default_factory=list)
     pulls: set[str] = field(default_factory=set)  # inputs read from another executor
+    device_ns: int = 0  # measured so far, over the executors that reported
 
     @property
     def id(self) -> str:
@@ -178,8 +180,9 @@ class IslandDispatcher:
         self.device_owner = {d: spec.index for spec in executors for d in spec.devices}
         if max_queued_per_client is None:
             max_queued_per_client = default_max_queued_per_client(max_queued)
+        self.costs = DeviceTimeCosts()  # what work is charged under proportional share
         self.queue: IslandQueue[pb.Computation | _Call | _Delete] = IslandQueue(
-            policy, max_queued, max_queued_per_client, run_length
+            policy, max_queued, max_queued_per_client, run_length, price=self._price
         )
         self.max_in_flight = max_in_flight
         self.max_artifact_bytes = max_artifact_bytes
@@ -365,9 +368,7 @@ class IslandDispatcher:
 
     def submit(self, client: str, computation: pb.Computation) -> list[Instruction]:
         """Validate a computation and queue it; dispatch whatever may go now."""
-        problem = self._check(client, computation) or self._enqueue(
-            client, computation, float(len(computation.devices))
-        )
+        problem = self._check(client, computation) or self._enqueue(client, computation)
         if problem is not None:
             self._usage(client).refused += 1
             return [_rejected(client, computation.id, problem)]
@@ -379,10 +380,10 @@ class IslandDispatcher:
             self._buffers[buffer_id] = owners
         return self._dispatch()
 
-    def _enqueue(self, client: str, item: pb.Computation | _Call, cost: float) -> str | None:
+    def _enqueue(self, client: str, item: pb.Computation | _Call) -> str | None:
         """Queue work; why it was refused (the island's queue is full), if it was."""
         try:
-            self.queue.submit(client, item, cost=cost)
+            self.queue.submit(client, item, cost=self._price(item))
         except QueueFull as full:
             return busy_message(self.island, client, full.queued, full.limit, full.per_client)
         return None
@@ -416,7 +417,7 @@ class IslandDispatcher:
         problem = self._call_problem(client, call, program)
         if problem is None:
             assert program is not None
-            problem = self._enqueue(client, _Call(call, program), program.cost)
+            problem = self._enqueue(client, _Call(call, program))
         if problem is not None:
             self._usage(client).refused += 1
             return [_rejected(client, call.id, problem)]
@@ -454,7 +455,7 @@ class IslandDispatcher:
         flight = self._in_flight.get(event.seq)
         if flight is None:
             return []  # a registration's failure, or a computation already failed
-        usage = flight.usage
+        device_ns = 0
         if isinstance(flight.item, _Call):
             if event.node_indices:  # a call refused before any node ran has none to trace
                 self._keep((event, flight.client, flight.item), len(event.node_indices))
@@ -464,7 +465,7 @@ class IslandDispatcher:
                 event.node_indices, event.node_starts_ns, event.node_ends_ns, strict=False
             ):
                 if index < len(devices):
-                    usage.device_ns += max(0, end_ns - start_ns) * devices[index]
+                    device_ns += max(0, end_ns - start_ns) * devices[index]
         else:
             record = self._trace_record(
                 event.seq,
@@ -476,7 +477,9 @@ class IslandDispatcher:
                 event.ok,
             )
             self._keep(record, 1)
-            usage.device_ns += max(0, record.end_ns - record.start_ns) * len(record.devices)
+            device_ns = max(0, record.end_ns - record.start_ns) * len(record.devices)
+        flight.usage.device_ns += device_ns
+        flight.device_ns += device_ns
         flight.waiting.discard(event.executor)
         if not event.ok:
             flight.errors.append(event.message)
@@ -885,6 +888,7 @@ class IslandDispatcher:
             is_program = self._programs.pop(identifier, None) is not None
             self._node_devices.pop(identifier, None)
             self._functions.pop(identifier, None)
+            self.costs.forget(identifier)
             for executor in self.executors:
                 if (identifier, executor) in self._registered:
                     self._registered.discard((identifier, executor))
@@ -939,6 +943,8 @@ class IslandDispatcher:
                 for executor in self._deferred.pop(buffer_id, frozenset()):
                     released.setdefault(executor, []).append(buffer_id)
         self._unfinished.discard(flight.id)
+        if not flight.errors:
+            self._measured(flight)
         if isinstance(flight.item, _Call):
             call, program = flight.item.call, flight.item.program
             for executor, names in program.shared.items():
@@ -946,6 +952,23 @@ class IslandDispatcher:
                     intermediate_id(call.id, name) for name in names
                 )
         return [*self._delete_commands(released), self._outcome(seq, flight)]
+
+    def _price(self, item: pb.Computation | _Call | _Delete) -> float:
+        """What work costs now under proportional share: its function's (or program's)
+        measured device time."""
+        if isinstance(item, _Call):
+            return self.costs.cost(item.call.program_id, item.program.devices)
+        if isinstance(item, _Delete):
+            return 0.0
+        return self.costs.cost(item.function_id, len(item.devices))
+
+    def _measured(self, flight: _InFlight) -> None:
+        """What work of the flight's function or program costs from now on."""
+        item = flight.item
+        if isinstance(item, _Call):
+            self.costs.measured(item.call.program_id, item.program.devices, flight.device_ns)
+        else:
+            self.costs.measured(item.function_id, len(item.devices), flight.device_ns)
 
     def _outcome(self, seq: int, flight: _InFlight) -> ToClient:
         usage = flight.usage

@@ -49,7 +49,7 @@ class Program:
     # Every executor running a node, in the order the nodes first use them: a call's command
     # reaches the first node's executor first.
     executors: tuple[int, ...]
-    cost: float  # device count summed over the nodes: its place in proportional share
+    devices: int  # device count summed over the nodes (a call's cost, before it was timed)
     # Node output name -> the node that makes it (results and intermediates alike).
     producer: Mapping[str, int]
     # Per argument: the executors whose nodes read it, and per such executor the executors
@@ -197,7 +197,7 @@ def check_program(
         registration=registration,
         owners=tuple(owners),
         executors=tuple(dict.fromkeys(e for node_owners in owners for e in sorted(node_owners))),
-        cost=float(sum(len(node.devices) for node in nodes)),
+        devices=sum(len(node.devices) for node in nodes),
         producer=producer,
         argument_readers=tuple(frozenset(readers[name]) for name in arguments),
         argument_spans=tuple(spans[name] for name in arguments),

@@ -8,7 +8,9 @@ point backwards in the island order and gang scheduling cannot deadlock). Betwee
 - ``proportional-share``: stride scheduling. Each client has a *pass*; the client with the lowest
   pass goes next and its pass advances by ``cost / weight``, so over time clients get cost in
   proportion to their weights (1:2:4:8 gives 1/15, 2/15, 4/15, 8/15): device time when an
-  item's cost is its device time (the island charges its devices; see the README). A client
+  item's cost is its device time (the island charges its function's measured device time,
+  priced by ``price`` when the item is taken, not when it was queued: work queued long ago
+  pays what its function costs now; see :mod:`pathways_core.scheduling.costs`). A client
   that was idle rejoins at the current virtual time of its priority, so it cannot claim the
   time it did not use; that time is the lowest pass of the clients of that priority with work
   queued when one was last taken (not the pass of the one taken: a run's holder, or a higher
@@ -40,7 +42,7 @@ refused and do not count against the bounds.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Generic, TypeVar
@@ -91,7 +93,10 @@ class IslandQueue(Generic[Item]):
         max_queued: int = 4096,
         max_queued_per_client: int | None = None,
         run_length: int = DEFAULT_RUN_LENGTH,
+        price: Callable[[Item], float] | None = None,
     ) -> None:
+        """``price``, if given, is an item's cost when it is taken (instead of the cost it
+        was submitted with); free items (submitted at no cost) stay free."""
         if max_queued < 1:
             raise ValueError(f"max_queued must be >= 1 (got {max_queued})")
         if run_length < 1:
@@ -109,6 +114,7 @@ class IslandQueue(Generic[Item]):
         self.run_length = run_length
         self._last: ClientState[Item] | None = None  # the client of the current run
         self._run = 0  # items of work it took in a row
+        self._price = price
 
     @property
     def queued(self) -> int:
@@ -214,6 +220,8 @@ class IslandQueue(Generic[Item]):
 
     def _take(self, chosen: ClientState[Item]) -> tuple[str, Item]:
         _, item, cost, bounded = chosen.pending.popleft()
+        if cost > 0 and self._price is not None:
+            cost = self._price(item)
         # A run is of work: free items (a chain's buffer deletions, one per computation) do
         # not count toward it, or a chain's runs would hold half the computations asked for.
         self._run = (self._run if chosen is self._last else 0) + int(cost > 0)
