@@ -245,6 +245,22 @@ def values_schema() -> dict[str, Any]:
                             },
                             "The API's bearer tokens, from a Secret only.",
                         ),
+                        "quotas": obj(
+                            {
+                                "devices": integer(
+                                    "Devices a tenant's slices may hold.", minimum=0
+                                ),
+                                "programs": integer(
+                                    "A tenant's programs not yet finished.", minimum=0
+                                ),
+                                "priority": integer(
+                                    "Highest priority a tenant may ask for (who preempts whom).",
+                                    minimum=-MAX_PRIORITY,
+                                    maximum=MAX_PRIORITY,
+                                ),
+                            },
+                            "Every tenant's quotas in the REST API.",
+                        ),
                         "limits": obj(
                             {
                                 "maxBodyBytes": integer(

@@ -5,10 +5,13 @@
   ``create pathwaysprograms.pathways.dev`` there (answers are cached for a minute).
 - **Objects** are PathwaysPrograms and VirtualSlices in the tenant's namespace, and the
   cluster's Islands; the operator reconciles them as if they had been applied with kubectl.
-- **Quotas** (``PATHWAYS_API_QUOTA_DEVICES``, ``_PROGRAMS``, ``_PRIORITY``, per tenant) are
-  checked against what the namespace holds and the create is made under one lock per tenant,
-  so concurrent submissions to one API replica are never over-admitted (the chart runs one
-  replica; several replicas would need a lease per tenant).
+- **Quotas** (``PATHWAYS_API_QUOTA_DEVICES``, ``_PROGRAMS``, ``_PRIORITY``, every tenant's
+  alike; the priority cap defaults to 0, so no tenant preempts another unless allowed) are
+  checked against what the namespace holds and the create is made while holding the tenant's
+  admission Lease (``coordination.k8s.io``, ``pathways-admission`` in its namespace, taken
+  with the API server's optimistic concurrency): concurrent submissions are never
+  over-admitted, to one replica or to several (the chart runs two). One replica's own callers
+  queue on a lock first, so a replica asks for the Lease once at a time per tenant.
 - **Idempotency keys** are kept on the object (annotations ``pathways.dev/idempotency-key``
   and ``-fingerprint``).
 - **Logs** are the logs of the pods of the program's Jobs; **traces** are kept only by the
@@ -22,12 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import datetime
 import json
 import os
+import random
 import re
+import socket
 import tempfile
 import time
 import urllib.parse
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +77,12 @@ ANNOTATION_KEY = "pathways.dev/idempotency-key"
 ANNOTATION_FINGERPRINT = "pathways.dev/idempotency-fingerprint"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 REVIEW_TTL_SECONDS = 60.0
+ADMISSION_LEASE = "pathways-admission"
+LEASE_SECONDS = 10
+"""How long a replica's hold on a tenant's admission Lease lasts unless let go (one list and
+one create take milliseconds): a replica that died holding it delays that tenant this long."""
+ACQUIRE_SECONDS = 30.0
+"""How long an admission waits for the Lease other replicas hold before answering 503."""
 
 
 class KubernetesStore:
@@ -80,10 +95,12 @@ class KubernetesStore:
         self._token = token
         self.http = httpx.AsyncClient(base_url=self.server, verify=verify, cert=cert, timeout=30)
         self._locks: dict[str, asyncio.Lock] = {}
+        self.identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"  # in the Leases
         self.quotas = Quotas(
             devices=int(os.environ.get("PATHWAYS_API_QUOTA_DEVICES", Quotas.devices)),
             programs=int(os.environ.get("PATHWAYS_API_QUOTA_PROGRAMS", Quotas.programs)),
-            priority=int(os.environ.get("PATHWAYS_API_QUOTA_PRIORITY", Quotas.priority)),
+            # No tenant may preempt another unless allowed: priority decides who evicts whom.
+            priority=int(os.environ.get("PATHWAYS_API_QUOTA_PRIORITY", 0)),
         )
 
     @classmethod
@@ -256,7 +273,7 @@ class KubernetesStore:
     ) -> tuple[Document, bool]:
         """See :meth:`~pathways_api.store.Store.admit`."""
         namespace = tenant.name
-        async with self._locks.setdefault(namespace, asyncio.Lock()):
+        async with self._admission(namespace):
             programs = await self._all(PROGRAM, namespace)
             slices = await self._all(SLICE, namespace)
             if idempotency is not None:
@@ -277,6 +294,82 @@ class KubernetesStore:
                 "POST", self._path(document["kind"], namespace), json=document
             )
             return created, True
+
+    @contextlib.asynccontextmanager
+    async def _admission(self, namespace: str) -> AsyncIterator[None]:
+        """Admit one object of ``namespace`` at a time, over every replica: this replica's
+        callers queue on a lock, then the replica holds the tenant's admission Lease."""
+        async with self._locks.setdefault(namespace, asyncio.Lock()):
+            version = await self._take_lease(namespace)
+            try:
+                yield
+            finally:
+                await self._let_go(namespace, version)
+
+    async def _take_lease(self, namespace: str) -> str:
+        """Hold ``namespace``'s admission Lease (made if missing, taken if free or expired);
+        returns its resourceVersion as held."""
+        leases = _leases(namespace)
+        path = f"{leases}/{ADMISSION_LEASE}"
+        deadline = time.monotonic() + ACQUIRE_SECONDS
+        while True:
+            now = datetime.datetime.now(datetime.UTC)
+            stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            spec = {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": LEASE_SECONDS,
+                "acquireTime": stamp,
+                "renewTime": stamp,
+            }
+            lease = await self._call("GET", path)
+            try:
+                if lease is None:
+                    made = await self._call(
+                        "POST",
+                        leases,
+                        json={
+                            "apiVersion": "coordination.k8s.io/v1",
+                            "kind": "Lease",
+                            "metadata": {"name": ADMISSION_LEASE},
+                            "spec": spec,
+                        },
+                    )
+                    return str(made["metadata"]["resourceVersion"])
+                if _lease_free(lease, now):
+                    version = lease["metadata"]["resourceVersion"]
+                    taken = await self._call(
+                        "PATCH",
+                        path,
+                        content=json.dumps(
+                            {"metadata": {"resourceVersion": version}, "spec": spec}
+                        ),
+                        headers={"Content-Type": "application/merge-patch+json"},
+                    )
+                    if taken is not None:
+                        return str(taken["metadata"]["resourceVersion"])
+            except Conflict:
+                pass  # another replica made or took it first
+            if time.monotonic() > deadline:
+                holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+                raise Unavailable(
+                    f"tenant {namespace!r}'s admission Lease ({ADMISSION_LEASE}) stayed held "
+                    f"by {holder!r} for {ACQUIRE_SECONDS:.0f} s; try again"
+                )
+            await asyncio.sleep(random.uniform(0.005, 0.03))
+
+    async def _let_go(self, namespace: str, version: str) -> None:
+        """Free the Lease held at ``version`` (if it expired and another replica took it,
+        that one's hold stands)."""
+        path = f"{_leases(namespace)}/{ADMISSION_LEASE}"
+        with contextlib.suppress(Conflict, Unavailable):
+            await self._call(
+                "PATCH",
+                path,
+                content=json.dumps(
+                    {"metadata": {"resourceVersion": version}, "spec": {"holderIdentity": ""}}
+                ),
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
 
     async def get(self, kind: str, namespace: str | None, name: str) -> Document | None:
         """See :meth:`~pathways_api.store.Store.get`."""
@@ -541,3 +634,21 @@ def _decode_place(token: str) -> tuple[str, str]:
             "not a continue token given by a previous page", field="query continue"
         ) from None
     return created, name
+
+
+def _leases(namespace: str) -> str:
+    namespace = urllib.parse.quote(namespace, safe="")
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+
+def _lease_free(lease: Document, now: datetime.datetime) -> bool:
+    """Whether no one holds a Lease: no holder, or a hold past its duration."""
+    spec = lease.get("spec") or {}
+    if not spec.get("holderIdentity"):
+        return True
+    try:
+        renewed = datetime.datetime.fromisoformat(str(spec["renewTime"]).replace("Z", "+00:00"))
+        duration = float(spec.get("leaseDurationSeconds") or LEASE_SECONDS)
+    except (KeyError, ValueError):
+        return True  # a hold that says nothing of its time holds nothing
+    return now > renewed + datetime.timedelta(seconds=duration)

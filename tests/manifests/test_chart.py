@@ -316,6 +316,23 @@ def test_api_limits_reach_the_api_pods(rendered) -> None:
     }
 
 
+def test_api_quotas_reach_the_api_pods_and_no_tenant_preempts_by_default(rendered) -> None:
+    """The chart set no quota: every tenant could ask for the highest priority and evict
+    every other tenant's slices."""
+
+    def quotas(*sets: str) -> dict[str, str]:
+        api = rendered("values.yaml", *sets).one("Deployment", "-api")
+        env = api["spec"]["template"]["spec"]["containers"][0]["env"]
+        return {i["name"]: i.get("value") for i in env if "_QUOTA_" in i["name"]}
+
+    assert quotas() == {
+        "PATHWAYS_API_QUOTA_DEVICES": "64",
+        "PATHWAYS_API_QUOTA_PROGRAMS": "100",
+        "PATHWAYS_API_QUOTA_PRIORITY": "0",
+    }
+    assert quotas("api.quotas.priority=100")["PATHWAYS_API_QUOTA_PRIORITY"] == "100"
+
+
 def test_tenant_policy_reaches_the_operator_as_the_operator_reads_it(helm) -> None:
     def operator_env(*args: str) -> dict[str, str | None]:
         run = helm("template", "pw", str(CHART), *args)
@@ -416,6 +433,7 @@ API_RULES = (
     | expand("", "pods/log", "get")
     | expand("authentication.k8s.io", "tokenreviews", "create")
     | expand("authorization.k8s.io", "subjectaccessreviews", "create")
+    | expand("coordination.k8s.io", "leases", "get create patch")  # tenants' admission
 )
 
 
@@ -765,6 +783,11 @@ BAD_VALUES = [
         ("api.limits.rateLimit=fast",),
         ["/api/limits/rateLimit", "does not match pattern"],
         id="rate-limit",
+    ),
+    pytest.param(
+        ("api.quotas.priority=2000000000",),
+        ["/api/quotas/priority", "maximum"],
+        id="quota-priority",
     ),
     # What a JSON Schema cannot say, the island template checks, with the model's wording.
     pytest.param(

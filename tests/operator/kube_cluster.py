@@ -46,6 +46,7 @@ PLURALS = {
     "Job": ("batch/v1", "jobs", True),
     "Pod": ("v1", "pods", True),
     "ClusterKopfPeering": ("kopf.dev/v1", "clusterkopfpeerings", False),
+    "Lease": ("coordination.k8s.io/v1", "leases", True),
 }
 
 

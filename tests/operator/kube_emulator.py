@@ -409,5 +409,6 @@ def declare(emulator: Emulator) -> None:
         ("v1/namespaces", "Namespace", False),
         ("events.k8s.io/v1/events", "Event", True),
         ("kopf.dev/v1/clusterkopfpeerings", "ClusterKopfPeering", False),
+        ("coordination.k8s.io/v1/leases", "Lease", True),
     ):
         emulator.resources[key] = info(kind=kind, namespaced=namespaced, verbs=verbs)

@@ -5,14 +5,16 @@ slices stored as custom resources the operator's decisions see, quotas and idemp
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import kmock
 import pytest
-from kube_cluster import Cluster
+from kube_cluster import Cluster, wait_for
 
+from pathways_api import kube_store
 from pathways_api.app import create_app
 from pathways_api.kube_store import KubernetesStore, TokenReviewer
 from pathways_api.service import Service
@@ -78,6 +80,7 @@ class Api:
 def api(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Api]:
     reviews(cluster)
     monkeypatch.setenv("PATHWAYS_API_QUOTA_PROGRAMS", "3")
+    monkeypatch.setenv("PATHWAYS_API_QUOTA_PRIORITY", "100")  # the cluster's policy decides
     store = KubernetesStore.from_environment()
     running = Api(create_app(Service(store, "kubernetes"), TokenReviewer(store)), store)
     yield running
@@ -171,6 +174,57 @@ def test_quota_and_idempotency(cluster: Cluster, api: Api) -> None:
     refused = call(api, "token-a", "POST", "/v1/programs", json=program("p3"))
     assert refused.status_code == 429, refused.text
     assert len(cluster.list("PathwaysProgram", "team-a")) == 3
+
+
+def test_replicas_admit_one_at_a_time_through_the_tenants_lease(
+    cluster: Cluster, api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two API replicas (the chart's default), each serialising only its own callers, both
+    admitted a create that the quota left room for one of: 24 times in 25."""
+    other_store = KubernetesStore.from_environment()
+    other = httpx.AsyncClient(
+        transport=httpx.ASGITransport(
+            app=create_app(Service(other_store, "kubernetes"), TokenReviewer(other_store))
+        ),
+        base_url="http://api",
+    )
+    headers = {"Authorization": "Bearer token-a"}
+
+    async def race(round: int) -> list[int]:
+        answers = await asyncio.gather(
+            *(
+                client.post("/v1/programs", json=program(f"r{round}-{n}"), headers=headers)
+                for n, client in enumerate((api.client, other, api.client, other))
+            )
+        )
+        return [answer.status_code for answer in answers]
+
+    try:
+        for round in range(6):  # the quota is 3 programs: each round has room for three
+            codes = api.loop.run_until_complete(race(round))
+            assert sorted(codes) == [201, 201, 201, 429], codes
+            assert len(cluster.list("PathwaysProgram", "team-a")) == 3
+            for item in cluster.list("PathwaysProgram", "team-a"):
+                cluster.delete("PathwaysProgram", item["metadata"]["name"], "team-a")
+            wait_for(lambda: not cluster.list("PathwaysProgram", "team-a"), what="deleted")
+        lease = cluster.get("Lease", "pathways-admission", "team-a")
+        assert lease["spec"]["holderIdentity"] == ""  # let go after each admission
+        # A replica that died holding it holds up the tenant's admissions until the hold
+        # expires; one that keeps holding it has them answered 503, naming it.
+        monkeypatch.setattr(kube_store, "ACQUIRE_SECONDS", 0.5)
+        hold = {"holderIdentity": "dead-replica", "leaseDurationSeconds": 1}
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+        cluster.patch(
+            "Lease", "pathways-admission", {"spec": {**hold, "renewTime": stamp}}, "team-a"
+        )
+        held = call(api, "token-a", "POST", "/v1/programs", json=program("held"))
+        assert held.status_code == 503, held.text
+        assert "held by 'dead-replica'" in held.json()["error"]["message"]
+        time.sleep(1.0)
+        assert call(api, "token-a", "POST", "/v1/programs", json=program("free")).status_code == 201
+    finally:
+        api.loop.run_until_complete(other.aclose())
+        api.loop.run_until_complete(other_store.http.aclose())
 
 
 def test_the_clusters_admission_policy_refusal_reaches_the_tenant_naming_the_field(
