@@ -19,6 +19,7 @@ from pathways_core.resources.base import (
     DNS_SUBDOMAIN_PATTERN,
     LABEL_KEY_PATTERN,
     LABEL_VALUE_PATTERN,
+    QUANTITY_PATTERN,
 )
 
 _PATTERN_NAMES = {
@@ -28,6 +29,7 @@ _PATTERN_NAMES = {
     "63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit)",
     LABEL_VALUE_PATTERN: "a Kubernetes label value (empty, or at most 63 letters, digits, '-', "
     "'_' and '.', starting and ending with a letter or digit)",
+    QUANTITY_PATTERN: "a Kubernetes quantity, not negative (such as 2, 1.5, 500m or 16Gi)",
 }
 
 

@@ -22,6 +22,7 @@ from pathways_core.control import (
     LABEL_ISLAND,
     LABEL_PROGRAM,
     IslandObservation,
+    ProgramDecision,
     ProgramView,
     executor_name,
     external_endpoint,
@@ -32,6 +33,7 @@ from pathways_core.control import (
     job_name,
     parse,
     reconcile_program,
+    refused_child,
     scheduler_name,
     slice_names,
 )
@@ -431,10 +433,9 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
                 tls_secret=memo.config.tls_secret,
                 failure_grace=memo.config.failure_grace_seconds,
             )
-            for child in decision.create:
-                await kube.create(child)
-            for child in decision.apply:
-                await kube.apply(child)
+            refusal = await _make_children(kube, decision)
+            if refusal is not None:
+                decision = refused_child(document, *refusal)
             if decision.deadline is not None:  # merge patch: None removes it
                 ref = decision.deadline.job
                 deadline = {"spec": {"activeDeadlineSeconds": decision.deadline.seconds}}
@@ -475,6 +476,26 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
             if decision.recheck_after is not None:
                 _recheck(memo, namespace, name, decision.recheck_after)
             return
+
+
+REFUSALS = (400, 403, 422)
+"""What the API server answers a child it will not take (bad request, forbidden by a quota or
+an admission webhook, invalid): the program's to say, not the operator's to retry blindly."""
+
+
+async def _make_children(
+    kube: Kube, decision: ProgramDecision
+) -> tuple[dict[str, Any], str] | None:
+    """Create and apply the decision's children; the first one the cluster refused, and why."""
+    for make, children in ((kube.create, decision.create), (kube.apply, decision.apply)):
+        for child in children:
+            try:
+                await make(child)
+            except ApiError as error:
+                if error.status not in REFUSALS:
+                    raise
+                return child, str(error)
+    return None
 
 
 def _recheck(memo: kopf.Memo, namespace: str, name: str, delay: float) -> None:

@@ -6,6 +6,7 @@ by apiVersion and kind; RBAC.md lists what the operator calls, per resource.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,7 +139,7 @@ class Kube:
                     continue
                 text = await response.text()
                 if response.status >= 400:
-                    raise ApiError(response.status, text[:500])
+                    raise ApiError(response.status, _status_message(text)[:500])
                 return await response.json(content_type=None) if text else None
         raise AssertionError("unreachable")
 
@@ -286,3 +287,14 @@ class Kube:
                 "count": 1,
             }
         )
+
+
+def _status_message(text: str) -> str:
+    """The ``message`` of an API server's ``Status`` answer (the words a user should read),
+    else the answer as it came."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return text
+    message = answer.get("message") if isinstance(answer, dict) else None
+    return message if isinstance(message, str) and message else text

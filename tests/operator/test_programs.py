@@ -8,6 +8,7 @@ import json
 import textwrap
 from pathlib import Path
 
+import kmock
 from kube_cluster import NAMESPACE, Cluster, running_operator, wait_for
 from kube_harness import JobRunner, mark_ready, set_executor_pods
 from kube_manifests import island, program, vslice
@@ -123,6 +124,48 @@ def test_missing_slice_then_restarts_until_failed(
     assert cluster.events("flaky", "Restarting")
     # The existing slice is the user's: it stays.
     assert cluster.get("VirtualSlice", "shared", "team") is not None
+
+
+def test_a_job_the_cluster_refuses_is_said_on_the_program_and_tried_again(
+    cluster: Cluster, operator, tmp_path: Path
+) -> None:
+    """Refused (a namespace's ResourceQuota, a webhook, the API server's validation), the
+    Job's creation failed in the operator's log only: the program waited for good, saying it
+    was creating its slices."""
+    words = 'jobs.batch "capped-run-1" is forbidden: exceeded quota: team-quota'
+    refusing = [True]
+
+    async def resource_quota(request: kmock.Request) -> None:
+        data = request.data if isinstance(request.data, dict) else {}
+        if (
+            refusing[0]
+            and request.action == kmock.action.CREATE
+            and data.get("kind") == "Job"
+            and (data.get("metadata") or {}).get("name") == "capped-run-1"
+        ):
+            raise kmock.KubernetesError(403, "Forbidden", words)
+
+    cluster.call_soon(lambda: cluster.emulator.hooks.append(resource_quota))
+    cluster.create(external_island("far", "127.0.0.1:1"))
+    cluster.create(vslice("capped-slice", devices=2))
+    cluster.create(
+        program(
+            "capped",
+            slices=[{"name": "main", "virtualSliceName": "capped-slice"}],
+            driver={"source": "print('ran')"},
+        )
+    )
+    refused = wait_for(lambda: (s := pstatus(cluster, "capped")).get("reason") == "ChildRefused"
+                       and s)  # fmt: skip
+    assert refused["phase"] == "Pending" and not refused.get("runs")
+    assert refused["message"] == f"the cluster refused Job capped-run-1: 403: {words}"
+    assert wait_for(lambda: cluster.events("capped", "ChildRefused"))[0]["type"] == "Warning"
+    refusing[0] = False  # the quota has room again: the next reconcile (a resync) makes it
+    with JobRunner(cluster, tmp_path) as jobs:
+        wait_for(lambda: pstatus(cluster, "capped").get("phase") == "Succeeded", timeout=60)
+        assert jobs.started == ["team/capped-run-1"]
+    assert len(cluster.events("capped", "ChildRefused")) == 1  # said once, not every resync
+    cluster.call_soon(cluster.emulator.hooks.clear)
 
 
 def test_semantically_wrong_program_fails_once_with_a_reason(cluster: Cluster, operator) -> None:

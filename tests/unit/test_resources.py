@@ -132,3 +132,31 @@ def test_device_ids_and_coordinates_are_inverse(shape: tuple[int, ...]) -> None:
 def test_bad_shapes_are_rejected(text: str) -> None:
     with pytest.raises(ValueError, match="mesh shape"):
         parse_shape(text)
+
+
+@pytest.mark.parametrize(
+    ("quantity", "ok"),
+    [
+        *((good, True) for good in ("2", 4, "1.5", 1.5, "500m", "16Gi", "0.5Gi", "1e3", "+1")),
+        *((bad, False) for bad in ("lots", "nan", float("nan"), "Infinity", "-1", -1, "1 Gi", "")),
+    ],
+)
+def test_resources_are_kubernetes_quantities(quantity, ok: bool) -> None:
+    """Anything went (cpu: lots, memory: -1): the API server then refused the program's Job,
+    and the program waited for good, saying only that it was creating its slices."""
+    document = {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "PathwaysProgram",
+        "metadata": {"name": "p"},
+        "spec": {
+            "slices": [{"name": "main", "devices": 2}],
+            "driver": {"source": "print(1)", "resources": {"requests": {"cpu": quantity}}},
+        },
+    }
+    problems = check_document(document).problems
+    if ok:
+        assert not problems
+    else:
+        (problem,) = problems
+        assert problem.path == "spec.driver.resources.requests.cpu"
+        assert "expected a Kubernetes quantity, not negative" in problem.message

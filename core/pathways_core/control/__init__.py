@@ -39,6 +39,7 @@ from pathways_core.control.programs import (
     job_name,
     program_job,
     reconcile_program,
+    refused_child,
     slice_names,
 )
 from pathways_core.control.slices import BindingPlan, SliceChange, Stage, plan_bindings
@@ -72,6 +73,7 @@ __all__ = [
     "plan_bindings",
     "program_job",
     "reconcile_program",
+    "refused_child",
     "scheduler_endpoint",
     "scheduler_name",
     "slice_names",

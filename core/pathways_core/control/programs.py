@@ -153,6 +153,23 @@ class ProgramDecision:
     recheck_after: float | None = None
 
 
+def refused_child(document: Document, child: Document, message: str) -> ProgramDecision:
+    """The decision once the cluster refused to create or update a child of the program (its
+    Job, an inline slice: a namespace's ResourceQuota, an admission webhook, the API server's
+    own validation): nothing else is done and nothing counted (no run started), the program
+    says why (reason ``ChildRefused``, and a Warning Event when the refusal is new), and its
+    next reconcile tries again. Before, it waited for good, saying only what it was doing."""
+    old = dict(document.get("status") or {})
+    meta = child.get("metadata") or {}
+    text = f"the cluster refused {child.get('kind')} {meta.get('name')}: {message}"
+    decision = ProgramDecision(status=None)
+    if old.get("reason") != "ChildRefused" or old.get("message") != text:
+        phase = old.get("phase") or "Pending"
+        decision.status = {**old, "phase": phase, "reason": "ChildRefused", "message": text}
+        decision.events.append(Event(ObjectRef.of(document), "Warning", "ChildRefused", text))
+    return decision
+
+
 def _job_outcome(job: Document) -> tuple[str | None, str]:
     """``"Succeeded"``, ``"Failed"`` or ``None`` (still running), and a message."""
     status = job.get("status") or {}

@@ -54,12 +54,24 @@ def _quantity_to_str(value: Any) -> Any:
     return str(value) if isinstance(value, int | float) else value
 
 
+QUANTITY_PATTERN = (
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+"""A Kubernetes resource quantity (apimachinery's, less the sign: a container's resources are
+never negative)."""
+
 Quantity = Annotated[
     str,
     BeforeValidator(_quantity_to_str),
-    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+    Field(pattern=QUANTITY_PATTERN, max_length=64),
+    WithJsonSchema(
+        {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN, "maxLength": 64}
+    ),
 ]
-"""A Kubernetes resource quantity such as ``2``, ``500m`` or ``16Gi``."""
+"""A Kubernetes resource quantity such as ``2``, ``1.5``, ``500m`` or ``16Gi`` (not ``lots``,
+``nan`` or ``-1``: the API server refused the program's Job, and the program waited, saying
+only that it was creating its slices)."""
 
 
 LABEL_NAME_PATTERN = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
