@@ -19,7 +19,6 @@ from pathways_api.auth import Tenant
 from pathways_api.errors import Conflict, Forbidden, InvalidField, NotFound
 from pathways_api.logs import LogText, LogWindow, read_window, run_parts
 from pathways_api.store import (
-    ANNOTATION_CANCELLED,
     ISLAND,
     PROGRAM,
     SLICE,
@@ -28,6 +27,7 @@ from pathways_api.store import (
     Store,
 )
 from pathways_core.control.common import Document
+from pathways_core.manifests import SYSTEM_METADATA, metadata_problems
 from pathways_core.resources import (
     GROUP_VERSION,
     IslandPhase,
@@ -39,7 +39,6 @@ from pathways_core.resources import (
 from pathways_core.resources.base import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, Model
 
 IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
-SYSTEM_METADATA = ("uid", "resourceVersion", "generation", "creationTimestamp")
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 PHASES = {PROGRAM: ProgramPhase, SLICE: SlicePhase, ISLAND: IslandPhase}
 """The phases each kind's objects can be in (what a list's ``phase`` filter may ask for)."""
@@ -87,10 +86,6 @@ def _generated_name(prefix: str) -> str:
     return prefix + "".join(secrets.choice(NAME_ALPHABET) for _ in range(5))
 
 
-SYSTEM_PREFIX = "pathways.dev"
-"""Labels and annotations of this prefix are the system's: a caller may not set them."""
-
-
 class Service:
     """The API's behaviour over a :class:`Store`."""
 
@@ -103,12 +98,13 @@ class Service:
     def _document(self, tenant: Tenant, resource: PathwaysProgram | VirtualSlice) -> Document:
         """The document to store, or InvalidField naming what the caller may not set."""
         meta = resource.metadata
-        extra = meta.model_extra or {}
-        for key in SYSTEM_METADATA:  # (creationTimestamp, of a dump, is no field of the model)
-            if key in extra or getattr(meta, _snake(key), None) is not None:
+        given = meta.model_dump(by_alias=True, exclude_unset=True)  # extras included
+        for key in SYSTEM_METADATA:
+            if given.get(key) is not None:
                 raise InvalidField("set by the system; omit it", field=f"metadata.{key}")
-        for key in extra:
-            raise InvalidField("unknown field", field=f"metadata.{key}")
+        # The rules `pathways validate` applies too, so the two agree.
+        for problem in metadata_problems(resource.kind, given):
+            raise InvalidField(problem.message, field=problem.path)
         if meta.namespace not in (None, tenant.name):
             raise InvalidField(
                 f"objects of tenant {tenant.name!r} live in namespace {tenant.name!r}; omit "
@@ -126,24 +122,11 @@ class Service:
         if name is None:
             prefix = meta.generate_name or ("program-" if resource.kind == PROGRAM else "slice-")
             name = _generated_name(prefix)
-            if len(name) > 253 or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name):
-                raise InvalidField(
-                    "generateName must be a lowercase RFC 1123 prefix",
-                    field="metadata.generateName",
-                )
-        for field_name, keys in (("labels", meta.labels), ("annotations", meta.annotations)):
-            reserved = sorted(k for k in keys or {} if k.split("/")[0] == SYSTEM_PREFIX)
-            if reserved:  # the system's (a program's label freed a slice of the quota)
-                raise InvalidField(
-                    f"{SYSTEM_PREFIX}/ keys are set by the system; omit them",
-                    field=f"metadata.{field_name}.{reserved[0]}",
-                )
         metadata: dict[str, Any] = {"name": name, "namespace": tenant.name}
         if meta.labels:
             metadata["labels"] = dict(meta.labels)
-        annotations = {k: v for k, v in meta.annotations.items() if k != ANNOTATION_CANCELLED}
-        if annotations:
-            metadata["annotations"] = annotations
+        if meta.annotations:  # none of the system's (pathways.dev/cancelled): refused above
+            metadata["annotations"] = dict(meta.annotations)
         return {
             "apiVersion": GROUP_VERSION,
             "kind": resource.kind,
@@ -301,7 +284,3 @@ class Service:
             },
             "usage": {"devices": usage.devices, "programs": usage.programs},
         }
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name)

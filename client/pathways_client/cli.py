@@ -36,6 +36,7 @@ from pathways_client.outputs import OutputPath
 from pathways_client.proxy.command import proxy_command
 from pathways_client.proxy.tunnel import tunnel_command
 from pathways_core.allocator import Allocator, Bound, IslandInventory, Request, slice_requests
+from pathways_core.manifests import without_system_fields
 from pathways_core.resources import Island, PathwaysProgram, VirtualSlice
 from pathways_core.resources.base import DNS_SUBDOMAIN_PATTERN
 from pathways_core.scheduling import Policy
@@ -760,7 +761,8 @@ SUBMITTABLE = ("PathwaysProgram", "VirtualSlice")
 
 def _submittable_documents(files: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
     """Every document of ``files`` (folders expanded), labelled ``FILE: document N``, without
-    its status; exit naming the first file or document that cannot be submitted."""
+    what the system sets (a ``get -o yaml`` dump's status, uid, resourceVersion, ...); exit
+    naming the first file or document that cannot be submitted."""
     paths: list[str] = []
     for given in files:
         if given == "-" or not Path(given).is_dir():
@@ -794,7 +796,7 @@ def _submittable_documents(files: tuple[str, ...]) -> list[tuple[str, dict[str, 
                     "VirtualSlices are submitted (Islands are the cluster's: its "
                     "administrators apply them)"
                 )
-            documents.append((label, {k: v for k, v in document.items() if k != "status"}))
+            documents.append((label, without_system_fields(document)))
     return documents
 
 

@@ -13,7 +13,7 @@ from pathways_core.manifests import (
     MANIFEST_LIMIT_BYTES,
     Checked,
     Problem,
-    check_document,
+    check_manifest,
     expanded_size,
 )
 
@@ -96,7 +96,7 @@ def read_documents(path: Path) -> Iterator[Document]:
     try:
         for document in parse_documents(text):
             index += 1
-            yield Document(path, index, check_document(document, strict=True))
+            yield Document(path, index, check_manifest(document))
     except ManifestSyntaxError as error:
         yield Document(path, index + 1, _failed(str(error)))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,6 +163,84 @@ def problems_of(error: ValidationError, model: type[Model]) -> list[Problem]:
     return problems
 
 
+MANIFEST_METADATA = ("name", "generateName", "namespace", "labels", "annotations")
+"""The metadata a manifest gives."""
+
+SYSTEM_METADATA = (
+    *("uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp"),
+    *("deletionGracePeriodSeconds", "finalizers", "ownerReferences", "managedFields", "selfLink"),
+)
+"""The metadata the cluster sets: a ``get -o yaml`` dump has it, a manifest does not (the REST
+API refuses it; ``pathways submit`` drops it, as it drops a dump's status)."""
+
+SYSTEM_PREFIX = "pathways.dev"
+"""Labels and annotations of this prefix are the system's: a manifest may not set them (a
+program's label once freed a tenant's slice of its quota)."""
+
+GENERATE_NAME_LIMIT = 248
+"""A generated name is the prefix and five random characters, at most 253."""
+
+
+TENANT_KINDS = ("PathwaysProgram", "VirtualSlice")
+"""The kinds tenants submit: the system's labels and annotations are refused on them (an
+Island, an administrator's, names its scheduler with ``pathways.dev/scheduler-endpoint``)."""
+
+
+def metadata_problems(kind: Any, metadata: Any) -> list[Problem]:
+    """What a manifest's ``metadata`` may not hold beyond what its model checks, as the REST
+    API refuses it: fields no manifest has, a ``generateName`` that makes no valid name, and
+    on the kinds tenants submit labels and annotations of the system's prefix. (What the
+    system sets is no problem of a manifest here: ``pathways submit`` drops it, see
+    :func:`without_system_fields`. Stored objects carry the system's labels: this is for
+    manifests only.)"""
+    if not isinstance(metadata, dict):
+        return []
+    problems = []
+    for key in metadata:
+        if key not in MANIFEST_METADATA and key not in SYSTEM_METADATA:
+            close = difflib.get_close_matches(str(key), MANIFEST_METADATA, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(Problem(f"metadata.{key}", f"unknown field{hint}"))
+    for field in ("labels", "annotations") if kind in TENANT_KINDS else ():
+        keys = metadata.get(field)
+        reserved = sorted(
+            k
+            for k in (keys if isinstance(keys, dict) else {})
+            if str(k).split("/")[0] == SYSTEM_PREFIX
+        )
+        if reserved:
+            problems.append(
+                Problem(
+                    f"metadata.{field}.{reserved[0]}",
+                    f"{SYSTEM_PREFIX}/ keys are set by the system; omit them",
+                )
+            )
+    prefix = metadata.get("generateName")
+    if prefix is not None and (
+        not isinstance(prefix, str)
+        or len(prefix) > GENERATE_NAME_LIMIT
+        or not re.fullmatch(r"[a-z0-9][-a-z0-9.]*", prefix)
+    ):
+        problems.append(
+            Problem(
+                "metadata.generateName",
+                f"expected a lowercase RFC 1123 prefix (a-z, 0-9, '-' and '.', starting with a "
+                f"letter or digit, at most {GENERATE_NAME_LIMIT} characters){_got(prefix)}",
+            )
+        )
+    return problems
+
+
+def without_system_fields(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` without what the system sets (its status, and the metadata of
+    ``SYSTEM_METADATA``): a ``get -o yaml`` dump as a manifest."""
+    kept = {k: v for k, v in document.items() if k != "status"}
+    metadata = kept.get("metadata")
+    if isinstance(metadata, dict):
+        kept["metadata"] = {k: v for k, v in metadata.items() if k not in SYSTEM_METADATA}
+    return kept
+
+
 MANIFEST_LIMIT_BYTES = 16 << 20
 """The most a manifest may weigh as JSON once its YAML aliases are expanded: sixteen times the
 REST API's default body limit, five times what a Kubernetes API server accepts. Reading stops
@@ -208,6 +287,18 @@ def expanded_size(document: Any, limit: int) -> int | None:
         return weigh(document)
     except _SelfReference:
         return None
+
+
+def check_manifest(document: Any) -> Checked:
+    """:func:`check_document` (strict), and :func:`metadata_problems`: what ``pathways
+    validate`` says, as the REST API would of the manifest ``pathways submit`` sends."""
+    checked = check_document(document, strict=True)
+    if checked.skipped or not isinstance(document, dict):
+        return checked
+    more = metadata_problems(document.get("kind"), document.get("metadata"))
+    if not more:
+        return checked
+    return Checked(checked.kind, checked.name, None, (*checked.problems, *more))
 
 
 def check_document(document: Any, strict: bool = False) -> Checked:

@@ -180,6 +180,22 @@ BAD = [
         "metadata.name: expected a lowercase RFC 1123 name",
         id="bad-name",
     ),
+    # What the REST API refuses of a manifest, validate says too (it said valid).
+    pytest.param(
+        SLICE.replace("namespace: team", "namespace: team, labelz: {a: b}") + "  devices: 1\n",
+        "metadata.labelz: unknown field; did you mean 'labels'?",
+        id="unknown-metadata",
+    ),
+    pytest.param(
+        LABELLED.replace("LABELS", "{pathways.dev/program: other}"),
+        "metadata.labels.pathways.dev/program: pathways.dev/ keys are set by the system",
+        id="system-label",
+    ),
+    pytest.param(
+        SLICE.replace("name: vs", "generateName: Team_") + "  devices: 1\n",
+        "metadata.generateName: expected a lowercase RFC 1123 prefix",
+        id="bad-generate-name",
+    ),
     pytest.param(
         "kind: [unclosed\n",
         "invalid YAML at line 2, column 1",
@@ -265,3 +281,26 @@ def test_paths_and_fields_are_printed_as_written(pathways, tmp_path: Path) -> No
     empty.mkdir()
     nothing = pathways("validate", str(empty))
     assert nothing.exit_code == 1 and f"in {empty}" in nothing.stderr
+
+
+def test_a_dump_is_valid_as_submit_sends_it_and_an_island_may_name_its_scheduler(
+    pathways, tmp_path: Path
+) -> None:
+    """What the system sets (status, uid, resourceVersion, ...) `pathways submit` drops, so
+    validate takes it; an administrator's Island may carry the system's annotations."""
+    dump = tmp_path / "dump.yaml"
+    dump.write_text(
+        SLICE.replace(
+            "namespace: team",
+            "namespace: team, uid: 0f3c-1234, resourceVersion: '7', creationTimestamp: "
+            "'2026-11-29T10:00:00Z', managedFields: []",
+        )
+        + "  devices: 1\nstatus: {phase: Bound}\n---\n"
+        + ISLAND.replace(
+            "name: isl", "name: isl, annotations: {pathways.dev/scheduler-endpoint: 'h:1'}"
+        )
+        + "  topology: '4'\n  acceleratorKind: cpu-fake\n"
+    )
+    result = pathways("validate", str(dump))
+    assert result.exit_code == 0, result.stderr
+    assert "2 valid, 0 problem(s)" in result.stdout

@@ -5,6 +5,7 @@ slices stored as custom resources the operator's decisions see, quotas and idemp
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -212,15 +213,16 @@ def test_replicas_admit_one_at_a_time_through_the_tenants_lease(
         # A replica that died holding it holds up the tenant's admissions until the hold
         # expires; one that keeps holding it has them answered 503, naming it.
         monkeypatch.setattr(kube_store, "ACQUIRE_SECONDS", 0.5)
-        hold = {"holderIdentity": "dead-replica", "leaseDurationSeconds": 1}
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+        hold = {"holderIdentity": "dead-replica", "leaseDurationSeconds": 2}
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        held_until = time.monotonic() + 2
         cluster.patch(
             "Lease", "pathways-admission", {"spec": {**hold, "renewTime": stamp}}, "team-a"
         )
         held = call(api, "token-a", "POST", "/v1/programs", json=program("held"))
         assert held.status_code == 503, held.text
         assert "held by 'dead-replica'" in held.json()["error"]["message"]
-        time.sleep(1.0)
+        time.sleep(max(0.0, held_until - time.monotonic()) + 0.1)
         assert call(api, "token-a", "POST", "/v1/programs", json=program("free")).status_code == 201
     finally:
         api.loop.run_until_complete(other.aclose())
