@@ -92,6 +92,10 @@ def configure(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     arguments = parse()
     configure(arguments)
+    if arguments.exit_with_launcher:  # first: joining a group whose coordinator died hangs
+        from pathways_executor.lifeline import stop_when_stdin_closes
+
+        stop_when_stdin_closes()
     if arguments.health_port is not None:  # first: answers while JAX starts and joins its group
         from pathways_executor.health import serve_health
 

@@ -28,7 +28,6 @@ from pathways_executor.buffers import BufferError
 from pathways_executor.control import ControlServer
 from pathways_executor.data_plane import DataPlaneServer, Puller
 from pathways_executor.health import publish_metrics, publish_readiness
-from pathways_executor.lifeline import stop_when_stdin_closes
 from pathways_executor.metrics import PULLED, SENT, Tally, renderer
 from pathways_executor.rpc import MESSAGE_OPTIONS, generic_handler
 from pathways_executor.runner import INPUT_TIMEOUT_SECONDS, Runner
@@ -380,7 +379,5 @@ def main(args: argparse.Namespace) -> None:
     # Installed after JAX's own handlers (its preemption notifier also listens for SIGTERM).
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    if args.exit_with_launcher:
-        stop_when_stdin_closes()
-    server.wait_for_termination()
+    server.wait_for_termination()  # (--exit-with-launcher: watched since the start)
     sys.exit(0)

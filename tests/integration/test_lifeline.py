@@ -4,8 +4,10 @@ closed) and, stopped by SIGTERM while it is open, exit cleanly rather than abort
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -54,6 +56,32 @@ def test_a_process_stopped_while_its_standard_input_is_open_exits_cleanly(module
     out, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
     assert out == "stopped\n" and "Fatal Python error" not in err
+
+
+def test_an_executor_joining_a_group_stops_when_its_launcher_goes() -> None:
+    """Joining a group whose coordinator is gone, it took SIGTERM (JAX's handler) and went on
+    waiting, minutes after its launcher."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        coordinator = f"127.0.0.1:{unused.getsockname()[1]}"  # nothing listens there
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "pathways_executor", "--fake-devices", "1", "--port", "0"),
+            *("--hosts", "2", "--index", "1", "--coordinator", coordinator),
+            "--exit-with-launcher",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(4)  # importing JAX, then waiting for the coordinator
+        assert process.poll() is None
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait(timeout=20)
+    finally:
+        process.kill()
 
 
 def test_a_local_island_makes_its_workdir_and_removes_the_temporary_one_it_made(
