@@ -252,6 +252,24 @@ class LocalIsland:
         for process in restarted:
             self._await_ready(process)
 
+    def restart_scheduler(self) -> None:
+        """SIGKILL the scheduler and start it again at its endpoint, as a kubelet restarts its
+        container (its executors stay, as their StatefulSet's pods do); return once it
+        answers. Its clients' sessions end with the old one."""
+        old = self.scheduler
+        assert old is not None, "start() the island first"
+        old.popen.kill()
+        old.popen.wait()
+        for pipe in (old.popen.stdin, old.popen.stdout):
+            if pipe:
+                pipe.close()
+        self._restarts += 1
+        arguments = list(old.arguments)
+        if "--port" not in arguments:
+            arguments += ["--port", str(old.port)]
+        self.scheduler = self._spawn(f"scheduler-restart-{self._restarts}", arguments)
+        self._await_ready(self.scheduler)
+
     def __enter__(self) -> LocalIsland:
         return self.start()
 

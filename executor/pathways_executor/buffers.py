@@ -73,6 +73,11 @@ class BufferStore:
                 held += _bytes_held(future.result())
         return len(futures), held
 
+    def ids(self) -> list[str]:
+        """The buffers held (pending, ready or failed), not deleted."""
+        with self._lock:
+            return [i for i, entry in self._entries.items() if not entry.deleted]
+
     def expect(self, buffer_id: str) -> Future[Any]:
         """The future of a buffer, created pending if it does not exist yet."""
         return self._entry(buffer_id).future

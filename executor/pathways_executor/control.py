@@ -37,7 +37,9 @@ class ControlServer:
     """Accepts the scheduler's command stream. A connection becomes the stream only once its
     first frame, within ``HANDSHAKE_TIMEOUT_SECONDS``, is a ``ControlHello`` with this
     executor's control token; it then replaces the previous stream (a restarted scheduler
-    reconnects). Anything else is dropped without touching the current stream."""
+    reconnects). Anything else is dropped without touching the current stream. A hello from
+    another scheduler process than the last one's calls ``replaced`` first: what that one's
+    sessions left is no longer anyone's."""
 
     def __init__(
         self,
@@ -45,8 +47,11 @@ class ControlServer:
         host: str,
         tls: Tls | None = None,
         token: str = "",
+        replaced: Callable[[], None] | None = None,
     ) -> None:
         self._submit = submit
+        self._replaced = replaced
+        self._scheduler: str | None = None  # the id in the last hello taken
         self._tls = tls
         self._token = token.encode()
         self._listener = socket.create_server((host, 0), backlog=8)
@@ -98,9 +103,14 @@ class ControlServer:
                 return
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         incoming = messages(connection.recv, pb.CommandBatch.FromString)
-        if not self._hello(connection, incoming):
+        hello = self._hello(connection, incoming)
+        if hello is None:
             connection.close()
             return
+        replaced = self._scheduler is not None and hello.scheduler != self._scheduler
+        if replaced and self._replaced is not None:
+            self._replaced()
+        self._scheduler = hello.scheduler
         previous, self._connection = self._connection, connection
         if previous is not None:
             with contextlib.suppress(OSError):  # ends its reader's recv
@@ -114,21 +124,25 @@ class ControlServer:
             self._connection = None
         connection.close()
 
-    def _hello(self, connection: socket.socket, incoming: Iterator[pb.CommandBatch]) -> bool:
-        """Whether the connection's first frame, within the handshake timeout, is a hello with
+    def _hello(
+        self, connection: socket.socket, incoming: Iterator[pb.CommandBatch]
+    ) -> pb.ControlHello | None:
+        """The connection's first frame if it is, within the handshake timeout, a hello with
         this executor's token (compared in constant time). A stranger learns nothing."""
         connection.settimeout(HANDSHAKE_TIMEOUT_SECONDS)
         try:
             first = next(incoming, None)
         except (OSError, FrameError):  # silent, garbled or oversized: not our scheduler
-            return False
+            return None
         connection.settimeout(None)
         if first is None or len(first.commands) != 1:
-            return False
+            return None
         command = first.commands[0]
         if command.WhichOneof("kind") != "hello":
-            return False
-        return hmac.compare_digest(command.hello.token.encode(), self._token)
+            return None
+        if not hmac.compare_digest(command.hello.token.encode(), self._token):
+            return None
+        return command.hello
 
     def close(self) -> None:
         self._closed.set()

@@ -172,6 +172,13 @@ class FunctionCache:
             for key in [key for key in self._callables if key[0] in forgotten]:
                 del self._callables[key]
 
+    def forget_all(self) -> None:
+        """Drop every function (its scheduler was replaced: no session uses any)."""
+        with self._lock:
+            self._exported.clear()
+            self._failed.clear()
+            self._callables.clear()
+
     @property
     def loaded(self) -> int:
         """Functions registered and not forgotten."""

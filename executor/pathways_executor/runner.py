@@ -56,6 +56,7 @@ MAX_HELD = 256
 # chain of trivial stages in 1.7-2.0 ms with it, 1.4-1.5 ms handing over per batch).
 HAND_OVER_EVERY = 32
 _IDLE: Any = object()  # the runner ran out of work
+_REPLACED: Any = object()  # in the command queue: the scheduler was replaced
 # Device sets reported apart (one completion thread each, see ``Runner._lane``); the
 # computations of any others share the executor-wide lane.
 MAX_LANES = 16
@@ -604,6 +605,9 @@ class Runner:
 
     def _run_loop(self) -> None:
         while (batch := self._commands.get()) is not None:
+            if batch is _REPLACED:
+                self._drop_everything()
+                continue
             self._idle = False
             last = last_uses(batch)
             for position, command in enumerate(batch):
@@ -632,6 +636,29 @@ class Runner:
                 for key in self._touched:
                     self._lanes[key].put(_IDLE)
                 self._touched.clear()
+
+    def replaced(self) -> None:
+        """Its scheduler was replaced (restarted alone, as its pod is): what the sessions of
+        the one before left is no one's. Pending buffers fail now (a computation waiting for
+        one, from another island, say, stops waiting); once the commands that one sent have
+        run, every buffer, function and program goes. Before, they stayed for good."""
+        gone = BufferError(
+            f"executor {self.index}'s scheduler was replaced (restarted): what the sessions "
+            "of the one before held is gone"
+        )
+        for buffer_id in self.buffers.ids():
+            self.buffers.fail(buffer_id, gone)  # (one set already keeps its value)
+        self._commands.put(_REPLACED)  # after the commands queued before
+
+    def _drop_everything(self) -> None:
+        self._hand_over()
+        for buffer_id in self.buffers.ids():
+            self.buffers.delete(buffer_id)
+        self._wholes.clear()
+        self.functions.forget_all()
+        self._functions.clear()
+        self._plans.clear()
+        self._retiring.clear()
 
     def _hand_over(self) -> None:
         """Give what was dispatched to the completion thread: at the end of a batch, every

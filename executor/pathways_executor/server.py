@@ -81,7 +81,11 @@ class ExecutorService:
         self.tally = Tally()
         self.runner = Runner(index, self.island_devices, self._fetch, self._emit)
         self.control = ControlServer(
-            self._submit, host, tls, token=os.environ.get(CONTROL_TOKEN_ENV, "")
+            self._submit,
+            host,
+            tls,
+            token=os.environ.get(CONTROL_TOKEN_ENV, ""),
+            replaced=self.runner.replaced,
         )
         self._waiting = threading.BoundedSemaphore(MAX_WAITING_GETS)
         self.data_plane = DataPlaneServer(

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any, TypeVar
@@ -270,6 +271,9 @@ class SchedulerService:
         # Each executor's process, by its incarnation: a lost one is taken back only as a
         # new process (see ``_take_back``).
         self._incarnations: dict[int, str] = {}
+        # This process's, in its hello: an executor that hears a new one drops what the
+        # sessions of the one before left (a scheduler restarted alone, as its pod is).
+        self.incarnation = uuid.uuid4().hex
         answers = []
         for index, endpoint in enumerate(executor_endpoints):
             with channel(endpoint, MESSAGE_OPTIONS, tls) as executor:
@@ -290,6 +294,9 @@ class SchedulerService:
             max_queued_per_client=max_queued_per_client,
             max_artifact_bytes=max_artifact_bytes,
             run_length=run_length,
+            # Past every sequence number a scheduler started before this one gave: events of
+            # its commands, still reported by executors, are never taken for this one's.
+            first_seq=time.time_ns() // 1000,
         )
         for spec, control in answers:
             self._read_executor(spec, self._open_executor_stream(spec, control))
@@ -311,7 +318,7 @@ class SchedulerService:
             connection.settimeout(None)
             # The executor takes this stream as its scheduler's only after this hello.
             token = os.environ.get(CONTROL_TOKEN_ENV, "")
-            hello = pb.ControlHello(island=self.island, token=token)
+            hello = pb.ControlHello(island=self.island, token=token, scheduler=self.incarnation)
             connection.sendall(frame(pb.CommandBatch(commands=[pb.ExecutorCommand(hello=hello)])))
         except OSError:
             connection.close()

@@ -13,7 +13,14 @@ import httpx
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_chain_runs, export, f32, increment
+from conftest import (
+    assert_chain_runs,
+    executor_infos,
+    export,
+    f32,
+    increment,
+    settled_executor_infos,
+)
 
 import pathways_client as pw
 from pathways_client.island_client import IslandClient, IslandError
@@ -189,3 +196,33 @@ def test_a_restarted_executor_that_refuses_the_hello_is_not_taken_back(
         island.restart_executors(1)
         assert client.wait_for_executors(timeout=60)
         assert 'pathways_island_executors_rejoined_total{island="local"} 1.0' in _metrics(island)
+
+
+def test_a_scheduler_restarted_alone_leaves_its_executors_nothing_of_the_old_sessions(
+    compilation_cache: Path,
+) -> None:
+    """Its executors kept what the old scheduler's sessions held (buffers, 16 MiB here,
+    functions, executables) for good, with no session left to free them."""
+    with LocalIsland(hosts=1, devices_per_host=2, compilation_cache=compilation_cache) as island:
+        client = IslandClient(island.scheduler_endpoint, "before")
+        add_one = client.register(increment(), "increment")
+        client.put(np.zeros(4 << 20, np.float32), device=0)
+        kept = client.put(np.arange(4, dtype=np.float32), device=1)
+        client.submit(add_one, [1], [kept], 1).wait(30)
+        (before,) = executor_infos(island)
+        assert before.buffers >= 3 and before.functions == 1 and before.buffer_bytes > 16 << 20
+
+        island.restart_scheduler()
+        client.close()
+        (after,) = settled_executor_infos(island, [0], within=30)
+        assert (after.buffers, after.buffer_bytes, after.functions, after.executables) == (
+            0,
+            0,
+            0,
+            0,
+        )
+        with IslandClient(island.scheduler_endpoint, "after") as again:  # serves on
+            function = again.register(increment(), "increment")
+            x = again.put(np.arange(4, dtype=np.float32), device=0)
+            y = again.submit(function, [0], [x], 1)
+            np.testing.assert_array_equal(again.get(y.outputs[0], timeout=60), np.arange(4) + 1)

@@ -555,3 +555,12 @@ def test_an_upload_announced_after_its_executor_was_lost_is_lost() -> None:
     assert "reads buffer 'a/late', which was lost: executor 1 (h:2) is unreachable" in (
         refused.message
     )
+
+
+def test_the_island_order_starts_past_first_seq() -> None:
+    """A restarted scheduler numbers from past its predecessor's numbers: an executor's event
+    of the old one's command 3 was taken for the new one's command 3."""
+    dispatcher = island(first_seq=1_000_000)
+    sent = to_executors(dispatcher.submit("a", computation("a", 1)))
+    assert all(command.seq > 1_000_000 for _, command in sent)
+    assert finish(dispatcher, 3, 0) == []  # the old scheduler's: no computation of this one

@@ -172,7 +172,10 @@ class IslandDispatcher:
         max_queued_per_client: int | None = None,
         max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
         run_length: int = DEFAULT_RUN_LENGTH,
+        first_seq: int = 0,
     ) -> None:
+        """``first_seq``: the island order's numbers start after it (a restarted scheduler
+        starts past its predecessor's, whose events executors may still send)."""
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1 (got {max_in_flight})")
         self.island = island
@@ -193,7 +196,7 @@ class IslandDispatcher:
         self._trace: deque[TraceEntry] = deque()
         self._trace_size = 0  # the records it holds or stands for
         self._trace_limit = trace_limit
-        self._seq = 0
+        self._seq = first_seq
         self._functions: dict[str, pb.FunctionRegistration] = {}
         self._registered: set[tuple[str, int]] = set()  # (function or program id, executor)
         self._programs: dict[str, Program] = {}

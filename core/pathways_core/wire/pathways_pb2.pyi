@@ -285,12 +285,14 @@ class Retire(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class ControlHello(_message.Message):
-    __slots__ = ("island", "token")
+    __slots__ = ("island", "token", "scheduler")
     ISLAND_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     island: str
     token: str
-    def __init__(self, island: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
+    scheduler: str
+    def __init__(self, island: _Optional[str] = ..., token: _Optional[str] = ..., scheduler: _Optional[str] = ...) -> None: ...
 
 class ExecutorEvent(_message.Message):
     __slots__ = ("seq", "computation_id", "ok", "message", "start_ns", "end_ns", "executor", "node_indices", "node_starts_ns", "node_ends_ns")
