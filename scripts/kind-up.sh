@@ -65,6 +65,9 @@ docker tag "$IMAGE" "${REPOSITORY}:${TAG}"
 say "loading ${REPOSITORY}:${TAG} into the cluster's nodes"
 kind load docker-image "${REPOSITORY}:${TAG}" --name "$CLUSTER"
 
+say "applying the CRDs (helm never upgrades those of crds/)"
+kubectl --context "$CONTEXT" apply --server-side -f "${ROOT}/charts/pathways/crds/"
+
 say "installing the chart (values-kind.yaml)"
 helm upgrade --install pathways "${ROOT}/charts/pathways" \
   --kube-context "$CONTEXT" --namespace "$NAMESPACE" --create-namespace \

@@ -238,13 +238,6 @@ def values_schema() -> dict[str, Any]:
                         **pod_settings(),
                         "enabled": {"type": "boolean"},
                         "port": PORT,
-                        "tokensSecret": obj(
-                            {
-                                "name": string("Secret holding the tokens file."),
-                                "key": string("Its key.", minLength=1),
-                            },
-                            "The API's bearer tokens, from a Secret only.",
-                        ),
                         "quotas": obj(
                             {
                                 "devices": integer(

@@ -35,7 +35,6 @@ ALL_ON = (
     "operator.replicas=3",
     "tls.enabled=true",
     "tls.certManager.issuerRef.name=ca",
-    "api.tokensSecret.name=tokens",
     "networkPolicy.crossIslandTransfers=false",
     "operator.admissionPolicy=true",
 )
@@ -785,6 +784,11 @@ BAD_VALUES = [
         id="rate-limit",
     ),
     pytest.param(
+        (*PROXY_ON, "proxy.priority=10"),
+        ["proxy.priority: 10 is above api.quotas.priority (0)"],
+        id="proxy-priority-over-quota",
+    ),
+    pytest.param(
         ("api.quotas.priority=2000000000",),
         ["/api/quotas/priority", "maximum"],
         id="quota-priority",
@@ -843,3 +847,27 @@ def test_schema_rejects_bad_values_in_lint_too(helm) -> None:
     )
     assert run.returncode != 0
     assert "/islands/0/spec/acceleratorKind" in run.stdout + run.stderr
+
+
+def test_values_from_before_a_key_keep_its_default(rendered) -> None:
+    """`helm upgrade --reuse-values` (or an old values file) lacks the keys added since: a
+    missing switch read as false turned control tokens, the admission policy and cross-island
+    transfers off without a word, and missing quotas failed the render."""
+    run = rendered(
+        "values-kind.yaml",
+        "operator.controlTokens=null",
+        "operator.admissionPolicy=null",
+        "networkPolicy.crossIslandTransfers=null",
+        "api.quotas=null",
+    )
+    operator = run.one("Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in operator["env"]}["PATHWAYS_CONTROL_TOKENS"] == "true"
+    assert any(r["metadata"]["name"].endswith("-control-tokens") for r in run.of_kind("Role"))
+    api = run.one("Deployment", "-api")["spec"]["template"]["spec"]["containers"][0]
+    quotas = {e["name"]: e.get("value") for e in api["env"] if "_QUOTA_" in e["name"]}
+    assert quotas["PATHWAYS_API_QUOTA_PRIORITY"] == "0"
+    assert quotas["PATHWAYS_API_QUOTA_DEVICES"] == "64"
+    fresh = rendered("values-kind.yaml")
+    assert [p["spec"] for p in run.of_kind("NetworkPolicy")] == [
+        p["spec"] for p in fresh.of_kind("NetworkPolicy")
+    ]

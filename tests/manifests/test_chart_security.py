@@ -32,7 +32,6 @@ TLS_ON = (
     "tls.enabled=true",
     "tls.certManager.issuerRef.name=pathways-ca",
     "tls.certManager.issuerRef.kind=ClusterIssuer",
-    "api.tokensSecret.name=pathways-api-tokens",
 )
 
 # --- pods -------------------------------------------------------------------------------------
@@ -455,12 +454,11 @@ def test_no_secret_reaches_config_maps_or_env(rendered, values_file: str) -> Non
     )
     run = rendered(values_file, *TLS_ON)
     assert leaks(run.documents, secrets) == []
-    # The API's tokens come from the Secret, as a read-only file.
+    # The API checks service-account tokens with TokenReview: no tokens file (the chart's
+    # api.tokensSecret was read by no mode it runs), and no token of its own in env.
     api_pod = run.one("Deployment", "-api")["spec"]["template"]["spec"]
-    args = api_pod["containers"][0]["args"]
-    assert args[args.index("--tokens") + 1] == "/var/run/pathways/tokens/tokens.yaml"
-    tokens = next(v for v in api_pod["volumes"] if v["name"] == "tokens")
-    assert tokens["secret"]["secretName"] == "pathways-api-tokens"
+    assert "--tokens" not in api_pod["containers"][0]["args"]
+    assert all(v["name"] != "tokens" for v in api_pod["volumes"])
     # The operator's own children: env paths only, even with TLS on.
     documents = [*run.documents]
     for island in run.of_kind("Island"):
