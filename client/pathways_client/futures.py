@@ -339,10 +339,11 @@ class ArrayFuture(Shaped):
         with self._lock:
             if island in self._copies:
                 return self._copies[island]
-            here = self.cluster.session(self.slice.island)
-            self._copies[island] = self.cluster.session(island).place_remote(
-                here.holders(self.buffer_id)
-            )
+            here, there = self.cluster.session(self.slice.island), self.cluster.session(island)
+            self._copies[island] = there.place_remote(here.holders(self.buffer_id))
+            # Should it never be (its computation failed, its executor or session is gone),
+            # work there reading it fails at once, naming why.
+            here.export(self.buffer_id, there)
             return self._copies[island]
 
     def _check_alive(self) -> None:

@@ -57,6 +57,7 @@ Event = pb.ClientEvent
 DELETE_LINGER_SECONDS = 0.002
 # How long a call that an executor's death broke waits for the scheduler to say it is lost.
 LOSS_WAIT_SECONDS = 2.0
+MAX_REASON = 4096  # characters of why a buffer placed on another island will never be
 _BROKEN_CALL = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
 )
@@ -186,6 +187,8 @@ class IslandClient:
         # work that failed. Their reads fail at once, saying so.
         self._gone: dict[str, str] = {}
         self._produces: dict[str, tuple[str, ...]] = {}  # unfinished work -> its outputs
+        # Buffers of this island placed on others (``export``): told when they never will be.
+        self._exported: dict[str, list[IslandClient]] = {}
         self._calls: dict[int, set[grpc.Future]] = {}
         host, port = _reachable(self.info.session_endpoint, endpoint)
         self._session = socket.create_connection((host, port), timeout=connect_timeout)
@@ -451,11 +454,46 @@ class IslandClient:
                 return assembly.array
         raise IslandError(f"the executors of buffer {buffer_id!r} sent only part of it")
 
+    def export(self, buffer_id: str, to: IslandClient) -> None:
+        """``buffer_id``, of this island, is placed on another (``to.place_remote``): when it
+        will never be (its computation failed, its executor was lost, this session ended),
+        ``to`` is told, so work reading it there fails at once, naming why, instead of
+        waiting out its pull (30 s a holder, up to 120 s, holding up that executor's other
+        work meanwhile)."""
+        with self._lock:
+            gone = self._gone.get(buffer_id) or self._ended
+            if not gone:
+                self._exported.setdefault(buffer_id, []).append(to)
+        if gone:
+            to.remote_failed([buffer_id], self._why_gone(gone))
+
+    def remote_failed(self, buffer_ids: Sequence[str], reason: str) -> None:
+        """Buffers placed here from another island will never be (see ``export``)."""
+        if not self._ended:
+            failed = pb.RemoteFailed(buffer_ids=list(buffer_ids), reason=reason[:MAX_REASON])
+            self._write([pb.ClientMessage(remote_failed=failed)])
+
+    def _why_gone(self, reason: str) -> str:
+        return f"it will never be here: on island {self.info.island!r}, {reason}"
+
+    def _tell_importers(self, gone: dict[str, str]) -> None:
+        """Tell the islands ``gone``'s exported buffers were placed on that they never
+        will be (called holding no lock: it writes to their sessions)."""
+        with self._lock:
+            importers = {b: self._exported.pop(b, []) for b in gone}
+        by_island: dict[tuple[int, str], tuple[IslandClient, list[str]]] = {}
+        for buffer_id, reason in gone.items():
+            for to in importers[buffer_id]:
+                by_island.setdefault((id(to), reason), (to, []))[1].append(buffer_id)
+        for (_, reason), (to, ids) in by_island.items():
+            to.remote_failed(ids, self._why_gone(reason))
+
     def delete(self, buffer_ids: Sequence[str]) -> None:
         """Free buffers once the computations queued before this call have used them."""
         for buffer_id in buffer_ids:
             self._locations.pop(buffer_id, None)
             self._gone.pop(buffer_id, None)
+            self._exported.pop(buffer_id, None)
         message = pb.ClientMessage(delete=pb.DeleteBuffers(ids=list(buffer_ids)))
         if getattr(self._batching, "messages", None) is not None:
             self._send(message)
@@ -649,21 +687,26 @@ class IslandClient:
             self._ended = reason  # later requests fail at once with the same reason
             self._room.notify_all()
             self._lost_changed.notify_all()
+            exported = dict.fromkeys(self._exported, f"the session ended: {reason}")
         for future in waiting:
             if not future.done():
                 future.set_exception(IslandError(reason))
+        self._tell_importers(exported)
 
     def _on_event(self, event: pb.ClientEvent) -> None:
         if event.kind == Event.EXECUTOR_LOST:
             with self._lock:
                 self._lost[event.executor] = event.message
+                lost = {}
                 for buffer_id, holders in list(self._locations.items()):
                     if event.executor in holders:
                         self._gone.setdefault(buffer_id, f"it was lost: {event.message}")
+                        lost[buffer_id] = self._gone[buffer_id]
                 self._lost_changed.notify_all()
                 calls = list(self._calls.get(event.executor, ()))
             for call in calls:
                 call.cancel()
+            self._tell_importers(lost)
             return
         if event.kind == Event.EXECUTOR_REJOINED:
             rejoined = event.rejoined
@@ -682,6 +725,7 @@ class IslandClient:
             event.computation_id or event.function_id or event.program_id
         ):
             self._rejected = event.message  # a request of the session's own was refused
+        failed: dict[str, str] = {}  # exported outputs that will never be
         with self._lock:
             registered = event.function_id or event.program_id
             if event.kind in (Event.REGISTERED, Event.REJECTED) and registered:
@@ -696,7 +740,11 @@ class IslandClient:
                 if event.kind in (Event.FAILED, Event.REJECTED):
                     for buffer_id in outputs:  # never computed: a read would wait in vain
                         self._gone.setdefault(buffer_id, f"its computation failed: {event.message}")
+                        if buffer_id in self._exported:
+                            failed[buffer_id] = self._gone[buffer_id]
             idle = not self._pending and self._deferred
+        if failed:
+            self._tell_importers(failed)
         if idle:  # nothing else will carry the deferred deletions soon
             self._write([])
         if future is None or future.done():

@@ -637,6 +637,16 @@ class Runner:
                     self._lanes[key].put(_IDLE)
                 self._touched.clear()
 
+    def remote_failed(self, failed: pb.RemoteFailed) -> None:
+        """Buffers of another island this executor may be pulling will never be: a
+        computation waiting for one fails now, naming why (it waited out the pull: 30 s a
+        holder, up to 120 s, holding up everything after it here)."""
+        for buffer_id in failed.buffer_ids:
+            error = BufferError(f"buffer {buffer_id!r}: {failed.reason}")
+            for key in (buffer_id, WHOLE + buffer_id):  # (its whole, pulled beside a part)
+                if key in self.buffers and not self.buffers.ready(key):
+                    self.buffers.fail(key, error)
+
     def replaced(self) -> None:
         """Its scheduler was replaced (restarted alone, as its pod is): what the sessions of
         the one before left is no one's. Pending buffers fail now (a computation waiting for

@@ -116,6 +116,11 @@ class ExecutorService:
                 os._exit(RETIRED_EXIT_CODE)  # nothing here is the island's to keep any more
             if kind == "peer_down":
                 self._puller.down(command.peer_down.data_endpoint, command.peer_down.reason)
+            elif kind == "remote_failed":
+                # The commands before it first: a pull they start must be there to fail.
+                self.runner.submit(ordered)
+                ordered = []
+                self.runner.remote_failed(command.remote_failed)
             elif kind == "peer_up":
                 self._puller.up(command.peer_up.data_endpoint)
             else:

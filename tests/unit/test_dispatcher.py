@@ -213,6 +213,30 @@ def test_a_buffer_of_another_island_is_pulled_from_its_holders() -> None:
     assert "exists already" in twice.message
 
 
+def test_a_buffer_of_another_island_that_will_never_be_fails_its_readers() -> None:
+    """Relayed by the client from the producer's island: executors pulling it stop now, and
+    work queued on it fails at dispatch naming why; another client's ids are not touched."""
+    dispatcher = island(max_in_flight=1)
+    remote = pb.InputSource(buffer_id="a/far", executors=["other:1"], data_endpoints=["other:2"])
+    dispatcher.placed("a", pb.PlacedBuffer(buffer_id="a/far", remote=remote))
+    first = to_executors(dispatcher.submit("a", computation("a", 1, devices=(0,))))
+    (running,) = [c for _, c in first if c.WhichOneof("kind") == "run"]  # the one place in flight
+    dispatcher.submit("a", computation("a", 2, devices=(4,), inputs=["a/far"]))
+    why = "it will never be here: on island 'far', the session ended"
+    assert dispatcher.remote_failed("b", pb.RemoteFailed(buffer_ids=["a/far"], reason=why)) == []
+    sent = to_executors(
+        dispatcher.remote_failed("a", pb.RemoteFailed(buffer_ids=["a/far", "a/x"], reason=why))
+    )
+    assert [(e, list(c.remote_failed.buffer_ids), c.seq) for e, c in sent] == [
+        (0, ["a/far"], 0),
+        (1, ["a/far"], 0),
+    ]
+    events = client_events(finish(dispatcher, running.seq, executor=0))
+    (failed,) = [e for e in events if e.kind == Event.FAILED]
+    assert failed.computation_id == "a/c2"
+    assert f"its input 'a/far' was lost: {why}" in failed.message
+
+
 def test_a_lost_executor_fails_its_work_and_the_rest_keeps_serving() -> None:
     dispatcher = island()
     on_1 = to_executors(dispatcher.submit("a", computation("a", 1, devices=(4,))))

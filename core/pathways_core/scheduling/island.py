@@ -369,6 +369,26 @@ class IslandDispatcher:
                 self._gone[message.buffer_id] = lost
         return []
 
+    def remote_failed(self, client: str, message: pb.RemoteFailed) -> list[Instruction]:
+        """Buffers the client placed here from another island will never be (their
+        producer failed there, or its executor or session is gone): work queued on them fails
+        at dispatch, and executors pulling them stop now (outside the island order)."""
+        ids = [
+            buffer_id
+            for buffer_id in dict.fromkeys(message.buffer_ids)
+            if buffer_id.startswith(f"{client}/") and buffer_id in self._remote
+        ]
+        if not ids:
+            return []
+        for buffer_id in ids:
+            self._gone.setdefault(buffer_id, message.reason)
+        failed = pb.RemoteFailed(buffer_ids=ids, reason=message.reason)
+        return [
+            ToExecutor(index, pb.ExecutorCommand(remote_failed=failed))
+            for index in sorted(self.executors)
+            if index not in self._down
+        ]
+
     def submit(self, client: str, computation: pb.Computation) -> list[Instruction]:
         """Validate a computation and queue it; dispatch whatever may go now."""
         problem = self._check(client, computation) or self._enqueue(client, computation)

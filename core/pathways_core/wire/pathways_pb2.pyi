@@ -133,7 +133,7 @@ class ProgramCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., program_id: _Optional[str] = ..., arguments: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClientMessage(_message.Message):
-    __slots__ = ("hello", "function", "computation", "delete", "placed", "program", "call")
+    __slots__ = ("hello", "function", "computation", "delete", "placed", "program", "call", "remote_failed")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,7 @@ class ClientMessage(_message.Message):
     PLACED_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     CALL_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_FAILED_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     function: FunctionRegistration
     computation: Computation
@@ -148,7 +149,16 @@ class ClientMessage(_message.Message):
     placed: PlacedBuffer
     program: ProgramRegistration
     call: ProgramCall
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., function: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., computation: _Optional[_Union[Computation, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., placed: _Optional[_Union[PlacedBuffer, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ...) -> None: ...
+    remote_failed: RemoteFailed
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., function: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., computation: _Optional[_Union[Computation, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., placed: _Optional[_Union[PlacedBuffer, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., remote_failed: _Optional[_Union[RemoteFailed, _Mapping]] = ...) -> None: ...
+
+class RemoteFailed(_message.Message):
+    __slots__ = ("buffer_ids", "reason")
+    BUFFER_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    buffer_ids: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, buffer_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class PlacedBuffer(_message.Message):
     __slots__ = ("buffer_id", "executor", "remote", "executors")
@@ -225,7 +235,7 @@ class InputSource(_message.Message):
     def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ..., data_endpoints: _Optional[_Iterable[str]] = ..., uploaded: _Optional[bool] = ..., partial: _Optional[bool] = ...) -> None: ...
 
 class ExecutorCommand(_message.Message):
-    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "forget", "peer_down", "peer_up", "retire", "sources")
+    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "forget", "peer_down", "peer_up", "retire", "remote_failed", "sources")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +247,7 @@ class ExecutorCommand(_message.Message):
     PEER_DOWN_FIELD_NUMBER: _ClassVar[int]
     PEER_UP_FIELD_NUMBER: _ClassVar[int]
     RETIRE_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_FAILED_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     run: Computation
@@ -249,8 +260,9 @@ class ExecutorCommand(_message.Message):
     peer_down: PeerDown
     peer_up: PeerUp
     retire: Retire
+    remote_failed: RemoteFailed
     sources: _containers.RepeatedCompositeFieldContainer[InputSource]
-    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., peer_down: _Optional[_Union[PeerDown, _Mapping]] = ..., peer_up: _Optional[_Union[PeerUp, _Mapping]] = ..., retire: _Optional[_Union[Retire, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., peer_down: _Optional[_Union[PeerDown, _Mapping]] = ..., peer_up: _Optional[_Union[PeerUp, _Mapping]] = ..., retire: _Optional[_Union[Retire, _Mapping]] = ..., remote_failed: _Optional[_Union[RemoteFailed, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
 
 class Forget(_message.Message):
     __slots__ = ("function_ids", "program_ids")
