@@ -28,6 +28,7 @@ import base64
 import contextlib
 import datetime
 import json
+import math
 import os
 import random
 import re
@@ -36,7 +37,8 @@ import tempfile
 import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,7 @@ from pathways_api.store import (
     is_active,
 )
 from pathways_core.control.common import Document
+from pathways_core.control.rate_limit import Limit, TokenBuckets
 from pathways_core.topology import device_count, parse_shape
 
 GV = "pathways.dev/v1alpha1"
@@ -194,7 +197,7 @@ class KubernetesStore:
         if name:
             # A name is one path segment, never a query, a '..' or more path: no object of
             # the cluster has another.
-            if not OBJECT_NAME.fullmatch(name):
+            if len(name) > 253 or not OBJECT_NAME.fullmatch(name):  # (a 400, answered 503)
                 raise NotFound(f"no {kind} named {name!r}", field="name")
             parts.append(urllib.parse.quote(name, safe=""))
         return "/".join(parts)
@@ -532,26 +535,58 @@ class KubernetesStore:
 
 
 class TokenReviewer:
-    """The authenticator of the kubernetes mode, caching answers for a minute."""
+    """The authenticator of the kubernetes mode, caching answers for a minute: the tokens it
+    took and those it refused apart, each the ``MAX_CACHED`` most recently used (a flood of
+    made-up tokens cleared the whole cache, every tenant's review with it). Tokens it has no
+    answer for are reviewed at most ``NEW_TOKENS`` a second (bursts of ``NEW_TOKEN_BURST``),
+    over every caller: beyond, 429 before the API server is asked (each made-up token cost a
+    TokenReview, and callers not yet authenticated have no tenant's rate limit)."""
 
-    def __init__(self, store: KubernetesStore) -> None:
+    def __init__(self, store: KubernetesStore, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
-        self._cache: dict[str, tuple[float, Tenant | Unauthorized]] = {}
+        self._clock = clock
+        self._taken: OrderedDict[str, tuple[float, Tenant]] = OrderedDict()
+        self._refused: OrderedDict[str, tuple[float, Unauthorized]] = OrderedDict()
+        self._reviews = TokenBuckets(Limit(NEW_TOKENS, NEW_TOKEN_BURST))
 
     async def authenticate(self, token: str) -> Tenant:
         """The tenant of a token (TokenReview + SubjectAccessReview)."""
-        cached = self._cache.get(token)
-        if cached is None or time.monotonic() - cached[0] > REVIEW_TTL_SECONDS:
-            try:
-                answer: Tenant | Unauthorized = await self.store.review(token)
-            except Unauthorized as error:
-                answer = error
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            cached = self._cache[token] = (time.monotonic(), answer)
-        if isinstance(cached[1], Unauthorized):
-            raise cached[1]
-        return cached[1]
+        now = self._clock()
+        for cache in (self._taken, self._refused):
+            cached = cache.get(token)
+            if cached is not None and now - cached[0] <= REVIEW_TTL_SECONDS:
+                cache.move_to_end(token)
+                if isinstance(cached[1], Unauthorized):
+                    raise cached[1]
+                return cached[1]
+        decision = self._reviews.take("new tokens", now)
+        if not decision.allowed:
+            raise RateLimited(
+                f"more new bearer tokens to check than {NEW_TOKENS} a second; retry after "
+                f"{decision.retry_after:.2f} s",
+                headers={"Retry-After": str(max(1, math.ceil(decision.retry_after)))},
+            )
+        try:
+            tenant = await self.store.review(token)
+        except Unauthorized as error:
+            _remember(self._refused, token, (self._clock(), error))
+            self._taken.pop(token, None)
+            raise
+        _remember(self._taken, token, (self._clock(), tenant))
+        self._refused.pop(token, None)
+        return tenant
+
+
+MAX_CACHED = 10_000
+NEW_TOKENS = 50
+NEW_TOKEN_BURST = 500
+
+
+def _remember(cache: OrderedDict[str, Any], token: str, answer: Any) -> None:
+    cache[token] = answer
+    cache.move_to_end(token)
+    while len(cache) > MAX_CACHED:
+        cache.popitem(last=False)
 
 
 def _usage(programs: list[Document], slices: list[Document]) -> Usage:

@@ -180,6 +180,12 @@ BAD = [
         "metadata.name: expected a lowercase RFC 1123 name",
         id="bad-name",
     ),
+    pytest.param(
+        PROGRAM + "  slices: [{name: s, devices: 2}]\n  driver: {source: x}\n"
+        "  steps: 9223372036854775808\n",
+        "spec.steps: expected a number <= 9223372036854775807",
+        id="steps-past-int64",
+    ),
     # What the REST API refuses of a manifest, validate says too (it said valid).
     pytest.param(
         SLICE.replace("namespace: team", "namespace: team, labelz: {a: b}") + "  devices: 1\n",

@@ -17,6 +17,7 @@ from kube_cluster import Cluster, wait_for
 
 from pathways_api import kube_store
 from pathways_api.app import create_app
+from pathways_api.errors import RateLimited, Unauthorized
 from pathways_api.kube_store import KubernetesStore, TokenReviewer
 from pathways_api.service import Service
 
@@ -227,6 +228,34 @@ def test_replicas_admit_one_at_a_time_through_the_tenants_lease(
     finally:
         api.loop.run_until_complete(other.aclose())
         api.loop.run_until_complete(other_store.http.aclose())
+
+
+def test_made_up_tokens_are_reviewed_at_a_bounded_rate_and_evict_no_tenant(
+    cluster: Cluster, api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each made-up token cost a TokenReview, unlimited (no tenant, so no tenant's rate
+    limit), and past 10,000 of them the whole cache went, every tenant's review with it."""
+    monkeypatch.setattr(kube_store, "NEW_TOKEN_BURST", 5)
+    monkeypatch.setattr(kube_store, "MAX_CACHED", 3)
+    now = [0.0]
+    reviewer = TokenReviewer(api.store, clock=lambda: now[0])
+    run = api.loop.run_until_complete
+
+    def reviews() -> int:
+        return cluster.requests_to(lambda r: getattr(r.resource, "plural", None) == "tokenreviews")
+
+    assert run(reviewer.authenticate("token-a")).name == "team-a"
+    for n in range(4):
+        with pytest.raises(Unauthorized):
+            run(reviewer.authenticate(f"made-up-{n}"))
+    asked = reviews()
+    with pytest.raises(RateLimited, match="more new bearer tokens to check than 50 a second"):
+        run(reviewer.authenticate("made-up-9"))
+    assert run(reviewer.authenticate("token-a")).name == "team-a"  # kept, and not limited
+    assert reviews() == asked  # neither asked the API server
+    now[0] += 1.0  # the budget refills
+    with pytest.raises(Unauthorized):
+        run(reviewer.authenticate("made-up-9"))
 
 
 def test_the_clusters_admission_policy_refusal_reaches_the_tenant_naming_the_field(

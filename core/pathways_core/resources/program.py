@@ -28,6 +28,7 @@ from pathways_core.resources.virtual_slice import SliceRequest
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 MAX_RESTARTS = 1000
+MAX_INT64 = 2**63 - 1  # what the API server and a Job take for an integer field
 PROGRAM_NAME = NameRule(
     DNS_LABEL_PATTERN,
     63 - len(f"-run-{MAX_RESTARTS + 1}"),
@@ -331,6 +332,7 @@ class PathwaysProgramSpec(Model):
     steps: int = Field(
         default=1,
         ge=1,
+        le=MAX_INT64,
         description="Times the graph runs (training steps); a driver reads it as "
         "PATHWAYS_STEPS (cluster.steps in the SDK).",
     )
@@ -351,7 +353,10 @@ class PathwaysProgramSpec(Model):
         "a new run starts (a driver resumes from its own checkpoint).",
     )
     active_deadline_seconds: int | None = Field(
-        default=None, ge=1, description="Fail the program if it runs longer than this."
+        default=None,
+        ge=1,
+        le=MAX_INT64,  # a Job's activeDeadlineSeconds
+        description="Fail the program if it runs longer than this.",
     )
 
     @model_validator(mode="after")
