@@ -13,7 +13,9 @@ and 9), measured side by side in one run.
    the round whose ratio of the count's rate to one client's is the median of the rounds'.
 2. Shares: four clients with weights 1:1:1:1 and 1:2:4:8 under proportional share submit the
    same computation; each one's share of the computations run while all have work queued
-   (past their warm-up), against its weight; the measured device time beside it.
+   (past their warm-up), against its weight; the measured device time beside it. Then two
+   tenants of equal weight whose computations take unlike (~8x): each one's share of the
+   device time, against half (the policy charges a function's measured device time).
 3. Beside a long computation: one client's round trips (a small computation submitted and its
    completion awaited, one at a time, as a loop fetching its loss does) on one device of a
    host while another client runs ~0.2 s computations on another device of the same host,
@@ -21,7 +23,8 @@ and 9), measured side by side in one run.
    set's computations as they are done; when it reported all in island order, each round
    trip waited for the long computation running beside it.
 
-    python benchmarks/multitenancy.py [--quick] [--only throughput|shares|beside] [--json FILE]
+    python benchmarks/multitenancy.py [--quick] [--only throughput|shares|unlike|beside]
+        [--json FILE]
 """
 
 from __future__ import annotations
@@ -305,6 +308,90 @@ def shares(quick: bool, plots: Path | None = None) -> list[dict[str, Any]]:
     return records
 
 
+SIDE = 192
+
+
+def unlike_shares(quick: bool) -> list[dict[str, Any]]:
+    """Two tenants of equal weight, one's computation ~8x longer than the other's (40 and 4
+    products of a SIDE x SIDE matrix: ~3 and ~0.4 ms here), each keeping its queue full:
+    each one's share of the device time, against half. The policy charges work its
+    function's measured device time; charged by devices, the slow one took ~90%."""
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from pathways_client.island_client import IslandClient
+    from pathways_client.launcher import LocalIsland
+
+    def exported(products: int) -> bytes:
+        def work(x: Any) -> Any:
+            return jax.lax.fori_loop(0, products, lambda _, v: jnp.tanh(v @ v), x)
+
+        avals = jax.ShapeDtypeStruct((SIDE, SIDE), jnp.float32)
+        return bytes(jax.export.export(jax.jit(work))(avals).serialize())
+
+    names, products = ("slow", "fast"), (40, 4)
+    counts = (40, 400) if quick else (100, 1000)
+    with LocalIsland(
+        hosts=1, devices_per_host=1, policy="proportional-share", max_in_flight=2
+    ) as island:
+        clients = [IslandClient(island.scheduler_endpoint, name) for name in names]
+        try:
+            functions = [
+                c.register(exported(n), f"x{n}") for c, n in zip(clients, products, strict=True)
+            ]
+            x = np.eye(SIDE, dtype=np.float32) * 0.5
+            inputs = [client.put(x, device=0) for client in clients]
+            for client, function, value in zip(clients, functions, inputs, strict=True):
+                client.submit(function, [0], [value], 1).wait(120)  # compiled, measured once
+
+            def keep_busy(index: int) -> None:
+                client, function, value = clients[index], functions[index], inputs[index]
+                for _ in range(counts[index]):
+                    last = client.submit(function, [0], [value], 1)
+                    client.delete(last.outputs)
+                last.wait(600)
+
+            threads = [threading.Thread(target=keep_busy, args=(i,)) for i in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            trace = sorted(clients[0].trace(), key=lambda record: record.seq)
+        finally:
+            for client in clients:
+                client.close()
+    # While both had work queued: past each one's first (warm-up) computation, until either
+    # ran out.
+    firsts = [next(i for i, r in enumerate(trace) if r.client == name) for name in names]
+    lasts = [max(i for i, r in enumerate(trace) if r.client == name) for name in names]
+    window = trace[max(firsts) + 1 : min(lasts)]
+    time_of = [sum(r.end_ns - r.start_ns for r in window if r.client == n) for n in names]
+    runs = [sum(1 for r in window if r.client == n) for n in names]
+    records = []
+    for index, name in enumerate(names):
+        share = time_of[index] / max(1, sum(time_of))
+        records.append(
+            {
+                "name": f"device-time share of the {name} of two tenants (weights 1:1), one's "
+                "computations ~10x the other's",
+                "value": share,
+                "baseline": 0.5,
+                "ratio": share / 0.5,
+                "unit": "share of device time",
+                "target": "within 10% of its weight",
+                "parameters": {
+                    "client": index,
+                    "computations": runs[index],
+                    "mean_ms": round(time_of[index] / max(1, runs[index]) / 1e6, 3),
+                },
+            }
+        )
+    return records
+
+
 def _figure_9(trace: list[Any], weights: list[int], folder: Path) -> Path:
     """Devices x time coloured by client over the stretch where all clients were busy (the
     paper's Figure 9)."""
@@ -431,7 +518,9 @@ def beside_a_long_computation(quick: bool) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=["throughput", "shares", "beside"], action="append")
+    parser.add_argument(
+        "--only", choices=["throughput", "shares", "unlike", "beside"], action="append"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plots", type=Path, help="write the device-time pictures here")
     args = parser.parse_args()
@@ -440,6 +529,8 @@ def main() -> None:
         records += aggregate_throughput(args.quick)
     if not args.only or "shares" in args.only:
         records += shares(args.quick, args.plots)
+    if not args.only or "unlike" in args.only:
+        records += unlike_shares(args.quick)
     if not args.only or "beside" in args.only:
         records += beside_a_long_computation(args.quick)
     for record in records:

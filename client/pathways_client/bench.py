@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -238,8 +239,9 @@ def verdict(record: dict[str, Any]) -> str:
     if isinstance(target, int | float) and ratio is not None:
         measured = value if _in_own_unit(target) else ratio
         return "met" if measured >= target else "MISSED"
-    if isinstance(target, str) and "within 3%" in target and ratio is not None:
-        return "met" if abs(ratio - 1) <= 0.03 else "MISSED"
+    within = re.search(r"within (\d+)%", target) if isinstance(target, str) else None
+    if within and ratio is not None:
+        return "met" if abs(ratio - 1) <= int(within.group(1)) / 100 else "MISSED"
     return ""
 
 

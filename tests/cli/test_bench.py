@@ -200,6 +200,8 @@ def test_verdicts_against_targets() -> None:
     share = {**base, "value": 0.26, "baseline": 0.25, "target": "within 3% of its weight"}
     assert verdict({**share, "ratio": 1.02}) == "met"
     assert verdict({**share, "ratio": 1.10}) == "MISSED"
+    assert verdict({**share, "ratio": 1.08, "target": "within 10% of its weight"}) == "met"
+    assert verdict({**share, "ratio": 0.88, "target": "within 10% of its weight"}) == "MISSED"
     # The dispatch claim: within 95% of JAX at every size of the floor or more.
     sizes = {**base, "unit": "sizes", "target": 1.0}
     assert verdict({**sizes, "value": 8, "baseline": 8, "ratio": 1.0}) == "met"
