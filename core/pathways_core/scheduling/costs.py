@@ -11,12 +11,12 @@ functions too. A price that moves while tenants take turns favours the light one
 cheap turn a tenant of weight 1 comes back soon, after a dear one late, so it takes more of
 the cheap turns (with the median of nine runs, which swung between the 10 µs and 70 µs an
 executor reports for one small function, weight 1 of 1:2:4:8 got 8% of the island, not 6.7%):
-hence a mean over many runs (the median of its first ``SETTLED``, until it has more). The
-first run of a function is not counted (it compiles, and reads its inputs from the host:
-charged its 150 ms, a tenant waited out the whole run), a run past ``OUTLIER`` times the mean
-counts as that much, and one reported with no times (refused
-before it ran) not at all. Work not measured yet costs its devices times the island's
-typical time per device (next to nothing before anything was measured).
+hence a mean over many runs (the median of its first ``SETTLED``, until it has more), which
+the price follows by steps (``STEADY``). The first run of a function is not counted (it
+compiles, and reads its inputs from the host: charged its 150 ms, a tenant waited out the
+whole run), a run past ``OUTLIER`` times the mean counts as that much, and one reported with
+no times (refused before it ran) not at all. Work not measured yet costs its devices times
+the island's typical time per device (next to nothing before anything was measured).
 """
 
 from __future__ import annotations
