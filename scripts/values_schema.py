@@ -114,7 +114,12 @@ def disruption_budget() -> dict[str, Any]:
         {
             "enabled": {"type": "boolean"},
             "maxUnavailable": {
-                "type": ["integer", "string"],
+                # A count, or a percentage: what a PodDisruptionBudget takes ("abc" rendered,
+                # and the API server refused it).
+                "anyOf": [
+                    {"type": "integer", "minimum": 0},
+                    {"type": "string", "pattern": r"^[0-9]+%$"},
+                ],
                 "description": "Pods that may be down at once during voluntary disruptions.",
             },
         }
@@ -208,7 +213,11 @@ def values_schema() -> dict[str, Any]:
                     "The one image of every component.",
                     required=["repository"],
                 ),
-                "imagePullSecrets": LIST,
+                "imagePullSecrets": {
+                    "type": "array",
+                    "items": obj({"name": string("A Secret of registry credentials.")}),
+                    "description": "As a pod's: [{name: regcred}], not [regcred].",
+                },
                 "podSecurityContext": OPEN_OBJECT,
                 "containerSecurityContext": OPEN_OBJECT,
                 "operator": obj(
@@ -280,7 +289,13 @@ def values_schema() -> dict[str, Any]:
                                 "enabled": {"type": "boolean"},
                                 "className": string(),
                                 "annotations": STRING_MAP,
-                                "hosts": LIST,
+                                "hosts": {
+                                    "type": "array",
+                                    "items": obj(
+                                        {"host": string(), "paths": LIST},
+                                        required=["host", "paths"],
+                                    ),
+                                },
                                 "tls": LIST,
                             }
                         ),

@@ -678,6 +678,23 @@ def test_notes_render(helm) -> None:
     notes = run.stdout.split("NOTES:", 1)[1]
     assert "v5p-2x2x2: tpu-v5p 2x2x2, 2 host(s)" in notes
     assert "kubectl delete islands -l app.kubernetes.io/instance=pw" in notes
+    # Islands taking their kind, topology and hosts from islandDefaults, and TLS: the API
+    # answers HTTPS only.
+    run = helm(
+        "install",
+        "pw",
+        str(CHART),
+        "--dry-run=client",
+        *("--set", "islandDefaults.acceleratorKind=cpu-fake", "--set", "islandDefaults.hosts=2"),
+        *("--set", "islandDefaults.topology=2x4", "--set", "islandDefaults.devicesPerHost=4"),
+        *("--set", "islands[0].name=a", "--set-json", "islands[0].spec={}"),
+        *("--set", "tls.enabled=true"),
+        *("--set", "tls.secretName=pathways-tls"),
+    )
+    assert run.returncode == 0, run.stderr
+    notes = run.stdout.split("NOTES:", 1)[1]
+    assert "- a: cpu-fake 2x4, 2 host(s)" in notes
+    assert "curl --cacert ca.crt https://127.0.0.1:8080/healthz" in notes
 
 
 # --- bad values ------------------------------------------------------------------------------
@@ -782,6 +799,16 @@ BAD_VALUES = [
         ("api.limits.rateLimit=fast",),
         ["/api/limits/rateLimit", "does not match pattern"],
         id="rate-limit",
+    ),
+    pytest.param(
+        ("operator.podDisruptionBudget.maxUnavailable=abc",),
+        ["/operator/podDisruptionBudget/maxUnavailable", "anyOf"],
+        id="pdb-not-a-count",
+    ),
+    pytest.param(
+        ("operator.healthPort=9090",),
+        ["operator.healthPort and operator.metricsPort are both 9090"],
+        id="one-port-for-two-servers",
     ),
     pytest.param(
         (*PROXY_ON, "proxy.priority=10"),
