@@ -10,7 +10,6 @@ from test_dispatcher import island, to_executors
 
 from pathways_core.scheduling.costs import (
     MIN_NS_PER_DEVICE,
-    OUTLIER,
     RECENT,
     SETTLED,
     STEADY,
@@ -20,34 +19,31 @@ from pathways_core.scheduling.queue import IslandQueue
 from pathways_core.wire import pb
 
 
-def test_work_costs_the_mean_device_time_of_its_functions_runs_in_steps() -> None:
+def test_a_functions_price_is_set_from_its_runs_a_few_times_then_stays() -> None:
     costs = DeviceTimeCosts(limit=2)
     assert costs.cost("f", 4) == 4 * MIN_NS_PER_DEVICE  # nothing measured yet: next to nothing
     costs.measured("f", 4, 150_000_000)  # its first run (compiling) is not counted
-    assert costs.cost("f", 4) == 4 * MIN_NS_PER_DEVICE
-    for device_ns in (400_000, 420_000, 380_000):
+    for device_ns in (400_000, 420_000, 380_000, 30_000_000, 400_000, 400_000, 410_000):
         costs.measured("f", 4, device_ns)
+        assert costs.cost("f", 4) == 4 * MIN_NS_PER_DEVICE  # fewer than SETTLED runs
+    costs.measured("f", 4, 390_000)  # the SETTLED-th: the median of them, a held-up one aside
     assert costs.cost("f", 4) == pytest.approx(400_000)
+    assert costs.cost("g", 2) == pytest.approx(2 * 400_000 / 4)  # the island's typical
     costs.measured("f", 4, 0)  # a report with no times measures nothing
+    for _ in range(SETTLED):  # the mean moves within STEADY: the price stays
+        costs.measured("f", 4, 460_000)
     assert costs.cost("f", 4) == pytest.approx(400_000)
+    costs.measured("f", 4, 300_000_000)  # held up by the host: counts as OUTLIER x the mean
+    for _ in range(8 * RECENT):  # the runs changed: the price follows at its next looks
+        costs.measured("f", 4, 100_000)
+    assert costs.cost("f", 4) <= 100_000 / (1 - STEADY)  # within a step of the new mean
+    costs.measured("h", 1, 10)
     for _ in range(SETTLED):
-        costs.measured("f", 4, 400_000)
-    costs.measured("f", 4, 30_000_000)  # held up by the host: counts as OUTLIER times the mean
-    assert costs.cost("f", 4) == pytest.approx(400_000 + (OUTLIER - 1) * 400_000 / 12)
-    for _ in range(10 * RECENT):  # the old runs weigh ever less: the price steps down
-        costs.measured("f", 4, 200_000)
-    price = costs.cost("f", 4)
-    assert 200_000 <= price <= (1 + STEADY) * 200_000
-    for _ in range(RECENT):  # moves within STEADY leave the price as it was
-        costs.measured("f", 4, 230_000)
-    assert costs.cost("f", 4) == price
-    assert costs.cost("g", 2) == pytest.approx(2 * 230_000 / 4, rel=0.01)  # the island's typical
-    costs.measured("h", 1, 10)
-    costs.measured("h", 1, 10)
+        costs.measured("h", 1, 10)
     assert costs.cost("h", 1) == MIN_NS_PER_DEVICE  # never free
-    costs.measured("k", 1, 5_000)
-    costs.measured("k", 1, 5_000)  # past the limit the least recently measured goes
-    assert costs.cost("f", 4) != price
+    for _ in range(SETTLED + 1):
+        costs.measured("k", 1, 5_000)  # past the limit the least recently measured goes
+    assert costs.cost("f", 4) != pytest.approx(100_000, rel=STEADY)
     costs.forget("k")
     assert costs.cost("k", 1) != 5_000
 

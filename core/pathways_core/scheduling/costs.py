@@ -7,16 +7,22 @@ island's executors report it) of its runs, the last ``RECENT`` or so, not its ow
 tenant running one function then pays alike for it, so shares of a function's runs follow the
 weights, however a shared host's load makes single runs vary; and a function taking ten times
 longer than another costs ten times more, so shares of device time follow the weights across
-functions too. A price that moves while tenants take turns favours the light ones: after a
-cheap turn a tenant of weight 1 comes back soon, after a dear one late, so it takes more of
-the cheap turns (with the median of nine runs, which swung between the 10 µs and 70 µs an
-executor reports for one small function, weight 1 of 1:2:4:8 got 8% of the island, not 6.7%):
-hence a mean over many runs (the median of its first ``SETTLED``, until it has more), which
-the price follows by steps (``STEADY``). The first run of a function is not counted (it
-compiles, and reads its inputs from the host: charged its 150 ms, a tenant waited out the
-whole run), a run past ``OUTLIER`` times the mean counts as that much, and one reported with
-no times (refused before it ran) not at all. Work not measured yet costs its devices times
-the island's typical time per device (next to nothing before anything was measured).
+functions too.
+
+A price that moves while tenants take turns favours the light ones: after a cheap turn a
+tenant of weight 1 comes back soon, after a dear one late, so it takes more of the cheap turns
+(with the median of nine runs, which swung between the 10 µs and 70 µs an executor reports
+for one small function, weight 1 of 1:2:4:8 got 8% of the island, not 6.7%). So a function's
+price is the median of its first ``SETTLED`` runs, then follows the mean of its runs by steps
+(``STEADY``), looked at after twice as many runs each time (at most every ``RECENT``): it is
+set a few times, then stays while the function's runs do (stepping at every run past a
+quarter, the lightest of 1:2:4:8 got 7% in one run in ten).
+
+The first run of a function is not counted (it compiles, and reads its inputs from the host:
+charged its 150 ms, a tenant waited out the whole run), a run past ``OUTLIER`` times the mean
+counts as that much, and one reported with no times (refused before it ran) not at all. Work
+of a function without a price yet costs its devices times the island's typical time per
+device (of the prices set so far; next to nothing before any was).
 """
 
 from __future__ import annotations
@@ -41,8 +47,9 @@ OUTLIER = 10
 runs): one held up by the host's load for 30 ms moves a 70 µs function's price by 3 µs."""
 
 SETTLED = 8
-"""Runs of a function whose median is its price until it has more; then each run moves the
-mean (by 1/n, past ``RECENT`` runs by 1/RECENT)."""
+"""Runs of a function counted before it has a price of its own (the median of them; until
+then, the island's typical time per device); then each run moves the mean (by 1/n, past
+``RECENT`` runs by 1/RECENT)."""
 
 STEADY = 0.25
 """A function's price follows its mean only once the mean moved this far from it (a quarter):
@@ -50,7 +57,7 @@ a price that moves with every run, even by the noise of single runs, favours the
 tenants (see above); one that moves by steps follows the real changes."""
 
 SMOOTHING = 0.1
-"""The weight of a new measurement in the island's typical time per device."""
+"""The weight of a new price in the island's typical time per device."""
 
 MAX_MEASURED = 16_384
 """Functions and programs whose runs are kept (the least recently measured go first)."""
@@ -61,9 +68,11 @@ class _Runs:
     first: list[float] = field(default_factory=list)  # the first SETTLED runs counted
     counted: int = 0
     mean: float | None = None  # None until a run past the first is counted
-    price: float | None = None  # the mean when it last moved past STEADY of the price
+    price: float | None = None  # None until SETTLED runs are counted
+    review: int = SETTLED  # the count of runs at which the price is looked at next
 
-    def add(self, device_ns: float) -> None:
+    def add(self, device_ns: float) -> bool:
+        """Count a run; whether the price changed."""
         if self.counted < SETTLED:
             # The median of the first few: the second run, often still slow (1.6 ms of a
             # 0.1 ms function), weighed as much as the next nine together in a mean.
@@ -76,8 +85,16 @@ class _Runs:
             device_ns = min(device_ns, OUTLIER * self.mean)
             self.mean += (device_ns - self.mean) / min(self.counted + 1, RECENT)
         self.counted += 1
-        if self.price is None or abs(self.mean - self.price) > STEADY * self.price:
-            self.price = self.mean
+        if self.counted < self.review:
+            return False
+        # Looked at after SETTLED runs, then twice as many, ... (every RECENT at most): the
+        # noise of a mean of more runs moves it less, so the price of a steady function
+        # settles after a few looks, and a function whose runs changed is followed.
+        self.review = min(2 * self.counted, self.counted + RECENT)
+        if self.price is not None and abs(self.mean - self.price) <= STEADY * self.price:
+            return False
+        self.price = self.mean
+        return True
 
 
 class DeviceTimeCosts:
@@ -103,9 +120,9 @@ class DeviceTimeCosts:
         runs = self._runs.pop(key, None)
         if runs is None:  # its first run: kept as seen, not counted
             runs = _Runs()
-        else:
-            runs.add(device_ns)
-            per_device = device_ns / devices
+        elif runs.add(device_ns) and runs.price is not None:
+            # The island's typical time per device follows the prices set, not single runs.
+            per_device = runs.price / devices
             typical = self._ns_per_device
             self._ns_per_device = (
                 per_device if typical is None else typical + SMOOTHING * (per_device - typical)
