@@ -161,7 +161,7 @@ class KubernetesStore:
         try:
             answer = await self.http.request(method, path, headers=headers, **arguments)
         except httpx.HTTPError as error:
-            raise Unavailable(f"the Kubernetes API server did not answer: {error}") from None
+            raise Unavailable(f"the Kubernetes API server did not answer: {_said(error)}") from None
         if answer.status_code == 404 and method != "POST":
             return None  # (a create's 404 is its namespace missing: the cluster's, below)
         if answer.status_code < 400:
@@ -172,7 +172,17 @@ class KubernetesStore:
             message = answer.text
         if answer.status_code == 409 and method == "POST":
             name = (arguments.get("json") or {}).get("metadata", {}).get("name")
-            raise Conflict(f"an object named {name!r} already exists", field="metadata.name")
+            existing = await self._call("GET", f"{path}/{urllib.parse.quote(str(name), safe='')}")
+            deleting = ((existing or {}).get("metadata") or {}).get("deletionTimestamp")
+            raise Conflict(
+                f"an object named {name!r} "
+                + (
+                    "is still being deleted; submit it again once it is gone"
+                    if deleting
+                    else "already exists"
+                ),
+                field="metadata.name",
+            )
         if answer.status_code == 409:
             raise Conflict(f"the object changed or is being deleted; try again ({message})")
         refusal = _admission_refusal(answer.status_code, message)
@@ -510,7 +520,9 @@ class KubernetesStore:
                     f"/api/v1/namespaces/{namespace}/pods/{pod_name}/log", headers=self._headers()
                 )
             except httpx.HTTPError as error:
-                raise Unavailable(f"the Kubernetes API server did not answer: {error}") from None
+                raise Unavailable(
+                    f"the Kubernetes API server did not answer: {_said(error)}"
+                ) from None
             number = labels.get("pathways.dev/run", "")
             if answer.status_code == 200 and number.isdigit():
                 parts.append((int(number), LogBytes(answer.content)))
@@ -687,3 +699,8 @@ def _lease_free(lease: Document, now: datetime.datetime) -> bool:
     except (KeyError, ValueError):
         return True  # a hold that says nothing of its time holds nothing
     return now > renewed + datetime.timedelta(seconds=duration)
+
+
+def _said(error: Exception) -> str:
+    """What an HTTP error says: its words, or its kind (httpx's timeouts carry none)."""
+    return str(error) or f"{type(error).__name__} (after its timeout)"

@@ -17,7 +17,7 @@ from kube_cluster import Cluster, wait_for
 
 from pathways_api import kube_store
 from pathways_api.app import create_app
-from pathways_api.errors import RateLimited, Unauthorized
+from pathways_api.errors import RateLimited, Unauthorized, Unavailable
 from pathways_api.kube_store import KubernetesStore, TokenReviewer
 from pathways_api.service import Service
 
@@ -403,8 +403,21 @@ def test_names_labels_and_the_api_servers_errors_reach_the_tenant_as_theirs(
     cluster: Cluster, api: Api
 ) -> None:
     # A name is one path segment: never a query, '..' or another namespace's path.
-    for path in ("/v1/programs/%3FlabelSelector=x", "/v1/islands/%2E%2E"):
+    for path in (
+        "/v1/programs/%3FlabelSelector=x",
+        "/v1/islands/%2E%2E",
+        "/v1/programs/" + "a" * 300,
+    ):
         assert call(api, "token-a", "GET", path).status_code == 404, path
+    # A name still being deleted says so (it said "already exists", as embedded mode does not).
+    held = {**program("going"), "apiVersion": "pathways.dev/v1alpha1", "kind": "PathwaysProgram"}
+    held["metadata"] = {"name": "going", "namespace": "team-a", "finalizers": ["test/hold"]}
+    cluster.create(held)
+    cluster.delete("PathwaysProgram", "going", "team-a")
+    again = call(api, "token-a", "POST", "/v1/programs", json=program("going"))
+    assert again.status_code == 409
+    assert "is still being deleted; submit it again once it is gone" in again.text
+    cluster.patch("PathwaysProgram", "going", {"metadata": {"finalizers": None}}, "team-a")
     # The system's labels are the system's: a program's label freed a slice of the quota.
     labelled = {
         "metadata": {"name": "free", "labels": {"pathways.dev/program": "nope"}},
@@ -453,3 +466,24 @@ def test_pages_move_on_from_the_last_item_given(cluster: Cluster, api: Api) -> N
     assert [p["metadata"]["name"] for p in second.json()["items"]] == ["d3", "d4"]
     bad = call(api, "token-a", "GET", "/v1/virtualslices", params={"continue": "c2VxOi0x"})
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "query continue"
+
+
+def test_an_api_server_that_does_not_answer_is_named_with_what_happened() -> None:
+    """A timeout said nothing: 'the Kubernetes API server did not answer: ' and no cause."""
+    import socket
+
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    try:
+        store = KubernetesStore(f"http://127.0.0.1:{silent.getsockname()[1]}", None)
+        store.http = httpx.AsyncClient(base_url=store.server, timeout=0.3)
+
+        async def ask() -> None:
+            try:
+                await store.get("PathwaysProgram", "team-a", "p")
+            finally:
+                await store.http.aclose()
+
+        with pytest.raises(Unavailable, match=r"did not answer: ReadTimeout \(after its timeout\)"):
+            asyncio.run(ask())
+    finally:
+        silent.close()
