@@ -198,6 +198,16 @@ class KubernetesStore:
             )
         raise Unavailable(f"the Kubernetes API server answered {answer.status_code}: {message}")
 
+    async def _merge_patch(self, path: str, body: Document) -> Any:
+        """A JSON merge patch of the object at ``path`` (one carrying a resourceVersion is
+        refused, 409, if the object changed since)."""
+        return await self._call(
+            "PATCH",
+            path,
+            content=json.dumps(body),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
     @staticmethod
     def _path(kind: str, namespace: str | None, name: str | None = None) -> str:
         parts = [f"/apis/{GV}"]
@@ -350,13 +360,8 @@ class KubernetesStore:
                     return str(made["metadata"]["resourceVersion"])
                 if _lease_free(lease, now):
                     version = lease["metadata"]["resourceVersion"]
-                    taken = await self._call(
-                        "PATCH",
-                        path,
-                        content=json.dumps(
-                            {"metadata": {"resourceVersion": version}, "spec": spec}
-                        ),
-                        headers={"Content-Type": "application/merge-patch+json"},
+                    taken = await self._merge_patch(
+                        path, {"metadata": {"resourceVersion": version}, "spec": spec}
                     )
                     if taken is not None:
                         return str(taken["metadata"]["resourceVersion"])
@@ -375,13 +380,8 @@ class KubernetesStore:
         that one's hold stands)."""
         path = f"{_leases(namespace)}/{ADMISSION_LEASE}"
         with contextlib.suppress(Conflict, Unavailable):
-            await self._call(
-                "PATCH",
-                path,
-                content=json.dumps(
-                    {"metadata": {"resourceVersion": version}, "spec": {"holderIdentity": ""}}
-                ),
-                headers={"Content-Type": "application/merge-patch+json"},
+            await self._merge_patch(
+                path, {"metadata": {"resourceVersion": version}, "spec": {"holderIdentity": ""}}
             )
 
     async def get(self, kind: str, namespace: str | None, name: str) -> Document | None:
@@ -448,12 +448,7 @@ class KubernetesStore:
             version = {"resourceVersion": document["metadata"]["resourceVersion"]}
             body = {**patch, "metadata": {**patch.get("metadata", {}), **version}}
             try:
-                patched = await self._call(
-                    "PATCH",
-                    path,
-                    content=json.dumps(body),
-                    headers={"Content-Type": "application/merge-patch+json"},
-                )
+                patched = await self._merge_patch(path, body)
             except Conflict:  # changed since it was read
                 continue
             if patched is None:

@@ -406,7 +406,7 @@ class IslandDispatcher:
     def _enqueue(self, client: str, item: pb.Computation | _Call) -> str | None:
         """Queue work; why it was refused (the island's queue is full), if it was."""
         try:
-            self.queue.submit(client, item, cost=self._price(item))
+            self.queue.submit(client, item)  # work: priced when taken (``_price``)
         except QueueFull as full:
             return busy_message(self.island, client, full.queued, full.limit, full.per_client)
         return None
