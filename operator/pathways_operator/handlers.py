@@ -56,6 +56,8 @@ GV = f"{GROUP}/{VERSION}"
 FINALIZER = "pathways.dev/finalizer"
 # At least a second: a zero interval would spin.
 MIN_RESYNC_SECONDS = 1.0
+# How long a cancelled resync daemon may take to end (its reconcile's requests aborted).
+CANCEL_SECONDS = 5.0
 
 logger = logging.getLogger(__name__)
 
@@ -332,9 +334,11 @@ async def _resync_due(memo: kopf.Memo) -> bool:
     return False
 
 
-# Resyncs are daemons rather than kopf timers: a daemon is cancelled when the operator pauses
-# for a peer, and ends by itself when the operator stops (kopf gives lingering tasks 5 s).
-@kopf.daemon(GROUP, VERSION, "islands", cancellation_timeout=0)
+# Resyncs are daemons rather than kopf timers: a daemon is cancelled when its object is
+# deleted or the operator pauses for a peer. (With a cancellation timeout of 0 kopf would not
+# cancel a deleted object's daemon but leave it running, orphaned, for as long as the operator
+# runs; a daemon cancelled mid-reconcile ends within CANCEL_SECONDS or is left.)
+@kopf.daemon(GROUP, VERSION, "islands", cancellation_timeout=CANCEL_SECONDS)
 async def island_resync(name: str, memo: kopf.Memo, **_: Any) -> None:
     """Periodic reconcile and binding pass, in case an event was missed."""
     while await _resync_due(memo):
@@ -531,7 +535,7 @@ async def job_event(namespace: str, labels: Any, memo: kopf.Memo, **_: Any) -> N
     await _guard("program", reconcile(memo, namespace, labels[LABEL_PROGRAM]))
 
 
-@kopf.daemon(GROUP, VERSION, "pathwaysprograms", cancellation_timeout=0)
+@kopf.daemon(GROUP, VERSION, "pathwaysprograms", cancellation_timeout=CANCEL_SECONDS)
 async def program_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Periodic reconcile, in case an event was missed."""
     while await _resync_due(memo):

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from pathlib import Path
 
 import kmock
+import pytest
 from kube_cluster import NAMESPACE, Cluster, running_operator, wait_for
 from kube_harness import JobRunner, mark_ready, set_executor_pods
 from kube_manifests import island, program, vslice
@@ -225,6 +227,34 @@ def test_suspend_resume_and_cleanup(cluster: Cluster, operator, tmp_path: Path) 
         wait_for(lambda: cluster.get("PathwaysProgram", "long", "team") is None)
         assert cluster.get("Job", "long-run-2", "team") is None
         wait_for(lambda: cluster.get("VirtualSlice", "long-main", "team") is None)
+
+
+def test_a_deleted_programs_resync_ends_with_it(
+    cluster: Cluster, operator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kopf stops a program's resync daemon when the program goes; one left behind would
+    reconcile a program that no longer exists every resync, for as long as the operator runs
+    (one more per program ever deleted)."""
+    cluster.create(external_island("far", "127.0.0.1:1"))
+    names = [f"gone-{index}" for index in range(3)]
+    for name in names:
+        cluster.create(program(name, slices=[{"name": "main", "virtualSliceName": "absent"}]))
+    for name in names:
+        wait_for(lambda name=name: pstatus(cluster, name).get("reason"))
+    time.sleep(2.5)  # a resync of each has begun its wait
+    for name in names:
+        cluster.delete("PathwaysProgram", name, "team")
+    for name in names:
+        wait_for(lambda name=name: cluster.get("PathwaysProgram", name, "team") is None)
+
+    def reads_of_deleted(request: kmock.Request) -> bool:
+        url = str(request.url)
+        return "/pathwaysprograms/gone-" in url and str(request.method).upper().endswith("GET")
+
+    reads = cluster.requests_to(reads_of_deleted)
+    time.sleep(5)  # two resync intervals
+    assert cluster.requests_to(reads_of_deleted) == reads
+    assert not [line for line in caplog.messages if "did not exit in time" in line]
 
 
 def test_graph_program_runs_the_graph_runner_with_its_spec_mounted(
