@@ -99,7 +99,8 @@ class Callable:
 
 
 class FunctionCache:
-    """Loaded artifacts by function id, and their compiled forms by device set."""
+    """Loaded artifacts by function id; compiles them for a device set (the runner keeps the
+    compiled forms, a bounded number of them)."""
 
     def __init__(
         self, max_artifact_bytes: int | None = None, checker: ArtifactChecker | None = None
@@ -111,7 +112,6 @@ class FunctionCache:
         self._lock = threading.Lock()
         self._exported: dict[str, tuple[str, Any]] = {}
         self._failed: dict[str, str] = {}
-        self._callables: dict[tuple[str, tuple[int, ...]], Callable] = {}
 
     def register(self, function_id: str, artifact: bytes, name: str = "", kind: int = 0) -> None:
         """Load an artifact (``kind``: a ``pb.FunctionRegistration.Kind``, jax.export by
@@ -162,44 +162,26 @@ class FunctionCache:
             self._failed.pop(function_id, None)
 
     def forget(self, function_ids: Collection[str]) -> None:
-        """Drop functions no session uses any more: their artifacts and compiled forms (a
-        later registration of the same id loads it again)."""
-        forgotten = set(function_ids)
+        """Drop functions no session uses any more (a later registration of the same id
+        loads it again)."""
         with self._lock:
-            for function_id in forgotten:
+            for function_id in function_ids:
                 self._exported.pop(function_id, None)
                 self._failed.pop(function_id, None)
-            for key in [key for key in self._callables if key[0] in forgotten]:
-                del self._callables[key]
 
     def forget_all(self) -> None:
         """Drop every function (its scheduler was replaced: no session uses any)."""
         with self._lock:
             self._exported.clear()
             self._failed.clear()
-            self._callables.clear()
 
     @property
     def loaded(self) -> int:
         """Functions registered and not forgotten."""
         return len(self._exported)
 
-    @property
-    def executables(self) -> int:
-        """Compiled forms held, one per function and device set."""
-        return len(self._callables)
-
-    def compiled(self, function_id: str, devices: list[jax.Device]) -> Callable | None:
-        """The function compiled for these devices, if it was already; never compiles."""
-        with self._lock:
-            return self._callables.get((function_id, tuple(device.id for device in devices)))
-
     def callable(self, function_id: str, devices: list[jax.Device]) -> Callable:
         """The function compiled for these devices (in the slice's virtual order)."""
-        cached = self.compiled(function_id, devices)
-        if cached is not None:
-            return cached
-        key = (function_id, tuple(device.id for device in devices))
         with self._lock:
             if function_id in self._failed:
                 raise FunctionError(self._failed[function_id])
@@ -207,7 +189,7 @@ class FunctionCache:
                 raise FunctionError(f"function {function_id[:12]} was never registered")
             name, exported = self._exported[function_id]
         if isinstance(exported, stablehlo.Program):
-            return self._stablehlo_callable(key, name, exported, devices)
+            return self._stablehlo_callable(name, exported, devices)
         if exported.nr_devices != len(devices):
             raise FunctionError(
                 f"function {name!r} was exported for {exported.nr_devices} device(s) but the "
@@ -243,7 +225,7 @@ class FunctionCache:
         # devices into the call, they are told (else it runs on one device, and refuses to).
         told = None if single or exported.in_avals else out_shardings
         run = jax.jit(traced, out_shardings=_traced_shardings(len(outputs), token, told), **placed)
-        built = Callable(
+        return Callable(
             name=name,
             run=run,
             in_shardings=shardings,
@@ -254,9 +236,6 @@ class FunctionCache:
             moves_inputs=single,
             token_sharding=token,
         )
-        with self._lock:
-            self._callables[key] = built
-        return built
 
     def _stablehlo(self, label: str, artifact: bytes) -> stablehlo.Program:
         """Load a STABLEHLO artifact, its module parsed by the checker's helper first."""
@@ -274,10 +253,8 @@ class FunctionCache:
         except stablehlo.ProgramError as error:
             raise FunctionError(str(error)) from None
 
-    def _stablehlo_callable(
-        self, key: tuple[str, tuple[int, ...]], name: str, program: Any, devices: list[jax.Device]
-    ) -> Callable:
-        """A STABLEHLO program compiled on this executor for ``devices``; cached."""
+    def _stablehlo_callable(self, name: str, program: Any, devices: list[jax.Device]) -> Callable:
+        """A STABLEHLO program compiled on this executor for ``devices``."""
         try:
             try:
                 compiled = stablehlo.compile_for(program, devices)
@@ -296,7 +273,7 @@ class FunctionCache:
             raise FunctionError(
                 f"function {name!r}: out of memory compiling it ({error!r})"
             ) from None
-        built = Callable(
+        return Callable(
             name=name,
             run=compiled.run,
             in_shardings=compiled.in_shardings,
@@ -304,9 +281,6 @@ class FunctionCache:
             out_count=len(program.out_avals),
             description=compiled.description,
         )
-        with self._lock:
-            self._callables[key] = built
-        return built
 
 
 def _traced_shardings(

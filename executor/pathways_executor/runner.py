@@ -15,7 +15,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable as Fn
 from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +51,9 @@ RESUME_AT = 4
 # of them finished, or once this many are held.
 LINGER_SECONDS = 0.002
 MAX_HELD = 256
+# Compiled functions an executor holds at most (one for each function and device set run here
+# lately): ~1.5 MiB each for the smallest on CPU. One dropped is compiled again at its next run.
+MAX_EXECUTABLES = 256
 # Dispatched computations are handed to the completion thread together: woken once per
 # computation, it took the interpreter from the runner as often (the engine alone ran a 16-stage
 # chain of trivial stages in 1.7-2.0 ms with it, 1.4-1.5 ms handing over per batch).
@@ -474,6 +477,7 @@ class Runner:
         island_devices: dict[int, jax.Device],
         fetch: Fn[[pb.InputSource], np.ndarray],
         emit: Fn[[list[pb.ExecutorEvent]], None],
+        max_executables: int = MAX_EXECUTABLES,
     ) -> None:
         self.index = index
         self.devices = island_devices
@@ -511,8 +515,13 @@ class Runner:
         # Per forget command (by seq): the plans it drops, as the command reader found them (a
         # program registered again after it, already read, keeps its new plan).
         self._retiring: dict[int, list[tuple[str, Plan | None]]] = {}
-        # Functions resolved for a slice, by (function id, island devices): looked up once.
-        self._functions: dict[tuple[str, tuple[int, ...]], tuple[Callable, list[jax.Device]]] = {}
+        # Functions compiled for a slice, by (function id, island devices), least recently
+        # run first: at most max_executables (a sweep over a static argument would otherwise
+        # keep an executable per value on an executor its island's tenants share).
+        self._functions: OrderedDict[
+            tuple[str, tuple[int, ...]], tuple[Callable, list[jax.Device]]
+        ] = OrderedDict()
+        self.max_executables = max_executables
         self.inputs_taken_over = 0  # by their last use, for tests and the executor's Info
         self._transfers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="transfer")
         # Buffers held here in part whose whole was assembled beside them (under WHOLE + id).
@@ -742,7 +751,7 @@ class Runner:
             if taken := self.buffers.first_set(computation.outputs):
                 raise ComputationError(self._taken(taken))
             key = (computation.function_id, tuple(computation.devices))
-            function, devices = self._functions.get(key) or self._resolve(computation, key)
+            function, devices = self._executable(computation, key)
             if computation.describe:
                 self._describe(command, function.description, time.time_ns())
                 return
@@ -1073,7 +1082,7 @@ class Runner:
         how its inputs are moved to its device where that takes no checks (see _Moves)."""
         node = step.node
         key = (node.function_id, tuple(node.devices))
-        function, devices = self._functions.get(key) or self._resolve(node, key)
+        function, devices = self._executable(node, key)
         shardings = function.in_shardings
         moves = None
         if (
@@ -1127,18 +1136,30 @@ class Runner:
             else:
                 failed[name] = failure
 
-    def _resolve(
+    def _executable(
         self, computation: pb.Computation, key: tuple[str, tuple[int, ...]]
     ) -> tuple[Callable, list[jax.Device]]:
         """The function of a computation compiled for its slice's devices, compiling it if
-        this is its first run there; remembered by ``key`` (function id, island devices)."""
+        it is not held (first run there, or dropped as least recently run); held by ``key``
+        (function id, island devices)."""
+        found = self._functions.get(key)
+        if found is not None:
+            self._functions.move_to_end(key)
+            return found
         devices = self._slice_devices(computation)
-        function = self.functions.compiled(computation.function_id, devices)
-        if function is None:
-            self._hand_over()  # compiling takes a while: completions go on meanwhile
-            function = self.functions.callable(computation.function_id, devices)
-        self._functions[key] = (function, devices)
-        return function, devices
+        self._hand_over()  # compiling takes a while: completions go on meanwhile
+        compiled = self._functions[key] = (
+            self.functions.callable(computation.function_id, devices),
+            devices,
+        )
+        while len(self._functions) > self.max_executables:
+            self._functions.popitem(last=False)
+        return compiled
+
+    @property
+    def executables(self) -> int:
+        """Compiled functions held, one per function and device set."""
+        return len(self._functions)
 
     def _await_input(self, buffer_id: str, held: list[str]) -> Any:
         """An input not in hand yet (pending, pulled from another executor, or failed),

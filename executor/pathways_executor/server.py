@@ -227,7 +227,7 @@ class ExecutorService:
             buffer_bytes=buffer_bytes,
             inputs_taken_over=self.runner.inputs_taken_over,
             functions=self.runner.functions.loaded,
-            executables=self.runner.functions.executables,
+            executables=self.runner.executables,
             programs=self.runner.programs,
             incarnation=self.incarnation,
         )

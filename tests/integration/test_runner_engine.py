@@ -688,7 +688,7 @@ def test_a_forget_drops_what_came_before_it_and_not_what_is_registered_after() -
         runner.submit([run(10, "after", ["host"])])
         failed = events.get(timeout=60)
         assert not failed.ok and "was never registered" in failed.message
-        assert (runner.functions.loaded, runner.functions.executables, runner.programs) == (0, 0, 0)
+        assert (runner.functions.loaded, runner.executables, runner.programs) == (0, 0, 0)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "bool", "float64"])
@@ -791,3 +791,56 @@ def test_a_function_with_small_outputs_has_no_token_and_is_awaited_through_them(
         assert [e.computation_id for e in reported] == [f"s{step}" for step in range(steps)]
         np.testing.assert_array_equal(np.asarray(runner.buffers.get(previous, 10)), steps)
         assert not runner._watched  # each output awaited through itself, until reported
+
+
+def test_executables_held_are_bounded_dropping_the_least_recently_run(monkeypatch) -> None:
+    """A sweep over many functions (a static argument's values) keeps at most
+    ``max_executables`` compiled; the one run longest ago goes first and is compiled again,
+    with the same result, at its next run; one run lately stays."""
+    events: queue.Queue[pb.ExecutorEvent] = queue.Queue()
+    runner = Runner(
+        0,
+        {0: jax.devices()[0]},
+        lambda source: None,
+        lambda batch: [events.put(e) for e in batch],
+        max_executables=2,
+    )
+    compiled: list[str] = []
+    build = runner.functions.callable
+    monkeypatch.setattr(
+        runner.functions,
+        "callable",
+        lambda function_id, devices: compiled.append(function_id) or build(function_id, devices),
+    )
+    artifacts = [export(lambda x, n=n: x * n, f32(4)) for n in range(3)]
+    ids = [hashlib.sha256(artifact).hexdigest() for artifact in artifacts]
+    try:
+        runner.put_array("host", np.ones(4, np.float32))
+        runner.submit(
+            [
+                pb.ExecutorCommand(
+                    seq=seq,
+                    register=pb.FunctionRegistration(function_id=function_id, artifact=artifact),
+                )
+                for seq, (function_id, artifact) in enumerate(zip(ids, artifacts, strict=True), 1)
+            ]
+        )
+        seq = itertools.count(10)
+
+        def run_each(*positions: int) -> None:
+            for position in positions:
+                name = f"r{next(seq)}"
+                runner.submit([run(next(seq), name, ["host"], function=artifacts[position])])
+                assert events.get(timeout=60).ok
+                np.testing.assert_array_equal(
+                    np.asarray(runner.buffers.get(f"{name}-out", 10)), float(position)
+                )
+
+        run_each(0, 1, 0, 2)  # 0 was run after 1: 1 goes when 2 comes
+        assert runner.executables == 2
+        assert compiled == [ids[0], ids[1], ids[2]]
+        run_each(0, 2, 1)  # held: no compile; then 1 again, in place of 0
+        assert compiled == [ids[0], ids[1], ids[2], ids[1]]
+        assert runner.executables == 2
+    finally:
+        runner.stop()
