@@ -5,7 +5,8 @@ the arguments of a call: static ones (``static_argnums`` / ``static_argnames``) 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+import operator
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 Statics = tuple[tuple[int | str, Any], ...]
@@ -20,8 +21,8 @@ class Parameters:
         self,
         fun: Callable[..., Any],
         owner: str,
-        static_argnums: int | Sequence[int] = (),
-        static_argnames: str | Sequence[str] = (),
+        static_argnums: int | Sequence[int] | None = (),
+        static_argnames: str | Iterable[str] | None = (),
     ) -> None:
         self.owner = owner
         self.signature = _signature(fun)  # read once: keyword calls bind through it
@@ -33,16 +34,17 @@ class Parameters:
         return bool(self.static_positions or self.static_names)
 
     def _statics(
-        self, numbers: int | Sequence[int], names: str | Sequence[str]
+        self, given_numbers: Any, given_names: Any
     ) -> tuple[frozenset[int], frozenset[str]]:
         """The static arguments' positions and names, each completed from the other through
-        the signature, as ``jax.jit`` does."""
-        numbers = (numbers,) if isinstance(numbers, int) else tuple(numbers)
-        names = (names,) if isinstance(names, str) else tuple(names)
-        if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
-            raise TypeError(f"static_argnums: expected positions (got {numbers})")
-        if not all(isinstance(n, str) for n in names):
-            raise TypeError(f"static_argnames: expected names (got {names})")
+        the signature, as ``jax.jit`` does (``None``, one, or several of each)."""
+        numbers = self._positions(given_numbers)
+        names = (given_names,) if isinstance(given_names, str) else _items(given_names)
+        if names is None or not all(isinstance(n, str) for n in names):
+            raise TypeError(
+                f"{self.owner}: static_argnames: expected a name or names of arguments "
+                f"(got {given_names!r})"
+            )
         parameters = self.signature.parameters.values() if self.signature else ()
         kinds = {p.kind for p in parameters}
         if self.signature is not None and inspect.Parameter.VAR_POSITIONAL not in kinds:
@@ -71,6 +73,22 @@ class Parameters:
         positions = {*numbers, *(self.names.index(n) for n in names if n in self.names)}
         named = {*names, *(self.names[n] for n in numbers if n < len(self.names))}
         return frozenset(positions), frozenset(named)
+
+    def _positions(self, given: Any) -> tuple[int, ...]:
+        """``static_argnums`` as positions: ``None``, one integer (a numpy one too), or
+        several; never a bool."""
+        items = _items(given)
+        if items is None:
+            items = (given,)
+        try:
+            if any(isinstance(n, bool) for n in items):
+                raise TypeError
+            return tuple(operator.index(n) for n in items)
+        except TypeError:
+            raise TypeError(
+                f"{self.owner}: static_argnums: expected a position or positions of arguments "
+                f"(got {given!r})"
+            ) from None
 
     def label(self, position: int) -> str:
         """``argument 'x' (position 0)``: the argument at ``position``, for messages."""
@@ -152,3 +170,13 @@ def _positional_names(signature: inspect.Signature | None) -> list[str]:
         for p in signature.parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
+
+
+def _items(given: Any) -> tuple[Any, ...] | None:
+    """``given`` as a tuple of its items (``None`` as none); ``None`` if it is not iterable."""
+    if given is None:
+        return ()
+    try:
+        return tuple(given)
+    except TypeError:
+        return None
