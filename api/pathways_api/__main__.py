@@ -58,7 +58,10 @@ def build(
     if mode == "kubernetes":
         from pathways_api.kube_store import KubernetesStore, TokenReviewer
 
-        store = KubernetesStore.from_environment()
+        try:
+            store = KubernetesStore.from_environment()
+        except ValueError as error:  # a setting that is not usable, named
+            raise SystemExit(str(error)) from None
         return create_app(
             Service(store, "kubernetes"),
             TokenReviewer(store),

@@ -32,6 +32,12 @@ from pathways_api.errors import Unauthorized
 from pathways_core.resources.base import DNS_LABEL_PATTERN, MAX_PRIORITY
 
 DEFAULT_QUOTAS = {"devices": 64, "programs": 100, "priority": MAX_PRIORITY}
+# Each quota's least and greatest value: a priority cap may be negative, as priorities may.
+QUOTA_BOUNDS = {
+    "devices": (0, None),
+    "programs": (0, None),
+    "priority": (-MAX_PRIORITY, MAX_PRIORITY),
+}
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,39 @@ class Tenant:
 
     name: str
     quotas: Quotas = field(default_factory=Quotas)
+
+
+def quota(key: str, value: Any, name: str) -> int:
+    """``value`` of quota ``key`` if it is a whole number within bounds, else ``ValueError``
+    naming the setting ``name`` (never coerced: ``2.9``, ``"8"`` and ``true`` are refused,
+    not read as 2, 8 and 1)."""
+    low, high = QUOTA_BOUNDS[key]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        bounds = f"from {low} to {high}" if high is not None else f"{low} or more"
+        raise ValueError(f"{name}: expected a whole number {bounds}, not {value!r}")
+    return value
+
+
+def quotas_from_environment(environment: Mapping[str, str]) -> Quotas:
+    """Every tenant's quotas in a cluster: ``PATHWAYS_API_QUOTA_DEVICES``, ``_PROGRAMS`` and
+    ``_PRIORITY`` (the priority cap defaults to 0: no tenant may preempt another unless
+    allowed); ``ValueError`` naming the variable that is not a quota."""
+    values: dict[str, int] = {"priority": 0}
+    for key in DEFAULT_QUOTAS:
+        variable = f"PATHWAYS_API_QUOTA_{key.upper()}"
+        text = environment.get(variable, "").strip()
+        if text:
+            try:
+                number: Any = int(text)
+            except ValueError:
+                number = text
+            values[key] = quota(key, number, variable)
+    return Quotas(**values)
 
 
 class Authenticator(Protocol):
@@ -97,13 +136,19 @@ class TokenFile:
             if not isinstance(entry, Mapping) or not isinstance(entry.get("tokens"), list):
                 raise TokensFileError(f"{where}.tokens: expected a list of tokens")
             quotas = entry.get("quotas") or {}
-            unknown = set(quotas) - set(DEFAULT_QUOTAS)
+            if not isinstance(quotas, Mapping):
+                raise TokensFileError(f"{where}.quotas: expected a mapping of quotas")
+            unknown = sorted(set(quotas) - set(DEFAULT_QUOTAS), key=str)
             if unknown:
-                raise TokensFileError(f"{where}.quotas: unknown quota {sorted(unknown)[0]!r}")
+                raise TokensFileError(
+                    f"{where}.quotas: unknown quota {unknown[0]!r} "
+                    f"(quotas are {', '.join(DEFAULT_QUOTAS)})"
+                )
             try:
-                tenant = Tenant(name, Quotas(**{k: int(v) for k, v in quotas.items()}))
-            except (TypeError, ValueError):
-                raise TokensFileError(f"{where}.quotas: quotas are integers") from None
+                checked = {k: quota(k, v, f"{where}.quotas.{k}") for k, v in quotas.items()}
+            except ValueError as error:
+                raise TokensFileError(str(error)) from None
+            tenant = Tenant(name, Quotas(**checked))
             for token in entry["tokens"]:
                 if not isinstance(token, str) or not token:
                     raise TokensFileError(f"{where}.tokens: tokens are non-empty strings")

@@ -45,7 +45,7 @@ from typing import Any
 import httpx
 import yaml
 
-from pathways_api.auth import Quotas, Tenant
+from pathways_api.auth import Tenant, quotas_from_environment
 from pathways_api.errors import (
     ApiError,
     Conflict,
@@ -99,12 +99,7 @@ class KubernetesStore:
         self.http = httpx.AsyncClient(base_url=self.server, verify=verify, cert=cert, timeout=30)
         self._locks: dict[str, asyncio.Lock] = {}
         self.identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"  # in the Leases
-        self.quotas = Quotas(
-            devices=int(os.environ.get("PATHWAYS_API_QUOTA_DEVICES", Quotas.devices)),
-            programs=int(os.environ.get("PATHWAYS_API_QUOTA_PROGRAMS", Quotas.programs)),
-            # No tenant may preempt another unless allowed: priority decides who evicts whom.
-            priority=int(os.environ.get("PATHWAYS_API_QUOTA_PRIORITY", 0)),
-        )
+        self.quotas = quotas_from_environment(os.environ)
 
     @classmethod
     def from_environment(cls) -> KubernetesStore:
