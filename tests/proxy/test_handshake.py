@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
@@ -14,7 +15,9 @@ from proxy_harness import (
     start_proxy,
     stop_proxy,
 )
-from raw_client import P, RawSession, get_version
+from raw_client import P, RawSession, get_version, method
+
+from pathways_client.proxy.server import STORE_METADATA_KEY
 
 
 def test_stock_jax_sees_the_proxy_devices(proxy: ProxyProcess) -> None:
@@ -79,6 +82,58 @@ def test_one_session_too_many_is_refused_at_once_and_the_others_go_on() -> None:
             fourth.close()
         assert small.alive()
     finally:
+        stop_proxy(small)
+
+
+def test_uploads_stalled_by_one_client_keep_no_other_waiting() -> None:
+    """A client stopped mid-upload (a debugger, a suspended laptop, a slow link) left calls
+    waiting for their next chunk: each held a worker thread, and with every worker held the
+    proxy answered no one (another session's Init, even a GetVersion) until they ended."""
+    small = start_proxy("--backend", "local", "--devices", "2", "--max-sessions", "4")
+    stalled = threading.Event()
+    try:
+        with (
+            grpc.insecure_channel(small.address) as channel,
+            grpc.insecure_channel(small.address) as other_channel,
+        ):
+            stalling = RawSession(channel)
+            stalling.init()
+            store = method(
+                channel, "HostBufferStore", "stream_unary", "", "GrpcHostBufferStoreResponse"
+            )
+
+            def first_chunk_only():
+                yield P.GrpcHostBufferStoreRequest(data=b"x" * 1024)
+                stalled.wait(120)
+
+            uploads = []
+            for handle in range(64):  # far more than the threads the proxy ever had
+                metadata = P.GrpcHostBufferStoreMetadata(
+                    session_id=stalling.session_id, handle=handle, buffer_size=1 << 20
+                )
+                uploads.append(
+                    store.future(
+                        first_chunk_only(),
+                        metadata=[(STORE_METADATA_KEY, metadata.SerializeToString())],
+                    )
+                )
+            time.sleep(1)
+            other = RawSession(other_channel)
+            other.session_id = other.call("init_request", timeout=10).init_response.session_id
+            assert other.session_id
+            assert get_version(other_channel, 16, 25).version.protocol_version == 25
+            assert other.store(7, b"data") is not None
+            assert b"".join(other.lookup(7)) == b"data"
+            other.close()
+            stalled.set()
+            for upload in uploads:  # each ends short of its size, said so
+                with pytest.raises(grpc.RpcError) as failed:
+                    upload.result(timeout=30)
+                assert failed.value.code() == grpc.StatusCode.DATA_LOSS
+            stalling.close()
+        assert small.alive()
+    finally:
+        stalled.set()
         stop_proxy(small)
 
 

@@ -224,7 +224,7 @@ def proxy_command(
         except ProtocolUnavailable as exc:
             raise click.ClickException(str(exc)) from exc
         except OSError as exc:
-            raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
+            raise click.ClickException(f"{exc} (--host, --port)") from exc
         click.echo(
             # Tests and scripts read the address from this line: it follows "listening on".
             f"pathways proxy: listening on {host}:{bound} ({where}, IFRT proxy protocol "
@@ -234,7 +234,7 @@ def proxy_command(
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         stop.wait()
-        server.stop(grace=2).wait()
+        server.stop(grace=2)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -8,6 +8,10 @@ A stock JAX program with the ``proxy`` backend registered (see ``docs/proxy.md``
   version it cannot handle, which would abort it).
 - ``IfrtSession`` is one bidirectional stream per client: requests are handled in order by a
   :class:`~pathways_client.proxy.session.Session`; replies go back as they complete.
+
+The server runs on one asyncio loop (``grpc.aio``): a call waiting for its client (an upload
+whose next chunk is slow to come, a client stopped in a debugger) holds no thread, so one
+client cannot keep the others waiting; each session's requests run on a thread of its own.
 - ``HostBufferStore`` / ``HostBufferLookup`` / ``HostBufferDelete`` move array bytes in and out of
   a session's host buffer store, in 1 MiB chunks (read and written without the protobuf
   classes' copies, and held in memory JAX's CPU devices can take as it is).
@@ -17,13 +21,13 @@ The messages come from the installed jaxlib (:mod:`pathways_client.proxy.protoco
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
-import queue
 import secrets
 import threading
-from collections.abc import Iterator
-from concurrent import futures
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,27 +81,32 @@ class ProxyServer:
         self.protocol = protocol.load()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._sessions: dict[int, Session] = {}
-        self._opening = 0  # sessions admitted, not yet in _sessions
+        # Open sessions by id (None: admitted, still opening).
+        self._sessions: dict[int, Session | None] = {}
+        # Blocking work of sessions (waiting for their last replies, closing them), off the loop.
+        self.closing = ThreadPoolExecutor(
+            max_workers=UNARY_WORKERS, thread_name_prefix="proxy-session-end"
+        )
+        self.stopping = False  # the proxy stops: its sessions end with it
 
     # -- helpers -------------------------------------------------------------------------------
 
     def sessions(self) -> list[Session]:
         """The sessions open now."""
         with self._lock:
-            return list(self._sessions.values())
+            return [session for session in self._sessions.values() if session is not None]
 
-    def _buffers(self, session_id: int, context: grpc.ServicerContext) -> HostBuffers:
+    async def _buffers(self, session_id: int, context: grpc.aio.ServicerContext) -> HostBuffers:
         with self._lock:
             session = self._sessions.get(session_id)
         if session is None:
             # Never echo the id: it is a credential, and a guess must learn nothing.
-            context.abort(grpc.StatusCode.NOT_FOUND, "no open session has this session_id")
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no open session has this session_id")
         return session.host_buffers
 
-    def _metadata(
+    async def _metadata(
         self,
-        context: grpc.ServicerContext,
+        context: grpc.aio.ServicerContext,
         key: str,
         message: str,
         method: str,
@@ -107,14 +116,14 @@ class ProxyServer:
         """The protocol ``message`` the client sends as binary metadata ``key`` of ``method``;
         the call is aborted with ``missing`` without it, with ``malformed`` if it does not
         parse (the codes the stock server answers)."""
-        raw = next((v for k, v in context.invocation_metadata() if k == key), None)
+        raw = next((v for k, v in context.invocation_metadata() or () if k == key), None)
         if raw is None:
-            context.abort(missing, f"missing metadata {key} for {method}")
+            await context.abort(missing, f"missing metadata {key} for {method}")
         parsed = getattr(self.protocol, message)()
         try:
             parsed.ParseFromString(raw if isinstance(raw, bytes) else raw.encode())
         except Exception:
-            context.abort(malformed, f"unable to parse {message}")
+            await context.abort(malformed, f"unable to parse {message}")
         return parsed
 
     def choose_version(self, request: Any) -> tuple[int, int] | str:
@@ -144,19 +153,21 @@ class ProxyServer:
 
     # -- RPCs ----------------------------------------------------------------------------------
 
-    def get_version(self, request: Any, context: grpc.ServicerContext) -> Any:
+    async def get_version(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """``GetVersion``: the highest protocol version both sides speak."""
         chosen = self.choose_version(request)
         if isinstance(chosen, str):
             log.warning("refused a client: %s", chosen)
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, chosen)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, chosen)
         response = self.protocol.GrpcGetVersionResponse()
         response.version.protocol_version, response.version.ifrt_serdes_version_number = chosen
         return response
 
-    def ifrt_session(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+    async def ifrt_session(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
         """``IfrtSession``: one client's ordered requests and their replies."""
-        metadata = self._metadata(
+        metadata = await self._metadata(
             context,
             SESSION_METADATA_KEY,
             "GrpcIfrtSessionMetadata",
@@ -166,78 +177,87 @@ class ProxyServer:
         )
         version = metadata.version.protocol_version
         if not self.config.protocol_min <= version <= self.config.protocol_max:
-            context.abort(
+            await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"protocol version {version} in the session metadata is outside the versions "
                 f"[{self.config.protocol_min}, {self.config.protocol_max}] of the Pathways proxy",
             )
         limit = self.config.max_sessions
         with self._lock:
-            admitted = len(self._sessions) + self._opening < limit
-            if admitted:
-                self._opening += 1
+            if len(self._sessions) >= limit:
+                session_id = 0
+            else:
                 session_id = _unguessable_id(self._sessions)
-        if not admitted:
+                self._sessions[session_id] = None
+        if not session_id:
             log.warning("refused a session from %s: %d are open", context.peer(), limit)
-            context.abort(
+            await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"the Pathways proxy serves at most {limit} sessions at once and {limit} are "
                 "open: end one, or start the proxy with a larger --max-sessions",
             )
         number = next(self._ids)
-        replies: queue.Queue[Any] = queue.Queue()
+        loop = asyncio.get_running_loop()
+        replies: asyncio.Queue[Any] = asyncio.Queue()
         try:
             session = Session(
                 session_id=session_id,
                 protocol=self.protocol,
                 version=metadata.version,
                 backend=self.config.backend,
-                reply=replies.put,
+                # Replies come from the session's threads.
+                reply=lambda item: loop.call_soon_threadsafe(replies.put_nowait, item),
                 peer=context.peer(),
                 lookup_timeout=self.config.lookup_timeout,
                 number=number,
             )
         except BaseException:
             with self._lock:
-                self._opening -= 1
+                del self._sessions[session_id]
             raise
         with self._lock:
-            self._opening -= 1
             self._sessions[session_id] = session
         log.info("session %d opened by %s (protocol %d)", number, context.peer(), version)
 
-        def read() -> None:
+        async def read() -> None:
             try:
-                for request in requests:
+                async for request in requests:
                     session.submit(request)
-            except grpc.RpcError:  # the client cancelled its stream: how stock clients end
-                log.info("session %d: its client ended the stream", number)
-                session.abandon()
             except Exception as exc:
                 log.warning("session %d: stream broken: %r", number, exc)
                 session.abandon()
-            finally:
-                session.drain()
-                replies.put(_END)
+            # Its stream ended: the replies still to come, then the end of the replies.
+            await loop.run_in_executor(self.closing, session.drain)
+            replies.put_nowait(_END)
 
-        reader = threading.Thread(target=read, name=f"proxy-session-{number}", daemon=True)
-        reader.start()
-        context.add_callback(lambda: replies.put(_END))
+        reader = asyncio.create_task(read())
         try:
-            while True:
-                item = replies.get()
-                if item is _END:
-                    break
+            while (item := await replies.get()) is not _END:
                 yield item
+        except asyncio.CancelledError:  # the client cancelled its stream: how stock clients end
+            if self.stopping:
+                log.info("session %d: ended by the proxy stopping", number)
+            else:
+                log.info("session %d: its client ended the stream", number)
+            session.abandon()
+            raise
         finally:
-            session.close()
+            reader.cancel()
             with self._lock:
                 self._sessions.pop(session_id, None)
-            log.info("session %d closed", number)
+            # Its slice and arrays are freed off the loop (the island may be slow to answer).
+            self.closing.submit(self._close, session)
 
-    def host_buffer_store(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+    @staticmethod
+    def _close(session: Session) -> None:
+        session.close()
+        log.info("session %d closed", session.number)
+
+    async def host_buffer_store(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> Any:
         """``HostBufferStore``: bytes of one host buffer, streamed in chunks."""
-        metadata = self._metadata(
+        metadata = await self._metadata(
             context,
             STORE_METADATA_KEY,
             "GrpcHostBufferStoreMetadata",
@@ -245,26 +265,26 @@ class ProxyServer:
             missing=grpc.StatusCode.INTERNAL,
             malformed=grpc.StatusCode.DATA_LOSS,
         )
-        buffers = self._buffers(metadata.session_id, context)
+        buffers = await self._buffers(metadata.session_id, context)
         size = metadata.buffer_size
         if size < 0:
-            context.abort(
+            await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"host buffer {metadata.handle}: buffer_size {size} is negative",
             )
         try:
             data = empty_for_devices(size, np.uint8)
         except MemoryError:
-            context.abort(
+            await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"host buffer {metadata.handle}: buffer_size {size} bytes does not fit in the "
                 "proxy's memory",
             )
         filled = 0
-        for chunk in requests:  # each a view of the chunk's bytes (_chunk_data)
+        async for chunk in requests:  # each a view of the chunk's bytes (_chunk_data)
             end = filled + len(chunk)
             if end > size:
-                context.abort(
+                await context.abort(
                     grpc.StatusCode.DATA_LOSS,
                     f"host buffer {metadata.handle}: expected buffer_size {size} bytes but got "
                     f"more ({end} so far)",
@@ -272,23 +292,25 @@ class ProxyServer:
             data[filled:end] = np.frombuffer(chunk, np.uint8)
             filled = end
         if filled != size:
-            context.abort(
+            await context.abort(
                 grpc.StatusCode.DATA_LOSS,
                 f"host buffer {metadata.handle}: expected buffer_size {size} bytes but got "
                 f"{filled}",
             )
         error = buffers.store(metadata.handle, data)
         if error:
-            context.abort(grpc.StatusCode.ALREADY_EXISTS, error)
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, error)
         return self.protocol.GrpcHostBufferStoreResponse()
 
-    def host_buffer_lookup(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    async def host_buffer_lookup(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
         """``HostBufferLookup``: a stored buffer in 1 MiB chunks (one empty chunk if empty),
         each a view of the buffer serialized by ``_chunk_message``."""
-        buffers = self._buffers(request.session_id, context)
-        data = buffers.lookup(request.handle, self.config.lookup_timeout)
+        buffers = await self._buffers(request.session_id, context)
+        data = await buffers.lookup_async(request.handle, self.config.lookup_timeout)
         if isinstance(data, str):
-            context.abort(grpc.StatusCode.NOT_FOUND, data)
+            await context.abort(grpc.StatusCode.NOT_FOUND, data)
         view = memoryview(data)
         if not len(view):
             yield view
@@ -296,18 +318,20 @@ class ProxyServer:
         for offset in range(0, len(view), LOOKUP_CHUNK):
             yield view[offset : offset + LOOKUP_CHUNK]
 
-    def host_buffer_delete(self, request: Any, context: grpc.ServicerContext) -> Any:
+    async def host_buffer_delete(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """``HostBufferDelete``: forget a host buffer."""
-        buffers = self._buffers(request.session_id, context)
+        buffers = await self._buffers(request.session_id, context)
         error = buffers.delete(request.handle)
         if error:
-            context.abort(grpc.StatusCode.NOT_FOUND, error)
+            await context.abort(grpc.StatusCode.NOT_FOUND, error)
         return self.protocol.GrpcHostBufferDeleteResponse()
 
-    def host_buffer_read_from_disk(self, request: Any, context: grpc.ServicerContext) -> Any:
+    async def host_buffer_read_from_disk(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
         """``HostBufferReadFromDisk``: not offered (the client uses it only when told a shared
         directory exists, which this server never advertises)."""
-        context.abort(
+        await context.abort(
             grpc.StatusCode.UNIMPLEMENTED,
             "HostBufferReadFromDisk is not supported by the Pathways proxy",
         )
@@ -339,52 +363,87 @@ class ProxyServer:
 
 
 UNARY_WORKERS = 16
-"""Workers beyond one per session: for host buffer calls, and to refuse one session too many
-at once (a call finding no worker would wait, not be refused)."""
+"""Threads that wait for sessions' last replies and close them (off the server's loop)."""
 
 
 MAX_PENDING_CALLS = 1 << 20
-"""Calls gRPC holds for a worker before it refuses more: as many as a client may start at
+"""Calls gRPC holds for their handler before it refuses more: as many as a client may start at
 once (every leaf of a pytree of arrays is one host buffer call)."""
+
+
+class RunningProxy:
+    """A proxy server serving on an event loop of its own thread."""
+
+    def __init__(self, servicer: ProxyServer) -> None:
+        self.servicer = servicer
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="proxy-server", daemon=True
+        )
+        self._thread.start()
+        self.server: grpc.aio.Server | None = None
+
+    def run(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` on the server's loop; its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def stop(self, grace: float) -> None:
+        """Stop serving: calls in flight get ``grace`` seconds, then every session ends (its
+        slice and arrays freed) before this returns."""
+        self.servicer.stopping = True
+        if self.server is not None:
+            self.run(self.server.stop(grace))
+        self.servicer.closing.shutdown(wait=True)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
 
 
 def serve(
     config: ProxyConfig,
     address: str = "127.0.0.1:0",
     credentials: grpc.ServerCredentials | None = None,
-) -> tuple[grpc.Server, int, ProxyServer]:
-    """Start a proxy server on ``address``; returns the started server, its port and servicer.
-    Every open session holds one worker thread for its reply stream: there are
-    ``config.max_sessions`` of them, and ``UNARY_WORKERS`` more."""
+) -> tuple[RunningProxy, int, ProxyServer]:
+    """Start a proxy server on ``address``; returns the running server, its port and
+    servicer."""
     servicer = ProxyServer(config)
-    workers = config.max_sessions + UNARY_WORKERS
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="proxy-rpc"),
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ("grpc.max_send_message_length", MAX_MESSAGE),
-            # A port another process listens on is refused, not shared (gRPC's default
-            # SO_REUSEPORT split clients at random between two proxies on one port).
-            ("grpc.so_reuseport", 0),
-            # A stock client sends every host buffer of a pytree at once, each its own call:
-            # beyond gRPC's default 1,000 calls awaiting a worker (3,000 at most), it cancelled
-            # the later ones and the client dropped its whole session.
-            ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
-            ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
-        ],
-    )
-    server.add_generic_rpc_handlers((servicer.handler(),))
-    try:
-        if credentials is None:
-            port = server.add_insecure_port(address)
-        else:
-            port = server.add_secure_port(address, credentials)
-    except RuntimeError:  # gRPC's "Failed to bind to address"
-        port = 0
+    running = RunningProxy(servicer)
+
+    async def start() -> int:
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE),
+                ("grpc.max_send_message_length", MAX_MESSAGE),
+                # A port another process listens on is refused, not shared (gRPC's default
+                # SO_REUSEPORT split clients at random between two proxies on one port).
+                ("grpc.so_reuseport", 0),
+                # A stock client sends every host buffer of a pytree at once, each its own
+                # call: beyond gRPC's default 1,000 calls awaiting their handler (3,000 at
+                # most), it cancelled the later ones and the client dropped its whole session.
+                ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+            ],
+        )
+        server.add_generic_rpc_handlers((servicer.handler(),))
+        try:
+            if credentials is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, credentials)
+        except RuntimeError:  # gRPC's "Failed to bind to address"
+            port = 0
+        if port:
+            await server.start()
+            running.server = server
+        return port
+
+    port = running.run(start())
     if port == 0:
-        raise OSError(f"cannot listen on {address} (is another process listening on it?)")
-    server.start()
-    return server, port, servicer
+        running.stop(0)
+        raise OSError(
+            f"cannot listen on {address}: another process listens on that port, or the host "
+            "is not an address of this machine"
+        )
+    return running, port, servicer
 
 
 def _serialize(message: Any) -> bytes:

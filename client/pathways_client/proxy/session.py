@@ -12,6 +12,8 @@ session and the server go on serving.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -30,7 +32,7 @@ _STOP = object()
 
 class HostBuffers:
     """A session's host buffer store: bytes (1-D ``uint8`` arrays) by client-chosen handle;
-    lookups wait for stores."""
+    lookups wait for stores (a thread's, or a coroutine's without holding a thread)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -38,6 +40,8 @@ class HostBuffers:
         # Handles deleted: a lookup of one fails at once instead of waiting for a store.
         self._deleted: set[int] = set()
         self._closed = ""
+        # Coroutines waiting for a handle: each a future of its event loop, set when it changes.
+        self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
 
     def store(self, handle: int, data: np.ndarray) -> str:
         """Keep ``data`` under ``handle``; returns an error message, or "" when stored."""
@@ -47,22 +51,45 @@ class HostBuffers:
             if handle in self._data or handle in self._deleted:
                 return f"host buffer handle {handle} already exists"
             self._data[handle] = data
-            self._cond.notify_all()
+            self._changed(handle)
         return ""
+
+    def _answer(self, handle: int) -> np.ndarray | str | None:
+        """The bytes or why there are none; ``None`` while a store may still come (locked)."""
+        if handle in self._data:
+            return self._data[handle]
+        if self._closed:
+            return self._closed
+        if handle in self._deleted:
+            return f"host buffer handle {handle} was deleted"
+        return None
 
     def lookup(self, handle: int, timeout: float) -> np.ndarray | str:
         """The bytes under ``handle``, waiting up to ``timeout`` for a store still in flight."""
         with self._cond:
-            self._cond.wait_for(
-                lambda: handle in self._data or handle in self._deleted or self._closed, timeout
-            )
-            if handle in self._data:
-                return self._data[handle]
-            if self._closed:
-                return self._closed
-            if handle in self._deleted:
-                return f"host buffer handle {handle} was deleted"
-            return f"host buffer handle {handle} not found (waited {timeout:.0f} s)"
+            self._cond.wait_for(lambda: self._answer(handle) is not None, timeout)
+            answer = self._answer(handle)
+        return _not_found(handle, timeout) if answer is None else answer
+
+    async def lookup_async(self, handle: int, timeout: float) -> np.ndarray | str:
+        """:meth:`lookup` for a coroutine: it waits holding no thread."""
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            answer = self._answer(handle)
+            if answer is not None:
+                return answer
+            waiter = loop.create_future()
+            self._waiters.setdefault(handle, []).append((loop, waiter))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(waiter, timeout)
+        with self._cond:
+            waiting = self._waiters.get(handle, [])
+            if (loop, waiter) in waiting:
+                waiting.remove((loop, waiter))
+                if not waiting:
+                    del self._waiters[handle]
+            answer = self._answer(handle)
+        return _not_found(handle, timeout) if answer is None else answer
 
     def take(self, handle: int, timeout: float) -> np.ndarray:
         """Look up and delete ``handle`` (a buffer consumed by an array); raise if missing."""
@@ -78,7 +105,7 @@ class HostBuffers:
             if self._data.pop(handle, None) is None:
                 return f"host buffer handle {handle} not found"
             self._deleted.add(handle)
-            self._cond.notify_all()
+            self._changed(handle)
         return ""
 
     def close(self, reason: str) -> None:
@@ -86,11 +113,27 @@ class HostBuffers:
         with self._cond:
             self._closed = reason
             self._data.clear()
-            self._cond.notify_all()
+            for handle in list(self._waiters):
+                self._changed(handle)
+
+    def _changed(self, handle: int) -> None:
+        """Wake the threads and coroutines waiting (locked)."""
+        self._cond.notify_all()
+        for loop, waiter in self._waiters.pop(handle, ()):
+            loop.call_soon_threadsafe(_wake, waiter)
 
     def __len__(self) -> int:
         with self._cond:
             return len(self._data)
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _not_found(handle: int, timeout: float) -> str:
+    return f"host buffer handle {handle} not found (waited {timeout:.0f} s)"
 
 
 class Session:
