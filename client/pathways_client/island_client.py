@@ -79,6 +79,12 @@ class IslandError(RuntimeError):
     """The island refused or failed a request; the message says why."""
 
 
+class IslandUnavailable(IslandError):
+    """The island could not do it, through no fault of the request: the session ended (its
+    scheduler stopped, restarted or is unreachable) or an executor the work needed is lost.
+    Connect again, or retry once the island is back."""
+
+
 class IslandBusy(IslandError):
     """The island's queue (or this client's share of it) is full: the computation was refused
     and nothing of it kept; the message names the island and the limit. Retry later."""
@@ -531,13 +537,13 @@ class IslandClient:
         if self._closing:
             raise IslandError(f"{what}: the session with island {self.info.island!r} is closed")
         if executor in self._lost:
-            raise IslandError(f"{what}: {self._lost[executor]}")
+            raise IslandUnavailable(f"{what}: {self._lost[executor]}")
         try:
             yield
         except (grpc.RpcError, grpc.FutureCancelledError) as error:
             lost = self._loss(executor, error)
             if lost is not None:
-                raise IslandError(f"{what}: {lost}") from None
+                raise IslandUnavailable(f"{what}: {lost}") from None
             details = error.details() if isinstance(error, grpc.Call) else str(error)
             endpoint = next(e.endpoint for e in self.info.executors if e.index == executor)
             raise IslandError(f"{what}: executor {executor} ({endpoint}): {details}") from None
@@ -612,7 +618,7 @@ class IslandClient:
             if future is None:
                 future = self._functions[registration_id] = Future()
                 if self._ended:
-                    future.set_exception(IslandError(self._ended))
+                    future.set_exception(IslandUnavailable(self._ended))
                 self._send(message)
         return future
 
@@ -623,7 +629,7 @@ class IslandClient:
         self._wait_for_room()
         with self._lock:
             if self._ended:
-                done.set_exception(IslandError(self._ended))
+                done.set_exception(IslandUnavailable(self._ended))
             else:
                 self._pending[request_id] = done
                 self._produces[request_id] = outputs
@@ -690,7 +696,7 @@ class IslandClient:
             exported = dict.fromkeys(self._exported, f"the session ended: {reason}")
         for future in waiting:
             if not future.done():
-                future.set_exception(IslandError(reason))
+                future.set_exception(IslandUnavailable(reason))
         self._tell_importers(exported)
 
     def _on_event(self, event: pb.ClientEvent) -> None:
@@ -753,8 +759,16 @@ class IslandClient:
             future.set_result(None)
         elif event.kind == Event.REJECTED and is_busy(event.message):
             future.set_exception(IslandBusy(event.message))
+        elif self._lost_in(event.message):
+            future.set_exception(IslandUnavailable(event.message))
         else:
             future.set_exception(IslandError(event.message))
+
+    def _lost_in(self, message: str) -> bool:
+        """Whether ``message`` is (or carries) a lost executor's: the scheduler fails the
+        work that needed it with the message it announced the loss with, just before."""
+        with self._lock:
+            return any(lost in message for lost in self._lost.values() if lost)
 
 
 def _numeric(what: str, array: np.ndarray) -> np.ndarray:

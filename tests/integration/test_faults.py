@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import export, f32, increment
 
-from pathways_client.island_client import IslandClient, IslandError
+from pathways_client.island_client import IslandClient, IslandError, IslandUnavailable
 from pathways_client.launcher import LocalIsland
 from pathways_executor.server import RETIRED_EXIT_CODE
 
@@ -53,12 +53,14 @@ def test_sigkill_of_an_executor_fails_its_work_fast_and_the_rest_keeps_serving(
         assert re.fullmatch(
             r"put: executor 1 \(127\.0\.0\.1:\d+\) is unreachable: .*", str(uploading[0])
         ), uploading
-        with pytest.raises(IslandError, match=r"executor 1 \(127\.0\.0\.1:\d+\) is unreachable"):
+        # The island, not the request, failed it: IslandUnavailable (the proxy's UNAVAILABLE).
+        lost = r"executor 1 \(127\.0\.0\.1:\d+\) is unreachable"
+        with pytest.raises(IslandUnavailable, match=lost):
             running[-1].wait(30)
         assert time.monotonic() - killed < 10
         # Work touching the dead executor is refused with the same reason ...
         refused = client.submit(add_one, [3], [x], 1)
-        with pytest.raises(IslandError, match="unreachable"):
+        with pytest.raises(IslandUnavailable, match="unreachable"):
             refused.wait(10)
         # ... and the scheduler and the other executor keep serving.
         y = client.put(np.zeros(4, np.float32), device=0)

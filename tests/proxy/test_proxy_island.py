@@ -32,7 +32,7 @@ from pathways_client.rpc import stub
 from pathways_core.wire import EXECUTOR, pb
 
 F32 = 11  # xla.ifrt.DTypeProto.KIND_F32
-INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, UNIMPLEMENTED = 3, 5, 9, 12
+INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, UNIMPLEMENTED, UNAVAILABLE = 3, 5, 9, 12, 14
 PREFIX = "default-proxy-"
 
 
@@ -405,6 +405,32 @@ def test_bad_input_is_refused_by_name_and_the_island_goes_on(
     assert doubled == [0.0, 2.0, 4.0, 6.0]
     assert exhausted.startswith("RESOURCE_EXHAUSTED:") and "Out of memory" in exhausted
     assert island_proxy.alive() and island.exited() is None
+
+
+def test_an_island_gone_is_unavailable_not_a_bad_program() -> None:
+    """A compile after the island's scheduler restarted failed INVALID_ARGUMENT ("the island
+    refused it"), telling the user their program was wrong; it is UNAVAILABLE, saying why."""
+    with LocalIsland(hosts=1, devices_per_host=2) as own:
+        proxy = _proxy(own, "--devices", "2")
+        try:
+            with grpc.insecure_channel(proxy.address) as channel:
+                session = RawSession(channel)
+                session.init()
+                garbage = P.CompileRequest()
+                garbage.program.type_name = "xla::ifrt::XlaProgram"
+                garbage.program.data = b"this is not StableHLO"
+                garbage.compile_options.type_name = "xla::ifrt::XlaCompileOptions"
+                reply = session.call("compile_request", garbage, timeout=120)
+                assert reply.response_metadata.status.code == INVALID_ARGUMENT  # the program
+                own.restart_scheduler()
+                reply = session.call("compile_request", garbage, timeout=120)
+                status = reply.response_metadata.status
+                assert status.code == UNAVAILABLE, status.message
+                assert "the scheduler" in status.message  # closed the session, or reset it
+                session.close()
+            assert proxy.alive()
+        finally:
+            stop_proxy(proxy)
 
 
 def test_a_program_over_the_artifact_limit_is_a_clear_client_error(island: LocalIsland) -> None:

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from pathways_client.errors import PathwaysError
-from pathways_client.island_client import IslandBusy, IslandClient, IslandError
+from pathways_client.errors import ConnectError, PathwaysError
+from pathways_client.island_client import IslandBusy, IslandClient, IslandError, IslandUnavailable
 from pathways_client.proxy.backend import (
     ArrayEntry,
     ArraySession,
@@ -207,6 +207,11 @@ class IslandSession(ArraySession):
         try:
             bound = self.backend._bind(cluster)
             island = cluster.session(bound.island)
+        except ConnectError as error:  # the island (or the API) did not answer
+            cluster.close()
+            raise ProxyError(
+                "UNAVAILABLE", f"the Pathways cluster did not answer: {error}"
+            ) from None
         except PathwaysError as error:
             cluster.close()
             raise ProxyError(
@@ -558,7 +563,7 @@ class IslandSession(ArraySession):
             )
         except (IslandError, TimeoutError) as error:
             raise ProxyError(
-                "INVALID_ARGUMENT", f"program: the island refused it: {_why(error)}"
+                _blame(error, "INVALID_ARGUMENT"), f"program: the island refused it: {_why(error)}"
             ) from None
         submitted = island.submit(function_id, island_devices, [], 1, name="compile", describe=True)
         try:
@@ -568,7 +573,7 @@ class IslandSession(ArraySession):
                 raise ProxyError("RESOURCE_EXHAUSTED", f"program: {error}") from None
             except (IslandError, TimeoutError) as error:
                 raise ProxyError(
-                    "INVALID_ARGUMENT", f"program: compilation failed: {_why(error)}"
+                    _blame(error, "INVALID_ARGUMENT"), f"program: compilation failed: {_why(error)}"
                 ) from None
             try:
                 raw = island.get(submitted.outputs[0], timeout=RESULT_TIMEOUT_SECONDS)
@@ -710,9 +715,15 @@ def _wait(done: Future | None, what: str) -> None:
 def _code(error: BaseException) -> str:
     """The status code a failure of the island's reaches the client with: an island too busy
     or devices out of memory (the executor's JAX says ``RESOURCE_EXHAUSTED``, as plain JAX
-    raises it) are ``RESOURCE_EXHAUSTED``, the rest ``INTERNAL``."""
+    raises it) are ``RESOURCE_EXHAUSTED``, an island gone (its session ended, an executor
+    lost) ``UNAVAILABLE``, the rest ``INTERNAL``."""
     exhausted = isinstance(error, IslandBusy) or "RESOURCE_EXHAUSTED" in str(error)
-    return "RESOURCE_EXHAUSTED" if exhausted else "INTERNAL"
+    return "RESOURCE_EXHAUSTED" if exhausted else _blame(error, "INTERNAL")
+
+
+def _blame(error: BaseException, otherwise: str) -> str:
+    """``UNAVAILABLE`` when the island, not the request, failed it; else ``otherwise``."""
+    return "UNAVAILABLE" if isinstance(error, IslandUnavailable) else otherwise
 
 
 def _all_done(futures: list[Future], make: Callable[[], Any]) -> Future:
