@@ -122,6 +122,15 @@ class RawSession:
         self._requests.put(_END)
 
 
+def unparsable_compile() -> Any:
+    """A ``CompileRequest`` of an XLA program that is not StableHLO."""
+    request = P.CompileRequest()
+    request.program.type_name = "xla::ifrt::XlaProgram"
+    request.program.data = b"this is not StableHLO"
+    request.compile_options.type_name = "xla::ifrt::XlaCompileOptions"
+    return request
+
+
 def single_device_sharding(device_id: int) -> Any:
     sharding = P.ShardingProto()
     sharding.serialized_sharding.type_name = "xla::ifrt::SingleDeviceSharding"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 from proxy_harness import ProxyProcess, run_program
-from raw_client import P, RawSession, single_device_sharding
+from raw_client import P, RawSession, single_device_sharding, unparsable_compile
 
 F32 = 11  # xla.ifrt.DTypeProto.KIND_F32
 INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, UNIMPLEMENTED = 3, 5, 9, 12
@@ -36,10 +36,7 @@ def test_malformed_programs_are_refused_by_name(proxy: ProxyProcess) -> None:
     with grpc.insecure_channel(proxy.address) as channel:
         session = RawSession(channel)
         session.init()
-        garbage = P.CompileRequest()
-        garbage.program.type_name = "xla::ifrt::XlaProgram"
-        garbage.program.data = b"this is not StableHLO"
-        garbage.compile_options.type_name = "xla::ifrt::XlaCompileOptions"
+        garbage = unparsable_compile()
         code, message = _status(session.call("compile_request", garbage))
         assert code == INVALID_ARGUMENT
         assert "program: not a StableHLO portable artifact" in message

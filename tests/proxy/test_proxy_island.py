@@ -24,7 +24,7 @@ from proxy_harness import (
     start_proxy,
     stop_proxy,
 )
-from raw_client import P, RawSession, single_device_sharding
+from raw_client import P, RawSession, single_device_sharding, unparsable_compile
 
 from pathways_client.island_client import IslandClient
 from pathways_client.launcher import LocalIsland
@@ -340,10 +340,7 @@ def test_bad_input_is_refused_by_name_and_the_island_goes_on(
         session = RawSession(channel)
         init = session.init()
         assert [d.id for d in init.all_devices] == [0, 1, 2, 3]
-        garbage = P.CompileRequest()
-        garbage.program.type_name = "xla::ifrt::XlaProgram"
-        garbage.program.data = b"this is not StableHLO"
-        garbage.compile_options.type_name = "xla::ifrt::XlaCompileOptions"
+        garbage = unparsable_compile()
         reply = session.call("compile_request", garbage, timeout=120)
         code, message = reply.response_metadata.status.code, reply.response_metadata.status.message
         # The executors' checker refused the module; the compile names the program.
@@ -416,10 +413,7 @@ def test_an_island_gone_is_unavailable_not_a_bad_program() -> None:
             with grpc.insecure_channel(proxy.address) as channel:
                 session = RawSession(channel)
                 session.init()
-                garbage = P.CompileRequest()
-                garbage.program.type_name = "xla::ifrt::XlaProgram"
-                garbage.program.data = b"this is not StableHLO"
-                garbage.compile_options.type_name = "xla::ifrt::XlaCompileOptions"
+                garbage = unparsable_compile()
                 reply = session.call("compile_request", garbage, timeout=120)
                 assert reply.response_metadata.status.code == INVALID_ARGUMENT  # the program
                 own.restart_scheduler()
