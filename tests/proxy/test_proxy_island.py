@@ -427,6 +427,23 @@ def test_an_island_gone_is_unavailable_not_a_bad_program() -> None:
             stop_proxy(proxy)
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (("--slice", "nosuch"), "no bound slice named 'nosuch'"),
+        (("--devices", "16"), "does not fit"),
+    ],
+)
+def test_a_slice_the_proxy_cannot_have_stops_it_naming_the_flags(
+    island: LocalIsland, flags: tuple[str, ...], said: str
+) -> None:
+    with pytest.raises(RuntimeError, match="did not start") as failed:
+        _proxy(island, *flags)
+    told = str(failed.value)
+    assert "the island backend cannot start" in told and said in told, told
+    assert f"(check {'--slice' if '--slice' in flags else '--devices and --island'})" in told
+
+
 def test_a_program_over_the_artifact_limit_is_a_clear_client_error(island: LocalIsland) -> None:
     # The proxy registers programs like any client: over the artifact limit, the compile fails
     # with the limit named, and the session goes on.

@@ -277,7 +277,7 @@ def _island_backend(
 ) -> tuple[Any, str]:
     """The island backend and a description of where its sessions run."""
     from pathways_client.cluster import DirectDevices, connect
-    from pathways_client.errors import PathwaysError
+    from pathways_client.errors import ConnectError, PathwaysError
     from pathways_client.proxy.island import IslandBackend
 
     target: Any = api
@@ -324,7 +324,14 @@ def _island_backend(
     try:
         found = backend.probe()
     except PathwaysError as exc:
-        raise click.ClickException(f"the island backend cannot start: {exc}") from exc
+        # The settings to look at: where the islands are, or the slice asked for.
+        if isinstance(exc, ConnectError):
+            check = "--islands, --state or --api"
+        else:
+            check = "--slice" if slice_name else "--devices and --island"
+        raise click.ClickException(
+            f"the island backend cannot start: {exc} (check {check})"
+        ) from exc
     return backend, (
         f"sessions on slices of {backend.size} {found['platform']} devices of island "
         f"{found['island']!r}"
