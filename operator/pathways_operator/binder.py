@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Iterable
 from typing import Any
@@ -55,9 +56,14 @@ class Binder:
         self._covered = 0
         self._first_seen: dict[str, float] = {}
         self.last_plan: BindingPlan | None = None
+        self._last_done = -math.inf  # when the last pass ended (monotonic)
 
-    async def sync(self) -> None:
-        """Return once a pass that started after this call has completed."""
+    async def sync(self, fresher_than: float | None = None) -> None:
+        """Return once a pass that started after this call has completed; with
+        ``fresher_than``, at once if one ended less than that many seconds ago (a periodic
+        check needs a recent pass, not one of its own)."""
+        if fresher_than is not None and time.monotonic() - self._last_done < fresher_than:
+            return
         self._requested += 1
         ticket = self._requested
         async with self._lock:
@@ -67,6 +73,7 @@ class Binder:
                 start = self._requested
                 again = await self._pass()
                 self._covered = start
+                self._last_done = time.monotonic()
                 if not again:
                     return
             logger.warning(

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Iterable
+import weakref
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import kopf
@@ -103,7 +104,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     memo.config = config
     memo.kube = Kube(lambda: _login(settings, logger))
     memo.binder = Binder(memo.kube, config)
-    memo.locks = {}
+    # Held while a reconcile holds or awaits one: deleted objects' locks go with them.
+    memo.locks = weakref.WeakValueDictionary()
     memo.seen = {}
     memo.metrics_server = metrics.serve(config.metrics_port)
     memo.stopping = asyncio.Event()
@@ -322,28 +324,48 @@ async def executors_event(labels: Any, memo: kopf.Memo, **_: Any) -> None:
     await _guard("island", reconcile_island(memo, labels[LABEL_ISLAND]))
 
 
+def _resync_interval(memo: kopf.Memo) -> float:
+    # The operator's settings of this start (not of import time: the module may be imported
+    # long before the operator runs).
+    return max(memo.config.resync_seconds, MIN_RESYNC_SECONDS)
+
+
 async def _resync_due(memo: kopf.Memo) -> bool:
     """Wait one resync interval; ``False`` once the operator is stopping."""
     try:
-        # The operator's settings of this start (not of import time: the module may be
-        # imported long before the operator runs).
-        interval = max(memo.config.resync_seconds, MIN_RESYNC_SECONDS)
-        await asyncio.wait_for(memo.stopping.wait(), interval)
+        await asyncio.wait_for(memo.stopping.wait(), _resync_interval(memo))
     except TimeoutError:
         return True
     return False
 
 
+async def _resync(memo: kopf.Memo, work: Callable[[], Awaitable[None]]) -> None:
+    """``work`` every resync interval until the operator stops or kopf cancels the daemon."""
+    try:
+        while await _resync_due(memo):
+            await work()
+    except asyncio.CancelledError:
+        # How kopf stops a daemon: its object was deleted, a peer took over, or the operator
+        # stops. Ended here, it is not logged as a warning for every object.
+        return
+
+
 # Resyncs are daemons rather than kopf timers: a daemon is cancelled when its object is
 # deleted or the operator pauses for a peer. (With a cancellation timeout of 0 kopf would not
 # cancel a deleted object's daemon but leave it running, orphaned, for as long as the operator
-# runs; a daemon cancelled mid-reconcile ends within CANCEL_SECONDS or is left.)
+# runs.)
 @kopf.daemon(GROUP, VERSION, "islands", cancellation_timeout=CANCEL_SECONDS)
 async def island_resync(name: str, memo: kopf.Memo, **_: Any) -> None:
-    """Periodic reconcile and binding pass, in case an event was missed."""
-    while await _resync_due(memo):
+    """Periodic reconcile and binding pass, in case an event was missed: one pass per interval
+    for the whole cluster, not one per island (a pass reads every island, slice and program)."""
+
+    async def work() -> None:
         await _guard("island", reconcile_island(memo, name))
-        await _guard("binding", memo.binder.sync())
+        # A pass less than half an interval old will do: islands' resyncs are spread over
+        # the interval, and each would otherwise run a pass of its own.
+        await _guard("binding", memo.binder.sync(fresher_than=_resync_interval(memo) / 2))
+
+    await _resync(memo, work)
 
 
 @kopf.on.delete(GROUP, VERSION, "islands")
@@ -538,8 +560,7 @@ async def job_event(namespace: str, labels: Any, memo: kopf.Memo, **_: Any) -> N
 @kopf.daemon(GROUP, VERSION, "pathwaysprograms", cancellation_timeout=CANCEL_SECONDS)
 async def program_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Periodic reconcile, in case an event was missed."""
-    while await _resync_due(memo):
-        await _guard("program", reconcile(memo, namespace, name))
+    await _resync(memo, lambda: _guard("program", reconcile(memo, namespace, name)))
 
 
 @kopf.on.delete(GROUP, VERSION, "pathwaysprograms")

@@ -258,3 +258,23 @@ def test_each_island_gets_its_own_control_token_secret(cluster: Cluster) -> None
             env = pods[kind]["spec"]["template"]["spec"]["containers"][0].get("env", [])
             assert all(e["name"] != "PATHWAYS_CONTROL_TOKEN" for e in env)
         assert cluster.list("Secret", SYSTEM, "pathways.dev/island=gamma") == []
+
+
+def test_islands_resyncs_share_their_binding_passes(cluster: Cluster, operator) -> None:
+    """A binding pass reads every island, slice and program of the cluster: each island's
+    resync ran one of its own, N islands N passes per interval (the resync is 2 s here)."""
+    for index in range(4):  # spread over the interval, as islands made at different times
+        manifest = island(f"far-{index}", topology="4", hosts=1)
+        manifest["metadata"]["annotations"] = {
+            "pathways.dev/scheduler-endpoint": f"127.0.0.1:{index + 1}"
+        }
+        cluster.create(manifest)
+        time.sleep(0.5)
+
+    def passes(request: kmock.Request) -> bool:  # a pass lists every slice of the cluster
+        return str(request.url.path) == "/apis/pathways.dev/v1alpha1/virtualslices"
+
+    time.sleep(2)  # the creations' own passes are done
+    before = cluster.requests_to(passes)
+    time.sleep(6)  # 3 intervals: 12 passes before, at most one per half interval now
+    assert cluster.requests_to(passes) - before <= 7

@@ -254,7 +254,8 @@ def test_a_deleted_programs_resync_ends_with_it(
     reads = cluster.requests_to(reads_of_deleted)
     time.sleep(5)  # two resync intervals
     assert cluster.requests_to(reads_of_deleted) == reads
-    assert not [line for line in caplog.messages if "did not exit in time" in line]
+    # Ended quietly: not a warning per deleted object.
+    assert not [m for m in caplog.messages if "did not exit in time" in m or "is cancelled" in m]
 
 
 def test_graph_program_runs_the_graph_runner_with_its_spec_mounted(
