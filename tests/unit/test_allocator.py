@@ -618,6 +618,21 @@ def test_release_of_a_slice_on_unhealthy_devices_frees_only_healthy_ones() -> No
     assert allocator.free_devices("a") == 3
 
 
+def test_devices_of_a_lost_host_are_said_when_a_request_waits_for_them() -> None:
+    """ "the most free devices ... is 0" read as every device in use when two were lost."""
+    allocator = make_allocator(island("a", (4,)), bindings=[held("a", [0, 1], key="ns/s")])
+    allocator.set_health("a", [2, 3])
+    decision = allocator.allocate(req("ns/other", count=2))
+    assert isinstance(decision, Pending)
+    assert decision.message.endswith(
+        "the most free devices on a matching island is 0 (island 'a'; 2 of its devices "
+        "are on a lost host)"
+    )
+    allocator.set_health("a", [])
+    assert isinstance(allocator.allocate(req("ns/another", count=4)), Pending)
+    assert "lost host" not in allocator.allocate(req("ns/another", count=4)).message
+
+
 def test_allocate_of_an_already_bound_key_returns_its_binding() -> None:
     allocator = make_allocator(island("a", (4, 4)))
     first = allocator.allocate(req(count=4))

@@ -598,9 +598,12 @@ class Allocator:
             if request.shape
             else f"{request.size} free devices"
         )
+        # Devices of lost hosts are not free either: said, or "0 free" reads as all in use.
+        lost = most.unhealthy.bit_count()
+        unhealthy = f"; {lost} of its devices are on a lost host" if lost else ""
         return (
             f"needs {what}; the most free devices on a matching island is {most.free} "
-            f"(island {most.inventory.name!r})"
+            f"(island {most.inventory.name!r}{unhealthy})"
         )
 
 
