@@ -538,12 +538,22 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     command = [sys.executable, "-m", "pathways_client", "get", *at, "--watch"]
     watcher = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     running = subprocess.Popen([*command, "--phase", "Running"], stdout=subprocess.PIPE, text=True)
-    assert pathways("submit", str(manifest), *at).exit_code == 0
-    one = subprocess.Popen([*command, "ticker", "-o", "json"], stdout=subprocess.PIPE, text=True)
-    for process in (watcher, running, one):  # a watch that hangs ends the lines read from it
+
+    def bounded(process: subprocess.Popen[str]) -> None:  # a hung watch ends its lines
         deadline = threading.Timer(120, process.kill)
         deadline.daemon = True
         deadline.start()
+
+    bounded(watcher)
+    bounded(running)
+    # Both have listed once, before the program exists: a watch that started late (a loaded
+    # machine) listed it already Succeeded, and filtered by --phase Running never showed it.
+    assert watcher.stdout is not None and running.stdout is not None
+    watcher_head = _lines_until(watcher.stdout, lambda line: line.startswith("PROGRAM"))
+    running_head = _lines_until(running.stdout, lambda line: line.startswith("PROGRAM"))
+    assert pathways("submit", str(manifest), *at).exit_code == 0
+    one = subprocess.Popen([*command, "ticker", "-o", "json"], stdout=subprocess.PIPE, text=True)
+    bounded(one)
     follower = subprocess.run(
         [sys.executable, "-m", "pathways_client", "logs", "ticker", *at, "--follow"],
         capture_output=True,
@@ -567,12 +577,14 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     # `get --watch` prints an object again each time it changes: a row, or a JSON line. The
     # watch of one object ends when it is deleted; the watch of a list at Ctrl-C. (They look
     # every second: the test deletes the program once both have seen it succeed.)
-    assert watcher.stdout is not None and one.stdout is not None and running.stdout is not None
-    rows = _lines_until(watcher.stdout, lambda line: "ticker" in line and "Succeeded" in line)
+    assert one.stdout is not None
+    rows = watcher_head + _lines_until(
+        watcher.stdout, lambda line: "ticker" in line and "Succeeded" in line
+    )
     documents = _lines_until(one.stdout, lambda line: '"phase": "Succeeded"' in line)
     # Filtered, a list shows an object that leaves it as it is now, not as deleted.
     ended = (["ticker", "Succeeded"], ["ticker", "Deleted"])
-    left = _lines_until(running.stdout, lambda line: line.split()[:2] in ended)
+    left = running_head + _lines_until(running.stdout, lambda line: line.split()[:2] in ended)
     assert left[-1].split()[:2] == ["ticker", "Succeeded"], left
     running.send_signal(signal.SIGINT)
     assert running.wait(timeout=30) == 130
