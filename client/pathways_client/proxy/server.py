@@ -8,13 +8,13 @@ A stock JAX program with the ``proxy`` backend registered (see ``docs/proxy.md``
   version it cannot handle, which would abort it).
 - ``IfrtSession`` is one bidirectional stream per client: requests are handled in order by a
   :class:`~pathways_client.proxy.session.Session`; replies go back as they complete.
+- ``HostBufferStore`` / ``HostBufferLookup`` / ``HostBufferDelete`` move array bytes in and out of
+  a session's host buffer store, in 1 MiB chunks (read and written without the protobuf
+  classes' copies, and held in memory JAX's CPU devices can take as it is).
 
 The server runs on one asyncio loop (``grpc.aio``): a call waiting for its client (an upload
 whose next chunk is slow to come, a client stopped in a debugger) holds no thread, so one
 client cannot keep the others waiting; each session's requests run on a thread of its own.
-- ``HostBufferStore`` / ``HostBufferLookup`` / ``HostBufferDelete`` move array bytes in and out of
-  a session's host buffer store, in 1 MiB chunks (read and written without the protobuf
-  classes' copies, and held in memory JAX's CPU devices can take as it is).
 
 The messages come from the installed jaxlib (:mod:`pathways_client.proxy.protocol`).
 """
@@ -85,7 +85,7 @@ class ProxyServer:
         self._sessions: dict[int, Session | None] = {}
         # Blocking work of sessions (waiting for their last replies, closing them), off the loop.
         self.closing = ThreadPoolExecutor(
-            max_workers=UNARY_WORKERS, thread_name_prefix="proxy-session-end"
+            max_workers=SESSION_END_WORKERS, thread_name_prefix="proxy-session-end"
         )
         self.stopping = False  # the proxy stops: its sessions end with it
 
@@ -362,7 +362,7 @@ class ProxyServer:
         return grpc.method_handlers_generic_handler(protocol.SERVICE_NAME, handlers)
 
 
-UNARY_WORKERS = 16
+SESSION_END_WORKERS = 16
 """Threads that wait for sessions' last replies and close them (off the server's loop)."""
 
 
