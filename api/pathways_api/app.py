@@ -595,6 +595,14 @@ def _routes() -> Any:
     async def get_slice(name: str, caller: Caller, api: Api) -> JSONResponse:
         return JSONResponse(await api.get(caller, SLICE, name))
 
+    @r.get("/v1/virtualslices/{name}/events", response_model=EventList)
+    async def slice_events(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse({"items": await api.events(caller, SLICE, name)})
+
+    @r.post("/v1/virtualslices/{name}/renew", response_model=VirtualSlice)
+    async def renew_slice(name: str, caller: Caller, api: Api) -> JSONResponse:
+        return JSONResponse(await api.renew_slice(caller, name))
+
     @r.delete("/v1/virtualslices/{name}", response_model=VirtualSlice)
     async def release_slice(name: str, caller: Caller, api: Api) -> JSONResponse:
         return JSONResponse(await api.delete(caller, SLICE, name))

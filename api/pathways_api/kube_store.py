@@ -67,7 +67,9 @@ from pathways_api.store import (
     Usage,
     check_changeable,
     check_quota,
+    check_renewable,
     is_active,
+    renewed,
 )
 from pathways_core.control.common import Document
 from pathways_core.control.rate_limit import Limit, TokenBuckets
@@ -435,11 +437,38 @@ class KubernetesStore:
         self, namespace: str, name: str, action: str, patch: dict[str, Any]
     ) -> Document:
         """Merge ``patch`` into a program whose state allows ``action`` (see
-        :func:`check_changeable`), on the version checked: the API server refuses it if the
-        program changed since, and it is checked again."""
-        path = self._path(PROGRAM, namespace, name)
+        :func:`check_changeable`)."""
+        return await self._patch_checked(
+            PROGRAM,
+            namespace,
+            name,
+            lambda document: check_changeable(document, name, action),
+            patch,
+        )
+
+    async def renew(self, namespace: str, name: str, now: datetime.datetime) -> Document:
+        """See :meth:`~pathways_api.store.Store.renew`."""
+        return await self._patch_checked(
+            SLICE,
+            namespace,
+            name,
+            lambda document: check_renewable(document, name, now),
+            renewed({"metadata": {}}, now),
+        )
+
+    async def _patch_checked(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        check: Callable[[Document | None], Document],
+        patch: dict[str, Any],
+    ) -> Document:
+        """Merge ``patch`` into an object ``check`` passes, on the version checked: the API
+        server refuses it if the object changed since, and it is checked again."""
+        path = self._path(kind, namespace, name)
         for _ in range(10):
-            document = check_changeable(await self.get(PROGRAM, namespace, name), name, action)
+            document = check(await self.get(kind, namespace, name))
             version = {"resourceVersion": document["metadata"]["resourceVersion"]}
             body = {**patch, "metadata": {**patch.get("metadata", {}), **version}}
             try:
@@ -447,9 +476,10 @@ class KubernetesStore:
             except Conflict:  # changed since it was read
                 continue
             if patched is None:
-                raise NotFound(f"no program named {name!r}", field="name")
+                check(None)  # gone since: its NotFound
             return patched
-        raise Conflict(f"program {name!r} keeps changing; try again", field="name")
+        noun = {PROGRAM: "program", SLICE: "virtual slice"}[kind]
+        raise Conflict(f"{noun} {name!r} keeps changing; try again", field="name")
 
     async def delete(self, kind: str, namespace: str, name: str) -> Document:
         """See :meth:`~pathways_api.store.Store.delete`."""

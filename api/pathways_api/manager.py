@@ -11,7 +11,8 @@ and the cluster's controllers do in Kubernetes, with the same pure decisions of
   (``HostsLost``) while the supervisor restarts one, so its slices are bound again elsewhere
   or wait, Preempted, and Ready again at the new endpoint;
 - slices: binding passes of :func:`plan_bindings_shared` (``plan_bindings`` with
-  time-shared groups), applied in stage order with compare-and-set writes;
+  time-shared groups), applied in stage order with compare-and-set writes, and one more when
+  a slice's lease runs out;
 - programs: :func:`reconcile_program`, whose children are applied to the store; a Job is run
   as a local subprocess with the Job's command and environment (the contract's
   ``PATHWAYS_*`` settings, ``PATHWAYS_RUN`` and ``PATHWAYS_CHECKPOINT_DIR``: a directory of
@@ -275,6 +276,11 @@ class Manager:
                 break
         return True
 
+    def _recheck_in(self, seconds: float) -> None:
+        """Run a round in ``seconds`` even if nothing changes (a decision depends on time)."""
+        due = time.monotonic() + max(seconds, 0.0)
+        self._recheck_at = min(due, self._recheck_at or due)
+
     def _version(self) -> int:
         row = self.store._db().execute("SELECT value FROM meta WHERE key = 'resourceVersion'")
         return int(row.fetchone()[0])
@@ -352,7 +358,10 @@ class Manager:
             islands = self.store.read_all(ISLAND)
             slices = self.store.read_all(SLICE)
             programs = self.store.read_all(PROGRAM)
-            plan = plan_bindings_shared(islands, slices, now_utc(), programs=programs)
+            now = now_utc()
+            plan = plan_bindings_shared(islands, slices, now, programs=programs)
+            if plan.next_expiry is not None:  # a pass then releases the slice unless renewed
+                self._recheck_in((plan.next_expiry - now).total_seconds())
             again = plan.needs_another_pass
             released_ok = True
             for change in plan.ordered():
@@ -437,8 +446,7 @@ class Manager:
             failure_grace=FAILURE_GRACE_SECONDS,
         )
         if decision.recheck_after is not None:
-            due = time.monotonic() + decision.recheck_after
-            self._recheck_at = min(due, self._recheck_at or due)
+            self._recheck_in(decision.recheck_after)
         for child in decision.create:
             if self._read_child(child) is None:
                 self.store.insert(child)

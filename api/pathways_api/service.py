@@ -26,7 +26,7 @@ from pathways_api.store import (
     Page,
     Store,
 )
-from pathways_core.control.common import Document
+from pathways_core.control.common import Document, now_utc
 from pathways_core.manifests import SYSTEM_METADATA, metadata_problems
 from pathways_core.resources import (
     GROUP_VERSION,
@@ -234,6 +234,11 @@ class Service:
                     field="name",
                 )
         return await self.store.delete(kind, tenant.name, name)
+
+    async def renew_slice(self, tenant: Tenant, name: str) -> Document:
+        """Renew the lease of one of the tenant's slices (``spec.leaseSeconds``): its holder
+        still uses it. The time is the API's, not the caller's (whose clock may be off)."""
+        return await self.store.renew(tenant.name, name, now_utc())
 
     async def events(self, tenant: Tenant, kind: str, name: str) -> list[dict[str, Any]]:
         """The Events of one of the tenant's objects."""

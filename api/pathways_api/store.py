@@ -28,7 +28,14 @@ from typing import Any, Protocol
 from pathways_api.auth import Tenant
 from pathways_api.errors import Conflict, InvalidField, NotFound, QuotaExceeded, StoreDamaged
 from pathways_api.logs import LogFile, Part
-from pathways_core.control.common import ANNOTATION_CANCELLED, Document, Event, timestamp
+from pathways_core.control.common import (
+    ANNOTATION_CANCELLED,
+    ANNOTATION_RENEWED_AT,
+    Document,
+    Event,
+    timestamp,
+)
+from pathways_core.control.slices import lease_expired, lease_expiry, renewal_stamp
 
 PROGRAM, SLICE, ISLAND = "PathwaysProgram", "VirtualSlice", "Island"
 TERMINAL = ("Succeeded", "Failed")
@@ -102,6 +109,10 @@ class Store(Protocol):
         """Ask for deletion (the manager releases what it holds, then removes it)."""
         ...
 
+    async def renew(self, namespace: str, name: str, now: datetime) -> Document:
+        """Renew a slice's lease at ``now`` (see :func:`check_renewable`)."""
+        ...
+
     async def usage(self, namespace: str) -> Usage: ...
 
     async def events(self, kind: str, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
@@ -170,6 +181,34 @@ def check_changeable(document: Document | None, name: str, action: str) -> Docum
             "it again (cancelled programs stay suspended for good)",
             field="name",
         )
+    return document
+
+
+def check_renewable(document: Document | None, name: str, now: datetime) -> Document:
+    """The slice ``document`` if its lease may be renewed at ``now``: NotFound when absent or
+    being deleted, Conflict when it has no lease or its lease ran out (even if the controller
+    has not released it yet: a renewal then would race the release)."""
+    if document is None or document["metadata"].get("deletionTimestamp"):
+        raise NotFound(f"no virtual slice named {name!r}", field="name")
+    expiry = lease_expiry(document)
+    if lease_expired(document) or (expiry is not None and expiry <= now):
+        raise Conflict(
+            f"the lease of virtual slice {name!r} ran out and its devices are released: "
+            "delete it and create a new slice",
+            field="name",
+        )
+    if expiry is None:
+        raise Conflict(
+            f"virtual slice {name!r} has no spec.leaseSeconds: it is held until deleted, "
+            "with no lease to renew",
+            field="spec.leaseSeconds",
+        )
+    return document
+
+
+def renewed(document: Document, now: datetime) -> Document:
+    """``document`` with its lease renewed at ``now``."""
+    document["metadata"].setdefault("annotations", {})[ANNOTATION_RENEWED_AT] = renewal_stamp(now)
     return document
 
 
@@ -713,6 +752,16 @@ class SqliteStore:
         if document is None:
             raise NotFound(f"no {kind} named {name!r}", field="name")
         return document
+
+    async def renew(self, namespace: str, name: str, now: datetime) -> Document:
+        """See :meth:`Store.renew`: compare-and-set, so the check holds for what is renewed;
+        the slice stays settled (a renewal is no work for the manager)."""
+        for _ in range(10):
+            document = check_renewable(self.read(SLICE, namespace, name), name, now)
+            done = self.replace(document, lambda stored: renewed(stored, now))
+            if done is not None:
+                return done
+        raise Conflict(f"virtual slice {name!r} keeps changing; try again", field="name")
 
     async def usage(self, namespace: str) -> Usage:
         """See :meth:`Store.usage`."""

@@ -72,6 +72,7 @@ class ApiClient:
             loaded = tls.load()  # (TlsConfigError when half set), else the system's CAs
             verify = loaded.client if loaded is not None else True
         self._settings = {"headers": headers, "timeout": timeout, "verify": verify}
+        self._token, self._timeout, self._verify = token, timeout, verify
         self.http = httpx.Client(base_url=self.url, **self._settings)
         self.max_retries = max_retries
         self.max_retry_wait = max_retry_wait
@@ -87,6 +88,18 @@ class ApiClient:
         old, self.http = self.http, httpx.Client(base_url=self.url, **self._settings)
         with contextlib.suppress(Exception):
             old.close()
+
+    def another(self) -> ApiClient:
+        """A client of the same tenant and server on connections of its own (for another
+        thread: one thread's interrupted request cannot break the other's)."""
+        return ApiClient(
+            self.url,
+            self._token,
+            self._timeout,
+            max_retries=self.max_retries,
+            max_retry_wait=self.max_retry_wait,
+            verify=self._verify,
+        )
 
     def __enter__(self) -> ApiClient:
         return self
@@ -170,6 +183,10 @@ class ApiClient:
     def delete(self, collection: str, name: str) -> dict[str, Any]:
         """Delete a program or release a virtual slice."""
         return self.call("DELETE", _path(collection, name))
+
+    def renew(self, name: str) -> dict[str, Any]:
+        """Renew a virtual slice's lease (``spec.leaseSeconds``): its holder still uses it."""
+        return self.call("POST", _path("virtualslices", name, "renew"))
 
     def logs(self, name: str) -> str:
         """A program's output (its last 16 MiB, when there is more)."""

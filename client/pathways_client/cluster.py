@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,17 @@ from pathways_core.control.programs import island_client_name
 from pathways_core.manifests import problems_of
 from pathways_core.resources import SliceRequest
 from pathways_core.resources.base import GROUP_VERSION
+from pathways_core.resources.virtual_slice import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from pathways_core.topology import format_shape, parse_shape
 
 ENV_SLICES = "PATHWAYS_SLICES"
 ENV_ISLANDS = "PATHWAYS_ISLANDS"
 ENV_API, ENV_TOKEN = "PATHWAYS_API", "PATHWAYS_TOKEN"
 BIND_TIMEOUT_SECONDS = 120.0
+DEFAULT_LEASE_SECONDS = 60
+"""How long the cluster keeps a slice made through the API once its session stops renewing it
+(its process killed, frozen or cut off): the session renews it every third of that."""
+logger = logging.getLogger("pathways.client")
 # Pending reasons that no release elsewhere can change: fail at once instead of waiting.
 NEVER_FITS = {"NoMatchingIsland", "ShapeDoesNotFit", "InvalidSpec"}
 
@@ -60,6 +66,73 @@ class DirectDevices:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.allocator: Allocator | None = None
+
+
+class LeaseKeeper:
+    """Renews the leases of a session's slices, from a thread of its own (started with the
+    first), on connections of its own; tells ``lost`` of a slice whose lease ran out anyway
+    (the process was frozen longer than the lease) or that went."""
+
+    def __init__(self, api: ApiClient, seconds: int, lost: Callable[[str, str], None]) -> None:
+        self.seconds = seconds
+        self._api = api
+        self._lost = lost
+        self._names: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, name: str) -> None:
+        """Renew ``name`` from now on."""
+        with self._lock:
+            self._names.add(name)
+            if self._thread is None and not self._stop.is_set():
+                self._api = self._api.another()
+                self._thread = threading.Thread(
+                    target=self._run, name="pathways-slice-leases", daemon=True
+                )
+                self._thread.start()
+
+    def drop(self, name: str) -> None:
+        """Renew ``name`` no more (released or given up)."""
+        with self._lock:
+            self._names.discard(name)
+
+    def stop(self) -> None:
+        """Stop renewing (the session's slices are deleted, or left to run out)."""
+        self._stop.set()
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=5)
+            self._api.close()
+
+    def renew_all(self) -> None:
+        """Renew every held lease once."""
+        with self._lock:
+            names = sorted(self._names)
+        for name in names:
+            if self._stop.is_set():
+                return
+            try:
+                self._api.renew(name)
+            except ApiCallError as error:
+                if error.status in (404, 409):  # gone, or its lease ran out: for good
+                    self.drop(name)
+                    self._lost(name, error.message)
+                else:  # unreachable, throttled, restarting: the next round tries again
+                    logger.warning(
+                        "could not renew the lease of slice %r (trying again in %.0f s; it is "
+                        "released if not renewed for %d s): %s",
+                        name,
+                        self.seconds / 3,
+                        self.seconds,
+                        error,
+                    )
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.seconds / 3):
+            self.renew_all()
 
 
 class Cluster:
@@ -77,6 +150,7 @@ class Cluster:
         api: ApiClient | None = None,
         steps: int = 1,
         devices: DirectDevices | None = None,
+        lease_seconds: int | None = DEFAULT_LEASE_SECONDS,
     ) -> None:
         if not islands and api is None:
             raise ConnectError("no islands to connect to")
@@ -94,6 +168,13 @@ class Cluster:
         self._bound: dict[str, Slice] = {}
         self._names = 0
         self._closed = False
+        # Slices made through the API are leased: the cluster releases those of a session
+        # killed before it could delete them.
+        self._leases = (
+            LeaseKeeper(api, lease_seconds, self._lease_lost)
+            if api is not None and lease_seconds is not None
+            else None
+        )
         for name, item in (bound or {}).items():
             item.cluster = self
             self._bound[name] = item
@@ -244,8 +325,17 @@ class Cluster:
                 if self._direct.allocator is not None:
                     self._direct.allocator.release(self._direct_key(item.name))
             if self.api is not None:
+                if self._leases is not None:
+                    self._leases.drop(item.name)
                 with contextlib.suppress(ApiCallError):  # already gone
                     self.api.delete("virtualslices", item.name)
+
+    def _lease_lost(self, name: str, why: str) -> None:
+        """A slice's lease ran out (or it went) while this session held it: it is unusable."""
+        item = self._bound.get(name)
+        if item is not None:
+            item.lost = why
+            item.released = True
 
     def _bind_through_api(
         self,
@@ -258,6 +348,8 @@ class Cluster:
         assert self.api is not None
         if time_shared:
             spec["timeShared"] = True
+        if self._leases is not None:
+            spec["leaseSeconds"] = self._leases.seconds
         document = {
             "apiVersion": GROUP_VERSION,
             "kind": "VirtualSlice",
@@ -271,6 +363,8 @@ class Cluster:
             except ApiCallError:
                 refused = True
                 raise
+            if self._leases is not None:  # while it waits too: it would be released
+                self._leases.hold(name)
             deadline = time.monotonic() + timeout
             while True:
                 status = self.api.get("virtualslices", name).get("status") or {}
@@ -307,6 +401,8 @@ class Cluster:
         """Delete a slice whose request was interrupted, on a fresh connection if the one
         in use fails (an interrupted request can leave it broken, and the slice would stay)."""
         assert self.api is not None
+        if self._leases is not None:
+            self._leases.drop(name)
         for attempt in range(2):
             try:
                 self.api.delete("virtualslices", name)
@@ -363,6 +459,8 @@ class Cluster:
         if self.api is not None:
             for item in list(self._bound.values()):
                 self.release(item)
+            if self._leases is not None:
+                self._leases.stop()
             self.api.close()
 
     def __enter__(self) -> Cluster:
@@ -383,6 +481,7 @@ def connect(
     weight: int | None = None,
     priority: int | None = None,
     devices: DirectDevices | None = None,
+    lease_seconds: int | None = DEFAULT_LEASE_SECONDS,
 ) -> Cluster:
     """Connect to a cluster's islands.
 
@@ -392,8 +491,15 @@ def connect(
     through its API as ``tenant``. With none of these, the settings come from the environment:
     the ones the operator injects into a program's pod, ``PATHWAYS_API``, or
     ``PATHWAYS_ISLANDS``. Slices bound without a resource manager come from ``devices``, when
-    several connections share them.
+    several connections share them. Through the API, the cluster releases this session's
+    slices once it stopped renewing them for ``lease_seconds`` (it renews them while it runs;
+    ``None``: held until deleted, even if the process is killed first).
     """
+    if lease_seconds is not None and not (MIN_LEASE_SECONDS <= lease_seconds <= MAX_LEASE_SECONDS):
+        raise ValueError(
+            f"lease_seconds must be {MIN_LEASE_SECONDS} to {MAX_LEASE_SECONDS} seconds, or "
+            f"None for slices held until deleted (got {lease_seconds})"
+        )
     if islands is not None and not isinstance(islands, Mapping):
         raise TypeError(
             f"islands must map island names to scheduler endpoints, such as "
@@ -406,7 +512,14 @@ def connect(
         or (target is None and islands is None and not env.get(ENV_SLICES) and env.get(ENV_API))
     ):
         return _connect_api(
-            target or env.get(ENV_API), token, state, client, tenant, weight, priority
+            target or env.get(ENV_API),
+            token,
+            state,
+            client,
+            tenant,
+            weight,
+            priority,
+            lease_seconds,
         )
     tenant = tenant or env.get("PATHWAYS_TENANT") or "default"
     weight = weight if weight is not None else int(env.get("PATHWAYS_WEIGHT", "1"))
@@ -452,6 +565,7 @@ def _connect_api(
     tenant: str | None,
     weight: int | None,
     priority: int | None,
+    lease_seconds: int | None,
 ) -> Cluster:
     """A session whose slices are VirtualSlices created through the REST API."""
     if state is not None:
@@ -489,6 +603,7 @@ def _connect_api(
         weight=weight or 1,
         priority=priority or 0,
         api=api,
+        lease_seconds=lease_seconds,
     )
 
 

@@ -28,6 +28,8 @@ class Slice:
     cluster: Cluster | None = field(default=None, repr=False)
     released: bool = field(default=False, repr=False)
     """Its devices were given back: they may be another slice's now."""
+    lost: str | None = field(default=None, repr=False)
+    """Why the cluster released it while this session held it (its lease ran out)."""
 
     def __post_init__(self) -> None:
         if math.prod(self.shape) != len(self.devices):
@@ -54,6 +56,8 @@ class Slice:
 
     def cluster_or_fail(self) -> Cluster:
         """The session holding this slice; SliceError once it was released."""
+        if self.lost is not None:
+            raise SliceError(f"slice {self.name!r} was released by the cluster: {self.lost}")
         if self.released:
             raise SliceError(
                 f"slice {self.name!r} was released (its devices may be another slice's now): "

@@ -7,7 +7,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -109,3 +111,75 @@ def test_the_demo_replaces_a_previous_demos_program_of_its_name(embedded_state: 
         assert submit_fresh(client, document, "run-2") == "demo-replaced"
         assert client.get("programs", "demo-replaced")["metadata"]["uid"] != first
         client.delete("programs", "demo-replaced")
+
+
+def slice_status(cluster: pw.Cluster, name: str) -> dict[str, Any]:
+    return cluster.api.get("virtualslices", name).get("status") or {}
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_killed_sessions_slices_are_released_when_their_lease_runs_out(
+    embedded_state: Path,
+) -> None:
+    """A client killed (SIGKILL, OOM) before it deleted its slices held them, their devices
+    and its tenant's quota, for ever."""
+    holder = (
+        "import time\n"
+        "import pathways_client as pw\n"
+        f"cluster = pw.connect(state={str(embedded_state)!r}, tenant='team-a', lease_seconds=5)\n"
+        "cluster.slice(devices=2, name='killed')\n"
+        "print('BOUND', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "BOUND\n"
+        with pw.connect(state=embedded_state, tenant="team-a", lease_seconds=5) as cluster:
+            with cluster.slice(devices=1) as live:
+                # The holder renews its lease while it runs: bound past the lease.
+                time.sleep(7)
+                assert slice_status(cluster, "killed")["phase"] == "Bound"
+                process.kill()
+                process.wait(30)
+                killed_at = time.monotonic()
+                wait_until(
+                    lambda: slice_status(cluster, "killed").get("reason") == "LeaseExpired",
+                    "the killed session's slice to be released",
+                )
+                # Within its lease and a renewal period of the last renewal.
+                assert time.monotonic() - killed_at < 5 + 5 / 3 + 2
+                assert slice_status(cluster, "killed")["phase"] == "Released"
+                # This session renews its own: still bound, and usable.
+                assert slice_status(cluster, live.name)["phase"] == "Bound"
+                double = pw.function(lambda x: x * 2, slice=live, name="double")
+                np.testing.assert_array_equal(double(np.arange(2.0)).result(), [0, 2])
+                assert cluster.api.me()["usage"]["devices"] == 1
+            cluster.api.delete("virtualslices", "killed")
+    finally:
+        process.kill()
+        process.wait(30)
+
+
+def test_a_session_frozen_past_its_lease_is_told_its_slice_is_gone(embedded_state: Path) -> None:
+    with pw.connect(state=embedded_state, tenant="team-a", lease_seconds=5) as cluster:
+        frozen = cluster.slice(devices=1)
+        keeper = cluster._leases
+        assert keeper is not None
+        keeper._stop.set()  # as a process stopped (SIGSTOP) renews nothing
+        wait_until(
+            lambda: slice_status(cluster, frozen.name).get("phase") == "Released",
+            "the frozen session's slice to be released",
+        )
+        keeper._stop.clear()  # thawed: its next renewal is refused
+        keeper.renew_all()
+        assert "LeaseExpired" not in (frozen.lost or "")  # said in words, below
+        with pytest.raises(pw.SliceError, match="released by the cluster: the lease of"):
+            pw.function(lambda x: x, slice=frozen, name="identity")(np.zeros(1))
+    with pytest.raises(ValueError, match="lease_seconds must be 5 to 86400"):
+        pw.connect(state=embedded_state, tenant="team-a", lease_seconds=1)

@@ -487,3 +487,31 @@ def test_an_api_server_that_does_not_answer_is_named_with_what_happened() -> Non
             asyncio.run(ask())
     finally:
         silent.close()
+
+
+def test_a_renewal_patches_the_annotation_on_the_version_it_checked(
+    cluster: Cluster, api: Api
+) -> None:
+    leased = {"metadata": {"name": "leased"}, "spec": {"devices": 1, "leaseSeconds": 30}}
+    assert call(api, "token-a", "POST", "/v1/virtualslices", json=leased).status_code == 201
+    renewed = call(api, "token-a", "POST", "/v1/virtualslices/leased/renew")
+    assert renewed.status_code == 200, renewed.text
+    stored = cluster.get("VirtualSlice", "leased", "team-a")
+    stamp = stored["metadata"]["annotations"]["pathways.dev/renewed-at"]
+    assert renewed.json()["metadata"]["annotations"]["pathways.dev/renewed-at"] == stamp
+    assert (stored["spec"]["leaseSeconds"], stored["metadata"]["generation"]) == (30, 1)
+    assert call(api, "token-b", "POST", "/v1/virtualslices/leased/renew").status_code == 404
+    # Released for its lease by the operator: never renewed again.
+    cluster.patch(
+        "VirtualSlice",
+        "leased",
+        {"status": {"phase": "Released", "reason": "LeaseExpired"}},
+        "team-a",
+        sub="status",
+    )
+    refused = call(api, "token-a", "POST", "/v1/virtualslices/leased/renew")
+    assert refused.status_code == 409 and "ran out" in refused.json()["error"]["message"]
+    unleased = {"metadata": {"name": "plain"}, "spec": {"devices": 1}}
+    assert call(api, "token-a", "POST", "/v1/virtualslices", json=unleased).status_code == 201
+    refused = call(api, "token-a", "POST", "/v1/virtualslices/plain/renew")
+    assert refused.json()["error"]["field"] == "spec.leaseSeconds"

@@ -343,3 +343,22 @@ def test_no_device_is_held_by_an_exclusive_slice_and_another_and_quotas_hold(
             )
         store.settle()
         check_invariants(store)
+
+
+def test_a_holder_whose_lease_runs_out_leaves_its_group_to_the_others() -> None:
+    store = Store([island(topology="4")])
+    holder = vslice("s0", 4, created=0)
+    holder["spec"]["leaseSeconds"] = 10
+    store.add(holder)
+    store.add(vslice("s1", 4, created=1))
+    store.settle()
+    assert store.devices("s0") == store.devices("s1") == [0, 1, 2, 3]
+    store.clock += timedelta(seconds=60)  # long past the lease: its holder is gone
+    store.settle()
+    assert (store.status("s0")["phase"], store.status("s0")["reason"]) == (
+        "Released",
+        "LeaseExpired",
+    )
+    assert store.devices("s0") == []
+    assert store.status("s1")["message"] == "bound to 4 devices of island 'isl'"
+    check_invariants(store)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.control import Stage, plan_bindings
-from pathways_core.control.slices import PATIENCE
+from pathways_core.control.slices import PATIENCE, renewal_stamp
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -624,3 +624,70 @@ def test_a_slice_of_its_own_cannot_jump_the_queue_with_a_queued_since_annotation
     early["metadata"]["annotations"] = {"pathways.dev/queued-since": "2026-01-01T00:00:00Z"}
     plan = plan_bindings([island("a")], [early, older], NOW)
     assert phases(plan)["p-m"] == ("Bound", None, Stage.BIND)
+
+
+# -- leases ----------------------------------------------------------------------------------
+
+
+def renewed(document: dict[str, Any], at: datetime) -> dict[str, Any]:
+    """``document`` as the API leaves it after a renewal at ``at``."""
+    meta = {**document["metadata"], "annotations": {"pathways.dev/renewed-at": renewal_stamp(at)}}
+    return {**document, "metadata": meta}
+
+
+def test_a_slice_whose_lease_runs_out_is_released_for_good() -> None:
+    """A client killed without deleting its slice held its devices and quota for ever."""
+    leased = vslice("leased", 8, leaseSeconds=30)
+    first = plan_bindings([island("a")], [leased, vslice("next", 8, created=1)], NOW)
+    assert phases(first)["leased"][0] == "Bound"
+    # 30 s after its creation (its lease counts from there until its first renewal).
+    assert first.next_expiry == datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
+    held = apply([leased, vslice("next", 8, created=1)], first.ordered())
+    assert phases(plan_bindings([island("a")], held, NOW + timedelta(seconds=29))) == {}
+
+    late = plan_bindings([island("a")], held, NOW + timedelta(seconds=31))
+    # Its devices go to the next slice, once their release is stored (stages in order).
+    assert phases(late) == {
+        "leased": ("Released", "LeaseExpired", Stage.RELEASE),
+        "next": ("Bound", None, Stage.BIND),
+    }
+    change = late.ordered()[0]
+    assert change.status["devices"] == [] and change.status["island"] is None
+    assert "did not renew its lease for 30 s" in change.status["message"]
+    assert ("LeaseExpired", "Warning") in [(e.reason, e.type) for e in late.events]
+    assert late.next_expiry is None
+    # It is never bound again, whatever comes after: not on an empty island, not renewed.
+    after = apply(held, late.ordered())[:1]
+    assert phases(plan_bindings([island("a")], after, NOW + timedelta(seconds=32))) == {}
+    revived = renewed(after[0], NOW + timedelta(seconds=40))
+    assert phases(plan_bindings([island("a")], [revived], NOW + timedelta(seconds=41))) == {}
+
+
+def test_a_renewed_lease_holds_and_a_pending_slice_unrenewed_goes_too() -> None:
+    holder = vslice("holder", 8, leaseSeconds=30)
+    held = apply([holder], plan_bindings([island("a")], [holder], NOW).ordered())
+    held = [renewed(held[0], NOW + timedelta(seconds=25))]
+    plan = plan_bindings([island("a")], held, NOW + timedelta(seconds=50))
+    assert phases(plan) == {}
+    assert plan.next_expiry == NOW + timedelta(seconds=55)
+    # A slice waiting for room goes too: bound later, it would hold devices for no one.
+    waiting = vslice("waiting", 8, created=1, leaseSeconds=10)
+    plan = plan_bindings([island("a")], [*held, waiting], NOW + timedelta(seconds=12))
+    assert phases(plan)["waiting"] == ("Released", "LeaseExpired", Stage.WAIT)
+    # A deleted slice is released as any other is, its lease run out or not.
+    gone = {**held[0], "metadata": {**held[0]["metadata"], "deletionTimestamp": "x"}}
+    plan = plan_bindings([island("a")], [gone], NOW + timedelta(seconds=90))
+    assert phases(plan) == {"holder": ("Released", "Deleted", Stage.RELEASE)}
+
+
+def test_editing_a_bound_slices_lease_keeps_its_devices() -> None:
+    first = plan_bindings([island("a")], [vslice("s", 8, leaseSeconds=30)], NOW)
+    held = apply([vslice("s", 8, leaseSeconds=30)], first.ordered())
+    longer = {
+        **held[0],
+        "metadata": {**held[0]["metadata"], "generation": 2},
+        "spec": {**held[0]["spec"], "leaseSeconds": 600},
+    }
+    plan = plan_bindings([island("a")], [longer], NOW + timedelta(seconds=60))
+    assert phases(plan) == {"s": ("Bound", None, Stage.WAIT)}
+    assert plan.next_expiry == NOW + timedelta(seconds=600)

@@ -33,11 +33,11 @@ class Api:
 
 def test_a_broken_connection_is_replaced_and_the_slice_deleted() -> None:
     api = Api(broken=True)
-    Cluster._delete_slice(SimpleNamespace(api=api), "waiter")  # type: ignore[arg-type]
+    Cluster._delete_slice(SimpleNamespace(api=api, _leases=None), "waiter")  # type: ignore[arg-type]
     assert (api.deleted, api.reconnects) == (["waiter"], 1)
 
 
 def test_a_slice_already_gone_is_left_alone() -> None:
     api = Api(broken=False, gone=True)
-    Cluster._delete_slice(SimpleNamespace(api=api), "waiter")  # type: ignore[arg-type]
+    Cluster._delete_slice(SimpleNamespace(api=api, _leases=None), "waiter")  # type: ignore[arg-type]
     assert (api.deleted, api.reconnects) == ([], 0)

@@ -30,6 +30,8 @@ ANNOTATION_CANCELLED = "pathways.dev/cancelled"
 # On a program's inline slices: when the program was made, the time they queue from (made in
 # one pass of the controller, their own creation times tell programs apart no more).
 ANNOTATION_QUEUED_SINCE = "pathways.dev/queued-since"
+# On a slice with spec.leaseSeconds: when its holder last renewed it (through the API).
+ANNOTATION_RENEWED_AT = "pathways.dev/renewed-at"
 """``"true"`` on a program the API cancelled: suspended for good."""
 """On an Island: the island runs elsewhere (outside the cluster, or on a developer's machine);
 the operator creates no pods for it and publishes this ``host:port`` as its scheduler."""

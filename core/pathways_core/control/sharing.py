@@ -48,6 +48,7 @@ from pathways_core.control.slices import (
     BindingPlan,
     SliceChange,
     Stage,
+    check_leases,
     incomplete_programs,
     pending_status,
     plan_bindings,
@@ -142,12 +143,17 @@ def plan_bindings_shared(
     tenant is named from its own namespace only): the others wait, saying why. ``quotas``
     adds to the tenants' device quotas."""
     tenants = tenants or Tenants()
-    admitted, refused, names = _admitted(slices, tenants)
+    # Before the groups are made: a slice released for its lease shares devices no more.
+    leases = check_leases(slices, now)
+    admitted, refused, names = _admitted(leases.held, tenants)
     plan = _plan_shared(
         islands, admitted, now, {**tenants.quotas(names), **(quotas or {})}, patience, programs
     )
     originals = {key_of(d): d for d in slices}
     plan.changes[:] = [replace(c, document=originals[c.key]) for c in plan.changes]
+    plan.changes += leases.changes
+    plan.events += leases.events
+    plan.next_expiry = leases.next_expiry
     for document, refusal in refused:
         old = document.get("status") or {}
         new = pending_status(document, now, refusal.reason, refusal.message)

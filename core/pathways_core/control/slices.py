@@ -14,6 +14,12 @@ failure:
 2. ``BIND``: new bindings, on devices free in the store (or released in stage 1).
 3. ``WAIT``: reasons of slices that stay pending.
 
+A slice with ``spec.leaseSeconds`` is held only while its holder renews it (the API writes the
+renewal time to the ``pathways.dev/renewed-at`` annotation): a pass after the lease ran out
+releases it for good (``Released``, reason ``LeaseExpired``), so a client killed without
+deleting its slices does not hold their devices and quota for ever. The plan says when the
+next lease runs out (``next_expiry``), for the controller to run a pass then.
+
 A program's inline slices are bound together or not at all (a *gang*): bound one by one, two
 programs each held part of what they needed and waited for the rest for ever, and one that
 could never fit preempted others for a part it could not use. A gang that cannot be bound
@@ -27,7 +33,7 @@ import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 from typing import Any
 
@@ -44,6 +50,7 @@ from pathways_core.allocator import (
 )
 from pathways_core.control.common import (
     ANNOTATION_QUEUED_SINCE,
+    ANNOTATION_RENEWED_AT,
     LABEL_PROGRAM,
     Document,
     Event,
@@ -100,6 +107,8 @@ class BindingPlan:
     rejected: list[str] = field(default_factory=list)
     """Stored bindings the pass refused (unknown island, device outside the mesh, a device
     bound twice); each such slice is released in stage 1."""
+    next_expiry: datetime | None = None
+    """When the first lease of a slice still held runs out: a pass then releases it."""
 
     @property
     def needs_another_pass(self) -> bool:
@@ -171,8 +180,8 @@ def _gang(document: Document) -> str | None:
 
 def placement(spec: VirtualSliceSpec) -> str:
     """Digest of what a slice's binding answers: its spec but for its priority (which decides
-    only who may preempt whom)."""
-    wire = {k: v for k, v in spec.to_wire().items() if k != "priority"}
+    only who may preempt whom) and its lease (how long it is held unrenewed)."""
+    wire = {k: v for k, v in spec.to_wire().items() if k not in ("priority", "leaseSeconds")}
     return hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -221,6 +230,73 @@ def pending_status(document: Document, now: datetime, reason: str, message: str)
     return _status(document, "Pending", now, reason=reason, message=message)
 
 
+def renewal_stamp(moment: datetime) -> str:
+    """How a renewal time is written (to the microsecond: a lease is a few seconds)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lease_expiry(document: Document) -> datetime | None:
+    """When a slice's lease runs out: ``spec.leaseSeconds`` after its last renewal (or its
+    creation); ``None`` for a slice without a lease."""
+    seconds = (document.get("spec") or {}).get("leaseSeconds")
+    if not isinstance(seconds, int) or isinstance(seconds, bool) or seconds <= 0:
+        return None
+    meta = document.get("metadata") or {}
+    renewed = parse_time((meta.get("annotations") or {}).get(ANNOTATION_RENEWED_AT))
+    start = renewed or parse_time(meta.get("creationTimestamp"))
+    return start + timedelta(seconds=seconds) if start is not None else None
+
+
+def lease_expired(document: Document) -> bool:
+    """Whether a slice was released because its lease ran out (for good: a renewal after it
+    is refused, and the slice is never bound again)."""
+    status = document.get("status") or {}
+    return status.get("phase") == "Released" and status.get("reason") == "LeaseExpired"
+
+
+@dataclass
+class Leases:
+    """What the slices' leases decide in a pass: see :func:`check_leases`."""
+
+    held: list[Document]
+    changes: list[SliceChange]
+    events: list[Event]
+    next_expiry: datetime | None
+
+
+def check_leases(slices: Sequence[Document], now: datetime) -> Leases:
+    """Release the slices whose lease ran out by ``now``; ``held``: the others, those
+    released for it before left out (they are done with, whatever their spec says)."""
+    leases = Leases([], [], [], None)
+    for document in slices:
+        if lease_expired(document) and not is_deleting(document):
+            continue
+        expiry = None if is_deleting(document) else lease_expiry(document)
+        if expiry is None:
+            leases.held.append(document)
+        elif expiry > now:
+            leases.held.append(document)
+            leases.next_expiry = min(expiry, leases.next_expiry or expiry)
+        else:
+            seconds = document["spec"]["leaseSeconds"]
+            message = (
+                f"its holder did not renew its lease for {seconds} s (it ran out at "
+                f"{timestamp(expiry)}): devices released; create a new slice"
+            )
+            status = document.get("status") or {}
+            stage = Stage.RELEASE if status.get("devices") else Stage.WAIT
+            leases.changes.append(
+                SliceChange(
+                    key_of(document),
+                    document,
+                    _status(document, "Released", now, reason="LeaseExpired", message=message),
+                    stage,
+                )
+            )
+            leases.events.append(Event(ObjectRef.of(document), "Warning", "LeaseExpired", message))
+    return leases
+
+
 def _same(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     keys = ("phase", "island", "devices", "reason", "message", "observedGeneration")
     return all((old.get(k) or None) == (new.get(k) or None) for k in keys)
@@ -248,6 +324,11 @@ def plan_bindings(
     one; until then nothing that ranks after them is bound, so they keep their place.
     """
     plan = BindingPlan()
+    leases = check_leases(slices, now)
+    slices = leases.held
+    plan.changes += leases.changes
+    plan.events += leases.events
+    plan.next_expiry = leases.next_expiry
     allocator = Allocator()
     inventories: dict[str, IslandInventory] = {}
     for document in sorted(islands, key=key_of):

@@ -22,6 +22,9 @@ from pathways_core.resources.base import (
 )
 from pathways_core.topology import MeshShape, device_count, parse_shape
 
+MIN_LEASE_SECONDS = 5
+MAX_LEASE_SECONDS = 86400
+
 
 class SliceRequest(Model):
     """What devices a slice needs: a count or a mesh shape, of a kind, on selected islands."""
@@ -92,6 +95,14 @@ class VirtualSliceSpec(SliceRequest):
     )
     priority: Priority = Field(
         default=0, description="Higher priority slices may preempt strictly lower priority ones."
+    )
+    lease_seconds: int | None = Field(
+        default=None,
+        ge=MIN_LEASE_SECONDS,
+        le=MAX_LEASE_SECONDS,
+        description="Release the slice (phase Released, reason LeaseExpired) once its holder "
+        "has not renewed it (POST /v1/virtualslices/NAME/renew) for this many seconds, so a "
+        "client that dies without deleting it frees its devices. Held until deleted when empty.",
     )
 
     @model_validator(mode="after")
