@@ -4,7 +4,8 @@
 Every handler is idempotent and level-triggered: it reads the current objects, never trusts
 the event that woke it, and writes only what differs. Children have deterministic names, so a
 handler that runs twice finds what the first one created. Daemons reconcile islands and
-programs again every ``PATHWAYS_RESYNC_SECONDS`` in case an event was missed.
+programs again every ``PATHWAYS_RESYNC_SECONDS`` in case an event was missed, and run a
+binding pass when a slice's lease runs out.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from pathways_core.control.common import (
     prune,
 )
 from pathways_core.control.islands import control_token_secret, ready_host_indexes
+from pathways_core.control.slices import lease_expired, lease_expiry
 from pathways_core.resources import Island, PathwaysProgram
 from pathways_operator import metrics
 from pathways_operator.binder import Binder
@@ -59,6 +61,8 @@ FINALIZER = "pathways.dev/finalizer"
 MIN_RESYNC_SECONDS = 1.0
 # How long a cancelled resync daemon may take to end (its reconcile's requests aborted).
 CANCEL_SECONDS = 5.0
+# After a lease's expiry: the pass's own clock must see it run out.
+LEASE_MARGIN_SECONDS = 0.05
 
 logger = logging.getLogger(__name__)
 
@@ -416,6 +420,29 @@ async def slice_event(
 async def slice_deleted(memo: kopf.Memo, **_: Any) -> None:
     """The finalizer: the slice's devices are released (status Released) before it goes."""
     await memo.binder.sync()
+
+
+def _held_on_lease(body: kopf.Body, **_: Any) -> bool:
+    return lease_expiry(body) is not None and not lease_expired(body) and not is_deleting(body)
+
+
+@kopf.daemon(
+    GROUP, VERSION, "virtualslices", when=_held_on_lease, cancellation_timeout=CANCEL_SECONDS
+)
+async def slice_lease(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A binding pass when the slice's lease runs out (the pass releases it, LeaseExpired).
+    ``body`` is kept fresh by kopf: a renewal meanwhile moves the expiry, and the daemon waits
+    again; the release stops it (its filter no longer matches)."""
+    try:
+        while (expiry := lease_expiry(body)) is not None and not lease_expired(body):
+            wait = (expiry - now_utc()).total_seconds()
+            if wait > 0:
+                await asyncio.sleep(wait + LEASE_MARGIN_SECONDS)
+                continue
+            await _guard("binding", memo.binder.sync())
+            await asyncio.sleep(1.0)  # for the release to reach the body, or to try again
+    except asyncio.CancelledError:
+        return  # released, deleted, or the operator stops or pauses for a peer
 
 
 # -- programs --------------------------------------------------------------------------------

@@ -7,12 +7,15 @@ import asyncio
 import socket
 import time
 import urllib.request
+from datetime import UTC, datetime
 from itertools import combinations
 
 import kmock
 from kube_cluster import NAMESPACE, Cluster, running_operator, wait_for
 from kube_harness import mark_ready, set_executor_pods
 from kube_manifests import island, program, vslice
+
+from pathways_core.control.slices import renewal_stamp
 
 
 def status(cluster: Cluster, name: str, namespace: str = "team") -> dict:
@@ -243,3 +246,28 @@ def test_a_program_whose_slices_arrive_apart_preempts_nobody_for_a_part(
     assert phase(cluster, "low-1") == phase(cluster, "low-2") == "Bound"
     assert not cluster.events("low-1", "Preempted") and not cluster.events("low-2", "Preempted")
     assert not cluster.events("big-x", "Bound")
+
+
+def test_a_slice_whose_lease_runs_out_is_released_and_its_devices_go_on(cluster: Cluster) -> None:
+    """A client killed before it deleted its slice held its devices for ever. The resync is
+    far off here: the slice's own daemon runs the pass when the lease runs out."""
+    with running_operator(PATHWAYS_RESYNC_SECONDS="600"):
+        cluster.create(island("a", topology="2x4", hosts=2))
+        cluster.create(vslice("kept", devices=2, leaseSeconds=5))
+        cluster.create(vslice("dropped", devices=4, leaseSeconds=5))
+        cluster.create(vslice("plain", devices=2))
+        wait_for(lambda: all(phase(cluster, n) == "Bound" for n in ("kept", "dropped", "plain")))
+        cluster.create(vslice("waiter", devices=4))
+        wait_for(lambda: phase(cluster, "waiter") == "Pending")
+        began = time.monotonic()
+        while time.monotonic() - began < 8:  # "kept"'s holder renews it, as the API does
+            stamp = renewal_stamp(datetime.now(UTC))
+            renewal = {"metadata": {"annotations": {"pathways.dev/renewed-at": stamp}}}
+            cluster.patch("VirtualSlice", "kept", renewal, "team")
+            time.sleep(1)
+        released = wait_for(lambda: (s := status(cluster, "dropped"))["phase"] == "Released" and s)
+        assert released["reason"] == "LeaseExpired" and not released.get("devices")
+        assert cluster.events("dropped", "LeaseExpired")[0]["type"] == "Warning"
+        wait_for(lambda: phase(cluster, "waiter") == "Bound")
+        assert phase(cluster, "kept") == phase(cluster, "plain") == "Bound"
+        assert_no_device_bound_twice(cluster)
