@@ -43,16 +43,17 @@ from pathways_core.control.programs import island_client_name
 from pathways_core.manifests import problems_of
 from pathways_core.resources import SliceRequest
 from pathways_core.resources.base import GROUP_VERSION
-from pathways_core.resources.virtual_slice import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
+from pathways_core.resources.virtual_slice import (
+    DEFAULT_LEASE_SECONDS,
+    MAX_LEASE_SECONDS,
+    MIN_LEASE_SECONDS,
+)
 from pathways_core.topology import format_shape, parse_shape
 
 ENV_SLICES = "PATHWAYS_SLICES"
 ENV_ISLANDS = "PATHWAYS_ISLANDS"
 ENV_API, ENV_TOKEN = "PATHWAYS_API", "PATHWAYS_TOKEN"
 BIND_TIMEOUT_SECONDS = 120.0
-DEFAULT_LEASE_SECONDS = 60
-"""How long the cluster keeps a slice made through the API once its session stops renewing it
-(its process killed, frozen or cut off): the session renews it every third of that."""
 logger = logging.getLogger("pathways.client")
 # Pending reasons that no release elsewhere can change: fail at once instead of waiting.
 NEVER_FITS = {"NoMatchingIsland", "ShapeDoesNotFit", "InvalidSpec"}

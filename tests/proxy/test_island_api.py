@@ -23,6 +23,25 @@ def _proxy_slices(cluster: pw.Cluster) -> list[dict]:
     ]
 
 
+def _start_client(script: str, *paths: Path) -> subprocess.Popen[str]:
+    """A stock JAX client running ``script`` with ``paths`` as its arguments, once it touched
+    the first (its session is open)."""
+    run = subprocess.Popen(
+        [PYTHON, "-c", script, *map(str, paths)],
+        cwd=HERE,
+        env=client_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not paths[0].exists():
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the client did not start"
+        time.sleep(0.05)
+    return run
+
+
 def test_sessions_get_virtual_slices_of_the_tenant(embedded_state: Path, tmp_path: Path) -> None:
     proxy = start_proxy(
         "--state", str(embedded_state), "--tenant", TENANT, "--devices", "2", timeout=120
@@ -39,21 +58,9 @@ def test_sessions_get_virtual_slices_of_the_tenant(embedded_state: Path, tmp_pat
         "y = jax.jit(lambda v: v * 3)(np.arange(4.0, dtype=np.float32))\n"
         "print(json.dumps({'ids': ids, 'y': np.asarray(y).tolist()}))\n"
     )
-    run = subprocess.Popen(
-        [PYTHON, "-c", script, str(ready), str(go)],
-        cwd=HERE,
-        env=client_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    run = _start_client(script, ready, go)
     try:
         with pw.connect(state=embedded_state, tenant=TENANT) as cluster:
-            deadline = time.monotonic() + 120
-            while not ready.exists():
-                assert run.poll() is None, run.communicate()[1][-3000:]
-                assert time.monotonic() < deadline, "the client did not start"
-                time.sleep(0.05)
             # While the session is open its slice is a Bound VirtualSlice of the tenant.
             (held,) = _proxy_slices(cluster)
             assert held["metadata"]["name"].startswith(f"{TENANT}-proxy-")
@@ -72,4 +79,49 @@ def test_sessions_get_virtual_slices_of_the_tenant(embedded_state: Path, tmp_pat
     finally:
         if run.poll() is None:
             run.kill()
+        stop_proxy(proxy)
+
+
+def test_a_killed_proxys_session_slices_are_released_when_their_lease_runs_out(
+    embedded_state: Path, tmp_path: Path
+) -> None:
+    """A proxy killed (SIGKILL, OOM) while a session held a slice left it bound for ever."""
+    proxy = start_proxy(
+        "--state",
+        str(embedded_state),
+        "--tenant",
+        TENANT,
+        "--devices",
+        "2",
+        "--slice-lease",
+        "5",
+        timeout=120,
+    )
+    ready = tmp_path / "ready"
+    script = connect_snippet(proxy.address) + (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "jax.devices()\n"
+        "Path(sys.argv[1]).touch()\n"
+        "time.sleep(600)\n"
+    )
+    run = _start_client(script, ready)
+    try:
+        with pw.connect(state=embedded_state, tenant=TENANT) as cluster:
+            (held,) = _proxy_slices(cluster)
+            assert held["spec"]["leaseSeconds"] == 5
+            proxy.process.kill()
+            proxy.process.wait(30)
+            deadline = time.monotonic() + 30
+            while (
+                status := cluster.api.get("virtualslices", held["metadata"]["name"])["status"]
+            ).get("phase") != "Released":
+                assert time.monotonic() < deadline, f"still {status}"
+                time.sleep(0.2)
+            assert status["reason"] == "LeaseExpired"
+            assert cluster.api.me()["usage"]["devices"] == 0
+            cluster.api.delete("virtualslices", held["metadata"]["name"])
+    finally:
+        run.kill()
+        run.wait(30)
         stop_proxy(proxy)

@@ -27,6 +27,11 @@ from typing import Any
 import click
 
 from pathways_core.flags import PORT_MAX
+from pathways_core.resources.virtual_slice import (
+    DEFAULT_LEASE_SECONDS,
+    MAX_LEASE_SECONDS,
+    MIN_LEASE_SECONDS,
+)
 from pathways_core.scheduling import Policy
 
 ENV_SETTINGS = ("PATHWAYS_SLICES", "PATHWAYS_ISLANDS", "PATHWAYS_API")
@@ -96,6 +101,14 @@ def _islands(value: str | None) -> dict[str, str] | None:
     "slice_name",
     help="Run every session on this slice, already bound (PATHWAYS_SLICES, in Kubernetes).",
 )
+@click.option(
+    "--slice-lease",
+    type=click.IntRange(MIN_LEASE_SECONDS, MAX_LEASE_SECONDS),
+    default=DEFAULT_LEASE_SECONDS,
+    show_default=True,
+    help="Through the API: seconds the cluster keeps a session's slice once the proxy stops "
+    "renewing it (killed, frozen, cut off).",
+)
 @click.option("--tenant", default=None, help="Tenant of the sessions (default: the API's).")
 @click.option("--weight", type=click.IntRange(1), default=None, help="Share of device time.")
 @click.option("--priority", type=int, default=None, help="Strictly higher priority runs first.")
@@ -149,6 +162,7 @@ def proxy_command(
     token: str | None,
     island_name: str | None,
     slice_name: str | None,
+    slice_lease: int,
     tenant: str | None,
     weight: int | None,
     priority: int | None,
@@ -208,6 +222,7 @@ def proxy_command(
                 token=token,
                 island=island_name,
                 slice_name=slice_name,
+                slice_lease=slice_lease,
                 tenant=tenant,
                 weight=weight,
                 priority=priority,
@@ -268,6 +283,7 @@ def _island_backend(
     token: str | None,
     island: str | None,
     slice_name: str | None,
+    slice_lease: int,
     tenant: str | None,
     weight: int | None,
     priority: int | None,
@@ -308,6 +324,7 @@ def _island_backend(
             weight=weight,
             priority=priority,
             devices=shared,
+            lease_seconds=slice_lease,
         )
 
     backend = IslandBackend(

@@ -24,6 +24,9 @@ from pathways_core.topology import MeshShape, device_count, parse_shape
 
 MIN_LEASE_SECONDS = 5
 MAX_LEASE_SECONDS = 86400
+DEFAULT_LEASE_SECONDS = 60
+"""The lease of the slices clients make through the API (the SDK, the proxy): how long the
+cluster keeps one once its client stops renewing it (killed, frozen or cut off)."""
 
 
 class SliceRequest(Model):
