@@ -87,7 +87,7 @@ from pathways_core.control import (
     slice_names,
 )
 from pathways_core.control.common import LABEL_PROGRAM, Document, now_utc, parse_time, prune
-from pathways_core.control.programs import island_client_name
+from pathways_core.control.programs import CHECKPOINT_MOUNT, island_client_name
 from pathways_core.control.sharing import plan_bindings_shared
 from pathways_core.resources import GROUP_VERSION, Island, PathwaysProgram
 
@@ -673,7 +673,9 @@ class Manager:
                 command = [part.replace(mount["mountPath"], target) for part in command]
         environment = {item["name"]: item.get("value", "") for item in container.get("env", [])}
         checkpoints = self._checkpoint_dir(job)
-        if checkpoints is not None and "PATHWAYS_CHECKPOINT_DIR" not in environment:
+        given = environment.get("PATHWAYS_CHECKPOINT_DIR")
+        # A checkpointClaim's folder is on a volume of a cluster's: here, the state folder's.
+        if checkpoints is not None and (given is None or given.startswith(f"{CHECKPOINT_MOUNT}/")):
             checkpoints.mkdir(parents=True, exist_ok=True)
             environment["PATHWAYS_CHECKPOINT_DIR"] = str(checkpoints)
         log = self.store.log_path(meta["namespace"], meta["name"])

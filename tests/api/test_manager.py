@@ -711,3 +711,28 @@ def test_a_run_failed_as_its_island_went_down_is_interrupted_and_runs_again(
     submit(store, "broken", "import sys; sys.exit(4)")
     wait_for(lambda: phase(store, "PathwaysProgram", "broken") == "Failed", what="Failed")
     assert store.read("PathwaysProgram", "team", "broken")["status"]["runs"] == 1
+
+
+def test_a_checkpoint_claim_is_the_state_folders_checkpoints_here(running: Running) -> None:
+    """A program written for a cluster (its driver's checkpointClaim) runs here unchanged: its
+    checkpoints go to the state folder, not to the claim's mount path, absent here."""
+    store = running.store
+    wait_for(lambda: phase(store, "Island", "local", None) == "Ready", what="island Ready")
+    store.insert(
+        {
+            "apiVersion": "pathways.dev/v1alpha1",
+            "kind": "PathwaysProgram",
+            "metadata": {"name": "claimed", "namespace": "team"},
+            "spec": {
+                "slices": [{"name": "main", "devices": 1}],
+                "driver": {"source": PRINT_SETTINGS, "checkpointClaim": "team-checkpoints"},
+            },
+        },
+        devices=1,
+    )
+    wait_for(lambda: phase(store, "PathwaysProgram", "claimed") == "Succeeded", what="Succeeded")
+    settings = json.loads(store.log_path("team", "claimed-run-1").read_text().splitlines()[-1])
+    uid = store.read("PathwaysProgram", "team", "claimed")["metadata"]["uid"]
+    assert settings["PATHWAYS_CHECKPOINT_DIR"] == str(
+        running.manager.state / "checkpoints" / "team" / "claimed" / uid
+    )

@@ -174,6 +174,39 @@ def test_a_drivers_own_variables_cannot_replace_those_of_the_run() -> None:
     assert names[0] == "MODE" and names[1:3] == ["PATHWAYS_RUN", "PATHWAYS_PROGRAM"]
 
 
+def test_a_checkpoint_claim_is_mounted_with_a_folder_of_the_programs_own() -> None:
+    """Without a volume a driver's checkpoints lived in its pod and went with it: every run
+    began from the first step."""
+    claimed = program(driver={"source": "x", "checkpointClaim": "team-checkpoints"})
+    (created,) = decide(claimed, {"p-main": bound_slice()}, islands=READY_ISLAND).create
+    pod = created["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "team-checkpoints"}} in (
+        pod["volumes"]
+    )
+    assert {"name": "checkpoints", "mountPath": "/var/lib/pathways/checkpoints"} in (
+        container["volumeMounts"]
+    )
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["PATHWAYS_CHECKPOINT_DIR"] == "/var/lib/pathways/checkpoints/p/u-p"
+    # The variable comes from the claim or from env, never both.
+    both = program(
+        driver={
+            "source": "x",
+            "checkpointClaim": "team-checkpoints",
+            "env": [{"name": "PATHWAYS_CHECKPOINT_DIR", "value": "/elsewhere"}],
+        }
+    )
+    decision = decide(both, {"p-main": bound_slice()}, islands=READY_ISLAND)
+    assert (
+        "spec.driver.env[0].name: PATHWAYS_CHECKPOINT_DIR is set from checkpointClaim"
+        in (decision.status["message"])
+    )
+    bad = program(driver={"source": "x", "checkpointClaim": "Not_A_Claim"})
+    decision = decide(bad, {"p-main": bound_slice()}, islands=READY_ISLAND)
+    assert "spec.driver.checkpointClaim" in decision.status["message"]
+
+
 def test_running_program_with_its_slices_changes_nothing() -> None:
     first = decide(program(), {"p-main": bound_slice()}, islands=READY_ISLAND)
     running = program(status=first.status)

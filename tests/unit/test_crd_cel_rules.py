@@ -88,6 +88,10 @@ GRAPH = {"functions": [{"name": "f", "uri": "gs://b/f"}],
         ({**PROGRAM, "spec": {"slices": [{"name": "a", "devices": 1}], "driver": {
             "source": "x", "env": [{"name": "A", "value": "1"}, {"name": "PATHWAYS_SLICES"}]}}},
          ".spec.driver: env: the PATHWAYS_* variables of every run are set by Pathways"),
+        ({**PROGRAM, "spec": {"slices": [{"name": "a", "devices": 1}], "driver": {
+            "source": "x", "checkpointClaim": "c",
+            "env": [{"name": "PATHWAYS_CHECKPOINT_DIR", "value": "/x"}]}}},
+         ".spec.driver: env: PATHWAYS_CHECKPOINT_DIR is set from checkpointClaim"),
         ({**PROGRAM, "spec": {"slices": [{"name": "a", "devices": 1}], "graph": {
             **GRAPH, "functions": [{"name": "f", "uri": "gs://b/f", "inline": "AAAA"}]}}},
          ".spec.graph.functions[0]: set exactly one of configMapKeyRef, uri or inline"),

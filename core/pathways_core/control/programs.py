@@ -51,12 +51,15 @@ from pathways_core.control.common import (
 )
 from pathways_core.control.security import harden
 from pathways_core.resources import GROUP_VERSION, PathwaysProgram, VirtualSliceSpec
+from pathways_core.resources.program import CHECKPOINT_VARIABLE
 from pathways_core.topology import parse_shape
 
 COMPONENT = "program"
 """``pathways.dev/component`` of program pods: NetworkPolicies let them reach islands."""
 GRAPH_KEY = "program.json"
 GRAPH_MOUNT = "/etc/pathways"
+# Where a driver's checkpointClaim is mounted.
+CHECKPOINT_MOUNT = "/var/lib/pathways/checkpoints"
 # Where a graph runner finds configMapKeyRef artifacts: <ConfigMap>/<key>, each ConfigMap of
 # the program's namespace mounted read-only (beside the spec's mount, not inside it).
 ARTIFACTS_MOUNT = "/etc/pathways-artifacts"
@@ -463,6 +466,18 @@ def program_job(
         env = [variable.to_wire() for variable in driver.env] + env
         if driver.resources is not None:
             container["resources"] = driver.resources.to_wire()
+        if driver.checkpoint_claim is not None:
+            # A folder per program object (its uid): a program made again under a deleted
+            # one's name must not resume from the old one's state.
+            volumes.append(
+                {
+                    "name": "checkpoints",
+                    "persistentVolumeClaim": {"claimName": driver.checkpoint_claim},
+                }
+            )
+            mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
+            folder = f"{CHECKPOINT_MOUNT}/{name}/{meta.get('uid') or 'unknown'}"
+            env.append({"name": CHECKPOINT_VARIABLE, "value": folder})
     else:
         container = {
             "name": "graph",

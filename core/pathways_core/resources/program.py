@@ -48,6 +48,7 @@ RUN_VARIABLES = (
     "PATHWAYS_STEPS",
     "PATHWAYS_SLICES",
 )
+CHECKPOINT_VARIABLE = "PATHWAYS_CHECKPOINT_DIR"
 
 
 def _named_list(key: str = "name") -> dict[str, object]:
@@ -238,6 +239,11 @@ class Driver(Model):
                     + "]))",
                     "message": "env: the PATHWAYS_* variables of every run are set by Pathways",
                 },
+                {
+                    "rule": "!has(self.checkpointClaim) || !has(self.env) || "
+                    f"self.env.all(e, e.name != '{CHECKPOINT_VARIABLE}')",
+                    "message": f"env: {CHECKPOINT_VARIABLE} is set from checkpointClaim",
+                },
             ]
         }
     }
@@ -268,6 +274,15 @@ class Driver(Model):
     resources: ResourceRequirements | None = Field(
         default=None, description="cpu and memory of the driver container."
     )
+    checkpoint_claim: str | None = Field(
+        default=None,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        max_length=253,
+        description="A PersistentVolumeClaim of the program's namespace for its checkpoints: "
+        "mounted in every run, with PATHWAYS_CHECKPOINT_DIR set to a folder of the program's "
+        "own on it, so a run resumes from the last checkpoint of the one before "
+        "(pw.checkpoint). Without it, checkpoints are not kept in Kubernetes.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -279,6 +294,12 @@ class Driver(Model):
                     f"env[{index}].name",
                     f"{variable.name} is set by Pathways for every run (the SDK reads it); "
                     "choose another name",
+                )
+            if variable.name == CHECKPOINT_VARIABLE and self.checkpoint_claim is not None:
+                raise FieldError(
+                    f"env[{index}].name",
+                    f"{CHECKPOINT_VARIABLE} is set from checkpointClaim (a folder of the "
+                    "program's on the claim); drop one of them",
                 )
         return self
 
