@@ -133,12 +133,34 @@ class Manager:
             self.find_returned()
             if len(self.available) >= wanted:
                 return self.available
+            self._check_returnable(wanted)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"{len(self.available)} of {wanted} slices available after {timeout:g} s; "
                     f"still lost: {[item.name for item in self.lost]}"
                 )
             time.sleep(poll_interval)
+
+    def _check_returnable(self, wanted: int) -> None:
+        """SlicesLost at once if fewer than ``wanted`` slices can ever be available: a slice
+        whose island's session ended (its scheduler restarted) never comes back on this
+        connection, and waiting for it would wait for ever."""
+        with self._lock:
+            ended = {
+                item.name: why
+                for item in self.lost
+                if (why := self.cluster.session(item.island).ended)
+            }
+            if len(self.slices) - len(ended) >= wanted:
+                return
+            gone = [item for item in self.lost if item.name in ended]
+        reasons = "; ".join(f"{name}: {why}" for name, why in ended.items())
+        raise SlicesLost(
+            f"{len(self.slices) - len(ended)} of the {wanted} slices asked for can come back: "
+            f"the island sessions of {sorted(ended)} ended ({reasons}); connect again "
+            "(pw.connect) for new sessions and slices",
+            gone,
+        )
 
     def _touches(self, item: Slice, dead: set[int] | None) -> bool:
         if dead is None:

@@ -194,6 +194,22 @@ def test_a_lost_slice_comes_back_once_its_executor_is_taken_back(answering) -> N
     assert manager.lost == []
 
 
+def test_waiting_for_slices_whose_session_ended_fails_at_once(answering) -> None:
+    """They never come back on this connection: without a timeout it waited for ever."""
+    two = {"one": Session(), "two": Session()}
+    items = [Slice("a", "one", (0, 1), (2,)), Slice("b", "two", (0, 1), (2,))]
+    manager = elastic.Manager(Cluster(two), items)  # type: ignore[arg-type]
+    two["two"].ended = "the scheduler restarted"
+    manager.find_lost()
+    assert manager.wait_for_slices(count=1) == items[:1]  # one can come back: enough
+    with pytest.raises(
+        elastic.SlicesLost, match=r"1 of the 2 slices asked for can come back"
+    ) as lost:
+        manager.wait_for_slices(timeout=5, poll_interval=0.1)  # (5 s: it waited them out)
+    assert "['b'] ended (b: the scheduler restarted); connect again" in str(lost.value)
+    assert [item.name for item in lost.value.lost] == ["b"]
+
+
 def test_a_taken_back_executor_that_does_not_answer_stays_lost(answering) -> None:
     manager = elastic.Manager(Cluster({"one": Session()}), slices())  # type: ignore[arg-type]
     answering.discard("h:1")
