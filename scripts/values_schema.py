@@ -25,6 +25,7 @@ from pathways_core.accelerators import AcceleratorKind, accelerator_info
 from pathways_core.crds import all_crds
 from pathways_core.resources.base import DNS_LABEL_PATTERN, MAX_PRIORITY
 from pathways_core.resources.island import ISLAND_NAME
+from pathways_operator.config import MIN_PEERING_LIFETIME_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "charts" / "pathways" / "values.schema.json"
@@ -224,7 +225,14 @@ def values_schema() -> dict[str, Any]:
                     {
                         **pod_settings(),
                         "peering": obj(
-                            {"name": string("ClusterKopfPeering name.", pattern=DNS_SUBDOMAIN)},
+                            {
+                                "name": string("ClusterKopfPeering name.", pattern=DNS_SUBDOMAIN),
+                                "lifetimeSeconds": integer(
+                                    "How long a silent replica is held active before a "
+                                    "standby takes over.",
+                                    minimum=MIN_PEERING_LIFETIME_SECONDS,
+                                ),
+                            },
                             required=["name"],
                         ),
                         "healthPort": PORT,

@@ -29,7 +29,9 @@ class Config:
     ``PATHWAYS_TLS_SECRET``: name of the ``kubernetes.io/tls`` Secret mounted in island and
     program pods (unset: TLS off); ``PATHWAYS_CONTROL_TOKENS``: ``true`` gives each island a
     random control token in a Secret of its own, read by its scheduler and executors (unset or
-    ``false``: no token, for dev clusters)."""
+    ``false``: no token, for dev clusters); ``PATHWAYS_PEERING_LIFETIME_SECONDS``: how long a
+    replica that stopped answering (killed, frozen, cut off) is held active by its peers
+    before a standby takes over (kopf's 60 s kept the cluster unserved for a minute)."""
 
     namespace: str = "pathways-system"
     image: str = DEFAULT_IMAGE
@@ -39,6 +41,7 @@ class Config:
     tenants: Tenants = field(default_factory=Tenants)
     tls_secret: str | None = None
     control_tokens: bool = False
+    peering_lifetime_seconds: int = 20
 
     @classmethod
     def from_environment(cls) -> Config:
@@ -63,7 +66,24 @@ class Config:
             tenants=tenants,
             tls_secret=_secret_name(TLS_SECRET_ENV),
             control_tokens=_flag(CONTROL_TOKENS_ENV),
+            peering_lifetime_seconds=_peering_lifetime(),
         )
+
+
+MIN_PEERING_LIFETIME_SECONDS = 15
+"""kopf touches a replica's peering entry 5 to 10 s before it runs out: a shorter lifetime
+would let a busy replica's entry run out between touches, and two replicas serve."""
+
+
+def _peering_lifetime() -> int:
+    variable = "PATHWAYS_PEERING_LIFETIME_SECONDS"
+    value = _number(variable, Config.peering_lifetime_seconds)
+    if value != int(value) or value < MIN_PEERING_LIFETIME_SECONDS:
+        raise ValueError(
+            f"{variable}: expected whole seconds >= {MIN_PEERING_LIFETIME_SECONDS}, got "
+            f"{os.environ.get(variable)!r}"
+        )
+    return int(value)
 
 
 def _flag(variable: str) -> bool:

@@ -97,14 +97,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     )
     # Our own Events say what happened; kopf's would repeat each handler's success.
     settings.posting.level = logging.WARNING
-    if not settings.peering.standalone and not settings.peering.priority:
-        # kopf freezes every replica when two share the highest priority: without --priority,
-        # each replica takes a random one, so exactly one serves and the others stand by.
-        settings.peering.priority = secrets.randbelow(2**30) + 1
     try:
         config = Config.from_environment()
     except ValueError as error:  # permanent: the operator stops, saying which setting
         raise kopf.PermanentError(str(error)) from None
+    if not settings.peering.standalone and not settings.peering.priority:
+        # kopf freezes every replica when two share the highest priority: without --priority,
+        # each replica takes a random one, so exactly one serves and the others stand by.
+        settings.peering.priority = secrets.randbelow(2**30) + 1
+    settings.peering.lifetime = config.peering_lifetime_seconds
     memo.config = config
     memo.kube = Kube(lambda: _login(settings, logger))
     memo.binder = Binder(memo.kube, config)

@@ -18,6 +18,7 @@ def test_defaults_follow_the_contracts(monkeypatch: pytest.MonkeyPatch) -> None:
         "PATHWAYS_TENANTS",
         "PATHWAYS_TLS_SECRET",
         "PATHWAYS_CONTROL_TOKENS",
+        "PATHWAYS_PEERING_LIFETIME_SECONDS",
     ):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.delenv("PATHWAYS_RESYNC_SECONDS", raising=False)
@@ -30,6 +31,7 @@ def test_defaults_follow_the_contracts(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.tenants == Tenants()
     assert config.tls_secret is None
     assert config.control_tokens is False  # dev clusters: no token unless asked for
+    assert config.peering_lifetime_seconds == 20
 
 
 def test_tls_secret_names_the_secret_to_mount(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,6 +85,8 @@ def test_tenant_policy(monkeypatch: pytest.MonkeyPatch) -> None:
         ("PATHWAYS_RESYNC_SECONDS", "soon"),
         ("PATHWAYS_TLS_SECRET", "Not_A/Secret"),
         ("PATHWAYS_CONTROL_TOKENS", "per-island"),
+        ("PATHWAYS_PEERING_LIFETIME_SECONDS", "5"),
+        ("PATHWAYS_PEERING_LIFETIME_SECONDS", "20.5"),
     ],
 )
 def test_bad_settings_name_the_variable(

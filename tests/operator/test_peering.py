@@ -7,13 +7,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from kube_cluster import NAMESPACE, Cluster, wait_for
 from kube_manifests import island, vslice
 
 
-def replica(tmp_path: Path, name: str, priority: int) -> tuple[subprocess.Popen[bytes], Path]:
+def replica(
+    tmp_path: Path, name: str, priority: int, environment: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
     log = tmp_path / f"{name}.log"
     kopf = Path(sys.executable).with_name("kopf")
     process = subprocess.Popen(
@@ -26,7 +29,12 @@ def replica(tmp_path: Path, name: str, priority: int) -> tuple[subprocess.Popen[
             "--peering=pathways",
             f"--priority={priority}",
         ],
-        env={**os.environ, "PATHWAYS_METRICS_PORT": "0", "PATHWAYS_NAMESPACE": NAMESPACE},
+        env={
+            **os.environ,
+            "PATHWAYS_METRICS_PORT": "0",
+            "PATHWAYS_NAMESPACE": NAMESPACE,
+            **(environment or {}),
+        },
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
     )
@@ -80,6 +88,36 @@ def test_standby_replica_takes_over(cluster: Cluster, tmp_path: Path) -> None:
         second = cluster.get("VirtualSlice", "second", "team")["status"]["devices"]
         assert not set(first) & set(second)
         assert not paused(standby_log)
+    finally:
+        for process in (active, standby):
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+                process.wait(timeout=60)
+
+
+def test_a_standby_takes_over_from_a_killed_replica_within_the_peering_lifetime(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A replica killed outright leaves its peering entry behind: kopf's default lifetime
+    (60 s) left the cluster unserved for a minute."""
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering"}
+    cluster.create({**peering, "metadata": {"name": "pathways"}})
+    lifetime = {"PATHWAYS_PEERING_LIFETIME_SECONDS": "15"}
+    active, active_log = replica(tmp_path, "active", 20, lifetime)
+    standby, standby_log = replica(tmp_path, "standby", 10, lifetime)
+    try:
+        wait_for(lambda: len(peers(cluster)) == 2, 60)
+        assert {peer["lifetime"] for peer in peers(cluster).values()} == {15}
+        wait_for(lambda: paused(standby_log), 30)
+        wait_for(lambda: not paused(active_log), 30)
+        cluster.create(island("ha", topology="2x4", hosts=2))
+        active.kill()  # no goodbye: its entry stays until its lifetime runs out
+        active.wait(timeout=30)
+        killed = time.monotonic()
+        cluster.create(vslice("after", devices=4))
+        wait_for(lambda: bound(cluster, "after"), 60)
+        # The lifetime, the standby's own touch, and a binding pass on a shared machine.
+        assert time.monotonic() - killed < 15 + 15
     finally:
         for process in (active, standby):
             if process.poll() is None:
