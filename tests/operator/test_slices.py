@@ -267,7 +267,8 @@ def test_a_slice_whose_lease_runs_out_is_released_and_its_devices_go_on(cluster:
             time.sleep(1)
         released = wait_for(lambda: (s := status(cluster, "dropped"))["phase"] == "Released" and s)
         assert released["reason"] == "LeaseExpired" and not released.get("devices")
-        assert cluster.events("dropped", "LeaseExpired")[0]["type"] == "Warning"
+        # Events are posted after the statuses of a pass are written.
+        assert wait_for(lambda: cluster.events("dropped", "LeaseExpired"))[0]["type"] == "Warning"
         wait_for(lambda: phase(cluster, "waiter") == "Bound")
         assert phase(cluster, "kept") == phase(cluster, "plain") == "Bound"
         assert_no_device_bound_twice(cluster)
