@@ -101,8 +101,14 @@ def test_the_manager_releases_a_slice_whose_holder_stopped_renewing(
         assert not dropped.get("devices") and not dropped.get("island")
         assert status_of(a, "kept")["phase"] == "Bound"
         assert a.get("/v1/me").json()["usage"]["devices"] == 2  # its quota is free again
-        reasons = [e["reason"] for e in a.get("/v1/virtualslices/dropped/events").json()["items"]]
-        assert "LeaseExpired" in reasons
+        # Events are recorded after the statuses of a pass are written.
+        wait_for(
+            lambda: (
+                "LeaseExpired"
+                in [e["reason"] for e in a.get("/v1/virtualslices/dropped/events").json()["items"]]
+            ),
+            what="the LeaseExpired Event",
+        )
         # Its name is taken until it is deleted; deleted, it goes.
         assert error_of(a.post("/v1/virtualslices/dropped/renew"))["code"] == "Conflict"
         assert a.delete("/v1/virtualslices/dropped").status_code == 200
