@@ -27,6 +27,7 @@ from pathways_client.rpc import MESSAGE_OPTIONS, stub
 from pathways_client.tls import Tls, channel, load
 from pathways_core.control.programs import island_client_name
 from pathways_core.scheduling.limits import (
+    MAX_REQUEST_BYTES,
     artifact_limit_from,
     artifact_problem,
     client_window,
@@ -77,6 +78,11 @@ _PUTS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="put-shards")
 
 class IslandError(RuntimeError):
     """The island refused or failed a request; the message says why."""
+
+
+class ProgramTooLarge(IslandError):
+    """A program registration larger than one message to a scheduler may be: its nodes go one
+    by one instead."""
 
 
 class IslandUnavailable(IslandError):
@@ -276,6 +282,12 @@ class IslandClient:
             name=name, nodes=list(nodes), arguments=list(arguments), results=list(results)
         )
         program_id = registration.program_id = program_digest(registration)
+        message = pb.ClientMessage(program=registration)
+        if message.ByteSize() > MAX_REQUEST_BYTES:  # the scheduler would refuse it
+            raise ProgramTooLarge(
+                f"a program of {len(nodes)} nodes registers in {message.ByteSize()} bytes, more "
+                f"than the {MAX_REQUEST_BYTES} a scheduler accepts"
+            )
         producers = {output: node for node in nodes for output in node.outputs}
         holders = [
             tuple(sorted({self.device_owner.get(d, -1) for d in producers[r].devices}))
@@ -283,7 +295,7 @@ class IslandClient:
             else ()
             for r in results
         ]
-        self._registered(program_id, pb.ClientMessage(program=registration)).result(timeout)
+        self._registered(program_id, message).result(timeout)
         self._programs[program_id] = holders
         return program_id
 

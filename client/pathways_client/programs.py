@@ -36,7 +36,7 @@ from pathways_client.futures import (
     put,
     refuses_host_operations,
 )
-from pathways_client.island_client import IslandClient, IslandError
+from pathways_client.island_client import IslandClient, IslandError, ProgramTooLarge
 from pathways_client.parameters import Parameters, Statics, statics_key, with_statics
 from pathways_client.slices import Slice
 from pathways_core.dataflow import Dataflow, Node, Ref, Source
@@ -327,11 +327,20 @@ def dispatch(
     """
     order = flow.order()
     islands = {functions[node.function][0].island for node in order}
-    # A graph larger than an island program may be goes node by node, as across islands.
+    # A graph larger than an island program may be (in nodes, or in the bytes of its
+    # registration) goes node by node, as across islands.
     if not sequential and len(islands) == 1 and 0 < len(order) <= MAX_PROGRAM_NODES:
-        return _call_on_island(
-            flow, order, functions, arguments, constants, {} if registered is None else registered
-        )
+        try:
+            return _call_on_island(
+                flow,
+                order,
+                functions,
+                arguments,
+                constants,
+                {} if registered is None else registered,
+            )
+        except ProgramTooLarge:
+            pass
     produced: dict[tuple[str, int], ArrayFuture] = {}
     uploaded = _upload_host_values(order, functions, arguments, constants)
 
@@ -380,10 +389,15 @@ def _call_on_island(
     # Per session: a reopened session (a restarted island) has the program registered anew.
     placement = (session, tuple(functions[node.function][0].devices for node in order))
     program_id = registered.get(placement)
+    if program_id == "":
+        raise ProgramTooLarge("registered before: too large")
     if program_id is None:
-        program_id = registered[placement] = _register_program(
-            session, island, order, functions, used, results
-        )
+        try:
+            program_id = _register_program(session, island, order, functions, used, results)
+        except ProgramTooLarge:
+            registered[placement] = ""  # the next calls go node by node at once
+            raise
+        registered[placement] = program_id
     uploaded = _upload_host_values(order, functions, arguments, constants)
     buffer_ids, foreign = [], []
     for ref in used:
@@ -433,6 +447,8 @@ def _register_program(
         return session.register_program(
             nodes, [_local_name(ref) for ref in used], [_local_name(ref) for ref in results]
         )
+    except ProgramTooLarge:
+        raise
     except IslandError as error:
         raise NodeFailed(order[0].name, island, f"program refused: {error}") from None
 

@@ -45,6 +45,7 @@ from pathways_core.scheduling import (
     artifact_limit_from,
     check_artifact_limit,
 )
+from pathways_core.scheduling.limits import MAX_REQUEST_BYTES
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
 from pathways_core.wire.streams import (
     CONTROL_TOKEN_ENV,
@@ -79,9 +80,6 @@ MAX_HOLD_SECONDS = 0.005
 MAX_BACKLOG_BYTES = 64 << 20
 # Writes of at most this many bytes to a TLS stream go out at once when its socket has room.
 SMALL_WRITE_BYTES = 16 << 10
-# Limits on what one client message may hold (beyond, it is refused, naming the limit): what a
-# client sends is echoed in commands to executors and events to clients, whose frames are capped.
-MAX_REQUEST_BYTES = 1 << 20
 MAX_CLIENT_NAME = 256
 # A client's messages that run on devices (the rest ride along with them).
 WORK = ("computation", "call")

@@ -324,6 +324,39 @@ def test_programs_take_keywords_and_one_larger_than_an_island_program_goes_node_
         assert len(island_programs) == 1  # over the limit: node by node
 
 
+def test_a_program_whose_registration_is_too_large_for_one_message_goes_node_by_node(
+    cluster: pw.Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of nodes with long names made a registration the scheduler refused (over
+    1 MiB), and the program failed, blaming its first node, on every run."""
+    import pathways_client.island_client as island_client
+
+    with cluster.slice(devices=1) as one:
+        increment = pw.function(lambda v: v + 1, slice=one, name="increment")
+
+        @pw.program
+        def steps(v):
+            for _ in range(6):
+                v = increment(v)
+            return v
+
+        registered = []
+        register = island_client.IslandClient.register_program
+        monkeypatch.setattr(
+            island_client.IslandClient,
+            "register_program",
+            lambda *given, **named: registered.append(given) or register(*given, **named),
+        )
+        # The limit the scheduler enforces, made small enough for six nodes to exceed.
+        monkeypatch.setattr(island_client, "MAX_REQUEST_BYTES", 300)
+        start = np.zeros(2, np.float32)
+        for _ in range(2):
+            np.testing.assert_array_equal(steps(start).result(), np.full(2, 6.0))
+        assert len(registered) == 1  # tried once; the next call went node by node at once
+        with pytest.raises(island_client.ProgramTooLarge, match="more than the 300 a sched"):
+            register(*registered[0])
+
+
 def test_a_closed_connection_refuses_work_and_its_futures_say_why(island: LocalIsland) -> None:
     """After its ``with`` block a connection opened new island sessions on use (leaking them),
     and its futures failed on the island with "unknown buffer"."""

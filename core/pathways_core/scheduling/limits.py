@@ -11,6 +11,8 @@ again) and the SDK (which checks before sending).
   and waits for completions beyond, so sixteen busy clients fit in the default queue without
   being told it is busy; the island dispatches only ``max_in_flight`` at a time, so a window
   of this size keeps it as busy as an unbounded one.
+- **Client messages**: at most :data:`MAX_REQUEST_BYTES` each (artifacts aside): a program
+  registration larger than that (thousands of nodes with long names) goes node by node.
 - **Function artifacts**: at most ``max_artifact_bytes`` (default 32 MiB,
   ``PATHWAYS_MAX_ARTIFACT_BYTES``). A registration travels in one control frame, so the limit
   can be at most :data:`MAX_ARTIFACT_BYTES_CEILING` (the frame limit less room for the rest of
@@ -29,6 +31,9 @@ DEFAULT_MAX_ARTIFACT_BYTES = 32 << 20
 MAX_ARTIFACT_BYTES_CEILING = MAX_MESSAGE_BYTES - (1 << 20)
 ARTIFACT_LIMIT_ENV = "PATHWAYS_MAX_ARTIFACT_BYTES"
 BUSY_PREFIX = "island busy:"
+# What one client message may hold (beyond, it is refused, naming the limit): what a client
+# sends is echoed in commands to executors and events to clients, whose frames are capped.
+MAX_REQUEST_BYTES = 1 << 20
 
 
 def default_max_queued_per_client(max_queued: int) -> int:
