@@ -12,6 +12,7 @@ are never read further. Each authenticated tenant is held to its rate limits
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -38,6 +39,8 @@ from pathways_core.resources import Island, PathwaysProgram, VirtualSlice
 from pathways_core.resources.base import DNS_SUBDOMAIN_PATTERN
 
 MAX_BODY_BYTES = 1 << 20
+# Trace records per page (about 200 bytes each): by default, and at most.
+TRACE_PAGE, MAX_TRACE_PAGE = 10_000, 50_000
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 
 Scope = dict[str, Any]
@@ -102,10 +105,18 @@ class TraceRecord(BaseModel):
 
 
 class TraceResponse(BaseModel):
-    """A program's trace records."""
+    """A page of a program's trace records."""
 
     program: str
     records: list[TraceRecord]
+    incomplete: list[str] = Field(
+        description="Runs whose trace lacks its oldest records: their island let go of them "
+        "(it keeps about 200,000 records of all its clients, the one holding the most losing "
+        "its oldest first)."
+    )
+    continue_: str | None = Field(
+        alias="continue", description="Token of the next page; null on the last one."
+    )
 
 
 class Logs(BaseModel):
@@ -569,8 +580,20 @@ def _routes() -> Any:
         return JSONResponse({"program": name, **body})
 
     @r.get("/v1/programs/{name}/trace", response_model=TraceResponse)
-    async def program_trace(name: str, caller: Caller, api: Api) -> JSONResponse:
-        return JSONResponse({"program": name, "records": await api.trace(caller, name)})
+    async def program_trace(
+        name: str,
+        caller: Caller,
+        api: Api,
+        limit: Annotated[
+            int, Query(ge=1, le=MAX_TRACE_PAGE, description="Records per page.")
+        ] = TRACE_PAGE,
+        continue_: Annotated[
+            str | None, Query(alias="continue", max_length=200, description="Next page token.")
+        ] = None,
+    ) -> Response:
+        page = await api.trace(caller, name, limit, continue_)
+        # Encoded in a thread: a page of a large trace is megabytes, and others wait meanwhile.
+        return Response(await asyncio.to_thread(json.dumps, page), media_type="application/json")
 
     # virtual slices
     created_slice = {201: {"model": VirtualSlice, "description": "Created"}}

@@ -64,6 +64,7 @@ from pathways_api.store import (
     SLICE,
     Admission,
     Page,
+    ProgramTrace,
     Usage,
     check_changeable,
     check_quota,
@@ -553,9 +554,9 @@ class KubernetesStore:
                 )
         return sorted(parts, key=lambda part: part[0])
 
-    async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]:
+    async def trace(self, namespace: str, name: str) -> ProgramTrace:
         """See :meth:`~pathways_api.store.Store.trace`: not kept in a cluster."""
-        return []
+        return ProgramTrace([], [])
 
     async def ready(self) -> bool:
         """See :meth:`~pathways_api.store.Store.ready`: the API server lists Islands."""

@@ -920,7 +920,8 @@ class Manager:
         if done.returncode != 0:
             raise TraceUnavailable(done.stderr.strip()[-2000:])
         run = int((job["metadata"].get("labels") or {}).get("pathways.dev/run") or 0)
-        self.store.store_trace(namespace, name, run, json.loads(done.stdout))
+        dumped = json.loads(done.stdout)
+        self.store.store_trace(namespace, name, run, dumped["records"], dumped["incomplete"])
 
 
 # What a run's process takes from the manager's environment, as a pod takes its node's

@@ -25,6 +25,8 @@ from pathways_api.store import (
     Admission,
     Page,
     Store,
+    decode_token,
+    encode_token,
 )
 from pathways_core.control.common import Document, now_utc
 from pathways_core.manifests import SYSTEM_METADATA, metadata_problems
@@ -42,6 +44,10 @@ IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 PHASES = {PROGRAM: ProgramPhase, SLICE: SlicePhase, ISLAND: IslandPhase}
 """The phases each kind's objects can be in (what a list's ``phase`` filter may ask for)."""
+
+
+TRACE_READS = 2
+"""Trace reads at once (each holds its program's whole trace in memory while it runs)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,7 @@ class Service:
     def __init__(self, store: Store, mode: str = "embedded") -> None:
         self.store = store
         self.mode = mode
+        self._trace_reads = asyncio.Semaphore(TRACE_READS)
 
     # -- shared --------------------------------------------------------------------------------
 
@@ -260,10 +267,23 @@ class Service:
         parts = run_parts(await self.store.logs(tenant.name, name, window.run))
         return await asyncio.to_thread(read_window, parts, window)  # files: off the event loop
 
-    async def trace(self, tenant: Tenant, name: str) -> list[dict[str, Any]]:
-        """The island trace records of a program's finished runs."""
+    async def trace(
+        self, tenant: Tenant, name: str, limit: int, token: str | None
+    ) -> dict[str, Any]:
+        """A page of the island trace records of a program's finished runs (from ``token``,
+        a previous page's ``continue``), and which runs' lack their oldest."""
         await self._get(PROGRAM, tenant.name, name)
-        return await self.store.trace(tenant.name, name)
+        start = decode_token(token) if token else 0
+        # A few at a time: each read parses every run's records (tens of MB for a large one).
+        async with self._trace_reads:
+            trace = await self.store.trace(tenant.name, name)
+        more = start + limit < len(trace.records)
+        return {
+            "program": name,
+            "records": trace.records[start : start + limit],
+            "incomplete": trace.incomplete,
+            "continue": encode_token(start + limit) if more else None,
+        }
 
     # -- virtual slices ------------------------------------------------------------------------
 

@@ -12,13 +12,14 @@ submissions (from any number of threads or processes) are never over-admitted.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -40,6 +41,15 @@ from pathways_core.control.slices import lease_expired, lease_expiry, renewal_st
 PROGRAM, SLICE, ISLAND = "PathwaysProgram", "VirtualSlice", "Island"
 TERMINAL = ("Succeeded", "Failed")
 LABEL_SUBMITTED_BY = "pathways.dev/submitted-by"
+
+
+@dataclass
+class ProgramTrace:
+    """A program's trace: its finished runs' island records, and which runs' lack their
+    oldest (an island keeps about 200,000 records in all)."""
+
+    records: list[dict[str, Any]]
+    incomplete: list[str]
 
 
 @dataclass(frozen=True)
@@ -125,7 +135,7 @@ class Store(Protocol):
         """Each run's number and output, oldest first (only run ``run``'s, if given)."""
         ...
 
-    async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]: ...
+    async def trace(self, namespace: str, name: str) -> ProgramTrace: ...
 
     async def ready(self) -> bool: ...
 
@@ -620,12 +630,21 @@ class SqliteStore:
                 [(*target, *target, EVENTS_KEPT) for target in targets],
             )
 
-    def store_trace(self, namespace: str, name: str, run: int, records: list[Any]) -> None:
-        """Keep the trace records of one run of a program."""
+    def store_trace(
+        self,
+        namespace: str,
+        name: str,
+        run: int,
+        records: list[Any],
+        incomplete: Sequence[str] = (),
+    ) -> None:
+        """Keep the trace records of one run of a program, and the islands that had let go
+        of some of them (``incomplete``) when they were taken."""
+        kept = {"records": records, "incomplete": list(incomplete)}
         with self._transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO traces (namespace, name, run, records) VALUES (?,?,?,?)",
-                (namespace, name, run, json.dumps(records)),
+                (namespace, name, run, json.dumps(kept)),
             )
 
     def log_path(self, namespace: str, job: str) -> Path:
@@ -794,13 +813,27 @@ class SqliteStore:
         paths = ((n, self.log_path(namespace, f"{name}-run-{n}")) for n in numbers)
         return [(n, LogFile(path)) for n, path in paths if path.exists()]
 
-    async def trace(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        """See :meth:`Store.trace`: the trace records of every finished run."""
+    async def trace(self, namespace: str, name: str) -> ProgramTrace:
+        """See :meth:`Store.trace`: the trace of every finished run (read in a thread: a
+        large one takes a while, and the API serves others meanwhile)."""
+        return await asyncio.to_thread(self._trace, namespace, name)
+
+    def _trace(self, namespace: str, name: str) -> ProgramTrace:
         rows = self._db().execute(
-            "SELECT records FROM traces WHERE namespace = ? AND name = ? ORDER BY run",
+            "SELECT run, records FROM traces WHERE namespace = ? AND name = ? ORDER BY run",
             (namespace, name),
         )
-        return [record for (records,) in rows.fetchall() for record in json.loads(records)]
+        trace = ProgramTrace([], [])
+        for run, text in rows.fetchall():
+            kept = json.loads(text)
+            if isinstance(kept, list):  # kept before incompleteness was
+                kept = {"records": kept}
+            trace.records += kept["records"]
+            trace.incomplete += [
+                f"run {run} on island {island!r}: the island had let go of its oldest records"
+                for island in kept.get("incomplete") or []
+            ]
+        return trace
 
     async def ready(self) -> bool:
         """See :meth:`Store.ready`."""

@@ -217,8 +217,20 @@ class ApiClient:
         return self.call("GET", _path("programs", name, "events"))["items"]
 
     def trace(self, name: str) -> list[dict[str, Any]]:
-        """A program's island trace records."""
-        return self.call("GET", _path("programs", name, "trace"))["records"]
+        """A program's island trace records (all pages)."""
+        return self.trace_whole(name)[0]
+
+    def trace_whole(self, name: str) -> tuple[list[dict[str, Any]], list[str]]:
+        """A program's island trace records, all pages, and which runs' lack their oldest
+        (their island had let go of them)."""
+        records: list[dict[str, Any]] = []
+        parameters: dict[str, str] = {}
+        while True:
+            page = self.call("GET", _path("programs", name, "trace"), params=parameters)
+            records += page["records"]
+            if not page.get("continue"):
+                return records, list(page.get("incomplete") or [])
+            parameters["continue"] = page["continue"]
 
     def me(self) -> dict[str, Any]:
         """The caller's tenant, quotas and usage."""

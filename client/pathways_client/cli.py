@@ -1226,12 +1226,14 @@ def trace(
     """Write a program's island trace as Chrome trace events (.json) or a picture (.png)."""
     with _api(state, api, token, tenant) as client:
         try:
-            records = client.trace(name)
+            records, incomplete = client.trace_whole(name)
         except ApiCallError as error:
             _fail(error)
     if not records:
+        lost = f"; {'; '.join(incomplete)}" if incomplete else ""
         _fail(
-            f"program {name!r} has no trace yet (a run's trace is kept when it ends or is stopped)"
+            f"program {name!r} has no trace yet (a run's trace is kept when it ends or is "
+            f"stopped){lost}"
         )
     write_trace(records, out, title=f"program {name}")
     from pathways_client.trace_export import computation_count
@@ -1239,6 +1241,8 @@ def trace(
     console.print(
         f"[green]✓[/] {computation_count(records)} computations written to {escape(str(out))}"
     )
+    for note in incomplete:
+        console.print(f"[yellow]![/] incomplete: {escape(note)}")
 
 
 def write_trace(records: list[dict[str, Any]], out: Path, title: str) -> None:

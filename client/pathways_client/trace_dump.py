@@ -1,5 +1,6 @@
 """``python -m pathways_client.trace_dump --island NAME=HOST:PORT --client C``: an island
-trace's records of some clients, as JSON on stdout (the embedded manager keeps them per run)."""
+trace's records of some clients, as JSON on stdout (the embedded manager keeps them per run):
+``{"records": [...], "incomplete": [islands that had let go of some of theirs]}``."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from pathways_core.wire import SCHEDULER, pb
 
 def records_of(
     island: str, endpoint: str, clients: set[str], timeout: float = 20.0, since_ns: int = 0
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], bool]:
     """The records of ``clients`` (all clients when empty) in one island's trace, of
-    computations that started at ``since_ns`` or later."""
+    computations that started at ``since_ns`` or later; and whether the island had let go of
+    some of theirs that ended then or later (it keeps about 200,000 records in all)."""
     with tls.channel(endpoint, MESSAGE_OPTIONS, tls.load()) as channel:
-        records = stub(channel, SCHEDULER, "GetTrace")(pb.Empty(), timeout=timeout).records
-    return [
+        trace = stub(channel, SCHEDULER, "GetTrace")(pb.Empty(), timeout=timeout)
+    records = [
         {
             "seq": record.seq,
             "client": record.client,
@@ -34,9 +36,15 @@ def records_of(
             "ok": record.ok,
             "island": island,
         }
-        for record in records
+        for record in trace.records
         if (not clients or record.client in clients) and record.start_ns >= since_ns
     ]
+    lost = any(
+        until >= since_ns
+        for client, until in trace.dropped_until_ns.items()
+        if not clients or client in clients
+    )
+    return records, lost
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,10 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     arguments = parser.parse_args(argv)
     found: list[dict[str, Any]] = []
+    incomplete: list[str] = []
     for item in arguments.island:
         name, _, endpoint = item.partition("=")
         try:
-            found += records_of(
+            records, lost = records_of(
                 name, endpoint, set(arguments.client), arguments.timeout, arguments.since_ns
             )
         except grpc.RpcError as error:
@@ -64,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
-    print(json.dumps(found))
+        found += records
+        if lost:
+            incomplete.append(name)
+    print(json.dumps({"records": found, "incomplete": incomplete}))
     return 0
 
 

@@ -664,8 +664,10 @@ class SchedulerService:
     def GetTrace(self, request, context):
         with self._lock:
             entries = self.dispatcher.trace_entries()
+            dropped = self.dispatcher.trace_dropped_until_ns()
         records = self.dispatcher.records_of(entries)  # not holding up dispatch meanwhile
         return pb.Trace(
+            dropped_until_ns=dropped,
             records=[
                 pb.TraceRecord(
                     seq=r.seq,

@@ -11,6 +11,7 @@ from test_dispatcher import ARTIFACT, FUNCTION, client_events, island, to_execut
 from pathways_core.scheduling import ExecutorSpec, IslandDispatcher
 from pathways_core.scheduling.island import TraceRecord
 from pathways_core.scheduling.programs import MAX_PROGRAM_NODES, check_program, program_digest
+from pathways_core.scheduling.trace import in_order
 from pathways_core.wire import pb
 
 Event = pb.ClientEvent
@@ -112,7 +113,11 @@ def test_the_trace_keeps_the_latest_reports_in_order_and_calls_cost_no_records_u
         finish(dispatcher, run.seq, 0)
         expected.append(run.run.id)
         dispatcher.delete("a", [f"a/r{n}", *run.run.outputs])
-    held = [entry for entry in dispatcher._trace if not isinstance(entry, TraceRecord)]
+    held = [
+        entry
+        for entry in in_order(dispatcher.trace_entries())
+        if not isinstance(entry, TraceRecord)
+    ]
     assert held, "the calls' node records were made before the trace was read"
     records = [r.computation_id for r in dispatcher.trace]
     assert 90 <= len(records) <= 100
@@ -385,7 +390,7 @@ def test_calls_refused_before_any_node_ran_leave_the_traces_count_true() -> None
             event.node_starts_ns.extend([1, 2])
             event.node_ends_ns.extend([2, 3])
             dispatcher.executor_event(event)
-        assert dispatcher._trace_size == len(dispatcher.trace)
+        assert dispatcher._trace.size == len(dispatcher.trace)
     assert [r.computation_id for r in dispatcher.trace] == ["a/p100/s0", "a/p100/s1"]
 
 

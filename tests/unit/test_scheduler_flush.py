@@ -93,6 +93,9 @@ def test_get_trace_makes_its_records_without_holding_up_dispatch() -> None:
         def trace_entries(self) -> tuple[TraceRecord, ...]:
             return (record,)
 
+        def trace_dropped_until_ns(self) -> dict[str, int]:
+            return {"a": 5}
+
         def records_of(self, entries: tuple[TraceRecord, ...]) -> list[TraceRecord]:
             making.set()
             made.wait(10)
@@ -108,3 +111,4 @@ def test_get_trace_makes_its_records_without_holding_up_dispatch() -> None:
     reader.join(10)
     assert free
     assert [r.computation_id for r in answers[0].records] == ["a/1"]
+    assert dict(answers[0].dropped_until_ns) == {"a": 5}

@@ -3,6 +3,10 @@ device; a computation spanning executors is counted once."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from pathways_client.trace_export import chrome_trace, computation_count
 
 
@@ -45,3 +49,31 @@ def test_an_island_that_does_not_answer_is_said_in_one_line(capsys) -> None:
     assert said.out == ""
     assert said.err.startswith("island 'gone' at 127.0.0.1:9 gave no trace: UNAVAILABLE: ")
     assert said.err.count("\n") == 1
+
+
+def test_the_dump_says_which_islands_let_go_of_the_clients_records(
+    capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import contextlib
+
+    from pathways_client import trace_dump
+    from pathways_core.wire import pb
+
+    answers = {
+        "full": pb.Trace(dropped_until_ns={"other": 500}),  # another client's records went
+        "cut": pb.Trace(dropped_until_ns={"mine": 150}),  # mine, since the run began
+        "old": pb.Trace(dropped_until_ns={"mine": 50}),  # mine, of an earlier run
+    }
+    for trace in answers.values():
+        trace.records.add(seq=1, client="mine", name="f", start_ns=200, end_ns=300, ok=True)
+    monkeypatch.setattr(
+        trace_dump.tls, "channel", lambda endpoint, *_: contextlib.nullcontext(endpoint)
+    )
+    monkeypatch.setattr(
+        trace_dump, "stub", lambda endpoint, *_: lambda *args, **kwargs: answers[endpoint]
+    )
+    islands = [f"--island={name}={name}" for name in answers]
+    assert trace_dump.main([*islands, "--client", "mine", "--since-ns", "100"]) == 0
+    dumped = json.loads(capsys.readouterr().out)
+    assert dumped["incomplete"] == ["cut"]
+    assert [record["island"] for record in dumped["records"]] == ["full", "cut", "old"]

@@ -36,8 +36,7 @@ around it only moves messages. Guarantees:
 from __future__ import annotations
 
 import hashlib
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pathways_core.scheduling.costs import DeviceTimeCosts
@@ -56,6 +55,7 @@ from pathways_core.scheduling.programs import (
     slice_problem,
 )
 from pathways_core.scheduling.queue import DEFAULT_RUN_LENGTH, IslandQueue, Policy, QueueFull
+from pathways_core.scheduling.trace import IslandTrace, Snapshot, in_order
 from pathways_core.wire import pb
 
 Event = pb.ClientEvent
@@ -190,12 +190,10 @@ class IslandDispatcher:
         self.max_in_flight = max_in_flight
         self.max_artifact_bytes = max_artifact_bytes
         self._deleting: set[str] = set()  # buffer ids whose deletion is queued
-        # The trace in the order of the reports: records, and program calls' executor
-        # events, whose nodes' records are made only when the trace is read (~9 µs a node:
-        # made in the dispatcher, 20,000 calls' worth at a time held it for 3.5 s).
-        self._trace: deque[TraceEntry] = deque()
-        self._trace_size = 0  # the records it holds or stands for
-        self._trace_limit = trace_limit
+        # The trace: records, and program calls' executor events, whose nodes' records are
+        # made only when the trace is read (~9 µs a node: made in the dispatcher, 20,000
+        # calls' worth at a time held it for 3.5 s).
+        self._trace: IslandTrace[TraceEntry] = IslandTrace(trace_limit)
         self._seq = first_seq
         self._functions: dict[str, pb.FunctionRegistration] = {}
         self._registered: set[tuple[str, int]] = set()  # (function or program id, executor)
@@ -1022,20 +1020,25 @@ class IslandDispatcher:
     @property
     def trace(self) -> list[TraceRecord]:
         """For every computation (and program node) on every executor, in the order their
-        executors reported them: which client's work occupied which devices when (the most
-        recent ``trace_limit`` or so)."""
+        executors reported them: which client's work occupied which devices when (about
+        ``trace_limit`` records in all, a client holding the most losing its oldest first:
+        see :mod:`pathways_core.scheduling.trace`)."""
         return self.records_of(self.trace_entries())
 
-    def trace_entries(self) -> tuple[TraceEntry, ...]:
+    def trace_entries(self) -> Snapshot[TraceEntry]:
         """What the trace holds now: its records, and the reported calls whose node records
         ``records_of`` makes. Taken under the lock dispatch holds, made into records outside
         it: making them is the slow part (seconds for a few hundred thousand)."""
-        return tuple(self._trace)
+        return self._trace.snapshot()
 
-    def records_of(self, entries: Iterable[TraceEntry]) -> list[TraceRecord]:
+    def trace_dropped_until_ns(self) -> Mapping[str, int]:
+        """Per client whose oldest records the trace let go: the end of the latest of them."""
+        return self._trace.dropped_until_ns()
+
+    def records_of(self, entries: Snapshot[TraceEntry]) -> list[TraceRecord]:
         """The trace records ``entries`` (from ``trace_entries``) stand for, in order."""
         records: list[TraceRecord] = []
-        for entry in entries:
+        for entry in in_order(entries):
             if isinstance(entry, TraceRecord):
                 records.append(entry)
             else:
@@ -1069,17 +1072,12 @@ class IslandDispatcher:
         return records
 
     def _keep(self, entry: TraceEntry, size: int) -> None:
-        """Add to the trace what stands for ``size`` records; past the limit, the oldest
-        tenth goes."""
-        self._trace.append(entry)
-        self._trace_size += size
-        if self._trace_size > self._trace_limit:
-            keep = self._trace_limit - self._trace_limit // 10
-            while self._trace and self._trace_size > keep:
-                oldest = self._trace.popleft()
-                self._trace_size -= (
-                    1 if isinstance(oldest, TraceRecord) else len(oldest[0].node_indices)
-                )
+        """Add to the trace what stands for ``size`` records (see :class:`IslandTrace`)."""
+        if isinstance(entry, TraceRecord):
+            self._trace.keep(entry.client, entry, size, entry.end_ns)
+        else:
+            event, client, _ = entry
+            self._trace.keep(client, entry, size, max(event.node_ends_ns, default=0))
 
     def _trace_record(
         self,

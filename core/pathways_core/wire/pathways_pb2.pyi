@@ -445,10 +445,19 @@ class TraceRecord(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., computation_id: _Optional[str] = ..., client: _Optional[str] = ..., name: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., executor: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., ok: _Optional[bool] = ...) -> None: ...
 
 class Trace(_message.Message):
-    __slots__ = ("records",)
+    __slots__ = ("records", "dropped_until_ns")
+    class DroppedUntilNsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_UNTIL_NS_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[TraceRecord]
-    def __init__(self, records: _Optional[_Iterable[_Union[TraceRecord, _Mapping]]] = ...) -> None: ...
+    dropped_until_ns: _containers.ScalarMap[str, int]
+    def __init__(self, records: _Optional[_Iterable[_Union[TraceRecord, _Mapping]]] = ..., dropped_until_ns: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ClientBatch(_message.Message):
     __slots__ = ("messages",)

@@ -1,0 +1,58 @@
+"""A program's trace through the API: pages (a large trace was one response of tens of MB,
+built on the event loop while every tenant waited), and the runs whose island had let go of
+their oldest records named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from api_server import Server, error_of, program
+
+
+def records(run: int, count: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "seq": n,
+            "client": "c",
+            "name": f"r{run}-{n}",
+            "devices": [0],
+            "executor": 0,
+            "start_ns": n,
+            "end_ns": n + 1,
+            "ok": True,
+            "island": "isl",
+        }
+        for n in range(count)
+    ]
+
+
+def test_a_trace_comes_in_pages_and_says_which_runs_lack_records(
+    server: Server, a: httpx.Client, b: httpx.Client
+) -> None:
+    assert a.post("/v1/programs", json=program("p")).status_code == 201
+    server.store.store_trace("team-a", "p", 1, records(1, 5))
+    server.store.store_trace("team-a", "p", 2, records(2, 4), ["isl"])
+    seen, token, pages = [], None, 0
+    while True:
+        page = a.get(
+            "/v1/programs/p/trace", params={"limit": 3, **({"continue": token} if token else {})}
+        )
+        assert page.status_code == 200, page.text
+        body = page.json()
+        assert body["incomplete"] == [
+            "run 2 on island 'isl': the island had let go of its oldest records"
+        ]
+        seen += [record["name"] for record in body["records"]]
+        pages += 1
+        token = body["continue"]
+        if token is None:
+            break
+    assert pages == 3
+    assert seen == [f"r1-{n}" for n in range(5)] + [f"r2-{n}" for n in range(4)]
+    # Bad paging names the parameter; another tenant's program is not there.
+    assert error_of(a.get("/v1/programs/p/trace", params={"limit": 0}))["field"] == "query limit"
+    assert error_of(a.get("/v1/programs/p/trace", params={"continue": "x"}))["field"] == (
+        "query continue"
+    )
+    assert b.get("/v1/programs/p/trace").status_code == 404
