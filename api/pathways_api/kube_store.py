@@ -64,7 +64,7 @@ from pathways_api.store import (
     SLICE,
     Admission,
     Page,
-    ProgramTrace,
+    TracePage,
     Usage,
     check_changeable,
     check_quota,
@@ -554,9 +554,9 @@ class KubernetesStore:
                 )
         return sorted(parts, key=lambda part: part[0])
 
-    async def trace(self, namespace: str, name: str) -> ProgramTrace:
+    async def trace(self, namespace: str, name: str, start: int, limit: int) -> TracePage:
         """See :meth:`~pathways_api.store.Store.trace`: not kept in a cluster."""
-        return ProgramTrace([], [])
+        return TracePage([], [], 0)
 
     async def ready(self) -> bool:
         """See :meth:`~pathways_api.store.Store.ready`: the API server lists Islands."""

@@ -47,7 +47,7 @@ PHASES = {PROGRAM: ProgramPhase, SLICE: SlicePhase, ISLAND: IslandPhase}
 
 
 TRACE_READS = 2
-"""Trace reads at once (each holds its program's whole trace in memory while it runs)."""
+"""Trace pages read at once (each holds its records in memory while it is made)."""
 
 
 @dataclass(frozen=True)
@@ -274,15 +274,14 @@ class Service:
         a previous page's ``continue``), and which runs' lack their oldest."""
         await self._get(PROGRAM, tenant.name, name)
         start = decode_token(token) if token else 0
-        # A few at a time: each read parses every run's records (tens of MB for a large one).
+        # A few at a time: a page is megabytes to parse and hold.
         async with self._trace_reads:
-            trace = await self.store.trace(tenant.name, name)
-        more = start + limit < len(trace.records)
+            page = await self.store.trace(tenant.name, name, start, limit)
         return {
             "program": name,
-            "records": trace.records[start : start + limit],
-            "incomplete": trace.incomplete,
-            "continue": encode_token(start + limit) if more else None,
+            "records": page.records,
+            "incomplete": page.incomplete,
+            "continue": encode_token(start + limit) if start + limit < page.total else None,
         }
 
     # -- virtual slices ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import sqlite3
@@ -44,12 +45,18 @@ LABEL_SUBMITTED_BY = "pathways.dev/submitted-by"
 
 
 @dataclass
-class ProgramTrace:
-    """A program's trace: its finished runs' island records, and which runs' lack their
-    oldest (an island keeps about 200,000 records in all)."""
+class TracePage:
+    """Part of a program's trace (its finished runs' island records, in run order), which
+    runs lack their oldest records (an island keeps about 200,000 in all), and how many
+    records there are."""
 
     records: list[dict[str, Any]]
     incomplete: list[str]
+    total: int
+
+
+TRACE_CHUNK = 10_000
+"""Trace records stored together (a page reads the chunks it needs)."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,9 @@ class Store(Protocol):
         """Each run's number and output, oldest first (only run ``run``'s, if given)."""
         ...
 
-    async def trace(self, namespace: str, name: str) -> ProgramTrace: ...
+    async def trace(self, namespace: str, name: str, start: int, limit: int) -> TracePage:
+        """At most ``limit`` records of a program's trace from its ``start``-th."""
+        ...
 
     async def ready(self) -> bool: ...
 
@@ -262,6 +271,13 @@ CREATE TABLE IF NOT EXISTS idempotency (
 CREATE TABLE IF NOT EXISTS traces (
     namespace TEXT NOT NULL, name TEXT NOT NULL, run INTEGER NOT NULL, records TEXT NOT NULL,
     PRIMARY KEY (namespace, name, run)
+);
+-- A run's trace records in chunks of TRACE_CHUNK, so a page of a large trace parses only its
+-- own (its traces row holds what else is known of the run; before chunks, the records).
+CREATE TABLE IF NOT EXISTS trace_chunks (
+    namespace TEXT NOT NULL, name TEXT NOT NULL, run INTEGER NOT NULL, chunk INTEGER NOT NULL,
+    count INTEGER NOT NULL, records TEXT NOT NULL,
+    PRIMARY KEY (namespace, name, run, chunk)
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 -- What each tenant holds, kept by triggers so admission reads one row, not every object.
@@ -562,9 +578,11 @@ class SqliteStore:
                 (expired,),
             )
             if kind == PROGRAM:
-                db.execute(
-                    "DELETE FROM traces WHERE namespace = ? AND name = ?", (namespace or "", name)
-                )
+                for table in ("traces", "trace_chunks"):
+                    db.execute(
+                        f"DELETE FROM {table} WHERE namespace = ? AND name = ?",
+                        (namespace or "", name),
+                    )
         if kind == PROGRAM and row is not None:
             try:
                 runs = int(
@@ -638,13 +656,23 @@ class SqliteStore:
         records: list[Any],
         incomplete: Sequence[str] = (),
     ) -> None:
-        """Keep the trace records of one run of a program, and the islands that had let go
-        of some of them (``incomplete``) when they were taken."""
-        kept = {"records": records, "incomplete": list(incomplete)}
+        """Keep the trace records of one run of a program (in chunks), and the islands that
+        had let go of some of them (``incomplete``) when they were taken."""
+        chunks = [records[i : i + TRACE_CHUNK] for i in range(0, len(records), TRACE_CHUNK)]
+        kept = {"incomplete": list(incomplete), "chunks": len(chunks)}
+        where = (namespace, name, run)
         with self._transaction() as db:
             db.execute(
+                "DELETE FROM trace_chunks WHERE namespace = ? AND name = ? AND run = ?", where
+            )
+            db.executemany(
+                "INSERT INTO trace_chunks (namespace, name, run, chunk, count, records) "
+                "VALUES (?,?,?,?,?,?)",
+                [(*where, i, len(chunk), json.dumps(chunk)) for i, chunk in enumerate(chunks)],
+            )
+            db.execute(
                 "INSERT OR REPLACE INTO traces (namespace, name, run, records) VALUES (?,?,?,?)",
-                (namespace, name, run, json.dumps(kept)),
+                (*where, json.dumps(kept)),
             )
 
     def log_path(self, namespace: str, job: str) -> Path:
@@ -813,27 +841,55 @@ class SqliteStore:
         paths = ((n, self.log_path(namespace, f"{name}-run-{n}")) for n in numbers)
         return [(n, LogFile(path)) for n, path in paths if path.exists()]
 
-    async def trace(self, namespace: str, name: str) -> ProgramTrace:
-        """See :meth:`Store.trace`: the trace of every finished run (read in a thread: a
-        large one takes a while, and the API serves others meanwhile)."""
-        return await asyncio.to_thread(self._trace, namespace, name)
+    async def trace(self, namespace: str, name: str, start: int, limit: int) -> TracePage:
+        """See :meth:`Store.trace` (read in a thread: a page of a large trace takes a while,
+        and the API serves others meanwhile)."""
+        return await asyncio.to_thread(self._trace_page, namespace, name, start, limit)
 
-    def _trace(self, namespace: str, name: str) -> ProgramTrace:
-        rows = self._db().execute(
-            "SELECT run, records FROM traces WHERE namespace = ? AND name = ? ORDER BY run",
-            (namespace, name),
-        )
-        trace = ProgramTrace([], [])
-        for run, text in rows.fetchall():
+    def _trace_page(self, namespace: str, name: str, start: int, limit: int) -> TracePage:
+        db = self._db()
+        where = (namespace, name)
+        page = TracePage([], [], 0)
+        # Where each run's records are: its chunks (their counts), or, kept before chunks
+        # were, the run's row itself.
+        pieces: list[tuple[int, Callable[[], list[dict[str, Any]]]]] = []
+        for run, text in db.execute(
+            "SELECT run, records FROM traces WHERE namespace = ? AND name = ? ORDER BY run", where
+        ).fetchall():
             kept = json.loads(text)
-            if isinstance(kept, list):  # kept before incompleteness was
-                kept = {"records": kept}
-            trace.records += kept["records"]
-            trace.incomplete += [
+            if isinstance(kept, list):
+                pieces.append((len(kept), lambda kept=kept: kept))
+                continue
+            page.incomplete += [
                 f"run {run} on island {island!r}: the island had let go of its oldest records"
                 for island in kept.get("incomplete") or []
             ]
-        return trace
+            for chunk, count in db.execute(
+                "SELECT chunk, count FROM trace_chunks WHERE namespace = ? AND name = ? AND "
+                "run = ? ORDER BY chunk",
+                (*where, run),
+            ).fetchall():
+                pieces.append((count, functools.partial(self._chunk, *where, run, chunk)))
+        offset = 0
+        for count, read in pieces:
+            wanted = max(start - offset, 0), min(start + limit - offset, count)
+            if wanted[0] < wanted[1]:  # only the chunks of the page are parsed
+                page.records += read()[wanted[0] : wanted[1]]
+            offset += count
+        page.total = offset
+        return page
+
+    def _chunk(self, namespace: str, name: str, run: int, chunk: int) -> list[dict[str, Any]]:
+        row = (
+            self._db()
+            .execute(
+                "SELECT records FROM trace_chunks WHERE namespace = ? AND name = ? AND run = ? "
+                "AND chunk = ?",
+                (namespace, name, run, chunk),
+            )
+            .fetchone()
+        )
+        return json.loads(row[0]) if row else []
 
     async def ready(self) -> bool:
         """See :meth:`Store.ready`."""

@@ -296,7 +296,7 @@ def test_a_program_made_again_under_a_deleted_ones_name_starts_with_nothing_of_i
     assert log.read_text() == "first\n"
     store.mark_deleting("PathwaysProgram", "team", "again")
     wait_for(lambda: store.read("PathwaysProgram", "team", "again") is None, what="deleted")
-    assert not log.exists() and asyncio.run(store.trace("team", "again")).records == []
+    assert not log.exists() and asyncio.run(store.trace("team", "again", 0, 10)).records == []
     assert events(first)[-1] == "JobSucceeded"  # kept an hour, as an API server keeps them
     submit(store, "again", "print('second')")
     wait_for(lambda: phase(store, "PathwaysProgram", "again") == "Succeeded")

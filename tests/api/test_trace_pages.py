@@ -4,10 +4,14 @@ their oldest records named."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
+import pytest
 from api_server import Server, error_of, program
+
+from pathways_api import store
 
 
 def records(run: int, count: int) -> list[dict[str, Any]]:
@@ -28,11 +32,20 @@ def records(run: int, count: int) -> list[dict[str, Any]]:
 
 
 def test_a_trace_comes_in_pages_and_says_which_runs_lack_records(
-    server: Server, a: httpx.Client, b: httpx.Client
+    server: Server, a: httpx.Client, b: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert a.post("/v1/programs", json=program("p")).status_code == 201
-    server.store.store_trace("team-a", "p", 1, records(1, 5))
+    # Stored in chunks of 2 (a page parses only the chunks it needs); run 1 as kept before
+    # chunks were: the records in the run's own row.
+    monkeypatch.setattr(store, "TRACE_CHUNK", 2)
+    with server.store._transaction() as db:
+        db.execute(
+            "INSERT INTO traces (namespace, name, run, records) VALUES (?, ?, ?, ?)",
+            ("team-a", "p", 1, json.dumps(records(1, 5))),
+        )
     server.store.store_trace("team-a", "p", 2, records(2, 4), ["isl"])
+    chunks = server.store._db().execute("SELECT count(*) FROM trace_chunks").fetchone()[0]
+    assert chunks == 2
     seen, token, pages = [], None, 0
     while True:
         page = a.get(
