@@ -130,6 +130,11 @@ class Logs(BaseModel):
         "(before any character still being written)."
     )
     size: int = Field(description="How many bytes of output there were.")
+    linesCut: bool = Field(
+        default=False,
+        description="The lines asked for (tailLines) begin before ``start``: longer than "
+        "limitBytes, they are cut to their end.",
+    )
 
 
 class Amounts(BaseModel):
@@ -576,7 +581,13 @@ def _routes() -> Any:
     @r.get("/v1/programs/{name}/logs", response_model=Logs)
     async def program_logs(name: str, caller: Caller, api: Api, window: Window) -> JSONResponse:
         text = await api.logs(caller, name, window)
-        body = {"logs": text.text, "start": text.start, "end": text.end, "size": text.size}
+        body = {
+            "logs": text.text,
+            "start": text.start,
+            "end": text.end,
+            "size": text.size,
+            "linesCut": text.lines_cut,
+        }
         return JSONResponse({"program": name, **body})
 
     @r.get("/v1/programs/{name}/trace", response_model=TraceResponse)

@@ -41,6 +41,8 @@ class LogText:
     start: int
     end: int
     size: int
+    lines_cut: bool = False
+    """The lines asked for (``tail_lines``) begin before ``start``: the byte limit cut them."""
 
 
 class Part(Protocol):
@@ -102,14 +104,20 @@ def read_window(parts: Sequence[Part], window: LogWindow) -> LogText:
     output = _Joined(parts)
     end = output.size
     start = min(max(window.offset, end - window.limit_bytes), end)
+    lines_cut = False
     if window.tail_lines is not None:
-        start = max(start, _line_start(output, end, window.tail_lines, floor=start))
+        # One byte before the limit too: lines that begin before it were cut by it (lines
+        # beginning right at it, after a newline, were not).
+        floor = start - 1 if start > max(window.offset, 0) else start
+        lines_start = _line_start(output, end, window.tail_lines, floor=floor)
+        lines_cut = lines_start < start
+        start = max(start, lines_start)
     data = output.read(start, end - start)
     skipped = _continuation_bytes(data)  # a window cutting a character starts after it
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     text = decoder.decode(data[skipped:], final=False)
     unfinished = len(decoder.getstate()[0])  # a character whose last bytes are not written yet
-    return LogText(text, start + skipped, end - unfinished, output.size)
+    return LogText(text, start + skipped, end - unfinished, output.size, lines_cut)
 
 
 class _Joined:

@@ -1170,7 +1170,9 @@ def logs(
                     _fail(f"{name} has no previous run: {started} started so far")
                 run = started - 1
             window = client.log_window(name, tail_lines=tail, limit_bytes=limit_bytes, run=run)
-            _print_output(window, 0 if tail is None else window["start"])
+            # With --tail, what comes before the lines is not asked for, unless the byte limit
+            # cut the lines themselves.
+            _print_output(window, 0 if tail is None or window.get("linesCut") else window["start"])
             if not window["size"]:  # say why, before following what comes
                 program = client.get("programs", name)
                 errors.print(f"{name} has no output yet: {standing(program)}", markup=False)

@@ -49,10 +49,15 @@ def test_limit_bytes_keeps_the_last_bytes_and_says_where_they_start() -> None:
     parts = output(b"0123456789")
     window = read_window(parts, LogWindow(limit_bytes=4))
     assert (window.text, window.start, window.end, window.size) == ("6789", 20, 24, 24)
-    # Lines are counted inside the limit: a tail longer than it is cut too.
-    assert read_window(output(b"aaaa\nbb\n"), LogWindow(tail_lines=2, limit_bytes=5)).text == (
-        "a\nbb\n"
-    )
+    # Lines are counted inside the limit: a tail longer than it is cut too, and says so.
+    cut = read_window(output(b"aaaa\nbb\n"), LogWindow(tail_lines=2, limit_bytes=5))
+    assert (cut.text, cut.lines_cut) == ("a\nbb\n", True)
+    # Lines that begin right at the limit are whole.
+    whole = read_window(output(b"aaaa\nbb\n"), LogWindow(tail_lines=1, limit_bytes=3))
+    assert (whole.text, whole.lines_cut) == ("bb\n", False)
+    exact = read_window(output(b"aaaa\nbb\n"), LogWindow(tail_lines=2, limit_bytes=8))
+    assert (exact.text, exact.lines_cut) == ("aaaa\nbb\n", False)
+    assert not read_window(output(b"aaaa\nbb\n"), LogWindow(tail_lines=9)).lines_cut
 
 
 def test_an_offset_reads_only_what_came_after_it() -> None:

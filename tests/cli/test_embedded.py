@@ -571,6 +571,10 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     cut = pathways("logs", "ticker", *at, "--limit-bytes", "6")
     assert cut.output.endswith("café\n")
     assert f"… {len(whole.encode()) - 6} bytes of output not shown" in cut.output
+    # Lines longer than the limit: cut to it, and said so (with --tail it was silent).
+    cut_tail = pathways("logs", "ticker", *at, "--tail", "2", "--limit-bytes", "6")
+    assert cut_tail.output.endswith("café\n")
+    assert f"… {len(whole.encode()) - 6} bytes of output not shown" in cut_tail.output
     alone = pathways("logs", "ticker", *at, "--previous")  # one run: none before it
     assert alone.exit_code == 1 and "ticker has no previous run: 1 started so far" in alone.output
 
