@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from pathways_client.cluster import Cluster, connect
 from pathways_client.errors import PathwaysError
-from pathways_client.futures import Specialized
+from pathways_client.futures import Specialized, describe
 from pathways_client.programs import dispatch
 from pathways_client.slices import Slice
 from pathways_core.control.programs import ARTIFACTS_MOUNT
@@ -107,6 +107,32 @@ def bind(cluster: Cluster, item: ProgramSlice) -> Slice:
         return cluster.slice(item.name, devices=item.devices, shape=shape, island=item.island)
 
 
+def check_inputs(flow: Dataflow, functions: Mapping[str, Specialized]) -> None:
+    """Each node's inputs against its function's parameters, as only the artifacts tell:
+    their number, and the shape and dtype of each (a symbolic dimension takes any size).
+    Raises ``PathwaysError`` naming the field (``spec.graph.nodes[i].inputs[j]``)."""
+    producers = {node.name: node for node in flow.nodes}
+    for index, node in enumerate(flow.nodes):
+        function = functions[node.function]
+        where = f"spec.graph.nodes[{index}].inputs"
+        if len(node.inputs) != len(function.in_avals):
+            raise PathwaysError(
+                f"{where}: node {node.name!r} gives {len(node.inputs)} input(s); function "
+                f"{node.function!r} takes {len(function.in_avals)}"
+            )
+        for position, (ref, wanted) in enumerate(zip(node.inputs, function.in_avals, strict=True)):
+            given = functions[producers[ref.node].function].out_avals[ref.index]
+            fixed = all(isinstance(side, int) for side in wanted.shape)
+            if np.dtype(given.dtype) != np.dtype(wanted.dtype) or (
+                fixed and tuple(given.shape) != tuple(wanted.shape)
+            ):
+                raise PathwaysError(
+                    f"{where}[{position}]: output {ref.index} of node {ref.node!r} is "
+                    f"{describe(given)}; function {node.function!r} takes {describe(wanted)} "
+                    "there"
+                )
+
+
 def run(
     spec: PathwaysProgramSpec,
     cluster: Cluster,
@@ -133,6 +159,7 @@ def run(
         )
     except ValueError as error:  # what only the artifacts tell: an output that is not there
         raise PathwaysError(f"graph: {error}") from None
+    check_inputs(flow, functions)  # before any slice is bound: no devices held for a bad graph
     slices = {item.name: bind(cluster, item) for item in spec.slices}
     # dispatch places a node by its function's key: one key per function and slice, so nodes
     # calling one function on several slices each run on their own.

@@ -63,7 +63,7 @@ class Dataflow:
             nodes[node.name] = node
         limits = {Source.ARGUMENT: self.arguments, Source.CONSTANT: self.constants}
         edges = [(f"node {n.name!r}", ref) for n in self.nodes for ref in n.inputs]
-        edges += [("the outputs", ref) for ref in self.outputs]
+        edges += [("an output of the program", ref) for ref in self.outputs]
         for where, ref in edges:
             if ref.source is Source.NODE:
                 producer = nodes.get(ref.node)

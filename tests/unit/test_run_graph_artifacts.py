@@ -21,3 +21,59 @@ def test_configmap_artifacts_are_read_where_the_job_mounts_them(tmp_path: Path) 
     assert load_artifact(function, tmp_path) == b"\x00artifact"
     with pytest.raises(PathwaysError, match=r"key 'g.jaxexport' of ConfigMap 'weights', is not"):
         load_artifact(function, tmp_path / "elsewhere")
+
+
+def test_node_inputs_are_checked_against_the_artifacts_before_any_slice_is_bound() -> None:
+    """Found only when the node ran, after the slices were bound, and run again on every
+    restart, naming no field."""
+    import jax
+    import jax.numpy as jnp
+    from jax import export
+
+    from pathways_client.futures import Specialized
+    from pathways_client.run_graph import check_inputs
+    from pathways_core.dataflow import Dataflow
+    from pathways_core.resources.program import ProgramGraph
+
+    def specialized(name: str, function, *shapes: tuple[int, ...]) -> Specialized:
+        avals = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes]
+        artifact = export.export(jax.jit(function))(*avals).serialize()
+        return Specialized.from_artifact(name, bytes(artifact))
+
+    functions = {
+        "make4": specialized("make4", lambda: jnp.zeros(4)),
+        "inc4": specialized("inc4", lambda x: x + 1, (4,)),
+        "inc5": specialized("inc5", lambda x: x + 1, (5,)),
+        "add": specialized("add", lambda x, y: x + y, (4,), (4,)),
+    }
+
+    def flow(*nodes: dict) -> Dataflow:
+        graph = ProgramGraph.model_validate(
+            {
+                "functions": [{"name": n, "inline": "AAAA"} for n in functions],
+                "nodes": [{"name": "src", "function": "make4", "slice": "s"}, *nodes],
+                "outputs": [{"node": "src"}],
+            }
+        )
+        return Dataflow.from_graph(graph, {n: len(f.out_avals) for n, f in functions.items()})
+
+    def node(name: str, function: str, *inputs: str) -> dict:
+        return {
+            "name": name,
+            "function": function,
+            "slice": "s",
+            "inputs": [{"node": i} for i in inputs],
+        }
+
+    check_inputs(flow(node("a", "inc4", "src"), node("b", "add", "a", "src")), functions)
+    with pytest.raises(
+        PathwaysError,
+        match=r"spec.graph.nodes\[1\].inputs\[0\]: output 0 of node 'src' is float32\[4\]; "
+        r"function 'inc5' takes float32\[5\]",
+    ):
+        check_inputs(flow(node("a", "inc5", "src")), functions)
+    with pytest.raises(
+        PathwaysError,
+        match=r"spec.graph.nodes\[1\].inputs: node 'b' gives 1 input\(s\); function 'add' takes 2",
+    ):
+        check_inputs(flow(node("b", "add", "src")), functions)
