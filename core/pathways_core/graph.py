@@ -9,8 +9,16 @@ class CycleError(ValueError):
     """The graph has a cycle; ``cycle`` lists its nodes in order."""
 
     def __init__(self, cycle: list[str]) -> None:
-        super().__init__("the graph has a cycle: " + " -> ".join([*cycle, cycle[0]]))
+        path = [*cycle, cycle[0]]
+        if len(path) > SHOWN_CYCLE:  # a cycle of thousands of nodes made a message of 35 KB
+            hidden = len(path) - SHOWN_CYCLE + 1
+            path = [*path[: SHOWN_CYCLE - 3], f"... {hidden} more ...", *path[-2:]]
+        super().__init__(f"the graph has a cycle of {len(cycle)} nodes: " + " -> ".join(path))
         self.cycle = cycle
+
+
+SHOWN_CYCLE = 10
+"""Nodes a cycle's message names at most."""
 
 
 def topological_order(dependencies: Mapping[str, Iterable[str]]) -> list[str]:

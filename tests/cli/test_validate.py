@@ -146,7 +146,7 @@ BAD = [
         + "    nodes:\n"
         + "      - {name: a, function: f, slice: s, inputs: [{node: b}]}\n"
         + "      - {name: b, function: f, slice: s, inputs: [{node: a}]}\n",
-        "spec.graph.nodes: the graph has a cycle: a -> b -> a",
+        "spec.graph.nodes[0]: the graph has a cycle of 2 nodes: a -> b -> a",
         id="cycle",
     ),
     pytest.param(

@@ -119,6 +119,15 @@ def test_topological_order_and_cycles() -> None:
     with pytest.raises(CycleError) as caught:
         topological_order({"a": ["b"], "b": ["c"], "c": ["a"]})
     assert caught.value.cycle == ["a", "b", "c"]
+    # A long cycle is named by its ends (4,000 nodes made a message of 35 KB).
+    long = {f"n{i}": [f"n{(i + 1) % 4000}"] for i in range(4000)}
+    with pytest.raises(CycleError) as caught:
+        topological_order(long)
+    assert len(caught.value.cycle) == 4000
+    assert str(caught.value) == (
+        "the graph has a cycle of 4000 nodes: n0 -> n1 -> n2 -> n3 -> n4 -> n5 -> n6 -> "
+        "... 3992 more ... -> n3999 -> n0"
+    )
 
 
 @pytest.mark.parametrize("shape", [(8,), (4, 4), (2, 3, 4)])

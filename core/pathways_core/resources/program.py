@@ -219,7 +219,8 @@ class ProgramGraph(Model):
                 {node.name: [edge.node for edge in node.inputs] for node in self.nodes}
             )
         except CycleError as error:
-            raise FieldError("nodes", str(error)) from None
+            first = next(i for i, node in enumerate(self.nodes) if node.name == error.cycle[0])
+            raise FieldError(f"nodes[{first}]", str(error)) from None
         return self
 
 
