@@ -681,7 +681,7 @@ class SchedulerService:
                     ok=r.ok,
                 )
                 for r in records
-            ]
+            ],
         )
 
 
