@@ -130,6 +130,10 @@ class LeaseKeeper:
                         self.seconds,
                         error,
                     )
+            except Exception:  # the session closed its connections under a late renewal
+                if self._stop.is_set():
+                    return
+                logger.warning("could not renew the lease of slice %r", name, exc_info=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.seconds / 3):
