@@ -46,6 +46,7 @@ import operator
 import os
 import secrets
 import sys
+import time
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -54,9 +55,16 @@ from typing import Any
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # Windows: no stale temporary files are removed there
+    fcntl = None  # type: ignore[assignment]
+
 FILE = "checkpoint.npz"
 _STEP, _TREE = "__step__", "__tree__"
 _MAX_STEP = 2**63 - 1  # the step is kept as an int64
+STALE_AFTER_SECONDS = 10.0
+"""Temporary files at least this old, and unlocked, are of saves killed midway."""
 _warned = False
 
 
@@ -236,38 +244,46 @@ def _lookup(spelled: str) -> Any:
 
 
 def _named_tuple(spelled: str) -> Any:
-    """The namedtuple type ``module:qualname``, imported as it was saved."""
+    """The namedtuple type ``module:qualname``, imported as it was saved; anything else it
+    names is refused: a checkpoint file naming ``pickle:loads`` had it called on its data."""
     try:
-        return _lookup(spelled)
+        found = _lookup(spelled)
     except (ImportError, AttributeError) as error:
         raise CheckpointError(
             f"the checkpoint holds a {spelled} (a namedtuple), which cannot be imported here "
             f"({error}): restore where it is defined, or save it as a tuple or dict"
         ) from None
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (on this machine)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (OSError, OverflowError):  # another user's process (EPERM), or not a pid: keep
-        return True
-    return True
+    if not (isinstance(found, type) and issubclass(found, tuple) and hasattr(found, "_fields")):
+        raise CheckpointError(
+            f"the checkpoint names {spelled} as a namedtuple type, which it is not: the file "
+            "was not written by checkpoint.save (or was altered); it is not restored"
+        )
+    return found
 
 
 def _remove_stale_temporaries(folder: Path) -> None:
-    """Remove the temporary files of saves whose process is gone (killed while saving): their
-    names hold its pid, which the next run does not share, so nothing else would."""
-    if os.name == "nt":  # os.kill(pid, 0) would terminate the process there
+    """Remove the temporary files of saves killed midway. A save holds an exclusive lock on
+    its file until the file is renamed: one that can be locked is no save's any more. (Told
+    by the pid in its name, a run in a container, whose pid is its predecessor's, kept them.)"""
+    if fcntl is None:
         return
-    prefix = f".{FILE}."
-    for temporary in folder.glob(f"{prefix}*.tmp"):
-        pid = temporary.name[len(prefix) : -len(".tmp")].split(".")[0]
-        if pid.isascii() and pid.isdigit() and int(pid) > 0 and not _alive(int(pid)):
-            with contextlib.suppress(OSError):  # another save removed it first
+    for temporary in folder.glob(f".{FILE}.*.tmp"):
+        try:
+            # A file just made may not be locked yet by its save.
+            if time.time() - temporary.stat().st_mtime < STALE_AFTER_SECONDS:
+                continue
+            handle = os.open(temporary, os.O_RDONLY)
+        except OSError:  # gone meanwhile
+            continue
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a save in progress
+            continue
+        else:
+            with contextlib.suppress(OSError):
                 temporary.unlink()
+        finally:
+            os.close(handle)
 
 
 def _sync_directory(folder: Path) -> None:
@@ -334,10 +350,12 @@ def save(step: int, state: Any, directory: str | Path | None = None) -> Path | N
     temporary = folder / f".{FILE}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
     try:
         with temporary.open("xb") as handle:  # the umask's permissions, as the checkpoint's
+            if fcntl is not None:  # held until renamed: the next save's clean-up leaves it
+                fcntl.flock(handle, fcntl.LOCK_EX)
             handle.write(buffer.getvalue())
             handle.flush()
             os.fsync(handle.fileno())
-        temporary.replace(target)  # atomic: the previous checkpoint, or this one, never half
+            temporary.replace(target)  # atomic: the previous checkpoint, or this one, whole
     except OSError as error:
         with contextlib.suppress(OSError):
             temporary.unlink()
@@ -353,17 +371,31 @@ def restore(directory: str | Path | None = None) -> tuple[int, Any] | None:
     """``(step, state)`` of the last checkpoint saved in ``directory`` (as :func:`save`), or
     ``None`` if there is none."""
     folder = _folder(directory)
+    if folder is not None and folder.exists() and not folder.is_dir():
+        raise CheckpointError(
+            f"checkpoint directory {folder}: a file is there, not a directory of checkpoints"
+        )
     if folder is None or not (folder / FILE).exists():
         return None
     try:
         with np.load(folder / FILE, allow_pickle=False) as data:
             leaves = {key: data[key] for key in data.files}
-        step = int(leaves.pop(_STEP))
+        step = leaves.pop(_STEP)
+        if step.shape != () or step.dtype.kind not in "iu" or not 0 <= int(step) <= _MAX_STEP:
+            raise ValueError(f"its step is {step!r}, not an integer from 0 to 2**63-1")
         skeleton = json.loads(str(leaves.pop(_TREE)))
-        return step, _unflatten(skeleton, leaves)
+        return int(step), _unflatten(skeleton, leaves)
     except CheckpointError:  # the file is whole; what it names is missing here
         raise
-    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as error:
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        EOFError,
+        RecursionError,  # a skeleton nested past Python's limit: no save makes one
+        zipfile.BadZipFile,
+    ) as error:
         # Empty, truncated or corrupted (e.g. a disk error): a checkpoint cannot be made of it.
         raise CheckpointError(
             f"{folder / FILE}: not a readable checkpoint ({error}): delete it to begin from the "

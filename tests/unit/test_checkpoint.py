@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import collections
 import errno
+import json
 import os
 import stat
 import subprocess
 import sys
 import threading
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -189,23 +191,41 @@ def test_a_failed_write_keeps_the_previous_checkpoint_and_no_temporary(
     assert checkpoint.restore(tmp_path)[0] == 1
 
 
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()  # reaped: its pid names no process
-    return child.pid
-
-
-@pytest.mark.skipif(os.name == "nt", reason="liveness by os.kill(pid, 0) is POSIX's")
-def test_temporaries_of_killed_runs_are_removed_and_of_live_ones_kept(tmp_path: Path) -> None:
-    """A run killed while saving left its temporary file forever: the next runs' pids differ."""
-    dead = _dead_pid()
-    stale = [f".{checkpoint.FILE}.{dead}.tmp", f".{checkpoint.FILE}.{dead}.0123abcd.tmp"]
-    live = [f".{checkpoint.FILE}.{os.getpid()}.feedbeef.tmp", f".{checkpoint.FILE}.1.tmp"]
-    for name in stale + live + ["unrelated.tmp"]:
+@pytest.mark.skipif(os.name == "nt", reason="stale files are told by POSIX file locks")
+def test_temporaries_of_killed_runs_are_removed_and_of_live_saves_kept(tmp_path: Path) -> None:
+    """A run killed while saving left its temporary file for ever; told by the pid in its
+    name, a run in a container (whose pid was its predecessor's) kept them too."""
+    prefix = f".{checkpoint.FILE}"
+    old = time.time() - 60
+    stale = [f"{prefix}.{os.getpid()}.0123abcd.tmp", f"{prefix}.1.tmp"]  # our pid: no matter
+    fresh = f"{prefix}.7.fresh.tmp"  # just made: its save may not have locked it yet
+    held = f"{prefix}.8.held.tmp"  # a save in progress, in another process
+    for name in [*stale, fresh, held, "unrelated.tmp"]:
         (tmp_path / name).write_bytes(b"partial")
-    checkpoint.save(1, {}, tmp_path)
+        if name != fresh:
+            os.utime(tmp_path / name, (old, old))
+    locker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time\n"
+            "handle = open(sys.argv[1], 'rb')\n"
+            "fcntl.flock(handle, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(60)\n",
+            str(tmp_path / held),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert locker.stdout is not None and locker.stdout.readline() == "locked\n"
+        checkpoint.save(1, {}, tmp_path)
+    finally:
+        locker.kill()
+        locker.wait()
     left = {path.name for path in tmp_path.iterdir()}
-    assert left == {checkpoint.FILE, "unrelated.tmp", *live}
+    assert left == {checkpoint.FILE, "unrelated.tmp", fresh, held}
 
 
 def test_the_directory_is_synced_after_the_replace(
@@ -330,3 +350,39 @@ def test_a_container_shared_twice_is_not_a_cycle(tmp_path: Path) -> None:
     checkpoint.save(1, {"a": shared, "b": (shared, shared)}, tmp_path)
     _, back = checkpoint.restore(tmp_path)
     np.testing.assert_array_equal(back["b"][1][0], np.ones(2))
+
+
+def _crafted(folder: Path, skeleton: object, step: object = 1, **leaves: np.ndarray) -> None:
+    """A checkpoint file written by hand, as an attacker (or a damaged disk) would."""
+    folder.mkdir(exist_ok=True)
+    tree = skeleton if isinstance(skeleton, str) else json.dumps(skeleton)
+    arrays = {"__step__": np.asarray(step), "__tree__": np.asarray(tree)}
+    np.savez(folder / checkpoint.FILE, **leaves, **arrays)
+
+
+def test_a_crafted_file_runs_nothing_and_is_refused(tmp_path: Path) -> None:
+    """Its tree named pickle:loads as a namedtuple type, and restore called it on the file's
+    data: code of the file's author ran in the driver."""
+    payload = np.frombuffer(b"cos\nsystem\n(S'touch pwned'\ntR.", dtype=np.uint8)
+    _crafted(tmp_path / "gadget", {"tuple": [0], "type": "pickle:loads"}, **{"0": payload})
+    with pytest.raises(checkpoint.CheckpointError, match="names pickle:loads as a namedtuple"):
+        checkpoint.restore(tmp_path / "gadget")
+    assert not (Path.cwd() / "pwned").exists()
+    _crafted(tmp_path / "call", {"tuple": [], "type": "os:getcwd"})
+    with pytest.raises(checkpoint.CheckpointError, match="which it is not"):
+        checkpoint.restore(tmp_path / "call")
+    deep = '{"list": [' * 5000 + "0" + "]}" * 5000  # no save nests so deep
+    _crafted(tmp_path / "deep", deep, **{"0": np.zeros(1)})
+    with pytest.raises(checkpoint.CheckpointError, match="not a readable checkpoint"):
+        checkpoint.restore(tmp_path / "deep")
+    for step in (2.7, -5, 2**64 - 1):
+        _crafted(
+            tmp_path / "step",
+            None,
+            step=np.asarray(step, dtype=None if step != 2**64 - 1 else np.uint64),
+        )
+        with pytest.raises(checkpoint.CheckpointError, match="its step is"):
+            checkpoint.restore(tmp_path / "step")
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(checkpoint.CheckpointError, match="a file is there"):
+        checkpoint.restore(tmp_path / "a-file")
