@@ -892,13 +892,17 @@ class Manager:
         if not name or not slices:
             return
         islands = {entry["island"]: entry["scheduler"] for entry in slices.values()}
+        run = int((job["metadata"].get("labels") or {}).get("pathways.dev/run") or 0)
+        missing: dict[str, str] = {}  # islands whose records of the run are not there
         for island, endpoint in list(islands.items()):
             current = ((self.store.read(ISLAND, None, island) or {}).get("status") or {}).get(
                 "schedulerEndpoint"
             )
             if current != endpoint:  # restarted (or down) since: that trace is gone
                 del islands[island]
+                missing[island] = "its scheduler restarted before the run's trace was taken"
         if not islands:
+            self.store.store_trace(namespace, name, run, [], missing)
             return
         arguments = [sys.executable, "-m", "pathways_client.trace_dump"]
         for island, endpoint in sorted(islands.items()):
@@ -918,10 +922,14 @@ class Manager:
             check=False,
         )
         if done.returncode != 0:
-            raise TraceUnavailable(done.stderr.strip()[-2000:])
-        run = int((job["metadata"].get("labels") or {}).get("pathways.dev/run") or 0)
+            why = done.stderr.strip()[-2000:]
+            unread = dict.fromkeys(islands, f"its trace could not be read: {why}")
+            self.store.store_trace(namespace, name, run, [], {**missing, **unread})
+            raise TraceUnavailable(why)
         dumped = json.loads(done.stdout)
-        self.store.store_trace(namespace, name, run, dumped["records"], dumped["incomplete"])
+        self.store.store_trace(
+            namespace, name, run, dumped["records"], {**missing, **dumped["incomplete"]}
+        )
 
 
 # What a run's process takes from the manager's environment, as a pod takes its node's

@@ -47,7 +47,7 @@ PHASES = {PROGRAM: ProgramPhase, SLICE: SlicePhase, ISLAND: IslandPhase}
 
 
 TRACE_READS = 2
-"""Trace pages read at once (each holds its records in memory while it is made)."""
+"""Trace pages of one tenant read at once (each holds its records in memory while made)."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class Service:
     def __init__(self, store: Store, mode: str = "embedded") -> None:
         self.store = store
         self.mode = mode
-        self._trace_reads = asyncio.Semaphore(TRACE_READS)
+        self._trace_reads: dict[str, asyncio.Semaphore] = {}  # per tenant
 
     # -- shared --------------------------------------------------------------------------------
 
@@ -274,8 +274,10 @@ class Service:
         a previous page's ``continue``), and which runs' lack their oldest."""
         await self._get(PROGRAM, tenant.name, name)
         start = decode_token(token) if token else 0
-        # A few at a time: a page is megabytes to parse and hold.
-        async with self._trace_reads:
+        # A few at a time per tenant (a page is megabytes to parse and hold), and one tenant's
+        # many reads never queue another's.
+        gate = self._trace_reads.setdefault(tenant.name, asyncio.Semaphore(TRACE_READS))
+        async with gate:
             page = await self.store.trace(tenant.name, name, start, limit)
         return {
             "program": name,

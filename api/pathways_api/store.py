@@ -20,7 +20,7 @@ import logging
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -654,12 +654,12 @@ class SqliteStore:
         name: str,
         run: int,
         records: list[Any],
-        incomplete: Sequence[str] = (),
+        incomplete: Mapping[str, str] | None = None,
     ) -> None:
-        """Keep the trace records of one run of a program (in chunks), and the islands that
-        had let go of some of them (``incomplete``) when they were taken."""
+        """Keep the trace records of one run of a program (in chunks), and why islands lack
+        some of them (``incomplete``: island -> why)."""
         chunks = [records[i : i + TRACE_CHUNK] for i in range(0, len(records), TRACE_CHUNK)]
-        kept = {"incomplete": list(incomplete), "chunks": len(chunks)}
+        kept = {"incomplete": dict(incomplete or {}), "chunks": len(chunks)}
         where = (namespace, name, run)
         with self._transaction() as db:
             db.execute(
@@ -861,8 +861,8 @@ class SqliteStore:
                 pieces.append((len(kept), lambda kept=kept: kept))
                 continue
             page.incomplete += [
-                f"run {run} on island {island!r}: the island had let go of its oldest records"
-                for island in kept.get("incomplete") or []
+                f"run {run} on island {island!r}: {why}"
+                for island, why in (kept.get("incomplete") or {}).items()
             ]
             for chunk, count in db.execute(
                 "SELECT chunk, count FROM trace_chunks WHERE namespace = ? AND name = ? AND "

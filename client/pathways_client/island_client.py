@@ -540,7 +540,9 @@ class IslandClient:
 
     def trace(self) -> list[pb.TraceRecord]:
         """The island's trace: which computation of which client ran where and when."""
-        return list(stub(self._channel, SCHEDULER, "GetTrace")(pb.Empty(), timeout=60).records)
+        return list(
+            stub(self._channel, SCHEDULER, "GetTrace")(pb.TraceRequest(), timeout=60).records
+        )
 
     @contextlib.contextmanager
     def _answered(self, what: str, executor: int) -> Iterator[None]:

@@ -1,6 +1,6 @@
 """``python -m pathways_client.trace_dump --island NAME=HOST:PORT --client C``: an island
 trace's records of some clients, as JSON on stdout (the embedded manager keeps them per run):
-``{"records": [...], "incomplete": [islands that had let go of some of theirs]}``."""
+``{"records": [...], "incomplete": {island: why, ...}}`` (islands that had let go of some)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from pathways_client import tls
 from pathways_client.rpc import MESSAGE_OPTIONS, stub
 from pathways_core.wire import SCHEDULER, pb
 
+LET_GO = "the island had let go of its oldest records (it keeps about 200,000 of all clients)"
+
 
 def records_of(
     island: str, endpoint: str, clients: set[str], timeout: float = 20.0, since_ns: int = 0
@@ -23,7 +25,8 @@ def records_of(
     computations that started at ``since_ns`` or later; and whether the island had let go of
     some of theirs that ended then or later (it keeps about 200,000 records in all)."""
     with tls.channel(endpoint, MESSAGE_OPTIONS, tls.load()) as channel:
-        trace = stub(channel, SCHEDULER, "GetTrace")(pb.Empty(), timeout=timeout)
+        request = pb.TraceRequest(clients=sorted(clients), since_ns=since_ns)
+        trace = stub(channel, SCHEDULER, "GetTrace")(request, timeout=timeout)
     records = [
         {
             "seq": record.seq,
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     arguments = parser.parse_args(argv)
     found: list[dict[str, Any]] = []
-    incomplete: list[str] = []
+    incomplete: dict[str, str] = {}
     for item in arguments.island:
         name, _, endpoint = item.partition("=")
         try:
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         found += records
         if lost:
-            incomplete.append(name)
+            incomplete[name] = LET_GO
     print(json.dumps({"records": found, "incomplete": incomplete}))
     return 0
 

@@ -81,6 +81,8 @@ MAX_BACKLOG_BYTES = 64 << 20
 # Writes of at most this many bytes to a TLS stream go out at once when its socket has room.
 SMALL_WRITE_BYTES = 16 << 10
 MAX_CLIENT_NAME = 256
+# A trace answer's size at most, under the gRPC message limit (64 MiB).
+MAX_TRACE_ANSWER_BYTES = 48 << 20
 # A client's messages that run on devices (the rest ride along with them).
 WORK = ("computation", "call")
 # Deletions of many buffers are sent to executors in pieces of this many ids.
@@ -662,27 +664,38 @@ class SchedulerService:
         )
 
     def GetTrace(self, request, context):
+        clients = list(request.clients) if request is not None else []
+        since_ns = request.since_ns if request is not None else 0
         with self._lock:
-            entries = self.dispatcher.trace_entries()
-            dropped = self.dispatcher.trace_dropped_until_ns()
-        records = self.dispatcher.records_of(entries)  # not holding up dispatch meanwhile
-        return pb.Trace(
-            dropped_until_ns=dropped,
-            records=[
-                pb.TraceRecord(
-                    seq=r.seq,
-                    computation_id=r.computation_id,
-                    client=r.client,
-                    name=r.name,
-                    devices=r.devices,
-                    executor=r.executor,
-                    start_ns=r.start_ns,
-                    end_ns=r.end_ns,
-                    ok=r.ok,
-                )
-                for r in records
-            ],
-        )
+            entries = self.dispatcher.trace_entries(clients)
+            dropped = dict(self.dispatcher.trace_dropped_until_ns())
+        records = [  # made outside the lock: not holding up dispatch meanwhile
+            pb.TraceRecord(
+                seq=r.seq,
+                computation_id=r.computation_id,
+                client=r.client,
+                name=r.name,
+                devices=r.devices,
+                executor=r.executor,
+                start_ns=r.start_ns,
+                end_ns=r.end_ns,
+                ok=r.ok,
+            )
+            for r in self.dispatcher.records_of(entries)
+            if r.start_ns >= since_ns
+        ]
+        # The newest that fit in one answer: long names made a full trace larger than a
+        # message may be, and no one's trace could be read at all.
+        size, keep = 0, len(records)
+        while keep and size + records[keep - 1].ByteSize() + 8 <= MAX_TRACE_ANSWER_BYTES:
+            keep -= 1
+            size += records[keep].ByteSize() + 8
+        for record in records[:keep]:
+            dropped[record.client] = max(dropped.get(record.client, 0), record.end_ns)
+        kept = {
+            client: until for client, until in dropped.items() if not clients or client in clients
+        }
+        return pb.Trace(dropped_until_ns=kept, records=records[keep:])
 
 
 def _executor_spec(

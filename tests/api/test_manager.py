@@ -736,3 +736,19 @@ def test_a_checkpoint_claim_is_the_state_folders_checkpoints_here(running: Runni
     assert settings["PATHWAYS_CHECKPOINT_DIR"] == str(
         running.manager.state / "checkpoints" / "team" / "claimed" / uid
     )
+
+
+def test_a_run_whose_trace_could_not_be_taken_is_named_incomplete(running: Running) -> None:
+    """Its island unreachable (or restarted) when the run ended, the run was missing from the
+    trace with nothing said."""
+    store = running.store
+    wait_for(lambda: phase(store, "Island", "local", None) == "Ready", what="island Ready")
+    submit(store, "untraced", "print('done')")
+    wait_for(lambda: phase(store, "PathwaysProgram", "untraced") == "Succeeded", what="done")
+    page = wait_for(
+        lambda: (page := asyncio.run(store.trace("team", "untraced", 0, 10))).incomplete and page,
+        what="the run named incomplete",
+    )
+    assert page.records == []
+    (note,) = page.incomplete
+    assert note.startswith("run 1 on island 'local': its trace could not be read: ")

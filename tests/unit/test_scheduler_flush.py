@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from pathways_core.scheduling import ToClient, ToExecutor
 from pathways_core.scheduling.island import TraceRecord
 from pathways_core.wire import pb
@@ -90,7 +92,7 @@ def test_get_trace_makes_its_records_without_holding_up_dispatch() -> None:
     making, made = threading.Event(), threading.Event()
 
     class Dispatcher:
-        def trace_entries(self) -> tuple[TraceRecord, ...]:
+        def trace_entries(self, clients: object = ()) -> tuple[TraceRecord, ...]:
             return (record,)
 
         def trace_dropped_until_ns(self) -> dict[str, int]:
@@ -112,3 +114,29 @@ def test_get_trace_makes_its_records_without_holding_up_dispatch() -> None:
     assert free
     assert [r.computation_id for r in answers[0].records] == ["a/1"]
     assert dict(answers[0].dropped_until_ns) == {"a": 5}
+
+
+def test_get_trace_answers_the_clients_asked_for_and_at_most_what_one_message_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every client's whole trace in one answer: long names made it larger than a gRPC
+    message, and no one's trace could be read."""
+    from pathways_core.scheduling import ExecutorSpec, IslandDispatcher
+    from pathways_scheduler import server
+
+    service = SchedulerService.__new__(SchedulerService)
+    service._lock = threading.Lock()
+    service.dispatcher = IslandDispatcher([ExecutorSpec(0, "h:0", (0,))], trace_limit=1000)
+    for n in range(100):
+        for client in ("mine", "other"):
+            record = TraceRecord(n, f"{client}/{n}", client, "x" * 200, (0,), 0, n, n + 1, True)
+            service.dispatcher._keep(record, 1)
+    mine = service.GetTrace(pb.TraceRequest(clients=["mine"], since_ns=10), None)
+    assert [r.seq for r in mine.records] == list(range(10, 100))
+    assert {r.client for r in mine.records} == {"mine"}
+    monkeypatch.setattr(server, "MAX_TRACE_ANSWER_BYTES", 30 * 300)
+    capped = service.GetTrace(pb.TraceRequest(clients=["mine"]), None)
+    size = sum(record.ByteSize() + 8 for record in capped.records)
+    assert size <= 30 * 300 < size + 300 and len(capped.records) < 100
+    assert capped.records[-1].seq == 99  # the newest
+    assert dict(capped.dropped_until_ns) == {"mine": capped.records[0].seq}

@@ -36,7 +36,7 @@ around it only moves messages. Guarantees:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pathways_core.scheduling.costs import DeviceTimeCosts
@@ -1025,11 +1025,12 @@ class IslandDispatcher:
         see :mod:`pathways_core.scheduling.trace`)."""
         return self.records_of(self.trace_entries())
 
-    def trace_entries(self) -> Snapshot[TraceEntry]:
-        """What the trace holds now: its records, and the reported calls whose node records
-        ``records_of`` makes. Taken under the lock dispatch holds, made into records outside
-        it: making them is the slow part (seconds for a few hundred thousand)."""
-        return self._trace.snapshot()
+    def trace_entries(self, clients: Collection[str] = ()) -> Snapshot[TraceEntry]:
+        """What the trace holds now (of ``clients`` only, if any): its records, and the
+        reported calls whose node records ``records_of`` makes. Taken under the lock dispatch
+        holds, made into records outside it: making them is the slow part (seconds for a few
+        hundred thousand)."""
+        return self._trace.snapshot(clients)
 
     def trace_dropped_until_ns(self) -> Mapping[str, int]:
         """Per client whose oldest records the trace let go: the end of the latest of them."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Generic, TypeVar
 
 Entry = TypeVar("Entry")
@@ -58,12 +58,13 @@ class IslandTrace(Generic[Entry]):
             if not entries:
                 del self._entries[largest], self._sizes[largest]
 
-    def snapshot(self) -> Snapshot[Entry]:
-        """The entries now, cheap to take (under the island's lock): :func:`in_order` puts
-        them in the report order outside it."""
+    def snapshot(self, clients: Collection[str] = ()) -> Snapshot[Entry]:
+        """The entries now (of ``clients`` only, if any), cheap to take (under the island's
+        lock): :func:`in_order` puts them in the report order outside it."""
         return tuple(
             tuple((order, entry) for order, entry, _, _ in entries)
-            for entries in self._entries.values()
+            for client, entries in self._entries.items()
+            if not clients or client in clients
         )
 
     def dropped_until_ns(self) -> Mapping[str, int]:

@@ -45,7 +45,7 @@ SCHEDULER = Service(
     "pathways.v1.Scheduler",
     (
         Method("Info", Cardinality.UNARY_UNARY, pb.Empty, pb.IslandInfo),
-        Method("GetTrace", Cardinality.UNARY_UNARY, pb.Empty, pb.Trace),
+        Method("GetTrace", Cardinality.UNARY_UNARY, pb.TraceRequest, pb.Trace),
     ),
 )
 

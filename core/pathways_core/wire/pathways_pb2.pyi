@@ -444,6 +444,14 @@ class TraceRecord(_message.Message):
     ok: bool
     def __init__(self, seq: _Optional[int] = ..., computation_id: _Optional[str] = ..., client: _Optional[str] = ..., name: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., executor: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., ok: _Optional[bool] = ...) -> None: ...
 
+class TraceRequest(_message.Message):
+    __slots__ = ("clients", "since_ns")
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_NS_FIELD_NUMBER: _ClassVar[int]
+    clients: _containers.RepeatedScalarFieldContainer[str]
+    since_ns: int
+    def __init__(self, clients: _Optional[_Iterable[str]] = ..., since_ns: _Optional[int] = ...) -> None: ...
+
 class Trace(_message.Message):
     __slots__ = ("records", "dropped_until_ns")
     class DroppedUntilNsEntry(_message.Message):
