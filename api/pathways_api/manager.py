@@ -226,6 +226,9 @@ class Manager:
         self._islands_file: tuple[int, int, int] | None = None
         self._observed: dict[str, IslandObservation] = {}
         self._recheck_at: float | None = None  # monotonic time a decision asked to be redone
+        # No lease runs out sooner than its length after this: while the cluster was down,
+        # its slices' holders could not renew them.
+        self._started = now_utc()
 
     # -- loop ----------------------------------------------------------------------------------
 
@@ -359,7 +362,9 @@ class Manager:
             slices = self.store.read_all(SLICE)
             programs = self.store.read_all(PROGRAM)
             now = now_utc()
-            plan = plan_bindings_shared(islands, slices, now, programs=programs)
+            plan = plan_bindings_shared(
+                islands, slices, now, programs=programs, leases_since=self._started
+            )
             if plan.next_expiry is not None:  # a pass then releases the slice unless renewed
                 self._recheck_in((plan.next_expiry - now).total_seconds())
             again = plan.needs_another_pass
@@ -893,6 +898,7 @@ class Manager:
             return
         islands = {entry["island"]: entry["scheduler"] for entry in slices.values()}
         run = int((job["metadata"].get("labels") or {}).get("pathways.dev/run") or 0)
+        owner = next(iter(job["metadata"].get("ownerReferences") or []), {}).get("uid")
         missing: dict[str, str] = {}  # islands whose records of the run are not there
         for island, endpoint in list(islands.items()):
             current = ((self.store.read(ISLAND, None, island) or {}).get("status") or {}).get(
@@ -902,7 +908,7 @@ class Manager:
                 del islands[island]
                 missing[island] = "its scheduler restarted before the run's trace was taken"
         if not islands:
-            self.store.store_trace(namespace, name, run, [], missing)
+            self.store.store_trace(namespace, name, run, [], missing, owner)
             return
         arguments = [sys.executable, "-m", "pathways_client.trace_dump"]
         for island, endpoint in sorted(islands.items()):
@@ -924,11 +930,11 @@ class Manager:
         if done.returncode != 0:
             why = done.stderr.strip()[-2000:]
             unread = dict.fromkeys(islands, f"its trace could not be read: {why}")
-            self.store.store_trace(namespace, name, run, [], {**missing, **unread})
+            self.store.store_trace(namespace, name, run, [], {**missing, **unread}, owner)
             raise TraceUnavailable(why)
         dumped = json.loads(done.stdout)
         self.store.store_trace(
-            namespace, name, run, dumped["records"], {**missing, **dumped["incomplete"]}
+            namespace, name, run, dumped["records"], {**missing, **dumped["incomplete"]}, owner
         )
 
 

@@ -655,13 +655,24 @@ class SqliteStore:
         run: int,
         records: list[Any],
         incomplete: Mapping[str, str] | None = None,
+        uid: str | None = None,
     ) -> None:
         """Keep the trace records of one run of a program (in chunks), and why islands lack
-        some of them (``incomplete``: island -> why)."""
+        some of them (``incomplete``: island -> why); with ``uid``, only while that program
+        is there (taken after it was deleted, they were the next program's of its name)."""
         chunks = [records[i : i + TRACE_CHUNK] for i in range(0, len(records), TRACE_CHUNK)]
         kept = {"incomplete": dict(incomplete or {}), "chunks": len(chunks)}
         where = (namespace, name, run)
         with self._transaction() as db:
+            if (
+                uid is not None
+                and not db.execute(
+                    "SELECT 1 FROM objects WHERE kind = ? AND namespace = ? AND name = ? AND "
+                    "json_extract(body, '$.metadata.uid') = ?",
+                    (PROGRAM, namespace, name, uid),
+                ).fetchone()
+            ):
+                return
             db.execute(
                 "DELETE FROM trace_chunks WHERE namespace = ? AND name = ? AND run = ?", where
             )

@@ -79,14 +79,18 @@ class LeaseKeeper:
         self._api = api
         self._lost = lost
         self._names: set[str] = set()
+        self._renewed: dict[str, float] = {}  # monotonic: when the last renewal was asked
+        self._failure: dict[str, str] = {}  # why the last renewal of a slice failed
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def hold(self, name: str) -> None:
-        """Renew ``name`` from now on."""
+    def hold(self, name: str, since: float) -> None:
+        """Renew ``name`` from now on; its lease began at ``since`` (monotonic, before the
+        request that made it was sent: no later than the cluster's start of it)."""
         with self._lock:
             self._names.add(name)
+            self._renewed[name] = since
             if self._thread is None and not self._stop.is_set():
                 self._api = self._api.another()
                 self._thread = threading.Thread(
@@ -98,6 +102,23 @@ class LeaseKeeper:
         """Renew ``name`` no more (released or given up)."""
         with self._lock:
             self._names.discard(name)
+            self._renewed.pop(name, None)
+            self._failure.pop(name, None)
+
+    def overdue(self, name: str) -> str | None:
+        """Why ``name``'s lease may have run out, when this session cannot tell it has not:
+        no renewal asked since longer than the lease went through (the API unreachable,
+        throttling, or this process frozen); ``None`` while it is surely held."""
+        with self._lock:
+            since = self._renewed.get(name)
+            failure = self._failure.get(name)
+        if since is None or time.monotonic() - since < self.seconds:
+            return None
+        return (
+            f"its lease was last renewed {time.monotonic() - since:.0f} s ago, longer than its "
+            f"{self.seconds} s{f' (renewals failed: {failure})' if failure else ''}: the "
+            "cluster may have given its devices to another slice"
+        )
 
     def stop(self) -> None:
         """Stop renewing (the session's slices are deleted, or left to run out)."""
@@ -115,25 +136,34 @@ class LeaseKeeper:
         for name in names:
             if self._stop.is_set():
                 return
+            asked = time.monotonic()  # before the API stamps it: never later than the API's
             try:
                 self._api.renew(name)
             except ApiCallError as error:
-                if error.status in (404, 409):  # gone, or its lease ran out: for good
-                    self.drop(name)
+                if error.status == 404 or (error.status == 409 and "ran out" in error.message):
+                    self.drop(name)  # gone, or its lease ran out: for good
                     self._lost(name, error.message)
-                else:  # unreachable, throttled, restarting: the next round tries again
-                    logger.warning(
-                        "could not renew the lease of slice %r (trying again in %.0f s; it is "
-                        "released if not renewed for %d s): %s",
-                        name,
-                        self.seconds / 3,
-                        self.seconds,
-                        error,
-                    )
+                    continue
+                # Unreachable, throttled, restarting: the next round tries again.
+                with self._lock:
+                    self._failure[name] = str(error)
+                logger.warning(
+                    "could not renew the lease of slice %r (trying again in %.0f s; it is "
+                    "released if not renewed for %d s): %s",
+                    name,
+                    self.seconds / 3,
+                    self.seconds,
+                    error,
+                )
             except Exception:  # the session closed its connections under a late renewal
                 if self._stop.is_set():
                     return
                 logger.warning("could not renew the lease of slice %r", name, exc_info=True)
+            else:
+                with self._lock:
+                    if name in self._names:
+                        self._renewed[name] = asked
+                        self._failure.pop(name, None)
 
     def _run(self) -> None:
         while not self._stop.wait(self.seconds / 3):
@@ -338,9 +368,19 @@ class Cluster:
     def _lease_lost(self, name: str, why: str) -> None:
         """A slice's lease ran out (or it went) while this session held it: it is unusable."""
         item = self._bound.get(name)
+        logger.warning("slice %r was released by the cluster: %s", name, why)
         if item is not None:
             item.lost = why
             item.released = True
+
+    def check_lease(self, item: Slice) -> None:
+        """SliceError if ``item``'s lease may have run out (see :meth:`LeaseKeeper.overdue`):
+        its devices may be another slice's by now."""
+        why = self._leases.overdue(item.name) if self._leases is not None else None
+        if why is not None:
+            raise SliceError(
+                f"slice {item.name!r} cannot be used: {why}; release it and request a new one"
+            )
 
     def _bind_through_api(
         self,
@@ -362,6 +402,7 @@ class Cluster:
             "spec": spec,
         }
         refused = False  # the API refused the submission: nothing of it to delete
+        asked = time.monotonic()  # the lease begins no earlier than this
         try:
             try:
                 self.api.submit(document)
@@ -369,7 +410,7 @@ class Cluster:
                 refused = True
                 raise
             if self._leases is not None:  # while it waits too: it would be released
-                self._leases.hold(name)
+                self._leases.hold(name, asked)
             deadline = time.monotonic() + timeout
             while True:
                 status = self.api.get("virtualslices", name).get("status") or {}

@@ -65,6 +65,7 @@ class Slice:
             )
         if self.cluster is None:
             raise RuntimeError(f"slice {self.name!r} belongs to no session")
+        self.cluster.check_lease(self)
         return self.cluster
 
     def release(self) -> None:

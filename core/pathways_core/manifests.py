@@ -232,12 +232,27 @@ def metadata_problems(kind: Any, metadata: Any) -> list[Problem]:
 
 
 def without_system_fields(document: dict[str, Any]) -> dict[str, Any]:
-    """``document`` without what the system sets (its status, and the metadata of
-    ``SYSTEM_METADATA``): a ``get -o yaml`` dump as a manifest."""
+    """``document`` without what the system sets (its status, the metadata of
+    ``SYSTEM_METADATA``, and on the kinds tenants submit the labels and annotations of the
+    system's prefix): a ``get -o yaml`` dump as a manifest."""
     kept = {k: v for k, v in document.items() if k != "status"}
     metadata = kept.get("metadata")
     if isinstance(metadata, dict):
-        kept["metadata"] = {k: v for k, v in metadata.items() if k not in SYSTEM_METADATA}
+        metadata = {k: v for k, v in metadata.items() if k not in SYSTEM_METADATA}
+        # The system's labels and annotations (a renewal's time, a cancellation) are refused
+        # in a manifest of the kinds tenants submit: dropped, as the rest the system sets.
+        for field in ("labels", "annotations") if document.get("kind") in TENANT_KINDS else ():
+            if isinstance(metadata.get(field), dict):
+                mine = {
+                    k: v
+                    for k, v in metadata[field].items()
+                    if str(k).split("/")[0] != SYSTEM_PREFIX
+                }
+                if mine:
+                    metadata[field] = mine
+                else:
+                    del metadata[field]
+        kept["metadata"] = metadata
     return kept
 
 

@@ -57,6 +57,9 @@ class Binder:
         self._first_seen: dict[str, float] = {}
         self.last_plan: BindingPlan | None = None
         self._last_done = -math.inf  # when the last pass ended (monotonic)
+        # No lease runs out sooner than its length after this: with no operator serving (a
+        # failover), its expiry would not have been seen anyway.
+        self._started = now_utc()
 
     async def sync(self, fresher_than: float | None = None) -> None:
         """Return once a pass that started after this call has completed; with
@@ -99,7 +102,12 @@ class Binder:
             if (document.get("status") or {}).get("phase") != "Bound":
                 self._first_seen.setdefault(key, seen)
         plan = plan_bindings_shared(
-            islands, slices, now_utc(), tenants=self.config.tenants, programs=programs
+            islands,
+            slices,
+            now_utc(),
+            tenants=self.config.tenants,
+            programs=programs,
+            leases_since=self._started,
         )
         self.last_plan = plan
         again = plan.needs_another_pass

@@ -194,14 +194,16 @@ def test_table_rows_say_where_they_cut_and_what_a_slice_holds() -> None:
 
 def test_submit_sends_a_dump_without_what_the_system_set(tmp_path: Path) -> None:
     """A `get -o yaml` dump resubmitted: the API refused its uid (validate said it was
-    valid); what the system sets goes, as its status went."""
+    valid), and a leased slice's renewal annotation; what the system sets goes, as its status
+    went."""
     from pathways_client.cli import _submittable_documents
 
     dump = tmp_path / "dump.yaml"
     dump.write_text(
         "apiVersion: pathways.dev/v1alpha1\nkind: VirtualSlice\n"
         "metadata: {name: vs, namespace: team, uid: u-1, resourceVersion: '7', generation: 2,\n"
-        "  creationTimestamp: '2026-11-29T10:00:00Z', managedFields: [], labels: {a: b}}\n"
+        "  creationTimestamp: '2026-11-29T10:00:00Z', managedFields: [], labels: {a: b},\n"
+        "  annotations: {pathways.dev/renewed-at: '2026-11-29T10:00:01.5Z'}}\n"
         "spec: {devices: 1}\nstatus: {phase: Bound}\n"
     )
     ((where, document),) = _submittable_documents((str(dump),))

@@ -172,6 +172,12 @@ def test_a_session_frozen_past_its_lease_is_told_its_slice_is_gone(embedded_stat
         keeper = cluster._leases
         assert keeper is not None
         keeper._stop.set()  # as a process stopped (SIGSTOP) renews nothing
+        identity = pw.function(lambda x: x, slice=frozen, name="identity")
+        # Past its lease unrenewed, the session refuses it on its own: the cluster may have
+        # given its devices to another already (it computed on them, the API unreachable).
+        time.sleep(5.5)
+        with pytest.raises(pw.SliceError, match=r"its lease was last renewed \d+ s ago, longer"):
+            identity(np.zeros(1))
         wait_until(
             lambda: slice_status(cluster, frozen.name).get("phase") == "Released",
             "the frozen session's slice to be released",
@@ -180,6 +186,6 @@ def test_a_session_frozen_past_its_lease_is_told_its_slice_is_gone(embedded_stat
         keeper.renew_all()
         assert "LeaseExpired" not in (frozen.lost or "")  # said in words, below
         with pytest.raises(pw.SliceError, match="released by the cluster: the lease of"):
-            pw.function(lambda x: x, slice=frozen, name="identity")(np.zeros(1))
+            identity(np.zeros(1))
     with pytest.raises(ValueError, match="lease_seconds must be 5 to 86400"):
         pw.connect(state=embedded_state, tenant="team-a", lease_seconds=1)

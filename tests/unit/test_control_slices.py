@@ -691,3 +691,27 @@ def test_editing_a_bound_slices_lease_keeps_its_devices() -> None:
     plan = plan_bindings([island("a")], [longer], NOW + timedelta(seconds=60))
     assert phases(plan) == {"s": ("Bound", None, Stage.WAIT)}
     assert plan.next_expiry == NOW + timedelta(seconds=600)
+
+
+def test_programs_hold_the_slices_they_name_and_leases_wait_for_the_controller() -> None:
+    """A program naming a leased slice had it released under its run (nothing renews it), then
+    waited for it for ever; and an embedded cluster's down and up released every leased slice
+    on its first pass, their holders alive but unable to renew meanwhile."""
+    leased = vslice("named", 8, leaseSeconds=30)
+    held = apply([leased], plan_bindings([island("a")], [leased], NOW).ordered())
+    later = NOW + timedelta(seconds=300)
+    user = {
+        "metadata": {"name": "p", "namespace": "t", "uid": "u"},
+        "spec": {"slices": [{"name": "main", "virtualSliceName": "named"}]},
+        "status": {"phase": "Running"},
+    }
+    assert phases(plan_bindings([island("a")], held, later, programs=[user])) == {}
+    done = {**user, "status": {"phase": "Succeeded"}}
+    assert phases(plan_bindings([island("a")], held, later, programs=[done]))["named"][:2] == (
+        "Released",
+        "LeaseExpired",
+    )
+    # A controller started 10 s ago gives the holder its lease's length to renew.
+    started = later - timedelta(seconds=10)
+    plan = plan_bindings([island("a")], held, later, leases_since=started)
+    assert phases(plan) == {} and plan.next_expiry == started + timedelta(seconds=30)

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from pathways_client.errors import ConnectError, PathwaysError
+from pathways_client.errors import ConnectError, PathwaysError, SliceError
 from pathways_client.island_client import IslandBusy, IslandClient, IslandError, IslandUnavailable
 from pathways_client.proxy.backend import (
     ArrayEntry,
@@ -237,6 +237,11 @@ class IslandSession(ArraySession):
     def island(self) -> IslandClient:
         if self._island is None:
             raise ProxyError("FAILED_PRECONDITION", "the session has not been initialized (Init)")
+        if self.slice is not None:  # released by the cluster (its lease), or maybe: no more
+            try:
+                self.slice.cluster_or_fail()
+            except SliceError as error:
+                raise ProxyError("UNAVAILABLE", str(error)) from None
         return self._island
 
     def island_device(self, device: int, field_name: str) -> int:

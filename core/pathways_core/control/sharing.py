@@ -137,6 +137,7 @@ def plan_bindings_shared(
     patience: timedelta = PATIENCE,
     tenants: Tenants | None = None,
     programs: Sequence[Document] | None = None,
+    leases_since: datetime | None = None,
 ) -> SharedBindingPlan:
     """:func:`plan_bindings`, with time-shared slices bound in groups (see the module), of
     the slices ``tenants`` admits (see :mod:`pathways_core.control.tenants`; by default each
@@ -144,10 +145,16 @@ def plan_bindings_shared(
     adds to the tenants' device quotas."""
     tenants = tenants or Tenants()
     # Before the groups are made: a slice released for its lease shares devices no more.
-    leases = check_leases(slices, now)
+    leases = check_leases(slices, now, programs or (), leases_since)
     admitted, refused, names = _admitted(leases.held, tenants)
     plan = _plan_shared(
-        islands, admitted, now, {**tenants.quotas(names), **(quotas or {})}, patience, programs
+        islands,
+        admitted,
+        now,
+        {**tenants.quotas(names), **(quotas or {})},
+        patience,
+        programs,
+        leases_since,
     )
     originals = {key_of(d): d for d in slices}
     plan.changes[:] = [replace(c, document=originals[c.key]) for c in plan.changes]
@@ -204,13 +211,25 @@ def _plan_shared(
     quotas: Mapping[tuple[str, AcceleratorKind], int],
     patience: timedelta,
     programs: Sequence[Document] | None,
+    leases_since: datetime | None,
 ) -> SharedBindingPlan:
     # Of every slice: plan_bindings sees only some of the time-shared ones.
     incomplete = incomplete_programs(programs or (), slices)
     shared = [d for d in slices if is_time_shared(d) and not is_deleting(d)]
     if not shared:
         return SharedBindingPlan(
-            **vars(plan_bindings(islands, slices, now, quotas, patience, incomplete=incomplete))
+            **vars(
+                plan_bindings(
+                    islands,
+                    slices,
+                    now,
+                    quotas,
+                    patience,
+                    programs,
+                    incomplete=incomplete,
+                    leases_since=leases_since,
+                )
+            )
         )
     passed: list[Document] = [d for d in slices if not is_time_shared(d) or is_deleting(d)]
     inventories: dict[str, IslandInventory] = {}
@@ -307,7 +326,9 @@ def _plan_shared(
             now,
             quotas,
             patience,
+            programs,
             incomplete=incomplete,
+            leases_since=leases_since,
         )
         unopened = {key_of(d) for d in openers.values()} - set(plan.newly_bound)
         turns = [

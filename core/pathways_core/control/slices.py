@@ -264,14 +264,30 @@ class Leases:
     next_expiry: datetime | None
 
 
-def check_leases(slices: Sequence[Document], now: datetime) -> Leases:
+def check_leases(
+    slices: Sequence[Document],
+    now: datetime,
+    programs: Sequence[Document] = (),
+    since: datetime | None = None,
+) -> Leases:
     """Release the slices whose lease ran out by ``now``; ``held``: the others, those
-    released for it before left out (they are done with, whatever their spec says)."""
+    released for it before left out (they are done with, whatever their spec says).
+
+    A slice a program names (``virtualSliceName``) is held by it while the program is not
+    finished: nothing renews it then. No lease runs out sooner than its length after
+    ``since``, when the controller began: while no controller (or API) ran, as an embedded
+    cluster's ``down``, holders could renew nothing."""
     leases = Leases([], [], [], None)
+    named = _named_by_programs(programs)
     for document in slices:
         if lease_expired(document) and not is_deleting(document):
             continue
         expiry = None if is_deleting(document) else lease_expiry(document)
+        if expiry is not None and key_of(document) in named:
+            expiry = None
+        if expiry is not None and since is not None:
+            seconds = timedelta(seconds=document["spec"]["leaseSeconds"])
+            expiry = max(expiry, since + seconds)
         if expiry is None:
             leases.held.append(document)
         elif expiry > now:
@@ -297,6 +313,19 @@ def check_leases(slices: Sequence[Document], now: datetime) -> Leases:
     return leases
 
 
+def _named_by_programs(programs: Sequence[Document]) -> set[str]:
+    """The slices (``namespace/name``) that unfinished programs name."""
+    named = set()
+    for program in programs:
+        status = program.get("status") or {}
+        if is_deleting(program) or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        for item in (program.get("spec") or {}).get("slices") or []:
+            if isinstance(item, dict) and item.get("virtualSliceName"):
+                named.add(f"{_namespace(program)}/{item['virtualSliceName']}")
+    return named
+
+
 def _same(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     keys = ("phase", "island", "devices", "reason", "message", "observedGeneration")
     return all((old.get(k) or None) == (new.get(k) or None) for k in keys)
@@ -311,6 +340,7 @@ def plan_bindings(
     programs: Sequence[Document] | None = None,
     *,
     incomplete: Collection[str] | None = None,
+    leases_since: datetime | None = None,
 ) -> BindingPlan:
     """Decide every slice's status from a snapshot of all Islands and VirtualSlices (and the
     PathwaysPrograms, whose inline slices are bound only once they all exist; or
@@ -324,7 +354,7 @@ def plan_bindings(
     one; until then nothing that ranks after them is bound, so they keep their place.
     """
     plan = BindingPlan()
-    leases = check_leases(slices, now)
+    leases = check_leases(slices, now, programs or (), leases_since)
     slices = leases.held
     plan.changes += leases.changes
     plan.events += leases.events

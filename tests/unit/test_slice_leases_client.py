@@ -1,0 +1,81 @@
+"""The SDK's side of slice leases: a slice whose lease this session cannot tell is held is
+refused (its devices may be another slice's), a renewal refused for good marks it lost, one
+refused for now does not, and a proxy session on such a slice answers UNAVAILABLE."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from pathways_client.api_client import ApiCallError
+from pathways_client.cluster import LeaseKeeper
+from pathways_client.errors import SliceError
+from pathways_client.proxy.errors import ProxyError
+from pathways_client.proxy.island import IslandSession
+
+
+class Api:
+    """Answers renewals with ``answers`` in turn (an exception is raised)."""
+
+    def __init__(self, *answers: object) -> None:
+        self.answers = list(answers)
+
+    def another(self) -> Api:
+        return self
+
+    def renew(self, name: str) -> dict:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return {}
+
+
+def test_a_lease_not_renewed_for_its_length_is_overdue_and_a_renewal_makes_it_fresh() -> None:
+    lost: list[tuple[str, str]] = []
+    throttled = ApiCallError(429, "RateLimited", "slow down", None)
+    keeper = LeaseKeeper(Api(throttled, {}), 5, lambda *given: lost.append(given))
+    keeper._thread = object()  # type: ignore[assignment]  # renewed by hand here
+    keeper.hold("s", time.monotonic() - 6)
+    keeper.renew_all()  # throttled: tried again next round, nothing lost
+    assert lost == []
+    overdue = keeper.overdue("s")
+    assert overdue is not None and "renewals failed: RateLimited: slow down" in overdue
+    keeper.renew_all()
+    assert keeper.overdue("s") is None
+
+
+@pytest.mark.parametrize(
+    ("error", "gone"),
+    [
+        (
+            ApiCallError(409, "Conflict", "the lease of virtual slice 's' ran out and ...", None),
+            True,
+        ),
+        (ApiCallError(404, "NotFound", "no virtual slice named 's'", None), True),
+        (ApiCallError(409, "Conflict", "virtual slice 's' keeps changing; try again", None), False),
+        (ApiCallError(0, "Unreachable", "http://api: connection refused", None), False),
+    ],
+)
+def test_only_a_renewal_refused_for_good_loses_the_slice(error: ApiCallError, gone: bool) -> None:
+    lost: list[tuple[str, str]] = []
+    keeper = LeaseKeeper(Api(error), 60, lambda *given: lost.append(given))
+    keeper._thread = object()  # type: ignore[assignment]
+    keeper.hold("s", time.monotonic())
+    keeper.renew_all()
+    assert bool(lost) is gone
+
+
+def test_a_proxy_session_on_a_slice_it_may_no_longer_hold_answers_unavailable() -> None:
+    """The proxy computed on, for its clients, on devices the cluster had given another."""
+
+    def refused() -> None:
+        raise SliceError("slice 's' cannot be used: its lease was last renewed 61 s ago")
+
+    session = IslandSession.__new__(IslandSession)
+    session._island = object()  # type: ignore[assignment]
+    session.slice = SimpleNamespace(cluster_or_fail=refused)
+    with pytest.raises(ProxyError) as caught:
+        session.island  # noqa: B018
+    assert caught.value.code == "UNAVAILABLE" and "last renewed 61 s ago" in str(caught.value)
