@@ -215,22 +215,22 @@ def _plan_shared(
 ) -> SharedBindingPlan:
     # Of every slice: plan_bindings sees only some of the time-shared ones.
     incomplete = incomplete_programs(programs or (), slices)
+
+    def planned(some: Sequence[Document]) -> BindingPlan:
+        return plan_bindings(
+            islands,
+            some,
+            now,
+            quotas,
+            patience,
+            programs,
+            incomplete=incomplete,
+            leases_since=leases_since,
+        )
+
     shared = [d for d in slices if is_time_shared(d) and not is_deleting(d)]
     if not shared:
-        return SharedBindingPlan(
-            **vars(
-                plan_bindings(
-                    islands,
-                    slices,
-                    now,
-                    quotas,
-                    patience,
-                    programs,
-                    incomplete=incomplete,
-                    leases_since=leases_since,
-                )
-            )
-        )
+        return SharedBindingPlan(**vars(planned(slices)))
     passed: list[Document] = [d for d in slices if not is_time_shared(d) or is_deleting(d)]
     inventories: dict[str, IslandInventory] = {}
     for document in islands:
@@ -320,16 +320,7 @@ def _plan_shared(
             if (opener := _opener([d for d in documents if key_of(d) not in failed], charges))
         }
         tried = [d for documents in candidates.values() for d in documents if key_of(d) in failed]
-        plan = plan_bindings(
-            islands,
-            [*passed, *openers.values(), *tried],
-            now,
-            quotas,
-            patience,
-            programs,
-            incomplete=incomplete,
-            leases_since=leases_since,
-        )
+        plan = planned([*passed, *openers.values(), *tried])
         unopened = {key_of(d) for d in openers.values()} - set(plan.newly_bound)
         turns = [
             signature
