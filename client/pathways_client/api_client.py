@@ -213,9 +213,9 @@ class ApiClient:
         parameters = {key: value for key, value in window.items() if value is not None}
         return self.call("GET", _path("programs", name, "logs"), params=parameters)
 
-    def events(self, name: str) -> list[dict[str, Any]]:
-        """A program's Events."""
-        return self.call("GET", _path("programs", name, "events"))["items"]
+    def events(self, name: str, collection: str = "programs") -> list[dict[str, Any]]:
+        """A program's Events (or a virtual slice's, of ``virtualslices``)."""
+        return self.call("GET", _path(collection, name, "events"))["items"]
 
     def trace(self, name: str) -> list[dict[str, Any]]:
         """A program's island trace records (all pages)."""

@@ -851,7 +851,7 @@ FILTER_OPTIONS = {"query phase": "'--phase'", "query labelSelector": "'-l' / '--
     show_default=True,
 )
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table")
-@click.option("--events", is_flag=True, help="Also print a program's Events.")
+@click.option("--events", is_flag=True, help="Also print a program's or a virtual slice's Events.")
 @click.option(
     "-l",
     "--selector",
@@ -886,7 +886,8 @@ def get(
     with _api(state, api, token, tenant) as client:
         try:
             found = client.get(kind, name) if name else client.list(kind, **filters)
-            happened = client.events(name) if name and events and kind == "programs" else []
+            evented = kind in ("programs", "virtualslices")  # islands' are the cluster's
+            happened = client.events(name, kind) if name and events and evented else []
         except ApiCallError as error:
             option = FILTER_OPTIONS.get(error.field or "")
             if option is not None:  # a filter the API refused: name the option given

@@ -541,10 +541,14 @@ def connect(
     slices once it stopped renewing them for ``lease_seconds`` (it renews them while it runs;
     ``None``: held until deleted, even if the process is killed first).
     """
-    if lease_seconds is not None and not (MIN_LEASE_SECONDS <= lease_seconds <= MAX_LEASE_SECONDS):
+    if lease_seconds is not None and (
+        isinstance(lease_seconds, bool)
+        or not isinstance(lease_seconds, int)
+        or not MIN_LEASE_SECONDS <= lease_seconds <= MAX_LEASE_SECONDS
+    ):
         raise ValueError(
-            f"lease_seconds must be {MIN_LEASE_SECONDS} to {MAX_LEASE_SECONDS} seconds, or "
-            f"None for slices held until deleted (got {lease_seconds})"
+            f"lease_seconds must be whole seconds from {MIN_LEASE_SECONDS} to "
+            f"{MAX_LEASE_SECONDS}, or None for slices held until deleted (got {lease_seconds!r})"
         )
     if islands is not None and not isinstance(islands, Mapping):
         raise TypeError(

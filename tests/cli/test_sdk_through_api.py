@@ -166,7 +166,9 @@ def test_a_killed_sessions_slices_are_released_when_their_lease_runs_out(
         process.wait(30)
 
 
-def test_a_session_frozen_past_its_lease_is_told_its_slice_is_gone(embedded_state: Path) -> None:
+def test_a_session_frozen_past_its_lease_is_told_its_slice_is_gone(
+    embedded_state: Path, pathways: Any
+) -> None:
     with pw.connect(state=embedded_state, tenant="team-a", lease_seconds=5) as cluster:
         frozen = cluster.slice(devices=1)
         keeper = cluster._leases
@@ -182,10 +184,15 @@ def test_a_session_frozen_past_its_lease_is_told_its_slice_is_gone(embedded_stat
             lambda: slice_status(cluster, frozen.name).get("phase") == "Released",
             "the frozen session's slice to be released",
         )
+        # `get --events` shows why (it showed a slice's Events not at all).
+        at = ("--state", str(embedded_state), "--tenant", "team-a", "--kind", "virtualslices")
+        shown = pathways("get", frozen.name, *at, "--events").output
+        assert "LeaseExpired" in shown and "did not renew its lease for 5 s" in shown
         keeper._stop.clear()  # thawed: its next renewal is refused
         keeper.renew_all()
         assert "LeaseExpired" not in (frozen.lost or "")  # said in words, below
         with pytest.raises(pw.SliceError, match="released by the cluster: the lease of"):
             identity(np.zeros(1))
-    with pytest.raises(ValueError, match="lease_seconds must be 5 to 86400"):
-        pw.connect(state=embedded_state, tenant="team-a", lease_seconds=1)
+    for bad in (1, 5.5, "60", True):
+        with pytest.raises(ValueError, match=r"lease_seconds must be whole seconds from 5 to 864"):
+            pw.connect(state=embedded_state, tenant="team-a", lease_seconds=bad)  # type: ignore[arg-type]
