@@ -110,9 +110,10 @@ class TraceResponse(BaseModel):
     program: str
     records: list[TraceRecord]
     incomplete: list[str] = Field(
-        description="Runs whose trace lacks its oldest records: their island let go of them "
-        "(it keeps about 200,000 records of all its clients, the one holding the most losing "
-        "its oldest first)."
+        description="Runs whose trace lacks records, and why: their island let go of the "
+        "oldest (it keeps about 200,000 records of all its clients, the one holding the most "
+        "losing its oldest first), its scheduler restarted before the run's trace was taken, "
+        "or it could not be read."
     )
     continue_: str | None = Field(
         alias="continue", description="Token of the next page; null on the last one."

@@ -170,9 +170,10 @@ def decode_token(token: str) -> int:
     """The position a continue token stands for, or InvalidField."""
     try:
         text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        if not text.startswith("seq:"):
+        digits = text.removeprefix("seq:")
+        if digits == text or not (digits.isascii() and digits.isdigit()):
             raise ValueError
-        return int(text[4:])
+        return int(digits)
     except (ValueError, UnicodeDecodeError):
         raise InvalidField(
             "not a continue token given by a previous page", field="query continue"

@@ -63,7 +63,7 @@ def test_a_trace_comes_in_pages_and_says_which_runs_lack_records(
     assert seen == [f"r1-{n}" for n in range(5)] + [f"r2-{n}" for n in range(4)]
     # Bad paging names the parameter; another tenant's program is not there.
     assert error_of(a.get("/v1/programs/p/trace", params={"limit": 0}))["field"] == "query limit"
-    assert error_of(a.get("/v1/programs/p/trace", params={"continue": "x"}))["field"] == (
-        "query continue"
-    )
+    for forged in ("x", "c2VxOi0xMDA", "c2VxOis1"):  # not a token; seq:-100; seq:+5
+        refused = a.get("/v1/programs/p/trace", params={"continue": forged})
+        assert error_of(refused)["field"] == "query continue"
     assert b.get("/v1/programs/p/trace").status_code == 404
