@@ -118,7 +118,8 @@ class Manager:
         self, count: int | None = None, timeout: float | None = None, poll_interval: float = 1.0
     ) -> list[Slice]:
         """Wait until at least ``count`` slices (all of them when ``None``) are available,
-        taking back those that came back; return the available ones. ``TimeoutError``
+        finding those lost since the last look and taking back those that came back; return
+        the available ones. ``TimeoutError``
         naming the slices still lost after ``timeout`` seconds (``None``: no limit)."""
         wanted = len(self.slices) if count is None else count
         if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
@@ -130,6 +131,9 @@ class Manager:
             )
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            # Lost ones first: a slice not yet found lost (the island's scheduler restarted
+            # since the last look) was counted as available.
+            self.find_lost()
             self.find_returned()
             if len(self.available) >= wanted:
                 return self.available
