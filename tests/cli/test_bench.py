@@ -433,6 +433,7 @@ def test_a_failure_is_printed_as_written(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "no_such[/x].py is missing" in " ".join(result.output.split())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["pipeline", "islands"])
 def test_the_suites_whose_models_use_the_sdk_run_to_their_records(name: str) -> None:
     """Their models use slices, functions and programs: an SDK change they rely on breaks

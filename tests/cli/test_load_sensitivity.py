@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "load_sensitivity.py"
 
 
+@pytest.mark.slow
 def test_each_load_is_measured_at_both_priorities_against_a_run_alone() -> None:
     run = subprocess.run(
         [sys.executable, str(SCRIPT), "--sizes", "16", "--loads", "0.2", "--repeats", "1"],
