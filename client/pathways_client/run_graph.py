@@ -109,7 +109,7 @@ def bind(cluster: Cluster, item: ProgramSlice) -> Slice:
 
 def check_inputs(flow: Dataflow, functions: Mapping[str, Specialized]) -> None:
     """Each node's inputs against its function's parameters, as only the artifacts tell:
-    their number, and the shape and dtype of each (a symbolic dimension takes any size).
+    their number, and the shape and dtype of each.
     Raises ``PathwaysError`` naming the field (``spec.graph.nodes[i].inputs[j]``)."""
     producers = {node.name: node for node in flow.nodes}
     for index, node in enumerate(flow.nodes):
@@ -122,15 +122,23 @@ def check_inputs(flow: Dataflow, functions: Mapping[str, Specialized]) -> None:
             )
         for position, (ref, wanted) in enumerate(zip(node.inputs, function.in_avals, strict=True)):
             given = functions[producers[ref.node].function].out_avals[ref.index]
-            fixed = all(isinstance(side, int) for side in wanted.shape)
-            if np.dtype(given.dtype) != np.dtype(wanted.dtype) or (
-                fixed and tuple(given.shape) != tuple(wanted.shape)
+            if np.dtype(given.dtype) != np.dtype(wanted.dtype) or tuple(given.shape) != tuple(
+                wanted.shape
             ):
                 raise PathwaysError(
                     f"{where}[{position}]: output {ref.index} of node {ref.node!r} is "
                     f"{describe(given)}; function {node.function!r} takes {describe(wanted)} "
                     "there"
                 )
+
+
+def symbolic_dimension(function: Specialized) -> str | None:
+    """Where ``function`` has a symbolic dimension ("input 0 is float32[b,4]"), or None."""
+    for side, avals in (("input", function.in_avals), ("output", function.out_avals)):
+        for position, aval in enumerate(avals):
+            if not all(isinstance(size, int) for size in aval.shape):
+                return f"{side} {position} is {describe(aval)}"
+    return None
 
 
 def run(
@@ -153,6 +161,12 @@ def run(
             raise PathwaysError(
                 f"function {artifact.name!r}: not a jax.export artifact: {error}"
             ) from None
+        symbolic = symbolic_dimension(functions[artifact.name])
+        if symbolic is not None:
+            raise PathwaysError(
+                f"function {artifact.name!r} has a symbolic dimension ({symbolic}): an island "
+                "compiles each function once for fixed shapes; export it with concrete ones"
+            )
     try:
         flow = Dataflow.from_graph(
             spec.graph, {name: len(f.out_avals) for name, f in functions.items()}

@@ -143,6 +143,12 @@ class FunctionCache:
                     f"function {label!r} is not a jax.export artifact this executor can load "
                     f"(jax {jax.__version__}): {type(error).__name__}: {error}"
                 ) from None
+            if loaded is None and (symbolic := symbolic_dimension(exported)) is not None:
+                raise FunctionError(
+                    f"function {label!r} has a symbolic dimension ({symbolic}): an island "
+                    "compiles each function once for fixed shapes; export it with concrete "
+                    "ones (jax.ShapeDtypeStruct((4, 8), ...), not jax.export.symbolic_shape)"
+                )
             if self._checker is not None and loaded is None:
                 try:
                     problem = self._checker.check(bytes(exported.mlir_module_serialized))
@@ -290,6 +296,15 @@ def _traced_shardings(
     then its token's."""
     token = () if token_sharding is None else (token_sharding,)
     return (*(outputs if outputs is not None else [None] * out_count), *token)
+
+
+def symbolic_dimension(exported: jax.export.Exported) -> str | None:
+    """Where ``exported`` has a symbolic dimension ("input 0 is float32[b,4]"), or None."""
+    for side, avals in (("input", exported.in_avals), ("output", exported.out_avals)):
+        for position, aval in enumerate(avals):
+            if any(jax.export.is_symbolic_dim(size) for size in aval.shape):
+                return f"{side} {position} is {aval.str_short()}"
+    return None
 
 
 def _bytes_per_device(outputs: list[tuple[Any, Any]]) -> int:

@@ -448,6 +448,29 @@ def test_an_artifact_that_is_not_jax_export_fails_its_computations(island: Local
             run.wait(30)
 
 
+def test_a_function_of_symbolic_shapes_is_refused_naming_the_dimension(
+    island: LocalIsland,
+) -> None:
+    """It was taken, then failed when called with JAX's InconclusiveDimensionOperation."""
+    (batch,) = jax.export.symbolic_shape("b")
+    symbolic = bytes(
+        jax.export.export(jax.jit(lambda x: x + 1))(
+            jax.ShapeDtypeStruct((batch, 2), jnp.float32)
+        ).serialize()
+    )
+    with IslandClient(island.scheduler_endpoint, "symbolic") as client:
+        x = client.put(np.ones((4, 2), np.float32), device=1)
+        run = client.submit(client.register(symbolic, "batched"), [1], [x], 1)
+        with pytest.raises(
+            IslandError,
+            match=r"'batched' has a symbolic dimension \(input 0 is float32\[b,2\]\): .* "
+            r"export it with concrete ones",
+        ):
+            run.wait(30)
+        fixed = client.submit(client.register(export(lambda x: x + 1, f32(4, 2))), [1], [x], 1)
+        np.testing.assert_array_equal(client.get(fixed.outputs[0]), np.full((4, 2), 2))
+
+
 def test_function_exported_for_other_device_counts_is_refused(island: LocalIsland) -> None:
     four = export(lambda x: x * 3, f32(4, 2), devices=4, sharded=True)
     with IslandClient(island.scheduler_endpoint, "mismatch") as client:

@@ -77,3 +77,34 @@ def test_node_inputs_are_checked_against_the_artifacts_before_any_slice_is_bound
         match=r"spec.graph.nodes\[1\].inputs: node 'b' gives 1 input\(s\); function 'add' takes 2",
     ):
         check_inputs(flow(node("b", "add", "src")), functions)
+
+
+def test_a_function_of_symbolic_shapes_is_refused_before_any_slice_is_bound(
+    tmp_path: Path,
+) -> None:
+    """It passed the graph's checks, then failed in the executor when first called."""
+    import jax
+    import jax.numpy as jnp
+
+    from pathways_client.run_graph import run
+    from pathways_core.resources.program import PathwaysProgramSpec
+
+    (batch,) = jax.export.symbolic_shape("b")
+    artifact = jax.export.export(jax.jit(lambda x: x * 2))(
+        jax.ShapeDtypeStruct((batch,), jnp.float32)
+    )
+    (tmp_path / "double").write_bytes(bytes(artifact.serialize()))
+    spec = PathwaysProgramSpec.model_validate(
+        {
+            "slices": [{"name": "s", "devices": 1}],
+            "graph": {
+                "functions": [{"name": "double", "uri": f"file://{tmp_path / 'double'}"}],
+                "nodes": [{"name": "d", "function": "double", "slice": "s"}],
+                "outputs": [{"node": "d"}],
+            },
+        }
+    )
+    with pytest.raises(
+        PathwaysError, match=r"'double' has a symbolic dimension \(input 0 is float32\[b\]\)"
+    ):
+        run(spec, cluster=None)  # type: ignore[arg-type]  # refused before the cluster is used
