@@ -210,7 +210,7 @@ def check_renewable(document: Document | None, name: str, now: datetime) -> Docu
     has not released it yet: a renewal then would race the release)."""
     if document is None or document["metadata"].get("deletionTimestamp"):
         raise NotFound(f"no virtual slice named {name!r}", field="name")
-    expiry = lease_expiry(document)
+    expiry = lease_expiry(document, now)
     if lease_expired(document) or (expiry is not None and expiry <= now):
         raise Conflict(
             f"the lease of virtual slice {name!r} ran out and its devices are released: "

@@ -9,6 +9,13 @@ restart, or a standby replica taking over, rebuilds the allocation from the stor
 before binding anything), decides, and writes each changed status with a JSON patch that
 first tests the slice's resourceVersion: a slice changed since it was read is not
 overwritten, and the pass is run again.
+
+Passes run in tasks of the binder's own, which a caller's cancellation does not reach: kopf
+cancels a handler whose object went or whose filter stopped matching, and a pass cut there
+left its bindings, Events and devices-free figures half written, with no pass after it. After
+each pass the binder sets a timer for the plan's next lease expiry (``next_expiry``): no
+renewal needs a pass, and a lease shortened, or held by a program, is timed as the pass
+decides it.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Coroutine, Iterable
+from datetime import datetime
 from typing import Any
 
 from pathways_core.control import BindingPlan, SliceChange, Stage
@@ -30,6 +38,8 @@ from pathways_operator.kube import ApiError, Kube
 GROUP_VERSION = "pathways.dev/v1alpha1"
 MAX_PASSES = 20
 CONCURRENT_WRITES = 16
+# After a lease's expiry: the pass's own clock must see it run out.
+LEASE_MARGIN_SECONDS = 0.05
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +70,9 @@ class Binder:
         # No lease runs out sooner than its length after this: with no operator serving (a
         # failover), its expiry would not have been seen anyway.
         self._started = now_utc()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._closed = False
 
     async def sync(self, fresher_than: float | None = None) -> None:
         """Return once a pass that started after this call has completed; with
@@ -68,7 +81,46 @@ class Binder:
         if fresher_than is not None and time.monotonic() - self._last_done < fresher_than:
             return
         self._requested += 1
-        ticket = self._requested
+        await asyncio.shield(self._spawn(self._serve(self._requested)))
+
+    async def close(self) -> None:
+        """Stop the expiry timer and any pass still running (the operator stops)."""
+        self._closed = True
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._tasks.discard)
+        # Retrieved here: a caller cancelled meanwhile never awaits it (its error is logged by
+        # the callers that do, and by _expire).
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return task
+
+    def _time_expiry(self, expiry: datetime | None) -> None:
+        """A pass at ``expiry`` (the plan's next lease expiry), instead of the one timed
+        before."""
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        if expiry is None or self._closed:
+            return
+        delay = max((expiry - now_utc()).total_seconds(), 0.0) + LEASE_MARGIN_SECONDS
+        self._expiry_timer = asyncio.get_running_loop().call_later(
+            delay, lambda: self._spawn(self._expire())
+        )
+
+    async def _expire(self) -> None:
+        try:
+            await self.sync()
+        except Exception:  # the next event or resync runs the pass again
+            logger.exception("binding pass at a lease's expiry failed")
+
+    async def _serve(self, ticket: int) -> None:
         async with self._lock:
             if self._covered >= ticket:
                 return
@@ -110,6 +162,7 @@ class Binder:
             leases_since=self._started,
         )
         self.last_plan = plan
+        self._time_expiry(plan.next_expiry)
         again = plan.needs_another_pass
         ordered = plan.ordered()
         for stage in Stage:

@@ -4,8 +4,8 @@
 Every handler is idempotent and level-triggered: it reads the current objects, never trusts
 the event that woke it, and writes only what differs. Children have deterministic names, so a
 handler that runs twice finds what the first one created. Daemons reconcile islands and
-programs again every ``PATHWAYS_RESYNC_SECONDS`` in case an event was missed, and run a
-binding pass when a slice's lease runs out.
+programs again every ``PATHWAYS_RESYNC_SECONDS`` in case an event was missed (the binder
+times the pass at a slice's lease expiry itself).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from pathways_core.control.common import (
     prune,
 )
 from pathways_core.control.islands import control_token_secret, ready_host_indexes
-from pathways_core.control.slices import lease_expired, lease_expiry
 from pathways_core.resources import Island, PathwaysProgram
 from pathways_operator import metrics
 from pathways_operator.binder import Binder
@@ -61,8 +60,6 @@ FINALIZER = "pathways.dev/finalizer"
 MIN_RESYNC_SECONDS = 1.0
 # How long a cancelled resync daemon may take to end (its reconcile's requests aborted).
 CANCEL_SECONDS = 5.0
-# After a lease's expiry: the pass's own clock must see it run out.
-LEASE_MARGIN_SECONDS = 0.05
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +121,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     memo.stopping.set()
     for timer in memo.rechecks.values():
         timer.cancel()
+    await memo.binder.close()
     await memo.kube.close()
     if memo.metrics_server is not None:
         memo.metrics_server.shutdown()
@@ -423,29 +421,6 @@ async def slice_deleted(memo: kopf.Memo, **_: Any) -> None:
     await memo.binder.sync()
 
 
-def _held_on_lease(body: kopf.Body, **_: Any) -> bool:
-    return lease_expiry(body) is not None and not lease_expired(body) and not is_deleting(body)
-
-
-@kopf.daemon(
-    GROUP, VERSION, "virtualslices", when=_held_on_lease, cancellation_timeout=CANCEL_SECONDS
-)
-async def slice_lease(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A binding pass when the slice's lease runs out (the pass releases it, LeaseExpired).
-    ``body`` is kept fresh by kopf: a renewal meanwhile moves the expiry, and the daemon waits
-    again; the release stops it (its filter no longer matches)."""
-    try:
-        while (expiry := lease_expiry(body)) is not None and not lease_expired(body):
-            wait = (expiry - now_utc()).total_seconds()
-            if wait > 0:
-                await asyncio.sleep(wait + LEASE_MARGIN_SECONDS)
-                continue
-            await _guard("binding", memo.binder.sync())
-            await asyncio.sleep(1.0)  # for the release to reach the body, or to try again
-    except asyncio.CancelledError:
-        return  # released, deleted, or the operator stops or pauses for a peer
-
-
 # -- programs --------------------------------------------------------------------------------
 
 
@@ -572,11 +547,27 @@ def _recheck(memo: kopf.Memo, namespace: str, name: str, delay: float) -> None:
 
 @kopf.on.event(GROUP, VERSION, "pathwaysprograms")
 async def program_event(
-    type: str | None, namespace: str, name: str, memo: kopf.Memo, **_: Any
+    type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **_: Any
 ) -> None:
-    """Any change of a program: reconcile it."""
+    """Any change of a program: reconcile it. A program that finished or went lets go of
+    the VirtualSlices it names: a pass then times their leases again (held by the program,
+    they had none)."""
     if type != "DELETED":
         await _guard("program", reconcile(memo, namespace, name))
+    phase = (body.get("status") or {}).get("phase")
+    done = type == "DELETED" or is_deleting(body) or phase in ("Succeeded", "Failed")
+    key = f"program-done/{namespace}/{name}"
+    if done and _names_slices(body) and key not in memo.seen:
+        memo.seen[key] = True
+        await _guard("binding", memo.binder.sync())
+    if type == "DELETED":
+        memo.seen.pop(key, None)
+
+
+def _names_slices(program: kopf.Body) -> bool:
+    """Whether the program names VirtualSlices of its own (``virtualSliceName``)."""
+    slices = (program.get("spec") or {}).get("slices") or []
+    return any(isinstance(item, dict) and item.get("virtualSliceName") for item in slices)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_PROGRAM: kopf.PRESENT})

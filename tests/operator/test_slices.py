@@ -250,7 +250,7 @@ def test_a_program_whose_slices_arrive_apart_preempts_nobody_for_a_part(
 
 def test_a_slice_whose_lease_runs_out_is_released_and_its_devices_go_on(cluster: Cluster) -> None:
     """A client killed before it deleted its slice held its devices for ever. The resync is
-    far off here: the slice's own daemon runs the pass when the lease runs out."""
+    far off here: the binder times a pass at the lease's expiry."""
     with running_operator(PATHWAYS_RESYNC_SECONDS="600"):
         cluster.create(island("a", topology="2x4", hosts=2))
         cluster.create(vslice("kept", devices=2, leaseSeconds=5))
@@ -271,4 +271,95 @@ def test_a_slice_whose_lease_runs_out_is_released_and_its_devices_go_on(cluster:
         assert wait_for(lambda: cluster.events("dropped", "LeaseExpired"))[0]["type"] == "Warning"
         wait_for(lambda: phase(cluster, "waiter") == "Bound")
         assert phase(cluster, "kept") == phase(cluster, "plain") == "Bound"
+        assert_no_device_bound_twice(cluster)
+
+
+def _lists_of_slices(request: kmock.Request) -> bool:
+    plural = getattr(request.resource, "plural", None)
+    watch = str(request.params.get("watch", "")).lower() in ("true", "1")
+    return plural == "virtualslices" and not request.name and not watch
+
+
+def test_slices_released_together_for_their_leases_give_their_devices_on_at_once(
+    cluster: Cluster,
+) -> None:
+    """The pass once ran in each slice's lease daemon, which kopf cancelled as the slice it
+    released stopped matching its filter: the waiters stayed Pending until the resync, and
+    most LeaseExpired Events were never posted."""
+    with running_operator(PATHWAYS_RESYNC_SECONDS="600"):
+        cluster.create(island("a", topology="4x4", hosts=2))
+        for index in range(8):
+            cluster.create(vslice(f"leased-{index}", devices=1, leaseSeconds=5))
+            cluster.create(vslice(f"plain-{index}", devices=1))
+        wait_for(
+            lambda: (
+                all(
+                    phase(cluster, s["metadata"]["name"]) == "Bound"
+                    for s in cluster.list("VirtualSlice")
+                )
+                and len(cluster.list("VirtualSlice")) == 16
+            )
+        )
+        for index in range(8):
+            cluster.create(vslice(f"waiter-{index}", devices=1))
+        wait_for(lambda: all(phase(cluster, f"waiter-{i}") == "Pending" for i in range(8)))
+        wait_for(
+            lambda: all(phase(cluster, f"waiter-{i}") == "Bound" for i in range(8)),
+            timeout=20,
+            what="the waiters bound once the leases ran out",
+        )
+        for index in range(8):
+            assert status(cluster, f"leased-{index}")["reason"] == "LeaseExpired"
+            wait_for(lambda i=index: cluster.events(f"leased-{i}", "LeaseExpired"))
+        assert_no_device_bound_twice(cluster)
+
+
+def test_a_lease_held_by_a_program_or_shortened_is_timed_by_the_pass(cluster: Cluster) -> None:
+    """A slice a running program names is held by it, with no lease to time: its daemon ran
+    a pass every second, for ever. A lease shortened took effect only at its old expiry."""
+    with running_operator(PATHWAYS_RESYNC_SECONDS="600"):
+        cluster.create(island("a", topology="2x4", hosts=2))
+        cluster.create(vslice("named", devices=2, leaseSeconds=5))
+        cluster.create(
+            program(
+                "holder",
+                slices=[{"name": "main", "virtualSliceName": "named"}],
+                driver={"source": "import time; time.sleep(600)"},
+            )
+        )
+        cluster.create(vslice("long", devices=2, leaseSeconds=600))
+        wait_for(lambda: phase(cluster, "named") == phase(cluster, "long") == "Bound")
+        time.sleep(6)  # past the named slice's lease: nobody renews it
+        before = cluster.requests_to(_lists_of_slices)
+        time.sleep(4)
+        assert cluster.requests_to(_lists_of_slices) - before <= 1
+        assert phase(cluster, "named") == "Bound"
+
+        cluster.patch("VirtualSlice", "long", {"spec": {"leaseSeconds": 5}}, "team")
+        released = wait_for(
+            lambda: (s := status(cluster, "long"))["phase"] == "Released" and s, timeout=15
+        )
+        assert released["reason"] == "LeaseExpired"
+
+        # The program gone, its slice's lease counts again: it ran out long ago.
+        cluster.delete("PathwaysProgram", "holder", "team")
+        wait_for(lambda: status(cluster, "named").get("reason") == "LeaseExpired", timeout=15)
+
+
+def test_renewal_stamps_no_renewal_wrote_block_no_one(cluster: Cluster) -> None:
+    """Anyone who may edit a slice can write its renewed-at annotation: one without a time
+    zone made every binding pass fail (no slice of any tenant was bound), one at the end of
+    time overflowed, and the slice could no longer be deleted."""
+    with running_operator(PATHWAYS_RESYNC_SECONDS="600"):
+        cluster.create(island("a", topology="2x4", hosts=2))
+        stamps = {"naive": "2030-01-01T00:00:00", "end-of-time": "9999-12-31T23:59:59Z"}
+        for name, stamp in stamps.items():
+            leased = vslice(name, devices=2, leaseSeconds=600)
+            leased["metadata"]["annotations"] = {"pathways.dev/renewed-at": stamp}
+            cluster.create(leased)
+        cluster.create(vslice("other", devices=2))
+        wait_for(lambda: all(phase(cluster, n) == "Bound" for n in (*stamps, "other")))
+        for name in stamps:
+            cluster.delete("VirtualSlice", name, "team")
+            wait_for(lambda n=name: cluster.get("VirtualSlice", n, "team") is None)
         assert_no_device_bound_twice(cluster)

@@ -680,6 +680,25 @@ def test_a_renewed_lease_holds_and_a_pending_slice_unrenewed_goes_too() -> None:
     assert phases(plan) == {"holder": ("Released", "Deleted", Stage.RELEASE)}
 
 
+def test_renewal_stamps_no_renewal_wrote_count_from_the_creation() -> None:
+    """Anyone who may edit a slice can write its renewal stamp: one without a time zone made
+    every pass fail (comparing it raised), one at the end of time overflowed, and one far
+    ahead held the slice long after its holder died."""
+    leased = vslice("s", 8, leaseSeconds=30)
+
+    def stamped(stamp: str) -> dict[str, Any]:
+        meta = {**leased["metadata"], "annotations": {"pathways.dev/renewed-at": stamp}}
+        return {**leased, "metadata": meta}
+
+    created = NOW + timedelta(seconds=30)
+    for stamp in ("2026-01-01T00:10:00", "9999-12-31T23:59:59Z", "2026-01-01T01:00:00Z", "x"):
+        plan = plan_bindings([island("a")], [stamped(stamp)], NOW)
+        assert plan.next_expiry == created, stamp
+    # Ahead by less than a clock's skew, it is a renewal.
+    ahead = stamped(renewal_stamp(NOW + timedelta(seconds=50)))
+    assert plan_bindings([island("a")], [ahead], NOW).next_expiry == NOW + timedelta(seconds=80)
+
+
 def test_editing_a_bound_slices_lease_keeps_its_devices() -> None:
     first = plan_bindings([island("a")], [vslice("s", 8, leaseSeconds=30)], NOW)
     held = apply([vslice("s", 8, leaseSeconds=30)], first.ordered())

@@ -83,13 +83,15 @@ def timestamp(moment: datetime) -> str:
 
 
 def parse_time(text: str | None) -> datetime | None:
-    """A time written by Kubernetes (or by :func:`timestamp`), or ``None``."""
-    if not text:
+    """A time written by Kubernetes (or by :func:`timestamp`), or ``None`` (for one without
+    a time zone too: it cannot be compared with the others)."""
+    if not isinstance(text, str) or not text:
         return None
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
+    return parsed if parsed.tzinfo is not None else None
 
 
 def key_of(document: Document) -> str:

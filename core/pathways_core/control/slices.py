@@ -230,21 +230,32 @@ def pending_status(document: Document, now: datetime, reason: str, message: str)
     return _status(document, "Pending", now, reason=reason, message=message)
 
 
+# How far ahead of the controller's clock a renewal stamp may be (the API's clock may run ahead).
+MAX_CLOCK_SKEW = timedelta(seconds=60)
+
+
 def renewal_stamp(moment: datetime) -> str:
     """How a renewal time is written (to the microsecond: a lease is a few seconds)."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def lease_expiry(document: Document) -> datetime | None:
+def lease_expiry(document: Document, now: datetime) -> datetime | None:
     """When a slice's lease runs out: ``spec.leaseSeconds`` after its last renewal (or its
-    creation); ``None`` for a slice without a lease."""
+    creation); ``None`` for a slice without a lease. A renewal stamp later than ``now`` by
+    more than MAX_CLOCK_SKEW was not written by a renewal (anyone who may edit the slice can
+    write one): the lease counts from the slice's creation."""
     seconds = (document.get("spec") or {}).get("leaseSeconds")
     if not isinstance(seconds, int) or isinstance(seconds, bool) or seconds <= 0:
         return None
     meta = document.get("metadata") or {}
     renewed = parse_time((meta.get("annotations") or {}).get(ANNOTATION_RENEWED_AT))
+    if renewed is not None and renewed > now + MAX_CLOCK_SKEW:
+        renewed = None
     start = renewed or parse_time(meta.get("creationTimestamp"))
-    return start + timedelta(seconds=seconds) if start is not None else None
+    try:
+        return start + timedelta(seconds=seconds) if start is not None else None
+    except OverflowError:  # a creation stamp at the end of time: the lease never runs out
+        return None
 
 
 def lease_expired(document: Document) -> bool:
@@ -282,7 +293,7 @@ def check_leases(
     for document in slices:
         if lease_expired(document) and not is_deleting(document):
             continue
-        expiry = None if is_deleting(document) else lease_expiry(document)
+        expiry = None if is_deleting(document) else lease_expiry(document, now)
         if expiry is not None and key_of(document) in named:
             expiry = None
         if expiry is not None and since is not None:
