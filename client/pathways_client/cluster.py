@@ -18,7 +18,6 @@ Three ways in:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -35,7 +34,7 @@ from pydantic import ValidationError
 
 from pathways_client.api_client import ApiCallError, ApiClient
 from pathways_client.errors import ConnectError, SliceError
-from pathways_client.island_client import IslandClient
+from pathways_client.island_client import IslandClient, check_share
 from pathways_client.slices import Slice
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.allocator import Allocator, Bound, IslandInventory, Request
@@ -141,8 +140,11 @@ class LeaseKeeper:
                 self._api.renew(name)
             except ApiCallError as error:
                 if error.status == 404 or (error.status == 409 and "ran out" in error.message):
-                    self.drop(name)  # gone, or its lease ran out: for good
-                    self._lost(name, error.message)
+                    with self._lock:
+                        held = name in self._names  # not released by the session meanwhile
+                    if held:
+                        self.drop(name)  # gone, or its lease ran out: for good
+                        self._lost(name, error.message)
                     continue
                 # Unreachable, throttled, restarting: the next round tries again.
                 with self._lock:
@@ -359,19 +361,17 @@ class Cluster:
             with self._direct.lock:
                 if self._direct.allocator is not None:
                     self._direct.allocator.release(self._direct_key(item.name))
-            if self.api is not None:
-                if self._leases is not None:
-                    self._leases.drop(item.name)
-                with contextlib.suppress(ApiCallError):  # already gone
-                    self.api.delete("virtualslices", item.name)
+            if self.api is not None and (failed := self._delete_slice(item.name)) is not None:
+                raise SliceError(failed)
 
     def _lease_lost(self, name: str, why: str) -> None:
         """A slice's lease ran out (or it went) while this session held it: it is unusable."""
         item = self._bound.get(name)
+        if item is None or item.released:
+            return  # this session released it itself meanwhile
         logger.warning("slice %r was released by the cluster: %s", name, why)
-        if item is not None:
-            item.lost = why
-            item.released = True
+        item.lost = why
+        item.released = True
 
     def check_lease(self, item: Slice) -> None:
         """SliceError if ``item``'s lease may have run out (see :meth:`LeaseKeeper.overdue`):
@@ -435,31 +435,39 @@ class Cluster:
             # Whatever stopped it (Ctrl-C, SIGTERM while it waited, even before the API's
             # answer to the submission came back): the slice goes, or it would bind later and
             # hold its devices and quota for no one.
-            if not refused:
-                self._delete_slice(name)
+            if not refused and (failed := self._delete_slice(name)) is not None:
+                logger.warning("%s", failed)
             if isinstance(error, ApiCallError):
                 raise SliceError(f"slice {name!r} was refused: {error}") from None
             raise
         self.islands[island_name] = endpoint
         return Slice(name, island_name, tuple(status["devices"]), shape, cluster=self)
 
-    def _delete_slice(self, name: str) -> None:
-        """Delete a slice whose request was interrupted, on a fresh connection if the one
-        in use fails (an interrupted request can leave it broken, and the slice would stay)."""
+    def _delete_slice(self, name: str) -> str | None:
+        """Delete a slice's VirtualSlice, on a fresh connection if the one in use fails (an
+        interrupted request can leave it broken, and the slice would stay); why it could not
+        be deleted, or None."""
         assert self.api is not None
         if self._leases is not None:
             self._leases.drop(name)
+        failure = ""
         for attempt in range(2):
             try:
                 self.api.delete("virtualslices", name)
-                return
+                return None
             except ApiCallError as error:
                 if error.status == 404:
-                    return  # gone already
-            except Exception:  # the connection pool itself, left broken
-                pass
+                    return None  # gone already
+                failure = str(error)
+            except Exception as error:  # the connection pool itself, left broken
+                failure = f"{type(error).__name__}: {error}"
             if attempt == 0:
                 self.api.reconnect()
+        lasts = "its lease runs out" if self._leases is not None else "it is deleted"
+        return (
+            f"slice {name!r} could not be deleted ({failure}): it holds its devices until "
+            f"{lasts}; delete it with `pathways delete {name} --kind virtualslices`"
+        )
 
     def _direct_key(self, name: str) -> str:
         # Sessions sharing one allocator name their slices alike ("slice-1"): keep them apart.
@@ -504,7 +512,10 @@ class Cluster:
             session.close()
         if self.api is not None:
             for item in list(self._bound.values()):
-                self.release(item)
+                try:
+                    self.release(item)
+                except SliceError as error:  # the others are still released
+                    logger.warning("%s", error)
             if self._leases is not None:
                 self._leases.stop()
             self.api.close()
@@ -550,6 +561,7 @@ def connect(
             f"lease_seconds must be whole seconds from {MIN_LEASE_SECONDS} to "
             f"{MAX_LEASE_SECONDS}, or None for slices held until deleted (got {lease_seconds!r})"
         )
+    check_share(1 if weight is None else weight, 0 if priority is None else priority, "connect")
     if islands is not None and not isinstance(islands, Mapping):
         raise TypeError(
             f"islands must map island names to scheduler endpoints, such as "
@@ -650,8 +662,8 @@ def _connect_api(
         {name: endpoint for name, endpoint in endpoints.items() if endpoint},
         client=client,
         tenant=tenant,
-        weight=weight or 1,
-        priority=priority or 0,
+        weight=1 if weight is None else weight,
+        priority=0 if priority is None else priority,
         api=api,
         lease_seconds=lease_seconds,
     )

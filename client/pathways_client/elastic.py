@@ -33,7 +33,7 @@ import grpc
 
 from pathways_client import tls
 from pathways_client.cluster import Cluster
-from pathways_client.errors import ConnectError, NodeFailed, PathwaysError
+from pathways_client.errors import ConnectError, NodeFailed, PathwaysError, SliceError
 from pathways_client.rpc import stub
 from pathways_client.slices import Slice
 from pathways_core.wire import EXECUTOR, pb
@@ -75,8 +75,9 @@ class Manager:
     def find_lost(self) -> list[Slice]:
         """Find which available slices lost devices; mark and return the newly lost. A slice is
         lost when an executor holding one of its devices was declared lost by its island's
-        scheduler or does not answer, or when the session with that scheduler ended (the
-        scheduler stopped: what the island held is gone)."""
+        scheduler or does not answer, when the session with that scheduler ended (the
+        scheduler stopped: what the island held is gone), or when the slice itself is unusable
+        (see :meth:`_unusable`: its lease ran out, it was deleted)."""
         with self._lock:
             dead: dict[str, set[int] | None] = {}  # None: the whole island
             for island in {item.island for item in self.available}:
@@ -90,9 +91,25 @@ class Manager:
                     for executor in session.info.executors
                     if executor.index not in known and not _answers(executor.endpoint)
                 }
-            newly = [item for item in self.available if self._touches(item, dead[item.island])]
+            newly = [
+                item
+                for item in self.available
+                if self._unusable(item) is not None or self._touches(item, dead[item.island])
+            ]
             self.lost.extend(newly)
             return newly
+
+    def _unusable(self, item: Slice) -> str | None:
+        """Why ``item`` cannot be used whatever its executors do: released (by the cluster, as
+        its lease ran out or it was deleted, or by this session), or its lease overdue (this
+        process was frozen or the API unreachable: its devices may be another's)."""
+        if released := _released(item):
+            return released
+        try:
+            self.cluster.check_lease(item)
+        except SliceError as error:
+            return str(error)
+        return None
 
     def find_returned(self) -> list[Slice]:
         """Find which lost slices came back; make them available again and return them. A
@@ -102,7 +119,7 @@ class Manager:
             returned = []
             for item in self.lost:
                 session = self.cluster.session(item.island)
-                if session.ended:
+                if session.ended or self._unusable(item) is not None:
                     continue
                 lost = session.lost_executors
                 holders = {session.device_owner.get(device) for device in item.devices}
@@ -147,13 +164,13 @@ class Manager:
 
     def _check_returnable(self, wanted: int) -> None:
         """SlicesLost at once if fewer than ``wanted`` slices can ever be available: a slice
-        whose island's session ended (its scheduler restarted) never comes back on this
-        connection, and waiting for it would wait for ever."""
+        whose island's session ended (its scheduler restarted), or that was released, never
+        comes back on this connection, and waiting for it would wait for ever."""
         with self._lock:
             ended = {
                 item.name: why
                 for item in self.lost
-                if (why := self.cluster.session(item.island).ended)
+                if (why := self.cluster.session(item.island).ended or _released(item))
             }
             if len(self.slices) - len(ended) >= wanted:
                 return
@@ -161,8 +178,8 @@ class Manager:
         reasons = "; ".join(f"{name}: {why}" for name, why in ended.items())
         raise SlicesLost(
             f"{len(self.slices) - len(ended)} of the {wanted} slices asked for can come back: "
-            f"the island sessions of {sorted(ended)} ended ({reasons}); connect again "
-            "(pw.connect) for new sessions and slices",
+            f"{sorted(ended)} are gone for good ({reasons}); connect again (pw.connect) for "
+            "new sessions and slices",
             gone,
         )
 
@@ -184,7 +201,8 @@ class Manager:
         it failed (found lost now, or by another function of this manager meanwhile): a
         computation failing (``NodeFailed``), the cluster unreachable (``ConnectError``), a
         result not computed in time (``TimeoutError``: a host stopped) or a nested retry
-        giving up (``SlicesLost``). Other failures are raised at once. Used bare
+        giving up (``SlicesLost``), a slice released by the cluster (``SliceError``: its
+        lease ran out, it was deleted). Other failures are raised at once. Used bare
         (``@manager.elastic_retry``), it retries 3 times."""
         if callable(max_retries):
             return self.elastic_retry()(max_retries)
@@ -206,7 +224,13 @@ class Manager:
                     began_with = self.available
                     try:
                         return function(*args, **kwargs)
-                    except (NodeFailed, ConnectError, SlicesLost, TimeoutError) as error:
+                    except (
+                        NodeFailed,
+                        ConnectError,
+                        SliceError,
+                        SlicesLost,
+                        TimeoutError,
+                    ) as error:
                         self.find_lost()
                         lost = [item for item in began_with if item in self.lost]
                         if not lost:
@@ -227,6 +251,13 @@ class Manager:
             return wrapper
 
         return decorate
+
+
+def _released(item: Slice) -> str:
+    """Why ``item`` was released for good, or ""."""
+    if item.lost is not None:
+        return f"released by the cluster: {item.lost}"
+    return "released by this session" if item.released else ""
 
 
 def _answers(endpoint: str) -> bool:

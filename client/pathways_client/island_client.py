@@ -109,6 +109,19 @@ class Submitted:
         self.done.result(timeout)
 
 
+def check_share(weight: int, priority: int, caller: str) -> None:
+    """ValueError naming ``caller``'s argument unless ``weight`` is an int from 1 to 2**31-1
+    and ``priority`` a 32-bit int (what a session's hello carries)."""
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight < 2**31:
+        raise ValueError(f"{caller}: weight: expected an int from 1 to 2**31-1, got {weight!r}")
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not -(2**31) <= priority < 2**31
+    ):
+        raise ValueError(f"{caller}: priority: expected a 32-bit int, got {priority!r}")
+
+
 class IslandClient:
     """One client session with an island's scheduler.
 
@@ -132,16 +145,7 @@ class IslandClient:
         tls: Tls | Literal["environment"] | None = "environment",
         connect_timeout: float = 60.0,
     ) -> None:
-        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight < 2**31:
-            raise ValueError(
-                f"IslandClient: weight: expected an int from 1 to 2**31-1, got {weight!r}"
-            )
-        if (
-            isinstance(priority, bool)
-            or not isinstance(priority, int)
-            or not -(2**31) <= priority < 2**31
-        ):
-            raise ValueError(f"IslandClient: priority: expected a 32-bit int, got {priority!r}")
+        check_share(weight, priority, "IslandClient")
         self.client = island_client_name(client)
         self.endpoint = endpoint
         self._tls = load() if tls == "environment" else tls

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from pathways_client.cluster import Cluster
 
 AXIS_NAMES = ("x", "y", "z", "w")
+logger = logging.getLogger("pathways.client")
 
 
 @dataclass(eq=False)
@@ -69,12 +71,18 @@ class Slice:
         return self.cluster
 
     def release(self) -> None:
-        """Give the devices back (idempotent)."""
+        """Give the devices back (idempotent). ``SliceError`` when its VirtualSlice could not
+        be deleted (the API unreachable): the message says how long it holds its devices."""
         if self.cluster is not None:
             self.cluster.release(self)
 
     def __enter__(self) -> Slice:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        try:
+            self.release()
+        except SliceError as error:
+            if kind is None:
+                raise
+            logger.warning("%s", error)  # the error that ended the block is the one raised

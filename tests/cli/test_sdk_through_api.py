@@ -196,3 +196,10 @@ def test_a_session_frozen_past_its_lease_is_told_its_slice_is_gone(
     for bad in (1, 5.5, "60", True):
         with pytest.raises(ValueError, match=r"lease_seconds must be whole seconds from 5 to 864"):
             pw.connect(state=embedded_state, tenant="team-a", lease_seconds=bad)  # type: ignore[arg-type]
+    # A bad share was taken, then named as an island that "did not answer", or made 1.
+    for share, message in (
+        ({"weight": 0}, "weight: expected"),
+        ({"priority": 2**40}, "priority: expected a 32-bit"),
+    ):
+        with pytest.raises(ValueError, match=f"connect: {message}"):
+            pw.connect(state=embedded_state, tenant="team-a", **share)  # type: ignore[arg-type]

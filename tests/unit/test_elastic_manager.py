@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 import pathways_client.elastic as elastic
-from pathways_client.errors import NodeFailed
+from pathways_client.errors import NodeFailed, SliceError
 from pathways_client.slices import Slice
 from pathways_core.wire import pb
 
@@ -39,9 +39,14 @@ class Session:
 @dataclass
 class Cluster:
     sessions: dict[str, Session]
+    overdue: dict[str, str] = field(default_factory=dict)  # slice -> why its lease may be out
 
     def session(self, island: str) -> Session:
         return self.sessions[island]
+
+    def check_lease(self, item: Slice) -> None:
+        if item.name in self.overdue:
+            raise SliceError(f"slice {item.name!r} cannot be used: {self.overdue[item.name]}")
 
 
 def slices() -> list[Slice]:
@@ -206,7 +211,7 @@ def test_waiting_for_slices_whose_session_ended_fails_at_once(answering) -> None
         elastic.SlicesLost, match=r"1 of the 2 slices asked for can come back"
     ) as lost:
         manager.wait_for_slices(timeout=5, poll_interval=0.1)  # (5 s: it waited them out)
-    assert "['b'] ended (b: the scheduler restarted); connect again" in str(lost.value)
+    assert "['b'] are gone for good (b: the scheduler restarted); connect again" in str(lost.value)
     assert [item.name for item in lost.value.lost] == ["b"]
 
 
@@ -250,3 +255,34 @@ def test_wait_for_slices_checks_its_count(count, message) -> None:
     manager = elastic.Manager(Cluster({"one": Session()}), slices())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=message):
         manager.wait_for_slices(count=count, timeout=0)
+
+
+def test_a_slice_the_cluster_released_is_lost_for_good_and_retried(answering) -> None:
+    """A slice whose lease ran out, or that was deleted, failed the function with SliceError,
+    raised at once: it was not taken for a loss, and waits counted it as available."""
+    cluster = Cluster({"one": Session()})
+    manager = elastic.Manager(cluster, slices())  # type: ignore[arg-type]
+    calls = []
+
+    @manager.elastic_retry(max_retries=1)
+    def train() -> list[str]:
+        calls.append([item.name for item in manager.available])
+        if len(calls) == 1:
+            manager.slices[0].lost = "no virtual slice named 'a'"
+            manager.slices[0].released = True
+            raise SliceError("slice 'a' was released by the cluster: no virtual slice named 'a'")
+        return calls[-1]
+
+    assert train() == ["b"] and calls == [["a", "b"], ["b"]]
+    assert manager.find_returned() == []  # never comes back, whatever its executors do
+    with pytest.raises(elastic.SlicesLost, match=r"\['a'\] are gone for good \(a: released by"):
+        manager.wait_for_slices(timeout=5, poll_interval=0.1)
+
+
+def test_a_slice_whose_lease_is_overdue_is_lost_until_it_is_renewed(answering) -> None:
+    cluster = Cluster({"one": Session()}, overdue={"b": "its lease was last renewed 20 s ago"})
+    manager = elastic.Manager(cluster, slices())  # type: ignore[arg-type]
+    assert [item.name for item in manager.find_lost()] == ["b"]
+    assert manager.find_returned() == []
+    cluster.overdue.clear()  # a renewal went through: its devices were never given away
+    assert [item.name for item in manager.find_returned()] == ["b"]

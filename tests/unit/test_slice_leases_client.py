@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from pathways_client.api_client import ApiCallError
-from pathways_client.cluster import LeaseKeeper
+from pathways_client.cluster import Cluster, LeaseKeeper
 from pathways_client.errors import SliceError
 from pathways_client.proxy.errors import ProxyError
 from pathways_client.proxy.island import IslandSession
+from pathways_client.slices import Slice
 
 
 class Api:
@@ -79,3 +80,55 @@ def test_a_proxy_session_on_a_slice_it_may_no_longer_hold_answers_unavailable() 
     with pytest.raises(ProxyError) as caught:
         session.island  # noqa: B018
     assert caught.value.code == "UNAVAILABLE" and "last renewed 61 s ago" in str(caught.value)
+
+
+def test_a_slice_released_while_its_renewal_was_in_flight_is_not_lost() -> None:
+    """A session closing deleted its slices under a renewal round, which then warned that the
+    cluster had released them."""
+    lost: list[tuple[str, str]] = []
+    keeper = LeaseKeeper(Api(), 5, lambda *given: lost.append(given))
+    keeper._thread = object()  # type: ignore[assignment]  # renewed by hand here
+    keeper.hold("s", time.monotonic())
+
+    def renew(name: str) -> dict:
+        keeper.drop(name)  # the session released it meanwhile
+        raise ApiCallError(404, "NotFound", "no virtual slice named 's'", None)
+
+    keeper._api.renew = renew  # type: ignore[method-assign]
+    keeper.renew_all()
+    assert lost == []
+
+
+class Unreachable:
+    """An API that answers no deletion."""
+
+    def __init__(self) -> None:
+        self.deletions = 0
+
+    def delete(self, kind: str, name: str) -> None:
+        self.deletions += 1
+        raise ApiCallError(0, "Unreachable", "http://api: timed out", None)
+
+    def reconnect(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_release_the_api_did_not_take_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """It returned as if the slice were gone, which held its devices until deleted."""
+    api = Unreachable()
+    held = {name: Slice(name, "a", (0,), (1,)) for name in ("s", "t")}
+    cluster = Cluster({}, api=api, bound=held, lease_seconds=None)  # type: ignore[arg-type]
+    with pytest.raises(
+        SliceError,
+        match=r"slice 's' could not be deleted \(Unreachable: .*\): "
+        r"it holds its devices until it is deleted; delete it with `pathways "
+        r"delete s --kind virtualslices`",
+    ):
+        held["s"].release()
+    assert api.deletions == 2  # once more on a fresh connection
+    # Closing the session tries every slice and says which it could not delete.
+    cluster.close()
+    assert "slice 't' could not be deleted" in caplog.text
