@@ -431,6 +431,14 @@ class Cluster:
             )
             if not endpoint:
                 raise SliceError(f"island {island_name!r} of slice {name!r} has no scheduler yet")
+            ended = self._sessions.get(island_name)
+            if ended is not None and ended.ended:
+                # Its first call would fail: the slice would hold devices and quota for no one.
+                raise ConnectError(
+                    f"slice {name!r} was bound on island {island_name!r}, whose session with "
+                    f"this connection ended ({ended.ended}): connect again (pw.connect) for a "
+                    "new session and slices"
+                )
         except BaseException as error:
             # Whatever stopped it (Ctrl-C, SIGTERM while it waited, even before the API's
             # answer to the submission came back): the slice goes, or it would bind later and
@@ -554,7 +562,7 @@ def connect(
     """
     if lease_seconds is not None and (
         isinstance(lease_seconds, bool)
-        or not isinstance(lease_seconds, int)
+        or not isinstance(lease_seconds, int | np.integer)
         or not MIN_LEASE_SECONDS <= lease_seconds <= MAX_LEASE_SECONDS
     ):
         raise ValueError(
@@ -562,6 +570,7 @@ def connect(
             f"{MAX_LEASE_SECONDS}, or None for slices held until deleted (got {lease_seconds!r})"
         )
     check_share(1 if weight is None else weight, 0 if priority is None else priority, "connect")
+    lease_seconds = None if lease_seconds is None else int(lease_seconds)  # np.int64 too
     if islands is not None and not isinstance(islands, Mapping):
         raise TypeError(
             f"islands must map island names to scheduler endpoints, such as "

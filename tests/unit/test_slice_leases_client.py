@@ -11,7 +11,7 @@ import pytest
 
 from pathways_client.api_client import ApiCallError
 from pathways_client.cluster import Cluster, LeaseKeeper
-from pathways_client.errors import SliceError
+from pathways_client.errors import ConnectError, SliceError
 from pathways_client.proxy.errors import ProxyError
 from pathways_client.proxy.island import IslandSession
 from pathways_client.slices import Slice
@@ -132,3 +132,35 @@ def test_a_release_the_api_did_not_take_says_so(caplog: pytest.LogCaptureFixture
     # Closing the session tries every slice and says which it could not delete.
     cluster.close()
     assert "slice 't' could not be deleted" in caplog.text
+
+
+class Binding:
+    """An API that binds every slice on island ``a`` and records deletions."""
+
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    def submit(self, document: dict) -> dict:
+        return document
+
+    def get(self, kind: str, name: str) -> dict:
+        if kind == "islands":
+            return {"status": {"schedulerEndpoint": "127.0.0.1:1"}}
+        return {"status": {"phase": "Bound", "island": "a", "devices": [0]}}
+
+    def delete(self, kind: str, name: str) -> None:
+        self.deleted.append(name)
+
+
+def test_a_slice_bound_on_an_island_whose_session_ended_goes_at_once() -> None:
+    """It was bound, holding devices and quota, and failed only at its first call."""
+    api = Binding()
+    cluster = Cluster({}, api=api, lease_seconds=None)  # type: ignore[arg-type]
+    cluster._sessions["a"] = SimpleNamespace(ended="the scheduler restarted")  # type: ignore[assignment]
+    with pytest.raises(
+        ConnectError,
+        match=r"bound on island 'a', whose session with this "
+        r"connection ended \(the scheduler restarted\): connect again",
+    ):
+        cluster.slice(devices=1, name="late")
+    assert api.deleted == ["late"]
