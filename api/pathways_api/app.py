@@ -192,6 +192,14 @@ async def tenant(
 
 Caller = Annotated[Tenant, Depends(tenant)]
 Api = Annotated[Service, Depends(service)]
+# A holder names the object it holds: one made since under its name is another's.
+Uid = Annotated[
+    str | None,
+    Query(
+        max_length=64,
+        description="Only the object of this uid: another made since under its name is 404.",
+    ),
+]
 Name = Annotated[str, Query(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)]
 IdempotencyKey = Annotated[
     str | None,
@@ -635,12 +643,12 @@ def _routes() -> Any:
         return JSONResponse({"items": await api.events(caller, SLICE, name)})
 
     @r.post("/v1/virtualslices/{name}/renew", response_model=VirtualSlice)
-    async def renew_slice(name: str, caller: Caller, api: Api) -> JSONResponse:
-        return JSONResponse(await api.renew_slice(caller, name))
+    async def renew_slice(name: str, caller: Caller, api: Api, uid: Uid = None) -> JSONResponse:
+        return JSONResponse(await api.renew_slice(caller, name, uid))
 
     @r.delete("/v1/virtualslices/{name}", response_model=VirtualSlice)
-    async def release_slice(name: str, caller: Caller, api: Api) -> JSONResponse:
-        return JSONResponse(await api.delete(caller, SLICE, name))
+    async def release_slice(name: str, caller: Caller, api: Api, uid: Uid = None) -> JSONResponse:
+        return JSONResponse(await api.delete(caller, SLICE, name, uid))
 
     # islands
     @r.get("/v1/islands", response_model=IslandList)

@@ -69,6 +69,7 @@ from pathways_api.store import (
     check_changeable,
     check_quota,
     check_renewable,
+    check_uid,
     is_active,
     renewed,
 )
@@ -447,13 +448,15 @@ class KubernetesStore:
             patch,
         )
 
-    async def renew(self, namespace: str, name: str, now: datetime.datetime) -> Document:
+    async def renew(
+        self, namespace: str, name: str, now: datetime.datetime, uid: str | None = None
+    ) -> Document:
         """See :meth:`~pathways_api.store.Store.renew`."""
         return await self._patch_checked(
             SLICE,
             namespace,
             name,
-            lambda document: check_renewable(document, name, now),
+            lambda document: check_renewable(document, name, now, uid),
             renewed({"metadata": {}}, now),
         )
 
@@ -482,12 +485,17 @@ class KubernetesStore:
         noun = {PROGRAM: "program", SLICE: "virtual slice"}[kind]
         raise Conflict(f"{noun} {name!r} keeps changing; try again", field="name")
 
-    async def delete(self, kind: str, namespace: str, name: str) -> Document:
-        """See :meth:`~pathways_api.store.Store.delete`."""
+    async def delete(
+        self, kind: str, namespace: str, name: str, uid: str | None = None
+    ) -> Document:
+        """See :meth:`~pathways_api.store.Store.delete`: the API server checks ``uid`` again
+        as it deletes (a precondition)."""
         document = await self.get(kind, namespace, name)
         if document is None:
             raise NotFound(f"no {kind} named {name!r}", field="name")
-        await self._call("DELETE", self._path(kind, namespace, name))
+        check_uid(document, kind, name, uid)
+        options = {"json": {"preconditions": {"uid": uid}}} if uid else {}
+        await self._call("DELETE", self._path(kind, namespace, name), **options)
         return document
 
     async def usage(self, namespace: str) -> Usage:

@@ -25,6 +25,7 @@ from pathways_api.store import (
     Admission,
     Page,
     Store,
+    check_uid,
     decode_token,
     encode_token,
 )
@@ -227,11 +228,15 @@ class Service:
         it can resume) or resume it (its next run starts, a driver from its checkpoint)."""
         return await self.store.suspend(tenant.name, name, suspend)
 
-    async def delete(self, tenant: Tenant, kind: str, name: str) -> Document:
+    async def delete(
+        self, tenant: Tenant, kind: str, name: str, uid: str | None = None
+    ) -> Document:
         """Delete a program, or release a virtual slice (not one a program made for itself:
-        the program would only make it again, stopping its run each time)."""
+        the program would only make it again, stopping its run each time); with ``uid``,
+        only that object."""
         if kind == SLICE:
             document = await self._get(SLICE, tenant.name, name)
+            check_uid(document, "virtual slice", name, uid)
             owners = (document["metadata"].get("ownerReferences")) or []
             program = next((o["name"] for o in owners if o.get("kind") == PROGRAM), None)
             if program is not None:
@@ -240,12 +245,13 @@ class Service:
                     "it: delete, cancel or suspend the program instead",
                     field="name",
                 )
-        return await self.store.delete(kind, tenant.name, name)
+        return await self.store.delete(kind, tenant.name, name, uid)
 
-    async def renew_slice(self, tenant: Tenant, name: str) -> Document:
+    async def renew_slice(self, tenant: Tenant, name: str, uid: str | None = None) -> Document:
         """Renew the lease of one of the tenant's slices (``spec.leaseSeconds``): its holder
-        still uses it. The time is the API's, not the caller's (whose clock may be off)."""
-        return await self.store.renew(tenant.name, name, now_utc())
+        still uses it. The time is the API's, not the caller's (whose clock may be off). With
+        ``uid``, only that slice (not one made since under its name)."""
+        return await self.store.renew(tenant.name, name, now_utc(), uid)
 
     async def events(self, tenant: Tenant, kind: str, name: str) -> list[dict[str, Any]]:
         """The Events of one of the tenant's objects."""

@@ -122,11 +122,16 @@ class Store(Protocol):
         or was cancelled. Setting it to what it is already changes nothing."""
         ...
 
-    async def delete(self, kind: str, namespace: str, name: str) -> Document:
-        """Ask for deletion (the manager releases what it holds, then removes it)."""
+    async def delete(
+        self, kind: str, namespace: str, name: str, uid: str | None = None
+    ) -> Document:
+        """Ask for deletion (the manager releases what it holds, then removes it); with
+        ``uid``, only of that object (see :func:`check_uid`)."""
         ...
 
-    async def renew(self, namespace: str, name: str, now: datetime) -> Document:
+    async def renew(
+        self, namespace: str, name: str, now: datetime, uid: str | None = None
+    ) -> Document:
         """Renew a slice's lease at ``now`` (see :func:`check_renewable`)."""
         ...
 
@@ -204,20 +209,36 @@ def check_changeable(document: Document | None, name: str, action: str) -> Docum
     return document
 
 
-def check_renewable(document: Document | None, name: str, now: datetime) -> Document:
+def check_uid(document: Document | None, kind: str, name: str, uid: str | None) -> None:
+    """NotFound if ``uid`` is given and ``document`` is another object of its name: the one
+    the caller holds was deleted, and this one made since (renewing or deleting it would
+    take over or end someone else's)."""
+    if document is not None and uid and document["metadata"].get("uid") != uid:
+        raise NotFound(
+            f"no {kind} named {name!r} of uid {uid!r}: it was deleted, and the one of its name "
+            "was made since",
+            field="uid",
+        )
+
+
+def check_renewable(
+    document: Document | None, name: str, now: datetime, uid: str | None = None
+) -> Document:
     """The slice ``document`` if its lease may be renewed at ``now``: NotFound when absent or
-    being deleted, Conflict when it has no lease or its lease ran out (even if the controller
-    has not released it yet: a renewal then would race the release)."""
+    being deleted, Conflict when it has no lease or the controller released it for its lease.
+    A lease past its length is still renewed until then: the controller decides (it holds a
+    slice a program names, and gives holders a lease's length after it starts), and its
+    release, a compare-and-set on the slice, fails once a renewal changed it."""
     if document is None or document["metadata"].get("deletionTimestamp"):
         raise NotFound(f"no virtual slice named {name!r}", field="name")
-    expiry = lease_expiry(document, now)
-    if lease_expired(document) or (expiry is not None and expiry <= now):
+    check_uid(document, "virtual slice", name, uid)
+    if lease_expired(document):
         raise Conflict(
             f"the lease of virtual slice {name!r} ran out and its devices are released: "
             "delete it and create a new slice",
             field="name",
         )
-    if expiry is None:
+    if lease_expiry(document, now) is None:
         raise Conflict(
             f"virtual slice {name!r} has no spec.leaseSeconds: it is held until deleted, "
             "with no lease to renew",
@@ -594,8 +615,11 @@ class SqliteStore:
             for run in range(1, runs + 1):
                 self.log_path(namespace or "", f"{name}-run-{run}").unlink(missing_ok=True)
 
-    def mark_deleting(self, kind: str, namespace: str | None, name: str) -> Document | None:
-        """Set deletionTimestamp (idempotent); ``None`` if absent."""
+    def mark_deleting(
+        self, kind: str, namespace: str | None, name: str, uid: str | None = None
+    ) -> Document | None:
+        """Set deletionTimestamp (idempotent); ``None`` if absent; NotFound if ``uid`` is
+        given and the object is another (see :func:`check_uid`)."""
         with self._transaction() as db:
             row = db.execute(
                 "SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?",
@@ -604,6 +628,7 @@ class SqliteStore:
             if row is None:
                 return None
             document = self._parsed(row[0], kind, namespace, name)
+            check_uid(document, kind, name, uid)
             if document["metadata"].get("deletionTimestamp"):
                 return document
             document["metadata"]["deletionTimestamp"] = now_text()
@@ -805,18 +830,22 @@ class SqliteStore:
                 return done
         raise Conflict(f"program {name!r} keeps changing; try again", field="name")
 
-    async def delete(self, kind: str, namespace: str, name: str) -> Document:
+    async def delete(
+        self, kind: str, namespace: str, name: str, uid: str | None = None
+    ) -> Document:
         """See :meth:`Store.delete`."""
-        document = self.mark_deleting(kind, namespace, name)
+        document = self.mark_deleting(kind, namespace, name, uid)
         if document is None:
             raise NotFound(f"no {kind} named {name!r}", field="name")
         return document
 
-    async def renew(self, namespace: str, name: str, now: datetime) -> Document:
+    async def renew(
+        self, namespace: str, name: str, now: datetime, uid: str | None = None
+    ) -> Document:
         """See :meth:`Store.renew`: compare-and-set, so the check holds for what is renewed;
         the slice stays settled (a renewal is no work for the manager)."""
         for _ in range(10):
-            document = check_renewable(self.read(SLICE, namespace, name), name, now)
+            document = check_renewable(self.read(SLICE, namespace, name), name, now, uid)
             done = self.replace(document, lambda stored: renewed(stored, now))
             if done is not None:
                 return done

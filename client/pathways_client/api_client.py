@@ -180,14 +180,20 @@ class ApiClient:
         """Resume a suspended program: its next run starts once its slices are bound."""
         return self.call("POST", _path("programs", name, "resume"))
 
-    def delete(self, collection: str, name: str) -> dict[str, Any]:
-        """Delete a program or release a virtual slice."""
-        return self.call("DELETE", _path(collection, name))
+    def delete(self, collection: str, name: str, uid: str | None = None) -> dict[str, Any]:
+        """Delete a program or release a virtual slice; with ``uid``, only that object (not
+        one made since under its name: 404)."""
+        params = {"uid": uid} if uid else {}
+        return self.call("DELETE", _path(collection, name), params=params)
 
-    def renew(self, name: str) -> dict[str, Any]:
-        """Renew a virtual slice's lease (``spec.leaseSeconds``): its holder still uses it."""
+    def renew(self, name: str, uid: str | None = None) -> dict[str, Any]:
+        """Renew a virtual slice's lease (``spec.leaseSeconds``): its holder still uses it;
+        with ``uid``, only that slice (not one made since under its name: 404)."""
+        params = {"uid": uid} if uid else {}
         # Twice is as once: retried when throttled (a tenant's burst must not cost its leases).
-        return self.call("POST", _path("virtualslices", name, "renew"), idempotent=True)
+        return self.call(
+            "POST", _path("virtualslices", name, "renew"), idempotent=True, params=params
+        )
 
     def logs(self, name: str) -> str:
         """A program's output (its last 16 MiB, when there is more)."""

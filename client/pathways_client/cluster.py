@@ -78,17 +78,20 @@ class LeaseKeeper:
         self._api = api
         self._lost = lost
         self._names: set[str] = set()
+        self._uids: dict[str, str | None] = {}  # renewed as that object only
         self._renewed: dict[str, float] = {}  # monotonic: when the last renewal was asked
         self._failure: dict[str, str] = {}  # why the last renewal of a slice failed
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def hold(self, name: str, since: float) -> None:
-        """Renew ``name`` from now on; its lease began at ``since`` (monotonic, before the
-        request that made it was sent: no later than the cluster's start of it)."""
+    def hold(self, name: str, since: float, uid: str | None = None) -> None:
+        """Renew ``name`` (the object ``uid``, when known) from now on; its lease began at
+        ``since`` (monotonic, before the request that made it was sent: no later than the
+        cluster's start of it)."""
         with self._lock:
             self._names.add(name)
+            self._uids[name] = uid
             self._renewed[name] = since
             if self._thread is None and not self._stop.is_set():
                 self._api = self._api.another()
@@ -101,6 +104,7 @@ class LeaseKeeper:
         """Renew ``name`` no more (released or given up)."""
         with self._lock:
             self._names.discard(name)
+            self._uids.pop(name, None)
             self._renewed.pop(name, None)
             self._failure.pop(name, None)
 
@@ -132,12 +136,13 @@ class LeaseKeeper:
         """Renew every held lease once."""
         with self._lock:
             names = sorted(self._names)
+            uids = dict(self._uids)
         for name in names:
             if self._stop.is_set():
                 return
             asked = time.monotonic()  # before the API stamps it: never later than the API's
             try:
-                self._api.renew(name)
+                self._api.renew(name, uids.get(name))
             except ApiCallError as error:
                 if error.status == 404 or (error.status == 409 and "ran out" in error.message):
                     with self._lock:
@@ -361,7 +366,7 @@ class Cluster:
             with self._direct.lock:
                 if self._direct.allocator is not None:
                     self._direct.allocator.release(self._direct_key(item.name))
-            if self.api is not None and (failed := self._delete_slice(item.name)) is not None:
+            if self.api is not None and (failed := self._delete_slice(item.name, item.uid)):
                 raise SliceError(failed)
 
     def _lease_lost(self, name: str, why: str) -> None:
@@ -402,15 +407,16 @@ class Cluster:
             "spec": spec,
         }
         refused = False  # the API refused the submission: nothing of it to delete
+        uid = None  # of the VirtualSlice made: one made later under its name is another's
         asked = time.monotonic()  # the lease begins no earlier than this
         try:
             try:
-                self.api.submit(document)
+                uid = (self.api.submit(document).get("metadata") or {}).get("uid")
             except ApiCallError:
                 refused = True
                 raise
             if self._leases is not None:  # while it waits too: it would be released
-                self._leases.hold(name, asked)
+                self._leases.hold(name, asked, uid)
             deadline = time.monotonic() + timeout
             while True:
                 status = self.api.get("virtualslices", name).get("status") or {}
@@ -443,25 +449,26 @@ class Cluster:
             # Whatever stopped it (Ctrl-C, SIGTERM while it waited, even before the API's
             # answer to the submission came back): the slice goes, or it would bind later and
             # hold its devices and quota for no one.
-            if not refused and (failed := self._delete_slice(name)) is not None:
+            if not refused and (failed := self._delete_slice(name, uid)) is not None:
                 logger.warning("%s", failed)
             if isinstance(error, ApiCallError):
                 raise SliceError(f"slice {name!r} was refused: {error}") from None
             raise
         self.islands[island_name] = endpoint
-        return Slice(name, island_name, tuple(status["devices"]), shape, cluster=self)
+        return Slice(name, island_name, tuple(status["devices"]), shape, cluster=self, uid=uid)
 
-    def _delete_slice(self, name: str) -> str | None:
-        """Delete a slice's VirtualSlice, on a fresh connection if the one in use fails (an
-        interrupted request can leave it broken, and the slice would stay); why it could not
-        be deleted, or None."""
+    def _delete_slice(self, name: str, uid: str | None) -> str | None:
+        """Delete a slice's VirtualSlice (the object ``uid``, when known: not one made since
+        under its name), on a fresh connection if the one in use fails (an interrupted
+        request can leave it broken, and the slice would stay); why it could not be deleted,
+        or None."""
         assert self.api is not None
         if self._leases is not None:
             self._leases.drop(name)
         failure = ""
         for attempt in range(2):
             try:
-                self.api.delete("virtualslices", name)
+                self.api.delete("virtualslices", name, uid)
                 return None
             except ApiCallError as error:
                 if error.status == 404:

@@ -32,6 +32,8 @@ class Slice:
     """Its devices were given back: they may be another slice's now."""
     lost: str | None = field(default=None, repr=False)
     """Why the cluster released it while this session held it (its lease ran out)."""
+    uid: str | None = field(default=None, repr=False)
+    """Its VirtualSlice's uid (through the API): renewed and deleted as that object only."""
 
     def __post_init__(self) -> None:
         if math.prod(self.shape) != len(self.devices):

@@ -12,10 +12,10 @@ overwritten, and the pass is run again.
 
 Passes run in tasks of the binder's own, which a caller's cancellation does not reach: kopf
 cancels a handler whose object went or whose filter stopped matching, and a pass cut there
-left its bindings, Events and devices-free figures half written, with no pass after it. After
-each pass the binder sets a timer for the plan's next lease expiry (``next_expiry``): no
-renewal needs a pass, and a lease shortened, or held by a program, is timed as the pass
-decides it.
+left its bindings, Events and devices-free figures half written, with no pass after it. Each
+pass keeps the plan's next lease expiry, which :meth:`Binder.expiry_due` waits for (in a kopf
+daemon: a replica paused for a peer runs no pass): no renewal needs a pass, and a lease
+shortened, or held by a program, is timed as the pass decides it.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ class Binder:
         # failover), its expiry would not have been seen anyway.
         self._started = now_utc()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._expiry_timer: asyncio.TimerHandle | None = None
-        self._closed = False
+        self._next_expiry: datetime | None = None
+        self._expiry_moved = asyncio.Event()
 
     async def sync(self, fresher_than: float | None = None) -> None:
         """Return once a pass that started after this call has completed; with
@@ -83,11 +83,24 @@ class Binder:
         self._requested += 1
         await asyncio.shield(self._spawn(self._serve(self._requested)))
 
+    async def expiry_due(self) -> None:
+        """Return once the next lease expiry of the last plan has passed (at once if it has;
+        never while no plan has one), following it as passes move it."""
+        while True:
+            moved, expiry = self._expiry_moved, self._next_expiry
+            if expiry is None:
+                await moved.wait()
+                continue
+            wait = (expiry - now_utc()).total_seconds() + LEASE_MARGIN_SECONDS
+            if wait <= 0:
+                return
+            try:
+                await asyncio.wait_for(moved.wait(), wait)
+            except TimeoutError:
+                return
+
     async def close(self) -> None:
-        """Stop the expiry timer and any pass still running (the operator stops)."""
-        self._closed = True
-        if self._expiry_timer is not None:
-            self._expiry_timer.cancel()
+        """Stop any pass still running (the operator stops)."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -97,28 +110,16 @@ class Binder:
         self._tasks.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._tasks.discard)
         # Retrieved here: a caller cancelled meanwhile never awaits it (its error is logged by
-        # the callers that do, and by _expire).
+        # the callers that do).
         task.add_done_callback(lambda done: done.cancelled() or done.exception())
         return task
 
-    def _time_expiry(self, expiry: datetime | None) -> None:
-        """A pass at ``expiry`` (the plan's next lease expiry), instead of the one timed
-        before."""
-        if self._expiry_timer is not None:
-            self._expiry_timer.cancel()
-            self._expiry_timer = None
-        if expiry is None or self._closed:
-            return
-        delay = max((expiry - now_utc()).total_seconds(), 0.0) + LEASE_MARGIN_SECONDS
-        self._expiry_timer = asyncio.get_running_loop().call_later(
-            delay, lambda: self._spawn(self._expire())
-        )
-
-    async def _expire(self) -> None:
-        try:
-            await self.sync()
-        except Exception:  # the next event or resync runs the pass again
-            logger.exception("binding pass at a lease's expiry failed")
+    def _keep_expiry(self, expiry: datetime | None) -> None:
+        """The plan's next lease expiry, waking the waits of :meth:`expiry_due` if it moved."""
+        if expiry != self._next_expiry:
+            self._next_expiry = expiry
+            self._expiry_moved.set()
+            self._expiry_moved = asyncio.Event()
 
     async def _serve(self, ticket: int) -> None:
         async with self._lock:
@@ -162,7 +163,7 @@ class Binder:
             leases_since=self._started,
         )
         self.last_plan = plan
-        self._time_expiry(plan.next_expiry)
+        self._keep_expiry(plan.next_expiry)
         again = plan.needs_another_pass
         ordered = plan.ordered()
         for stage in Stage:

@@ -4,8 +4,8 @@
 Every handler is idempotent and level-triggered: it reads the current objects, never trusts
 the event that woke it, and writes only what differs. Children have deterministic names, so a
 handler that runs twice finds what the first one created. Daemons reconcile islands and
-programs again every ``PATHWAYS_RESYNC_SECONDS`` in case an event was missed (the binder
-times the pass at a slice's lease expiry itself).
+programs again every ``PATHWAYS_RESYNC_SECONDS`` in case an event was missed, and run a
+binding pass when a slice's lease runs out.
 """
 
 from __future__ import annotations
@@ -371,6 +371,28 @@ async def island_resync(name: str, memo: kopf.Memo, **_: Any) -> None:
     await _resync(memo, work)
 
 
+@kopf.daemon(GROUP, VERSION, "islands", cancellation_timeout=CANCEL_SECONDS)
+async def lease_expiries(memo: kopf.Memo, **_: Any) -> None:
+    """A binding pass at each lease's expiry, which the binder's last plan gives: in daemons,
+    so that a replica paused for a peer runs none (kopf cancels them; a loop timer ran on,
+    releasing and binding beside the leader). One per island, their passes coalesce; a
+    failed pass is tried again with a backoff, not left to the resync."""
+    failures = 0
+    try:
+        while not memo.stopping.is_set():
+            await memo.binder.expiry_due()
+            try:
+                await memo.binder.sync()
+            except Exception:
+                failures += 1
+                logger.exception("binding pass at a lease's expiry failed; trying again")
+                await asyncio.sleep(min(2.0**failures, _resync_interval(memo)))
+            else:
+                failures = 0
+    except asyncio.CancelledError:
+        return  # the island went, the operator pauses for a peer or stops
+
+
 @kopf.on.delete(GROUP, VERSION, "islands")
 async def island_deleted(name: str, memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
     """Delete the island's pods (also owned by it, for clusters that garbage-collect) and
@@ -549,25 +571,30 @@ def _recheck(memo: kopf.Memo, namespace: str, name: str, delay: float) -> None:
 async def program_event(
     type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **_: Any
 ) -> None:
-    """Any change of a program: reconcile it. A program that finished or went lets go of
-    the VirtualSlices it names: a pass then times their leases again (held by the program,
-    they had none)."""
+    """Any change of a program: reconcile it. A program that lets go of a VirtualSlice it
+    named (it finished, went, or no longer names it) gets a pass, which times the slice's
+    lease again (held by the program, it had none)."""
     if type != "DELETED":
         await _guard("program", reconcile(memo, namespace, name))
     phase = (body.get("status") or {}).get("phase")
     done = type == "DELETED" or is_deleting(body) or phase in ("Succeeded", "Failed")
-    key = f"program-done/{namespace}/{name}"
-    if done and _names_slices(body) and key not in memo.seen:
-        memo.seen[key] = True
+    held = frozenset() if done else _named_slices(body)
+    key = f"program-holds/{namespace}/{name}"
+    before = memo.seen.pop(key, None) if type == "DELETED" else memo.seen.get(key)
+    if type != "DELETED":
+        memo.seen[key] = held
+    if before and before - held:
         await _guard("binding", memo.binder.sync())
-    if type == "DELETED":
-        memo.seen.pop(key, None)
 
 
-def _names_slices(program: kopf.Body) -> bool:
-    """Whether the program names VirtualSlices of its own (``virtualSliceName``)."""
+def _named_slices(program: kopf.Body) -> frozenset[str]:
+    """The VirtualSlices the program names (``virtualSliceName``)."""
     slices = (program.get("spec") or {}).get("slices") or []
-    return any(isinstance(item, dict) and item.get("virtualSliceName") for item in slices)
+    return frozenset(
+        item["virtualSliceName"]
+        for item in slices
+        if isinstance(item, dict) and item.get("virtualSliceName")
+    )
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_PROGRAM: kopf.PRESENT})

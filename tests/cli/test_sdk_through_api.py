@@ -203,3 +203,42 @@ def test_a_session_frozen_past_its_lease_is_told_its_slice_is_gone(
     ):
         with pytest.raises(ValueError, match=f"connect: {message}"):
             pw.connect(state=embedded_state, tenant="team-a", **share)  # type: ignore[arg-type]
+
+
+def test_a_slice_deleted_and_made_again_under_its_name_is_not_the_holders(
+    embedded_state: Path,
+) -> None:
+    """The holder renewed by name: it renewed the new slice (someone else's) for ever, ran on
+    its devices, and its release would have deleted it."""
+    with pw.connect(state=embedded_state, tenant="team-a", lease_seconds=5) as cluster:
+        held = cluster.slice(devices=1, name="reused")
+        assert cluster.api is not None and held.uid
+        cluster.api.delete("virtualslices", "reused")
+        wait_until(lambda: not _exists(cluster, "reused"), "the slice to go")
+        again = cluster.api.submit(
+            {
+                "apiVersion": "pathways.dev/v1alpha1",
+                "kind": "VirtualSlice",
+                "metadata": {"name": "reused"},
+                "spec": {"devices": 1, "leaseSeconds": 600},
+            }
+        )
+        assert cluster._leases is not None
+        cluster._leases.renew_all()
+        assert held.lost is not None and "of uid" in held.lost
+        stored = cluster.api.get("virtualslices", "reused")
+        assert stored["metadata"]["uid"] == again["metadata"]["uid"]
+        assert "pathways.dev/renewed-at" not in (stored["metadata"].get("annotations") or {})
+        held.release()  # the new one stays: it is not this session's
+        assert _exists(cluster, "reused")
+        cluster.api.delete("virtualslices", "reused", uid=again["metadata"]["uid"])
+
+
+def _exists(cluster: Any, name: str) -> bool:
+    try:
+        cluster.api.get("virtualslices", name)
+    except ApiCallError as error:
+        if error.status == 404:
+            return False
+        raise
+    return True

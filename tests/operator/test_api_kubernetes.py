@@ -501,6 +501,17 @@ def test_a_renewal_patches_the_annotation_on_the_version_it_checked(
     assert renewed.json()["metadata"]["annotations"]["pathways.dev/renewed-at"] == stamp
     assert (stored["spec"]["leaseSeconds"], stored["metadata"]["generation"]) == (30, 1)
     assert call(api, "token-b", "POST", "/v1/virtualslices/leased/renew").status_code == 404
+    # A holder names the slice it holds: another uid is a slice made since under its name,
+    # neither renewed nor deleted (the API server checks the uid again as it deletes).
+    uid = stored["metadata"]["uid"]
+    for method, path in (("POST", "/renew"), ("DELETE", "")):
+        other = call(api, "token-a", method, f"/v1/virtualslices/leased{path}?uid=not-{uid}")
+        assert other.status_code == 404 and other.json()["error"]["field"] == "uid"
+    assert (
+        cluster.get("VirtualSlice", "leased", "team-a")["metadata"]["annotations"]
+        == (stored["metadata"]["annotations"])
+    )
+    assert call(api, "token-a", "POST", f"/v1/virtualslices/leased/renew?uid={uid}").is_success
     # Released for its lease by the operator: never renewed again.
     cluster.patch(
         "VirtualSlice",
@@ -515,3 +526,6 @@ def test_a_renewal_patches_the_annotation_on_the_version_it_checked(
     assert call(api, "token-a", "POST", "/v1/virtualslices", json=unleased).status_code == 201
     refused = call(api, "token-a", "POST", "/v1/virtualslices/plain/renew")
     assert refused.json()["error"]["field"] == "spec.leaseSeconds"
+    deleted = call(api, "token-a", "DELETE", f"/v1/virtualslices/leased?uid={uid}")
+    assert deleted.status_code == 200, deleted.text
+    assert cluster.get("VirtualSlice", "leased", "team-a") is None

@@ -18,7 +18,7 @@ class Api:
         self.deleted: list[str] = []
         self.reconnects = 0
 
-    def delete(self, collection: str, name: str) -> dict:
+    def delete(self, collection: str, name: str, uid: str | None = None) -> dict:
         if self.gone:
             raise ApiCallError(404, "NotFound", f"no slice {name!r}", None)
         if self.broken:
@@ -33,11 +33,13 @@ class Api:
 
 def test_a_broken_connection_is_replaced_and_the_slice_deleted() -> None:
     api = Api(broken=True)
-    Cluster._delete_slice(SimpleNamespace(api=api, _leases=None), "waiter")  # type: ignore[arg-type]
+    cluster = SimpleNamespace(api=api, _leases=None)
+    assert Cluster._delete_slice(cluster, "waiter", None) is None  # type: ignore[arg-type]
     assert (api.deleted, api.reconnects) == (["waiter"], 1)
 
 
 def test_a_slice_already_gone_is_left_alone() -> None:
     api = Api(broken=False, gone=True)
-    Cluster._delete_slice(SimpleNamespace(api=api, _leases=None), "waiter")  # type: ignore[arg-type]
+    cluster = SimpleNamespace(api=api, _leases=None)
+    assert Cluster._delete_slice(cluster, "waiter", None) is None  # type: ignore[arg-type]
     assert (api.deleted, api.reconnects) == ([], 0)

@@ -26,7 +26,7 @@ class Api:
     def another(self) -> Api:
         return self
 
-    def renew(self, name: str) -> dict:
+    def renew(self, name: str, uid: str | None = None) -> dict:
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
@@ -90,7 +90,7 @@ def test_a_slice_released_while_its_renewal_was_in_flight_is_not_lost() -> None:
     keeper._thread = object()  # type: ignore[assignment]  # renewed by hand here
     keeper.hold("s", time.monotonic())
 
-    def renew(name: str) -> dict:
+    def renew(name: str, uid: str | None = None) -> dict:
         keeper.drop(name)  # the session released it meanwhile
         raise ApiCallError(404, "NotFound", "no virtual slice named 's'", None)
 
@@ -105,7 +105,7 @@ class Unreachable:
     def __init__(self) -> None:
         self.deletions = 0
 
-    def delete(self, kind: str, name: str) -> None:
+    def delete(self, kind: str, name: str, uid: str | None = None) -> None:
         self.deletions += 1
         raise ApiCallError(0, "Unreachable", "http://api: timed out", None)
 
@@ -148,7 +148,7 @@ class Binding:
             return {"status": {"schedulerEndpoint": "127.0.0.1:1"}}
         return {"status": {"phase": "Bound", "island": "a", "devices": [0]}}
 
-    def delete(self, kind: str, name: str) -> None:
+    def delete(self, kind: str, name: str, uid: str | None = None) -> None:
         self.deleted.append(name)
 
 
