@@ -1230,10 +1230,17 @@ def trace(
     with _api(state, api, token, tenant) as client:
         try:
             records, incomplete = client.trace_whole(name)
+            phase = (
+                ""
+                if records
+                else (client.get("programs", name).get("status") or {}).get("phase", "")
+            )
         except ApiCallError as error:
             _fail(error)
     if not records:
         lost = f"; {'; '.join(incomplete)}" if incomplete else ""
+        if phase in ("Succeeded", "Failed"):  # it has ended: nothing more will come
+            _fail(f"program {name!r} ({phase}) ran no computation on an island{lost}")
         _fail(
             f"program {name!r} has no trace yet (a run's trace is kept when it ends or is "
             f"stopped){lost}"

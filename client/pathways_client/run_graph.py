@@ -14,6 +14,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -132,6 +133,25 @@ def check_inputs(flow: Dataflow, functions: Mapping[str, Specialized]) -> None:
                 )
 
 
+def check_devices(
+    spec: PathwaysProgramSpec, flow: Dataflow, functions: Mapping[str, Specialized]
+) -> None:
+    """Each node's function against its slice's size, where the spec gives it (a named
+    VirtualSlice's is known once bound): ``PathwaysError`` naming the node's field."""
+    sizes = {
+        item.name: item.devices or (math.prod(parse_shape(item.shape)) if item.shape else None)
+        for item in spec.slices
+    }
+    for index, node in enumerate(flow.nodes):
+        wanted, size = functions[node.function].nr_devices, sizes.get(node.slice)
+        if size is not None and wanted != size:
+            raise PathwaysError(
+                f"spec.graph.nodes[{index}].slice: function {node.function!r} of node "
+                f"{node.name!r} was exported for {wanted} device(s); slice {node.slice!r} has "
+                f"{size}"
+            )
+
+
 def symbolic_dimension(function: Specialized) -> str | None:
     """Where ``function`` has a symbolic dimension ("input 0 is float32[b,4]"), or None."""
     for side, avals in (("input", function.in_avals), ("output", function.out_avals)):
@@ -174,6 +194,7 @@ def run(
     except ValueError as error:  # what only the artifacts tell: an output that is not there
         raise PathwaysError(f"graph: {error}") from None
     check_inputs(flow, functions)  # before any slice is bound: no devices held for a bad graph
+    check_devices(spec, flow, functions)
     slices = {item.name: bind(cluster, item) for item in spec.slices}
     # dispatch places a node by its function's key: one key per function and slice, so nodes
     # calling one function on several slices each run on their own.

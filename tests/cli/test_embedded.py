@@ -379,6 +379,10 @@ def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_wa
         logs = pathways("logs", "noisy", *at, *follow)
         assert logs.exit_code == 0
         assert sorted(logs.output.splitlines()) == ["--- run 1 ---", "bad [/x] [bold]input", line]
+    # It ended before computing anything: no trace will come (it said "yet").
+    untraced = pathways("trace", "noisy", *at, "--out", str(tmp_path / "noisy.json"))
+    assert untraced.exit_code == 1
+    assert "program 'noisy' (Failed) ran no computation on an island" in untraced.output
     never = pathways("logs", "too-large", *at)
     assert never.exit_code == 0
     assert "too-large has no output yet: Pending (main: ShapeDoesNotFit" in never.output

@@ -108,3 +108,33 @@ def test_a_function_of_symbolic_shapes_is_refused_before_any_slice_is_bound(
         PathwaysError, match=r"'double' has a symbolic dimension \(input 0 is float32\[b\]\)"
     ):
         run(spec, cluster=None)  # type: ignore[arg-type]  # refused before the cluster is used
+
+
+def test_a_function_for_another_number_of_devices_is_refused_before_binding(
+    tmp_path: Path,
+) -> None:
+    """The executor found it when the node ran, after the slices were bound."""
+    import jax
+    import jax.numpy as jnp
+
+    from pathways_client.run_graph import run
+    from pathways_core.resources.program import PathwaysProgramSpec
+
+    artifact = jax.export.export(jax.jit(lambda: jnp.zeros(4)))()
+    (tmp_path / "zeros").write_bytes(bytes(artifact.serialize()))
+    spec = PathwaysProgramSpec.model_validate(
+        {
+            "slices": [{"name": "s", "shape": "1x2"}],
+            "graph": {
+                "functions": [{"name": "zeros", "uri": f"file://{tmp_path / 'zeros'}"}],
+                "nodes": [{"name": "d", "function": "zeros", "slice": "s"}],
+                "outputs": [{"node": "d"}],
+            },
+        }
+    )
+    with pytest.raises(
+        PathwaysError,
+        match=r"spec.graph.nodes\[0\].slice: function 'zeros' of node 'd' was exported for 1 "
+        r"device\(s\); slice 's' has 2",
+    ):
+        run(spec, cluster=None)  # type: ignore[arg-type]  # refused before the cluster is used
