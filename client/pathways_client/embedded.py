@@ -177,6 +177,15 @@ def _is_supervisor(pid: int, state: Path) -> bool:
     return b"pathways_client.embedded" in arguments and given.resolve() == state.resolve()
 
 
+def _exiting(pid: int) -> bool:
+    """Whether ``pid`` is ending: alive, not yet a zombie, its command line already gone (the
+    kernel drops it early in a process's exit, so it is no longer seen as the supervisor)."""
+    try:
+        return _alive(pid) and not Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _lock_held(state: Path) -> bool:
     """Whether a process holds ``state``'s supervisor lock (where ``/proc`` cannot tell)."""
     try:
@@ -864,7 +873,9 @@ def down(state: Path, timeout: float = 90.0) -> bool:
     with contextlib.suppress(ProcessLookupError):  # a stopped one takes it now
         os.kill(info.supervisor, signal.SIGCONT)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _is_supervisor(info.supervisor, state):
+    while time.monotonic() < deadline and (
+        _is_supervisor(info.supervisor, state) or _exiting(info.supervisor)
+    ):
         time.sleep(0.1)
     if _is_supervisor(info.supervisor, state):
         with contextlib.suppress(ProcessLookupError):
