@@ -47,6 +47,7 @@ from pathways_core.control.common import (
     prune,
 )
 from pathways_core.control.islands import control_token_secret, ready_host_indexes
+from pathways_core.control.slices import held_slices
 from pathways_core.resources import Island, PathwaysProgram
 from pathways_operator import metrics
 from pathways_operator.binder import Binder
@@ -576,25 +577,13 @@ async def program_event(
     lease again (held by the program, it had none)."""
     if type != "DELETED":
         await _guard("program", reconcile(memo, namespace, name))
-    phase = (body.get("status") or {}).get("phase")
-    done = type == "DELETED" or is_deleting(body) or phase in ("Succeeded", "Failed")
-    held = frozenset() if done else _named_slices(body)
+    held = frozenset() if type == "DELETED" else held_slices(body)
     key = f"program-holds/{namespace}/{name}"
     before = memo.seen.pop(key, None) if type == "DELETED" else memo.seen.get(key)
     if type != "DELETED":
         memo.seen[key] = held
     if before and before - held:
         await _guard("binding", memo.binder.sync())
-
-
-def _named_slices(program: kopf.Body) -> frozenset[str]:
-    """The VirtualSlices the program names (``virtualSliceName``)."""
-    slices = (program.get("spec") or {}).get("slices") or []
-    return frozenset(
-        item["virtualSliceName"]
-        for item in slices
-        if isinstance(item, dict) and item.get("virtualSliceName")
-    )
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_PROGRAM: kopf.PRESENT})

@@ -324,17 +324,22 @@ def check_leases(
     return leases
 
 
+def held_slices(program: Document) -> frozenset[str]:
+    """The VirtualSlices (names in its namespace) that ``program`` holds: those it names
+    (``virtualSliceName``) while it is not finished nor being deleted."""
+    status = program.get("status") or {}
+    if is_deleting(program) or status.get("phase") in ("Succeeded", "Failed"):
+        return frozenset()
+    return frozenset(
+        item["virtualSliceName"]
+        for item in (program.get("spec") or {}).get("slices") or []
+        if isinstance(item, dict) and item.get("virtualSliceName")
+    )
+
+
 def _named_by_programs(programs: Sequence[Document]) -> set[str]:
     """The slices (``namespace/name``) that unfinished programs name."""
-    named = set()
-    for program in programs:
-        status = program.get("status") or {}
-        if is_deleting(program) or status.get("phase") in ("Succeeded", "Failed"):
-            continue
-        for item in (program.get("spec") or {}).get("slices") or []:
-            if isinstance(item, dict) and item.get("virtualSliceName"):
-                named.add(f"{_namespace(program)}/{item['virtualSliceName']}")
-    return named
+    return {f"{_namespace(p)}/{name}" for p in programs for name in held_slices(p)}
 
 
 def _same(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
