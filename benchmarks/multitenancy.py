@@ -37,7 +37,11 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathways_client.island_client import Trace
+    from pathways_core.wire import pb
 
 
 def tenant_process(endpoint: str, name: str, weight: int, commands: Connection) -> None:
@@ -264,6 +268,14 @@ island serves it, so each one always has work queued (a client whose queue runs 
 turn: that measures the client, not the policy)."""
 
 
+def complete(trace: Trace) -> list[pb.TraceRecord]:
+    """The trace's records in island order; shares read from a trace the island had cut
+    would be wrong, so that is an error."""
+    if trace.dropped_until_ns:
+        raise RuntimeError(f"the island let go of trace records: {trace.dropped_until_ns}")
+    return sorted(trace, key=lambda record: record.seq)
+
+
 def shares(quick: bool, plots: Path | None = None) -> list[dict[str, Any]]:
     from pathways_client.island_client import IslandClient
     from pathways_client.launcher import LocalIsland
@@ -278,7 +290,7 @@ def shares(quick: bool, plots: Path | None = None) -> list[dict[str, Any]]:
             with Tenants(island.scheduler_endpoint, weights) as tenants:
                 tenants.run(SHARE_WIDTH, 300 if quick else 400)
             with IslandClient(island.scheduler_endpoint, "observer") as observer:
-                trace = sorted(observer.trace(), key=lambda record: record.seq)
+                trace = complete(observer.trace())
         if plots is not None:
             _figure_9(trace, weights, plots)
         # Every computation is the same gang-scheduled function on the same devices, so the
@@ -359,7 +371,7 @@ def unlike_shares(quick: bool) -> list[dict[str, Any]]:
                 thread.start()
             for thread in threads:
                 thread.join()
-            trace = sorted(clients[0].trace(), key=lambda record: record.seq)
+            trace = complete(clients[0].trace())
         finally:
             for client in clients:
                 client.close()

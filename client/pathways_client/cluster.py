@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from pathways_client.api_client import ApiCallError, ApiClient
 from pathways_client.errors import ConnectError, SliceError
-from pathways_client.island_client import IslandClient, check_share
+from pathways_client.island_client import IslandClient, Trace, check_share
 from pathways_client.slices import Slice
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.allocator import Allocator, Bound, IslandInventory, Request
@@ -507,11 +507,14 @@ class Cluster:
             self._direct.allocator = allocator
         return self._direct.allocator
 
-    def trace(self, island: str | None = None) -> list[Any]:
+    def trace(self, island: str | None = None) -> Trace:
         """An island's trace: one record per computation per executor (seq, client, node,
-        devices, start and end in ns), in island order."""
+        devices, start and end in ns), in island order. The island keeps a bounded trace:
+        ``dropped_until_ns`` names the clients whose oldest records it let go of, and until
+        when."""
         name = island or next(iter(sorted(self.islands)))
-        return sorted(self.session(name).trace(), key=lambda record: record.seq)
+        trace = self.session(name).trace()
+        return Trace(sorted(trace, key=lambda record: record.seq), trace.dropped_until_ns)
 
     # -- lifetime ----------------------------------------------------------------------------
 

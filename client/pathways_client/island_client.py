@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
@@ -120,6 +120,16 @@ def check_share(weight: int, priority: int, caller: str) -> None:
         or not -(2**31) <= priority < 2**31
     ):
         raise ValueError(f"{caller}: priority: expected a 32-bit int, got {priority!r}")
+
+
+class Trace(list[pb.TraceRecord]):
+    """An island's trace records, and per client whose oldest records the island let go of
+    (it keeps a bounded trace) the end of the latest one it lost, in ns: that client's
+    records are complete only from then on."""
+
+    def __init__(self, records: Iterable[pb.TraceRecord], dropped_until_ns: dict[str, int]):
+        super().__init__(records)
+        self.dropped_until_ns = dropped_until_ns
 
 
 class IslandClient:
@@ -542,11 +552,11 @@ class IslandClient:
             queued, self._batching.messages = self._batching.messages, None
             self._write(queued)
 
-    def trace(self) -> list[pb.TraceRecord]:
-        """The island's trace: which computation of which client ran where and when."""
-        return list(
-            stub(self._channel, SCHEDULER, "GetTrace")(pb.TraceRequest(), timeout=60).records
-        )
+    def trace(self) -> Trace:
+        """The island's trace: which computation of which client ran where and when, and
+        which clients' oldest records the island let go of (``Trace.dropped_until_ns``)."""
+        answer = stub(self._channel, SCHEDULER, "GetTrace")(pb.TraceRequest(), timeout=60)
+        return Trace(answer.records, dict(answer.dropped_until_ns))
 
     @contextlib.contextmanager
     def _answered(self, what: str, executor: int) -> Iterator[None]:

@@ -86,6 +86,7 @@ class LocalIsland:
     max_queued_per_client: int | None = None
     max_artifact_bytes: int | None = None
     run_length: int | None = None
+    trace_limit: int | None = None
     # Seconds after which the scheduler takes a silent executor (not even its heartbeat) as
     # lost; None: its default.
     executor_timeout: float | None = None
@@ -179,6 +180,7 @@ class LocalIsland:
                 ("--max-queued-per-client", self.max_queued_per_client),
                 ("--max-artifact-bytes", self.max_artifact_bytes),
                 ("--run-length", self.run_length),
+                ("--trace-limit", self.trace_limit),
                 ("--executor-timeout", self.executor_timeout),
             ):
                 if limit is not None:

@@ -36,6 +36,7 @@ from pathways_core.resources import PathwaysProgram
 from pathways_core.resources.program import (
     FunctionArtifact,
     PathwaysProgramSpec,
+    ProgramGraph,
     ProgramSlice,
 )
 from pathways_core.topology import parse_shape
@@ -95,6 +96,45 @@ def _read(name: str, path: Path) -> bytes:
         return path.read_bytes()
     except OSError as error:
         raise PathwaysError(f"function {name!r}: cannot read its artifact: {error}") from None
+
+
+def load_function(index: int, artifact: FunctionArtifact, artifacts_dir: Path) -> Specialized:
+    """The function ``spec.graph.functions[index]``, loaded and checked; ``PathwaysError``
+    naming that field when it cannot run on an island."""
+    where = f"spec.graph.functions[{index}]"
+    try:
+        function = Specialized.from_artifact(artifact.name, load_artifact(artifact, artifacts_dir))
+    except PathwaysError as error:
+        raise PathwaysError(f"{where}: {error}") from None
+    except Exception as error:
+        raise PathwaysError(
+            f"{where}: function {artifact.name!r}: not a jax.export artifact: {error}"
+        ) from None
+    symbolic = symbolic_dimension(function)
+    if symbolic is not None:
+        raise PathwaysError(
+            f"{where}: function {artifact.name!r} has a symbolic dimension ({symbolic}): an "
+            "island compiles each function once for fixed shapes; export it with concrete ones"
+        )
+    return function
+
+
+def check_outputs(graph: ProgramGraph, functions: Mapping[str, Specialized]) -> None:
+    """Every output a node input or the graph's outputs name exists, as only the artifacts
+    tell: ``PathwaysError`` naming the field (``spec.graph.nodes[i].inputs[j].output``)."""
+    produced = {node.name: len(functions[node.function].out_avals) for node in graph.nodes}
+    edges = [
+        (f"spec.graph.nodes[{i}].inputs[{j}]", edge)
+        for i, node in enumerate(graph.nodes)
+        for j, edge in enumerate(node.inputs)
+    ]
+    edges += [(f"spec.graph.outputs[{k}]", edge) for k, edge in enumerate(graph.outputs)]
+    for where, edge in edges:
+        if edge.output >= produced[edge.node]:
+            raise PathwaysError(
+                f"{where}.output: node {edge.node!r} has {produced[edge.node]} output(s), "
+                f"numbered from 0; {edge.output} is not one of them"
+            )
 
 
 def bind(cluster: Cluster, item: ProgramSlice) -> Slice:
@@ -169,30 +209,13 @@ def run(
 ) -> list[np.ndarray]:
     """Run the graph ``spec.steps`` times; return the last step's outputs on the host."""
     assert spec.graph is not None
-    functions: dict[str, Specialized] = {}
-    for artifact in spec.graph.functions:
-        try:
-            functions[artifact.name] = Specialized.from_artifact(
-                artifact.name, load_artifact(artifact, artifacts_dir)
-            )
-        except PathwaysError:
-            raise
-        except Exception as error:
-            raise PathwaysError(
-                f"function {artifact.name!r}: not a jax.export artifact: {error}"
-            ) from None
-        symbolic = symbolic_dimension(functions[artifact.name])
-        if symbolic is not None:
-            raise PathwaysError(
-                f"function {artifact.name!r} has a symbolic dimension ({symbolic}): an island "
-                "compiles each function once for fixed shapes; export it with concrete ones"
-            )
-    try:
-        flow = Dataflow.from_graph(
-            spec.graph, {name: len(f.out_avals) for name, f in functions.items()}
-        )
-    except ValueError as error:  # what only the artifacts tell: an output that is not there
-        raise PathwaysError(f"graph: {error}") from None
+    functions = {
+        artifact.name: load_function(index, artifact, artifacts_dir)
+        for index, artifact in enumerate(spec.graph.functions)
+    }
+    check_outputs(spec.graph, functions)  # what only the artifacts tell: how many there are
+    outputs = {name: len(function.out_avals) for name, function in functions.items()}
+    flow = Dataflow.from_graph(spec.graph, outputs)
     check_inputs(flow, functions)  # before any slice is bound: no devices held for a bad graph
     check_devices(spec, flow, functions)
     slices = {item.name: bind(cluster, item) for item in spec.slices}

@@ -36,6 +36,7 @@ from pathways_core.scheduling import (
     DEFAULT_MAX_ARTIFACT_BYTES,
     DEFAULT_MAX_QUEUED,
     DEFAULT_RUN_LENGTH,
+    DEFAULT_TRACE_LIMIT,
     ExecutorSpec,
     Instruction,
     IslandDispatcher,
@@ -255,6 +256,7 @@ class SchedulerService:
         max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
         run_length: int = DEFAULT_RUN_LENGTH,
         executor_timeout: float = DEFAULT_EXECUTOR_TIMEOUT_SECONDS,
+        trace_limit: int = DEFAULT_TRACE_LIMIT,
     ) -> None:
         self.island = island
         self._tls = tls
@@ -294,6 +296,7 @@ class SchedulerService:
             max_queued_per_client=max_queued_per_client,
             max_artifact_bytes=max_artifact_bytes,
             run_length=run_length,
+            trace_limit=trace_limit,
             # Past every sequence number a scheduler started before this one gave: events of
             # its commands, still reported by executors, are never taken for this one's.
             first_seq=time.time_ns() // 1000,
@@ -831,6 +834,8 @@ def _limit_problem(args: argparse.Namespace) -> str | None:
         return f"--max-queued-per-client must be >= 1, not {args.max_queued_per_client}"
     if args.run_length < 1:
         return f"--run-length must be >= 1, not {args.run_length}"
+    if args.trace_limit < 1:
+        return f"--trace-limit must be >= 1, not {args.trace_limit}"
     if not (args.executor_timeout == 0 or 2 <= args.executor_timeout < float("inf")):
         # Executors beat every second: less than two would take a busy one for lost.
         timeout = args.executor_timeout
@@ -896,6 +901,13 @@ def main() -> None:
         help="seconds after which an executor that sends nothing, not even its heartbeat "
         "(every second), is taken as lost (0: never)",
     )
+    parser.add_argument(
+        "--trace-limit",
+        type=int,
+        default=DEFAULT_TRACE_LIMIT,
+        help="trace records the island keeps in all; past it, the oldest of the client "
+        "holding the most go first (GetTrace says whose, and until when)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=flags.port, default=0, help="gRPC port (0 picks a free one)")
     parser.add_argument(
@@ -938,6 +950,7 @@ def main() -> None:
         max_artifact_bytes=args.max_artifact_bytes,
         run_length=args.run_length,
         executor_timeout=args.executor_timeout,
+        trace_limit=args.trace_limit,
     )
     publish_metrics(renderer(service))
     server = grpc.server(

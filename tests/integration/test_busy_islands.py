@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import export, f32
+from conftest import export, f32, increment
 
 from pathways_client.island_client import IslandBusy, IslandClient, IslandError, Submitted
 from pathways_client.launcher import LocalIsland
@@ -34,13 +34,13 @@ SLOW = export(_slow, f32(256, 256))
 INPUT = (np.eye(256, dtype=np.float32) * 0.5 + 0.01).astype(np.float32)
 EXPECTED = np.asarray(jax.jit(_slow)(INPUT))
 ISLAND = "limits"
-MAX_QUEUED, PER_CLIENT, MAX_ARTIFACT = 8, 3, 64 << 10
+MAX_QUEUED, PER_CLIENT, MAX_ARTIFACT, TRACE_LIMIT = 8, 3, 64 << 10, 20
 
 
 @pytest.fixture(scope="module")
 def island(compilation_cache: Path) -> Iterator[LocalIsland]:
     """One executor of 2 devices, one computation in flight at a time, a queue of 8 (3 per
-    client) and artifacts of at most 64 KiB."""
+    client), artifacts of at most 64 KiB and a trace of 20 records."""
     with LocalIsland(
         hosts=1,
         devices_per_host=2,
@@ -49,6 +49,7 @@ def island(compilation_cache: Path) -> Iterator[LocalIsland]:
         max_queued=MAX_QUEUED,
         max_queued_per_client=PER_CLIENT,
         max_artifact_bytes=MAX_ARTIFACT,
+        trace_limit=TRACE_LIMIT,
         compilation_cache=compilation_cache,
     ) as running:
         yield running
@@ -108,6 +109,26 @@ def test_a_flooding_client_is_told_busy_and_another_clients_work_still_runs(
         # Once its work drained, the flooder is served again: "retry later" means it.
         again = flood(flooder, 1)
         assert outcomes(again) == (again, [])
+
+
+def test_the_trace_is_bounded_and_says_whose_records_went(island: LocalIsland) -> None:
+    """The island keeps at most its trace limit: a chatty client loses its oldest records,
+    a quiet one none, and the SDK's trace says whose went and until when (it said nothing:
+    shares read from it were silently wrong)."""
+    endpoint = island.scheduler_endpoint
+    with IslandClient(endpoint, "quiet") as quiet, IslandClient(endpoint, "chatty") as chatty:
+        for client, count in ((quiet, 2), (chatty, TRACE_LIMIT + 5)):
+            function = client.register(increment(), "inc")
+            x = client.put(np.zeros(4, np.float32), device=0)
+            with client.batch():
+                calls = [client.submit(function, [0], [x], 1) for _ in range(count)]
+            assert outcomes(calls) == (calls, [])
+        trace = quiet.trace()
+    assert len(trace) <= TRACE_LIMIT
+    assert [record.client for record in trace].count("quiet") == 2
+    assert "chatty" in trace.dropped_until_ns and "quiet" not in trace.dropped_until_ns
+    kept = [record for record in trace if record.client == "chatty"]
+    assert kept and min(record.end_ns for record in kept) >= trace.dropped_until_ns["chatty"]
 
 
 def test_the_sdk_waits_for_room_instead_of_overrunning_its_bound(island: LocalIsland) -> None:
@@ -207,6 +228,7 @@ def test_a_burst_larger_than_one_frame_is_split_and_the_session_survives(
         (["--max-queued", "0"], {}, "--max-queued must be >= 1"),
         (["--max-queued-per-client", "-1"], {}, "--max-queued-per-client must be >= 1"),
         (["--run-length", "0"], {}, "--run-length must be >= 1"),
+        (["--trace-limit", "0"], {}, "--trace-limit must be >= 1, not 0"),
         (["--max-in-flight", "0"], {}, "--max-in-flight must be >= 1, not 0"),
         # gRPC would listen on 99999 as 34463
         (["--port", "99999"], {}, "argument --port: must be from 0 to 65535, not 99999"),

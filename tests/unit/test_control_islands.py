@@ -67,13 +67,19 @@ def test_children_are_named_owned_and_labelled() -> None:
     assert listening == {port["port"] for port in service} == {p["targetPort"] for p in service}
 
 
-def test_the_scheduler_gets_the_islands_policy_queue_bound_and_run_length() -> None:
-    scheduler = {"policy": "proportional-share", "maxQueuedComputations": 64, "runLength": 16}
+def test_the_scheduler_gets_the_islands_policy_queue_bound_run_length_and_trace_bound() -> None:
+    scheduler = {
+        "policy": "proportional-share",
+        "maxQueuedComputations": 64,
+        "runLength": 16,
+        "traceRecords": 5000,
+    }
     made = children(island_document("cpu-fake", "1x4", 1, scheduler=scheduler))
     container = made["Deployment/isl-scheduler"]["spec"]["template"]["spec"]["containers"][0]
     flags = dict(zip(container["args"][3::2], container["args"][4::2], strict=False))
     assert flags["--policy"] == "proportional-share"
     assert (flags["--max-queued"], flags["--run-length"]) == ("64", "16")
+    assert flags["--trace-limit"] == "5000"
     defaults = children(island_document("cpu-fake", "1x4", 1))["Deployment/isl-scheduler"]
     assert "--run-length" in defaults["spec"]["template"]["spec"]["containers"][0]["args"]
     _, problem = parse(island_document("cpu-fake", "1x4", 1, scheduler={"runLength": 0}))

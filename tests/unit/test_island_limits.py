@@ -80,3 +80,15 @@ def test_the_executor_checks_the_artifact_limit_again() -> None:
     # Remembered: a computation calling it fails with the same reason.
     with pytest.raises(FunctionError, match="its artifact is 11 bytes"):
         cache.callable("0" * 64, [])
+
+
+def test_an_islands_defaults_are_its_schedulers() -> None:
+    """An Island that sets nothing runs its scheduler as ``pathways_scheduler`` would run
+    with no flags."""
+    from pathways_core.resources.island import IslandScheduler
+    from pathways_core.scheduling import DEFAULT_RUN_LENGTH, DEFAULT_TRACE_LIMIT
+
+    settings = IslandScheduler()
+    assert settings.max_queued_computations == DEFAULT_MAX_QUEUED
+    assert settings.run_length == DEFAULT_RUN_LENGTH
+    assert settings.trace_records == DEFAULT_TRACE_LIMIT

@@ -138,3 +138,61 @@ def test_a_function_for_another_number_of_devices_is_refused_before_binding(
         r"device\(s\); slice 's' has 2",
     ):
         run(spec, cluster=None)  # type: ignore[arg-type]  # refused before the cluster is used
+
+
+def test_an_unreadable_artifact_and_an_output_not_there_name_their_fields(
+    tmp_path: Path,
+) -> None:
+    """They said "function 'f': cannot read its artifact" and "graph: node 'b' uses output 1
+    of 'a', which has 1", naming no field of the program."""
+    import jax
+    import jax.numpy as jnp
+
+    from pathways_client.run_graph import run
+    from pathways_core.resources.program import PathwaysProgramSpec
+
+    artifact = jax.export.export(jax.jit(lambda: jnp.zeros(4)))()
+    (tmp_path / "zeros").write_bytes(bytes(artifact.serialize()))
+    (tmp_path / "garbage").write_bytes(b"not an artifact")
+
+    def spec(uri: str, inputs: list[dict], outputs: list[dict]) -> PathwaysProgramSpec:
+        return PathwaysProgramSpec.model_validate(
+            {
+                "slices": [{"name": "s", "devices": 1}],
+                "graph": {
+                    "functions": [
+                        {"name": "zeros", "uri": f"file://{tmp_path / 'zeros'}"},
+                        {"name": "other", "uri": uri},
+                    ],
+                    "nodes": [
+                        {"name": "a", "function": "zeros", "slice": "s"},
+                        {"name": "b", "function": "zeros", "slice": "s", "inputs": inputs},
+                    ],
+                    "outputs": outputs,
+                },
+            }
+        )
+
+    zeros = f"file://{tmp_path / 'zeros'}"
+    cases = [
+        (
+            spec(f"file://{tmp_path / 'missing'}", [], [{"node": "a"}]),
+            r"spec.graph.functions\[1\]: function 'other': cannot read its artifact: .*missing",
+        ),
+        (
+            spec(f"file://{tmp_path / 'garbage'}", [], [{"node": "a"}]),
+            r"spec.graph.functions\[1\]: function 'other': not a jax.export artifact",
+        ),
+        (
+            spec(zeros, [{"node": "a", "output": 1}], [{"node": "b"}]),
+            r"spec.graph.nodes\[1\].inputs\[0\].output: node 'a' has 1 output\(s\), numbered "
+            r"from 0; 1 is not one of them",
+        ),
+        (
+            spec(zeros, [], [{"node": "a"}, {"node": "b", "output": 3}]),
+            r"spec.graph.outputs\[1\].output: node 'b' has 1 output\(s\)",
+        ),
+    ]
+    for program, message in cases:
+        with pytest.raises(PathwaysError, match=message):
+            run(program, cluster=None)  # type: ignore[arg-type]  # refused before binding

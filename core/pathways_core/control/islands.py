@@ -245,6 +245,8 @@ def island_children(
         str(spec.scheduler.run_length),
         "--executor-timeout",
         str(spec.scheduler.executor_timeout_seconds),
+        "--trace-limit",
+        str(spec.scheduler.trace_records),
         "--host",
         "0.0.0.0",
         "--port",

@@ -88,6 +88,14 @@ class IslandScheduler(Model):
         "another client's turn. Above 1, tenants' data stays warm in host caches (fake CPU "
         "devices) at the cost of coarser interleaving.",
     )
+    trace_records: int = Field(
+        default=200_000,  # the scheduler's own default
+        ge=1,
+        le=10_000_000,
+        description="Trace records the scheduler keeps (which computation of which client "
+        "ran where and when); past it, the oldest of the client "
+        "holding the most go first, and readers of the trace are told whose.",
+    )
     executor_timeout_seconds: int = Field(
         default=30,
         ge=2,  # executors beat every second

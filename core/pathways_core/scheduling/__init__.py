@@ -30,6 +30,7 @@ from pathways_core.scheduling.queue import (
     QueueFull,
     UnknownClient,
 )
+from pathways_core.scheduling.trace import DEFAULT_TRACE_LIMIT
 
 __all__ = [
     "ARTIFACT_LIMIT_ENV",
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_MAX_ARTIFACT_BYTES",
     "DEFAULT_MAX_QUEUED",
     "DEFAULT_RUN_LENGTH",
+    "DEFAULT_TRACE_LIMIT",
     "MAX_ARTIFACT_BYTES_CEILING",
     "SDK_WINDOW",
     "ClientState",

@@ -55,7 +55,7 @@ from pathways_core.scheduling.programs import (
     slice_problem,
 )
 from pathways_core.scheduling.queue import DEFAULT_RUN_LENGTH, IslandQueue, Policy, QueueFull
-from pathways_core.scheduling.trace import IslandTrace, Snapshot, in_order
+from pathways_core.scheduling.trace import DEFAULT_TRACE_LIMIT, IslandTrace, Snapshot, in_order
 from pathways_core.wire import pb
 
 Event = pb.ClientEvent
@@ -166,7 +166,7 @@ class IslandDispatcher:
         policy: Policy | str = Policy.FIFO,
         max_queued: int = DEFAULT_MAX_QUEUED,
         max_in_flight: int = 16,
-        trace_limit: int = 200_000,
+        trace_limit: int = DEFAULT_TRACE_LIMIT,
         *,
         island: str = "local",
         max_queued_per_client: int | None = None,

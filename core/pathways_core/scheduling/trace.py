@@ -19,6 +19,9 @@ from collections import deque
 from collections.abc import Collection, Iterator, Mapping
 from typing import Generic, TypeVar
 
+DEFAULT_TRACE_LIMIT = 200_000
+"""Records an island keeps by default (the scheduler's ``--trace-limit``)."""
+
 Entry = TypeVar("Entry")
 # A snapshot: per client, its entries with their place in the report order.
 Snapshot = tuple[tuple[tuple[int, Entry], ...], ...]
