@@ -102,14 +102,15 @@ class Store:
 def check_invariants(store: Store) -> None:
     """A device is held by one exclusive slice, or by time-shared slices on identical device
     lists; never both."""
-    owners: dict[int, list[tuple[bool, tuple[int, ...]]]] = {}
+    owners: dict[tuple[str, int], list[tuple[bool, tuple[int, ...]]]] = {}
     for document in store.slices.values():
         status = document.get("status") or {}
         if status.get("phase") != "Bound":
             continue
         shared = bool(document["spec"].get("timeShared"))
         for device in status["devices"]:
-            owners.setdefault(device, []).append((shared, tuple(status["devices"])))
+            held = owners.setdefault((status["island"], device), [])
+            held.append((shared, tuple(status["devices"])))
     for device, holders in owners.items():
         if len(holders) > 1:
             assert all(shared for shared, _ in holders), (device, holders)
@@ -227,6 +228,68 @@ def test_a_group_is_preempted_only_by_a_priority_above_all_of_its_members() -> N
     assert store.status("urgent")["phase"] == "Bound"
     assert store.status("vip")["reason"] == "SharedGroupReleased"
     check_invariants(store)
+
+
+def of_program(program: str, document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` as one of ``program``'s inline slices (labelled and owned by it)."""
+    document["metadata"]["labels"] = {"pathways.dev/program": program}
+    document["metadata"]["ownerReferences"] = [{"kind": "PathwaysProgram", "uid": f"u-{program}"}]
+    return document
+
+
+def test_a_program_never_preempts_the_group_its_own_slice_joins() -> None:
+    """Its exclusive slice preempted the group its time-shared slice was joining; the next
+    pass found the program could not be bound whole and let go, the group was bound again,
+    and so on for ever (a Preempted event and a killed Job every other pass)."""
+    store = Store([island(topology="4")])
+    store.add(vslice("group", 4, created=0, priority=1))
+    store.settle()
+    store.add(of_program("p", vslice("p-mine", 4, shared=False, created=1, priority=5)))
+    store.add(of_program("p", vslice("p-shared", 4, created=1, priority=5)))
+    store.settle()
+    assert store.status("group")["phase"] == "Bound"
+    assert store.status("p-mine")["reason"] == "InsufficientDevices"
+    # Nor does its time-shared slice join while the rest of its program waits.
+    assert store.status("p-shared")["reason"] == "WaitingForProgramSlices"
+    check_invariants(store)
+    # With room for its exclusive slice, the program is bound whole: its other slice joins.
+    store = Store([island(topology="8", hosts=2)])
+    store.add(vslice("group", 4, created=0, priority=1))
+    store.settle()
+    store.add(of_program("p", vslice("p-mine", 4, shared=False, created=1, priority=5)))
+    store.add(of_program("p", vslice("p-shared", 4, created=1, priority=2)))
+    store.settle()
+    assert store.status("p-mine")["phase"] == "Bound"
+    shared = store.status("p-shared")
+    assert shared["message"] == "time-shares 4 devices of island 'isl' with t/group"
+    check_invariants(store)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["shared", "exclusive"]),
+            st.integers(1, 4),
+            st.integers(0, 3),
+            st.sampled_from([None, "p", "q"]),
+        ),
+        min_size=1,
+        max_size=10,
+    )
+)
+def test_programs_with_time_shared_slices_settle(
+    steps: list[tuple[str, int, int, str | None]],
+) -> None:
+    """Whatever programs of exclusive and time-shared slices arrive, the passes settle (a
+    program's exclusive slice and its time-shared one's group took turns for ever)."""
+    store = Store([island(topology="8", hosts=2), island("small", topology="4")])
+    for index, (kind, devices, priority, program) in enumerate(steps):
+        document = vslice(f"s{index}", devices, shared=kind == "shared", created=index)
+        document["spec"]["priority"] = priority
+        store.add(of_program(program, document) if program else document)
+        store.settle()
+        check_invariants(store)
 
 
 def test_a_member_takes_the_devices_over_only_if_its_tenant_has_quota_for_them() -> None:

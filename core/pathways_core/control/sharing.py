@@ -24,7 +24,7 @@ instead of each taking devices of their own.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -49,6 +49,7 @@ from pathways_core.control.slices import (
     SliceChange,
     Stage,
     check_leases,
+    gang_of,
     incomplete_programs,
     pending_status,
     plan_bindings,
@@ -275,7 +276,6 @@ def _plan_shared(
     members: dict[tuple[str, tuple[int, ...]], list[Document]] = {}
     for group, documents in groups.items():
         holders[group], members[group] = documents[0], documents[1:]
-        passed.append(_with_group_priority(documents[0], documents))
 
     joins: list[tuple[Document, Document]] = []
     requests = {key_of(d): _request(d) for d in unbound}
@@ -308,6 +308,18 @@ def _plan_shared(
             joins.append((document, holder))
         else:
             candidates[_signature(request)].append(document)
+
+    # A holder as the allocator sees it: at the highest priority of its group and of those
+    # about to join it, so a program never preempts the group its own slice joins (it did,
+    # then found it could not be bound whole and let the group be bound again, for ever).
+    gangs = _gang_priorities(slices)
+    for group, holder in holders.items():
+        joining = [
+            _at_priority(d, gangs.get(gang_of(d) or "", _priority(d)))
+            for d, joined in joins
+            if joined is holder
+        ]
+        passed.append(_with_group_priority(holder, [holder, *members[group], *joining]))
 
     # Per signature, the first that its tenant may be charged opens a group; one that is not
     # bound (its program cannot be, say) gives the next its turn, or those behind it waited
@@ -369,15 +381,23 @@ def _plan_shared(
             if (member.get("status") or {}).get("message") != message:
                 restated = _restated(member, "TimeShared", message, now)
                 plan.changes.append(SliceChange(key_of(member), member, restated, Stage.BIND))
+    again = any(key_of(holder) in released for _, holder in joins)
+    joins = [(document, holder) for document, holder in joins if key_of(holder) not in released]
+    for document in _unbound_programs(joins, slices, plan, incomplete):
+        joins = [(d, holder) for d, holder in joins if d is not document]
+        old = document.get("status") or {}
+        new = pending_status(document, now, "WaitingForProgramSlices", _TOGETHER)
+        if old.get("phase") != "Preempted" and not _says(old, new):
+            plan.changes.append(SliceChange(key_of(document), document, new, Stage.WAIT))
+            if old.get("reason") != new["reason"]:
+                event = Event(ObjectRef.of(document), "Normal", new["reason"], _TOGETHER)
+                plan.events.append(event)
     for document, holder in joins:
-        if key_of(holder) in released:
-            continue
         status = _joined_status(document, holder, now)
         plan.changes.append(SliceChange(key_of(document), document, status, Stage.BIND))
         plan.newly_bound.append(key_of(document))
         plan.events.append(Event(ObjectRef.of(document), "Normal", "Bound", status["message"]))
     opened_now = {k for k in plan.newly_bound} & {key_of(d) for d in unbound}
-    again = any(key_of(holder) in released for _, holder in joins)
     for document in twins:
         old = document.get("status") or {}
         if old.get("phase") == "Preempted":
@@ -389,6 +409,47 @@ def _plan_shared(
     if twins and opened_now:
         again = True  # the twins join the groups opened in this pass on the next one
     return SharedBindingPlan(**vars(plan), again=again)
+
+
+_TOGETHER = (
+    "its program's other slices are not all bound; a program's slices are bound all at once "
+    "(this one joins a time-shared group with them)"
+)
+
+
+def _unbound_programs(
+    joins: Sequence[tuple[Document, Document]],
+    slices: Sequence[Document],
+    plan: BindingPlan,
+    incomplete: Collection[str],
+) -> list[Document]:
+    """The slices about to join a group whose program's other slices are not all bound
+    after ``plan`` (nor joining too): they wait with them, as :func:`plan_bindings` binds a
+    program's slices all at once or none."""
+    released = {change.key for change in plan.changes if change.stage is Stage.RELEASE}
+    joining = {key_of(document) for document, _ in joins}
+    bound = set(plan.newly_bound) | joining
+    for document in slices:
+        status = document.get("status") or {}
+        if status.get("phase") == "Bound" and key_of(document) not in released:
+            bound.add(key_of(document))
+    gangs: dict[str, list[str]] = defaultdict(list)
+    for document in slices:
+        gang = gang_of(document)
+        if gang is not None and not is_deleting(document):
+            gangs[gang].append(key_of(document))
+    waiting = []
+    for document, _ in joins:
+        gang = gang_of(document)
+        if gang is not None and (gang in incomplete or not set(gangs[gang]) <= bound):
+            waiting.append(document)
+    return waiting
+
+
+def _says(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether a waiting slice's status already says what ``new`` does."""
+    keys = ("phase", "reason", "message", "observedGeneration")
+    return all(old.get(key) == new[key] for key in keys)
 
 
 _UNPAID = (
@@ -509,11 +570,25 @@ def _joined(document: Document) -> bool:
     return any(c.get("type") == "Bound" and c.get("reason") == "TimeShared" for c in conditions)
 
 
+def _priority(document: Document) -> int:
+    return int((document.get("spec") or {}).get("priority") or 0)
+
+
+def _gang_priorities(slices: Sequence[Document]) -> dict[str, int]:
+    """Each program's priority, as :func:`plan_bindings` binds its slices: their highest."""
+    priorities: dict[str, int] = {}
+    for document in slices:
+        gang = gang_of(document)
+        if gang is not None:
+            priorities[gang] = max(priorities.get(gang, _priority(document)), _priority(document))
+    return priorities
+
+
 def _with_group_priority(holder: Document, group: Sequence[Document]) -> Document:
     """The holder as the allocator sees it: at the highest priority of its group, since
     preempting it evicts them all (a priority-50 slice took a group holding a priority-1000
     member from its priority-0 holder)."""
-    return _at_priority(holder, max(int((d.get("spec") or {}).get("priority") or 0) for d in group))
+    return _at_priority(holder, max(_priority(d) for d in group))
 
 
 def _at_priority(document: Document, priority: int) -> Document:

@@ -142,7 +142,7 @@ def queued_since(document: Document) -> datetime | None:
     own. Among equal priorities the earlier is bound first."""
     meta = document.get("metadata") or {}
     # Only an inline slice's says when: on a slice of its own it would jump the queue.
-    own = _gang(document) is None
+    own = gang_of(document) is None
     since = None if own else (meta.get("annotations") or {}).get(ANNOTATION_QUEUED_SINCE)
     return parse_time(since) or parse_time(meta.get("creationTimestamp"))
 
@@ -162,7 +162,7 @@ def _at(request: Request, priority: int | None) -> Request:
     return request if priority is None else replace(request, priority=priority)
 
 
-def _gang(document: Document) -> str | None:
+def gang_of(document: Document) -> str | None:
     """The program whose inline slice this is (its label, and an owner reference to it), as
     ``namespace/program/uid``; ``None`` for a slice of its own."""
     meta = document.get("metadata") or {}
@@ -454,13 +454,13 @@ def plan_bindings(
     # none of them may preempt another, and each is preempted only by what may preempt all.
     priorities: dict[str, int] = {}
     for request, document in [*queue, *((b.request, d) for _, _, b, d in restorable)]:
-        gang = _gang(document)
+        gang = gang_of(document)
         if gang is not None:
             priorities[gang] = max(priorities.get(gang, request.priority), request.priority)
     if priorities:
-        queue = [(_at(r, priorities.get(_gang(d) or "")), d) for r, d in queue]
+        queue = [(_at(r, priorities.get(gang_of(d) or "")), d) for r, d in queue]
         restorable = [
-            (t, k, replace(b, request=_at(b.request, priorities.get(_gang(d) or ""))), d)
+            (t, k, replace(b, request=_at(b.request, priorities.get(gang_of(d) or ""))), d)
             for t, k, b, d in restorable
         ]
     restorable.sort(key=lambda item: (item[0], item[1]))
@@ -615,7 +615,7 @@ def incomplete_programs(programs: Sequence[Document], slices: Sequence[Document]
     others) for a program that could not run."""
     present: dict[str, set[str]] = {}
     for document in slices:
-        gang = _gang(document)
+        gang = gang_of(document)
         if gang is not None and not is_deleting(document):
             present.setdefault(gang, set()).add((document.get("metadata") or {}).get("name"))
     incomplete: set[str] = set()
@@ -673,10 +673,10 @@ def _decide_queue(
     small requests kept a large one waiting for ever)."""
     gangs: dict[str, list[tuple[Request, Document]]] = {}
     for request, document in queue:
-        gangs.setdefault(_gang(document) or request.key, []).append((request, document))
+        gangs.setdefault(gang_of(document) or request.key, []).append((request, document))
     held: dict[str, list[str]] = {}  # a program's slices bound before
     for key, document in restored.items():
-        gang = _gang(document)
+        gang = gang_of(document)
         if gang in gangs and allocator.binding(key) is not None:
             held.setdefault(gang, []).append(key)
     decided: list[tuple[Request, Document, Bound | Pending]] = []
