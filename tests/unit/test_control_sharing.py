@@ -241,28 +241,28 @@ def test_a_program_never_preempts_the_group_its_own_slice_joins() -> None:
     """Its exclusive slice preempted the group its time-shared slice was joining; the next
     pass found the program could not be bound whole and let go, the group was bound again,
     and so on for ever (a Preempted event and a killed Job every other pass)."""
-    store = Store([island(topology="4")])
-    store.add(vslice("group", 4, created=0, priority=1))
-    store.settle()
-    store.add(of_program("p", vslice("p-mine", 4, shared=False, created=1, priority=5)))
-    store.add(of_program("p", vslice("p-shared", 4, created=1, priority=5)))
-    store.settle()
+
+    def beside_a_group(topology: str, hosts: int, shared_priority: int) -> Store:
+        """A group of priority 1, then program p: 4 devices of its own and 4 time-shared."""
+        store = Store([island(topology=topology, hosts=hosts)])
+        store.add(vslice("group", 4, created=0, priority=1))
+        store.settle()
+        store.add(of_program("p", vslice("p-mine", 4, shared=False, created=1, priority=5)))
+        store.add(of_program("p", vslice("p-shared", 4, created=1, priority=shared_priority)))
+        store.settle()
+        check_invariants(store)
+        return store
+
+    store = beside_a_group("4", 1, shared_priority=5)
     assert store.status("group")["phase"] == "Bound"
     assert store.status("p-mine")["reason"] == "InsufficientDevices"
     # Nor does its time-shared slice join while the rest of its program waits.
     assert store.status("p-shared")["reason"] == "WaitingForProgramSlices"
-    check_invariants(store)
     # With room for its exclusive slice, the program is bound whole: its other slice joins.
-    store = Store([island(topology="8", hosts=2)])
-    store.add(vslice("group", 4, created=0, priority=1))
-    store.settle()
-    store.add(of_program("p", vslice("p-mine", 4, shared=False, created=1, priority=5)))
-    store.add(of_program("p", vslice("p-shared", 4, created=1, priority=2)))
-    store.settle()
+    store = beside_a_group("8", 2, shared_priority=2)
     assert store.status("p-mine")["phase"] == "Bound"
     shared = store.status("p-shared")
     assert shared["message"] == "time-shares 4 devices of island 'isl' with t/group"
-    check_invariants(store)
 
 
 @settings(max_examples=80, deadline=None)
