@@ -440,8 +440,16 @@ class Manager:
                     if found is not None:
                         islands[island] = found
         runs = int((document.get("status") or {}).get("runs") or 0)
-        job = self.store.read(JOB, namespace, job_name(name, runs)) if runs else None
-        return ProgramView(document, slices, job, islands, labelled)
+        # The current run's, and the next run's if one was made by a decision whose status
+        # was never stored (an earlier program's go with it: deletion is synchronous here).
+        jobs = {
+            job_name(name, run): found
+            for run in (runs, runs + 1)
+            if run and (found := self.store.read(JOB, namespace, job_name(name, run)))
+        }
+        return ProgramView(
+            document, slices, jobs.get(job_name(name, runs)), islands, labelled, jobs
+        )
 
     def _reconcile(self, document: Document, labelled: dict[str, Document]) -> None:
         decision = reconcile_program(
@@ -535,7 +543,8 @@ class Manager:
         """Release what a deleted program holds; remove it once its slices are gone."""
         meta = document["metadata"]
         namespace, name = meta.get("namespace"), meta["name"]
-        for run in range(1, int((document.get("status") or {}).get("runs") or 0) + 1):
+        # Its runs' Jobs, and one of a run its status never recorded.
+        for run in range(1, int((document.get("status") or {}).get("runs") or 0) + 2):
             self._delete_owned(document, JOB, job_name(name, run))
         self._delete_owned(document, CONFIG_MAP, f"{name}-graph")
         remaining = 0

@@ -465,18 +465,19 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
                     if island and island not in islands:
                         islands[island] = await kube.get(GV, "Island", None, island)
             runs = int((document.get("status") or {}).get("runs") or 0)
-            job = (
-                await kube.get("batch/v1", "Job", namespace, job_name(name, runs)) if runs else None
-            )
-            labelled = await kube.list(
-                GV, "VirtualSlice", namespace, label_selector=f"{LABEL_PROGRAM}={name}"
-            )
+            mine = f"{LABEL_PROGRAM}={name}"
+            jobs = {
+                job["metadata"]["name"]: job
+                for job in await kube.list("batch/v1", "Job", namespace, label_selector=mine)
+            }
+            labelled = await kube.list(GV, "VirtualSlice", namespace, label_selector=mine)
             view = ProgramView(
                 document,
                 slices,
-                job,
+                jobs.get(job_name(name, runs)) if runs else None,
                 {k: v for k, v in islands.items() if v is not None},
                 {item["metadata"]["name"]: item for item in labelled},
+                jobs,
             )
             decision = reconcile_program(
                 view,
@@ -606,8 +607,15 @@ async def program_deleted(
     it too, for clusters that garbage-collect), each only if it owns it: a same-named
     VirtualSlice of the user's or of another program stays (it was deleted)."""
     kube: Kube = memo.kube
-    for run in range(1, int(status.get("runs") or 0) + 1):
-        await kube.delete_owned("batch/v1", "Job", namespace, job_name(name, run), uid)
+    # Every Job of its name it owns, also one of a run its status never recorded.
+    mine = f"{LABEL_PROGRAM}={name}"
+    labelled = {
+        job["metadata"]["name"]
+        for job in await kube.list("batch/v1", "Job", namespace, label_selector=mine)
+    }
+    runs = {job_name(name, run) for run in range(1, int(status.get("runs") or 0) + 1)}
+    for job in sorted(runs | labelled):
+        await kube.delete_owned("batch/v1", "Job", namespace, job, uid)
     await kube.delete_owned("v1", "ConfigMap", namespace, graph_config_map_name(name), uid)
     for item in spec.get("slices") or []:
         if isinstance(item, dict) and item.get("name") and not item.get("virtualSliceName"):

@@ -274,6 +274,24 @@ def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running)
     assert "got SIGTERM" in store.log_path("team", "long-run-1").read_text()
     wait_for(lambda: store.read("VirtualSlice", "team", "long-main") is None)
     assert store.read("Job", "team", "doomed-run-1") is None
+    # A Job of a run the status never recorded (its decision's status write lost to an
+    # edit) is deleted, not left running on released slices or taken for the next run.
+    uid = store.read("PathwaysProgram", "team", "long")["metadata"]["uid"]
+    driver = {"name": "driver", "image": "x", "command": ["python", "-c", "import time"]}
+    store.insert(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": "long-run-2",
+                "namespace": "team",
+                "labels": {"pathways.dev/program": "long"},
+                "ownerReferences": [{"kind": "PathwaysProgram", "uid": uid, "controller": True}],
+            },
+            "spec": {"template": {"spec": {"containers": [driver]}}},
+        }
+    )
+    wait_for(lambda: store.read("Job", "team", "long-run-2") is None, what="the stray deleted")
 
 
 def test_a_program_made_again_under_a_deleted_ones_name_starts_with_nothing_of_it(

@@ -209,6 +209,35 @@ def test_suspend_resume_and_cleanup(cluster: Cluster, operator, tmp_path: Path) 
         wait_for(lambda: cluster.get("Job", "long-run-1", "team") is None)
         wait_for(lambda: cluster.get("VirtualSlice", "long-main", "team") is None)
         wait_for(lambda: cluster.events("long", "Suspended"))
+        # A Job of a run the status never recorded (its decision's status write failed, the
+        # program suspended meanwhile) is deleted: it ran on released slices, and resumed,
+        # the program took it for its next run.
+        stray = cluster.get("Job", "long-run-1", "team") or {}
+        uid = cluster.get("PathwaysProgram", "long", "team")["metadata"]["uid"]
+        cluster.create(
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {
+                    "name": "long-run-2",
+                    "namespace": "team",
+                    "labels": {"pathways.dev/program": "long", "pathways.dev/run": "2"},
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "pathways.dev/v1alpha1",
+                            "kind": "PathwaysProgram",
+                            "name": "long",
+                            "uid": uid,
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": {"template": {"spec": {"containers": [{"name": "x", "image": "x"}]}}},
+                "status": {"conditions": [{"type": "Complete", "status": "True"}]},
+            }
+        )
+        wait_for(lambda: cluster.get("Job", "long-run-2", "team") is None)
+        assert not stray
 
         cluster.patch("PathwaysProgram", "long", {"spec": {"suspend": False}}, "team")
         resumed = wait_for(

@@ -784,3 +784,67 @@ def test_a_run_failed_past_the_deadline_is_not_said_to_restart() -> None:
     assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "DeadlineExceeded")
     assert decision.status["restarts"] == 0
     assert "Restarting" not in [e.reason for e in decision.events]
+
+
+def test_a_job_of_no_recorded_run_is_deleted_before_its_name_is_used() -> None:
+    """A decision made run 2's Job, then its status write failed (the user suspended the
+    program meanwhile): the next decision never saw that Job, which ran on released slices,
+    and on resume creating run 2 found it and took it (finished) for the new run."""
+
+    def made(run: int, outcome: str | None, owner: str = "u-p") -> dict[str, Any]:
+        document = job(outcome)
+        document["metadata"] = {
+            "name": f"p-run-{run}",
+            "ownerReferences": [{"uid": owner, "controller": True}],
+        }
+        return document
+
+    running = {"phase": "Running", "reason": "Running", "runs": 1, "restarts": 1}
+    first, stray = made(1, "Failed"), made(2, None)
+    jobs = {"p-run-1": first, "p-run-2": stray}
+
+    def decide_with(document: dict[str, Any], jobs: dict[str, Any]) -> Any:
+        view = ProgramView(document, {"p-main": bound_slice()}, first, READY_ISLAND, {}, jobs)
+        return reconcile_program(view, NOW + timedelta(seconds=60), IMAGE)
+
+    suspended = decide_with(
+        program(status=dict(running), suspend=True, restartPolicy="OnFailure"), jobs
+    )
+    assert ChildRef("batch/v1", "Job", "t", "p-run-2") in suspended.delete
+    assert suspended.status["phase"] == "Suspended"
+    # Resumed while it is still being deleted: run 2 waits for the name rather than take it.
+    stray["status"]["conditions"] = [{"type": "Complete", "status": "True"}]
+    stray["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"
+    resumed = decide_with(program(status=suspended.status, restartPolicy="OnFailure"), jobs)
+    assert resumed.create == [] and resumed.recheck_after is not None
+    assert (resumed.status["phase"], resumed.status["reason"]) == ("Pending", "StaleJob")
+    assert "Job p-run-2 of no run of this program" in resumed.status["message"]
+    gone = decide_with(
+        program(status=resumed.status, restartPolicy="OnFailure"), {"p-run-1": first}
+    )
+    assert [child["metadata"]["name"] for child in gone.create] == ["p-run-2"]
+
+
+def test_a_job_of_an_earlier_program_of_the_name_is_never_taken_for_a_run() -> None:
+    """Deleted and made again under its name, the new program found the old one's p-run-1
+    (not yet garbage-collected) when creating its own, and reported its outcome as its run's."""
+    earlier = job("Complete")
+    earlier["metadata"]["ownerReferences"] = [{"uid": "u-earlier", "controller": True}]
+    view = ProgramView(
+        program(), {"p-main": bound_slice()}, None, READY_ISLAND, {}, {"p-run-1": earlier}
+    )
+    decision = reconcile_program(view, NOW, IMAGE)
+    assert decision.create == [] and decision.status["reason"] == "StaleJob"
+    assert ChildRef("batch/v1", "Job", "t", "p-run-1") in decision.delete
+    # Already counted as run 1 (made before this check existed): not its outcome either.
+    running = {"phase": "Running", "reason": "Running", "runs": 1}
+    view = ProgramView(
+        program(status=running),
+        {"p-main": bound_slice()},
+        earlier,
+        READY_ISLAND,
+        {},
+        {"p-run-1": earlier},
+    )
+    decision = reconcile_program(view, NOW, IMAGE)
+    assert decision.status["phase"] != "Succeeded"

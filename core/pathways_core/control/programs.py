@@ -5,7 +5,9 @@ Phases: Pending (waiting for slices or islands) -> Running (a Job runs the drive
 runner) -> Succeeded | Failed; Suspended while ``spec.suspend`` is set. Each run is one Job
 named ``<program>-run-<n>``; ``status.runs`` counts them, so a reconcile that runs twice
 finds the Job the first one created. Children are created before the status that mentions
-them is written: a decision interrupted half-way is completed by the next one.
+them is written: a decision interrupted half-way is completed by the next one, and a Job made
+for a run its status never recorded (the next decision saw an edited program) is deleted
+before that run's name is used again, as is an earlier program's of the same name.
 
 An edit of the spec is applied, not only observed: the restart policy, the restart limit and
 the deadline at once; anything a run is made from (slices, driver or graph, steps, tenant,
@@ -71,6 +73,9 @@ FAILURE_GRACE_SECONDS = 10.0
 # may have failed on that loss first.
 HOST_LOSSES = ("HostUnhealthy", "IslandDeleted", "IslandResized")
 REBOUND = "was bound again elsewhere"
+# How soon a run whose Job's name a stray Job holds is tried again (its deletion is an
+# event too; this is in case it is missed).
+STRAY_RECHECK_SECONDS = 2.0
 RUN_SPEC_ANNOTATION = "pathways.dev/run-spec"
 """On a run's Job: the digest of the spec it was made from (:func:`run_spec_digest`)."""
 LIVE_FIELDS = ("suspend", "restartPolicy", "maxRestarts", "activeDeadlineSeconds")
@@ -121,13 +126,18 @@ class ProgramView:
     when it does not exist); ``job`` is the Job of run ``status.runs`` (``None`` if absent);
     ``islands`` maps island names to documents (for scheduler endpoints); ``labelled`` maps
     the names of the VirtualSlices labelled with the program's name to their documents (its
-    inline slices, also those its spec no longer names)."""
+    inline slices, also those its spec no longer names). ``jobs`` maps the names of Jobs
+    labelled with the program's name to their documents: at least those of runs
+    ``status.runs`` and ``status.runs + 1`` that exist (one made by a decision whose status
+    was never stored, or by an earlier program of the name, is deleted before its name is
+    used)."""
 
     program: Document
     slices: dict[str, Document | None] = field(default_factory=dict)
     job: Document | None = None
     islands: dict[str, Document] = field(default_factory=dict)
     labelled: dict[str, Document] = field(default_factory=dict)
+    jobs: dict[str, Document] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -315,6 +325,32 @@ def _owned(program: Document, child: Document) -> bool:
     uid = (program.get("metadata") or {}).get("uid")
     references = (child.get("metadata") or {}).get("ownerReferences") or []
     return uid is not None and any(ref.get("uid") == uid for ref in references)
+
+
+def _foreign(program: Document, child: Document) -> bool:
+    """Whether ``child``'s controller is another object than ``program`` (an earlier program
+    of its name, deleted, whose children the garbage collector has not removed yet)."""
+    uid = (program.get("metadata") or {}).get("uid")
+    references = (child.get("metadata") or {}).get("ownerReferences") or []
+    controller = next((ref for ref in references if ref.get("controller")), None)
+    return uid is not None and controller is not None and controller.get("uid") != uid
+
+
+def _strays(program: Document, name: str, runs: int, jobs: dict[str, Document]) -> list[str]:
+    """The Jobs of ``jobs`` that are no run of this program's now: an earlier program's of
+    its name, one of a run the status never recorded (made by a decision whose status write
+    failed, and left running on released slices), or an earlier run's still running."""
+    strays = []
+    for job_name_, job in sorted(jobs.items()):
+        run = job_name_.removeprefix(f"{name}-run-")
+        if not run.isdigit() or job_name_ == job_name(name, runs):
+            if _foreign(program, job):
+                strays.append(job_name_)
+            continue
+        active = _job_outcome(job)[0] is None
+        if _foreign(program, job) or int(run) > runs or (active and not is_deleting(job)):
+            strays.append(job_name_)
+    return strays
 
 
 def _stale(job: Document, program: PathwaysProgram) -> bool:
@@ -657,7 +693,11 @@ def reconcile_program(
             conditions, "SlicesReady", False, "Released", "the program holds no slices", now, gen
         )
 
-    job = view.job
+    strays = _strays(document, name, runs, view.jobs)
+    for stray in strays:
+        if not is_deleting(view.jobs[stray]):
+            decision.delete.append(ChildRef("batch/v1", "Job", namespace, stray))
+    job = None if view.job is None or _foreign(document, view.job) else view.job
     outcome, outcome_message = _job_outcome(job) if job is not None else (None, "")
     if job is None and runs and old.get("phase") == "Running":
         # The status says the run runs but its Job is gone: deleted by someone else (a run
@@ -930,6 +970,15 @@ def reconcile_program(
     if deadline_left is not None and deadline_left <= 0:
         return fail_past_deadline()
     run = runs + 1
+    if job_name(name, run) in strays:
+        # Created now, it would be that Job: the next decision, once it is gone, makes it.
+        message = (
+            f"Job {job_name(name, run)} of no run of this program (an earlier program of its "
+            f"name, or a run never recorded) is being deleted; run {run} starts once it is gone"
+        )
+        decision.recheck_after = STRAY_RECHECK_SECONDS
+        finish("Pending", "StaleJob", message)
+        return decision
     if program.spec.graph is not None:
         decision.apply.append(_graph_config_map(document, program))
     elif runs:  # edited from a graph to a driver: its graph goes
