@@ -848,3 +848,29 @@ def test_a_job_of_an_earlier_program_of_the_name_is_never_taken_for_a_run() -> N
     )
     decision = reconcile_program(view, NOW, IMAGE)
     assert decision.status["phase"] != "Succeeded"
+
+
+def test_the_deadline_counts_while_a_started_program_waits_for_its_slices() -> None:
+    """A program whose slice was preempted under its run waited Pending past its deadline for
+    ever: it was checked only when a run started or a Job ran."""
+    status = {
+        "phase": "Pending",
+        "reason": "SlicesLost",
+        "runs": 1,
+        "startTime": timestamp(NOW),
+    }
+    preempted = {
+        "metadata": OWNED,
+        "spec": {"devices": 2},
+        "status": {"phase": "Preempted", "reason": "Preempted"},
+    }
+    document = program(status=status, activeDeadlineSeconds=60)
+    waiting = decide(document, {"p-main": preempted}, after=20)
+    assert waiting.recheck_after == 40  # decided again when it runs out, with no event
+    assert (waiting.status or status)["phase"] == "Pending"
+    late = decide(document, {"p-main": preempted}, after=61)
+    assert (late.status["phase"], late.status["reason"]) == ("Failed", "DeadlineExceeded")
+    assert ChildRef("pathways.dev/v1alpha1", "VirtualSlice", "t", "p-main") in late.delete
+    # Never started: the deadline has not begun.
+    fresh = decide(program(activeDeadlineSeconds=60), {"p-main": preempted}, after=7200)
+    assert fresh.status["phase"] == "Pending" and fresh.recheck_after is None

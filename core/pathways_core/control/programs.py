@@ -951,6 +951,12 @@ def reconcile_program(
         finish("Pending", "SlicesLost", f"run {runs} stopped: {message}", "Warning")
         return decision
 
+    if (missing or waiting) and old.get("startTime") and deadline_left is not None:
+        # The deadline counts while a started program waits for its slices, as a Job's counts
+        # while its pods are pending: it waited past it for ever, Pending, with no recheck.
+        if deadline_left <= 0:
+            return fail_past_deadline()
+        decision.recheck_after = min(decision.recheck_after or deadline_left, deadline_left)
     if missing:
         message = "; ".join(missing)
         reason = "SliceNameTaken" if taken else "VirtualSliceNotFound"
