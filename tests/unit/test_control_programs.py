@@ -547,6 +547,12 @@ def test_a_cancelled_program_says_so() -> None:
     assert (decision.status["phase"], decision.status["reason"]) == ("Suspended", "Cancelled")
     assert "delete it to submit it again" in decision.status["message"]
     assert [e.reason for e in decision.events] == ["Cancelled"]
+    # Cancelled is for good: suspend cleared by a client other than the API (which refuses
+    # to resume it) started it again.
+    cleared = program(status=decision.status)
+    cleared["metadata"]["annotations"] = {"pathways.dev/cancelled": "true"}
+    again = decide(cleared, {"p-main": bound_slice()}, None, READY_ISLAND)
+    assert again.create == [] and (again.status or decision.status)["reason"] == "Cancelled"
 
 
 def test_an_inline_slice_name_taken_by_another_is_never_taken_over() -> None:

@@ -711,12 +711,16 @@ def reconcile_program(
         finish(old["phase"], old.get("reason"), old.get("message") or "")
         return decision
 
+    # Cancelled is suspended for good: whoever clears spec.suspend (kubectl edit, a client
+    # other than the API, which refuses to resume it) does not start it again.
+    cancelled = (meta.get("annotations") or {}).get(ANNOTATION_CANCELLED) == "true"
+
     def suspend() -> ProgramDecision:
         nonlocal conditions
         if job_active and job is not None:
             decision.delete.append(ChildRef("batch/v1", "Job", namespace, job_name(name, runs)))
         release_inline()
-        if (meta.get("annotations") or {}).get(ANNOTATION_CANCELLED) == "true":
+        if cancelled:
             reason = "Cancelled"
             message = (
                 "cancelled: the program's slices are released for good (delete it to submit "
@@ -733,7 +737,7 @@ def reconcile_program(
     # A run that failed is judged before a suspension releases its slices (released, they
     # would make its failure look like their loss).
     unjudged = outcome == "Failed" and int(old.get("restartedRun") or 0) != runs
-    if program.spec.suspend and not unjudged:
+    if (program.spec.suspend or cancelled) and not unjudged:
         return suspend()
 
     def past_deadline() -> bool:
@@ -840,7 +844,7 @@ def reconcile_program(
             finish("Failed", failure, f"run {runs}{limit}: {outcome_message}", "Warning")
             return decision
 
-    if program.spec.suspend:
+    if program.spec.suspend or cancelled:
         return suspend()
     deadline_left = _deadline_left(program, old, now)
     if job_active and not retry and deadline_left is not None and deadline_left <= 0:
