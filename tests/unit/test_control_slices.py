@@ -626,6 +626,34 @@ def test_a_slice_of_its_own_cannot_jump_the_queue_with_a_queued_since_annotation
     assert phases(plan)["p-m"] == ("Bound", None, Stage.BIND)
 
 
+def test_an_inline_slice_queues_from_its_programs_creation_not_its_annotation() -> None:
+    """Whoever may write a slice could annotate a program's inline slice (or a slice made to
+    look like one) queued since 2000, and jump the queue."""
+    from pathways_core.control.sharing import plan_bindings_shared
+
+    older = vslice("older", 8, created=1)
+    forged = inline("mine", "x", 8, created=50)
+    forged["metadata"]["annotations"] = {"pathways.dev/queued-since": "2000-01-01T00:00:00Z"}
+    mine = {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "PathwaysProgram",
+        "metadata": {
+            "name": "mine",
+            "namespace": "t",
+            "uid": "uid-mine",
+            "creationTimestamp": "2026-01-01T00:00:40Z",
+        },
+        "spec": {"slices": [{"name": "x", "devices": 8}], "driver": {"source": "pass"}},
+    }
+    for programs in ([mine], []):  # its program's creation; no program: its own
+        plan = plan_bindings_shared([island("a")], [forged, older], NOW, programs=programs)
+        assert phases(plan)["older"][0] == "Bound", programs
+    # Made before the other slice, the program's slice is bound first, as its program says.
+    mine["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    plan = plan_bindings_shared([island("a")], [forged, older], NOW, programs=[mine])
+    assert phases(plan)["mine-x"][0] == "Bound"
+
+
 # -- leases ----------------------------------------------------------------------------------
 
 

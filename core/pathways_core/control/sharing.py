@@ -54,6 +54,7 @@ from pathways_core.control.slices import (
     pending_status,
     plan_bindings,
     queued_since,
+    with_program_queue_times,
 )
 from pathways_core.control.tenants import Refusal, Tenants
 from pathways_core.resources import Island, VirtualSlice
@@ -146,7 +147,8 @@ def plan_bindings_shared(
     adds to the tenants' device quotas."""
     tenants = tenants or Tenants()
     # Before the groups are made: a slice released for its lease shares devices no more.
-    leases = check_leases(slices, now, programs or (), leases_since)
+    trusted = slices if programs is None else with_program_queue_times(slices, programs)
+    leases = check_leases(trusted, now, programs or (), leases_since)
     admitted, refused, names = _admitted(leases.held, tenants)
     plan = _plan_shared(
         islands,

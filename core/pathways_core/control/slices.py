@@ -147,6 +147,35 @@ def queued_since(document: Document) -> datetime | None:
     return parse_time(since) or parse_time(meta.get("creationTimestamp"))
 
 
+def with_program_queue_times(
+    slices: Sequence[Document], programs: Sequence[Document]
+) -> list[Document]:
+    """The slices, each inline one queued since its program's creation as ``programs`` say,
+    not as its annotation says (whoever may write a slice could set that, and jump the
+    queue); one of no program listed queues from its own creation."""
+    created = {
+        f"{_namespace(p)}/{(p.get('metadata') or {}).get('name')}/"
+        f"{(p.get('metadata') or {}).get('uid')}": (p.get("metadata") or {}).get(
+            "creationTimestamp"
+        )
+        for p in programs
+    }
+    trusted: list[Document] = []
+    for document in slices:
+        gang = gang_of(document)
+        meta = document.get("metadata") or {}
+        annotations = dict(meta.get("annotations") or {})
+        if gang is not None and created.get(gang):
+            annotations[ANNOTATION_QUEUED_SINCE] = created[gang]
+        else:
+            annotations.pop(ANNOTATION_QUEUED_SINCE, None)
+        if annotations == (meta.get("annotations") or {}):
+            trusted.append(document)
+        else:
+            trusted.append({**document, "metadata": {**meta, "annotations": annotations}})
+    return trusted
+
+
 def waiting_since(document: Document) -> datetime | None:
     """Since when an unbound slice has waited for devices: since it last lost them (preempted,
     released) or was first seen unbound, else since it was queued."""
