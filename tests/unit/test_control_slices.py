@@ -762,3 +762,16 @@ def test_programs_hold_the_slices_they_name_and_leases_wait_for_the_controller()
     started = later - timedelta(seconds=10)
     plan = plan_bindings([island("a")], held, later, leases_since=started)
     assert phases(plan) == {} and plan.next_expiry == started + timedelta(seconds=30)
+
+
+def test_a_preempted_slice_edited_while_it_waits_says_it_saw_the_edit() -> None:
+    """It kept observedGeneration 1 at generation 2: its program read "new spec is not bound
+    yet" instead of why it waits, and every event on it started another binding pass."""
+    waiting = {"phase": "Preempted", "reason": "Preempted", "message": "preempted by t/u"}
+    edited = vslice("v", 4, status={**waiting, "observedGeneration": 1}, generation=2)
+    holder = vslice("u", 8, priority=10, status=bound("a", list(range(8))))
+    plan = plan_bindings([island("a")], [edited, holder], NOW)
+    (change,) = [c for c in plan.changes if c.key == "t/v"]
+    assert change.status == {**waiting, "observedGeneration": 2} and change.stage is Stage.WAIT
+    seen = vslice("v", 4, status=change.status, generation=2)
+    assert not plan_bindings([island("a")], [seen, holder], NOW).changes

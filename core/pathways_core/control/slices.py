@@ -610,7 +610,12 @@ def plan_bindings(
             "InsufficientDevices",
             status.get("reason"),
         ):
-            continue  # keeps saying why it lost its devices while it waits for room
+            # It keeps saying why it lost its devices while it waits for room, and that it
+            # saw an edit (its program read "new spec not bound yet", and every event on it
+            # started another pass).
+            if status.get("observedGeneration") not in (None, generation(document)):
+                change(document, {**status, "observedGeneration": generation(document)}, Stage.WAIT)
+            continue
         assert isinstance(decision, Pending)
         new = _status(document, "Pending", now, reason=decision.reason, message=decision.message)
         if not _same(status, new):
