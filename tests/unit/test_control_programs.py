@@ -9,7 +9,7 @@ from typing import Any
 import pathways_client.run_graph as run_graph
 from pathways_core.control import ChildRef, ProgramView, reconcile_program
 from pathways_core.control.common import timestamp
-from pathways_core.control.programs import island_client_name
+from pathways_core.control.programs import island_client_name, restart_backoff
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 IMAGE = "pathways:test"
@@ -805,7 +805,7 @@ def test_a_job_of_no_recorded_run_is_deleted_before_its_name_is_used() -> None:
         }
         return document
 
-    running = {"phase": "Running", "reason": "Running", "runs": 1, "restarts": 1}
+    running = {"phase": "Running", "reason": "Running", "runs": 1, "restarts": 0}
     first, stray = made(1, "Failed"), made(2, None)
     jobs = {"p-run-1": first, "p-run-2": stray}
 
@@ -880,3 +880,25 @@ def test_the_deadline_counts_while_a_started_program_waits_for_its_slices() -> N
     # Never started: the deadline has not begun.
     fresh = decide(program(activeDeadlineSeconds=60), {"p-main": preempted}, after=7200)
     assert fresh.status["phase"] == "Pending" and fresh.recheck_after is None
+
+
+def test_restarts_back_off_as_a_jobs_pods_do() -> None:
+    """A crash-looping driver was started again every failure grace (10 s) for as many
+    restarts as it was allowed."""
+    failed = job("Failed")
+    status = {"phase": "Running", "reason": "Running", "runs": 2, "restarts": 1}
+    failed["metadata"]["name"] = "p-run-2"
+    document = program(status=status, restartPolicy="OnFailure", maxRestarts=5)
+    judged = decide(document, {"p-main": bound_slice()}, failed, READY_ISLAND)
+    # The second restart waits a failure grace (10 s) more: 20 s after its run failed.
+    assert (judged.status["phase"], judged.status["reason"]) == ("Pending", "BackOff")
+    assert judged.create == [] and judged.recheck_after == 10
+    assert judged.status["restarts"] == 2 and "run 3 starts at" in judged.status["message"]
+    assert any("in 10 s" in event.message for event in judged.events)
+    later = program(status=judged.status, restartPolicy="OnFailure", maxRestarts=5)
+    waiting = decide(later, {"p-main": bound_slice()}, failed, READY_ISLAND, after=4)
+    assert waiting.create == [] and waiting.recheck_after == 6
+    started = decide(later, {"p-main": bound_slice()}, failed, READY_ISLAND, after=10)
+    assert [child["metadata"]["name"] for child in started.create] == ["p-run-3"]
+    assert "nextRunTime" not in started.status
+    assert [restart_backoff(n, 10) for n in (1, 2, 3, 4, 9)] == [0, 10, 30, 70, 360]

@@ -28,7 +28,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pathways_core.allocator import program_slice_name
@@ -76,6 +76,8 @@ REBOUND = "was bound again elsewhere"
 # How soon a run whose Job's name a stray Job holds is tried again (its deletion is an
 # event too; this is in case it is missed).
 STRAY_RECHECK_SECONDS = 2.0
+MAX_RESTART_BACKOFF_SECONDS = 360.0
+"""The longest a restart waits after its run failed (a Job's pod backoff is capped at 6 min)."""
 RUN_SPEC_ANNOTATION = "pathways.dev/run-spec"
 """On a run's Job: the digest of the spec it was made from (:func:`run_spec_digest`)."""
 LIVE_FIELDS = ("suspend", "restartPolicy", "maxRestarts", "activeDeadlineSeconds")
@@ -86,6 +88,14 @@ def run_spec_digest(program: PathwaysProgram) -> str:
     """Digest of what a run is made from: the spec but for :data:`LIVE_FIELDS`."""
     wire = {k: v for k, v in program.spec.to_wire().items() if k not in LIVE_FIELDS}
     return hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def restart_backoff(restarts: int, failure_grace: float) -> float:
+    """Seconds the ``restarts``-th restart waits once its failed run is judged (which is
+    ``failure_grace`` after it failed): none for the first, then so that the n-th starts
+    ``failure_grace`` x 2^(n-1) after its run failed, as a Job's pods back off (10 s, 20 s,
+    40 s...), at most :data:`MAX_RESTART_BACKOFF_SECONDS`."""
+    return min(failure_grace * (2 ** max(0, restarts - 1) - 1), MAX_RESTART_BACKOFF_SECONDS)
 
 
 def job_name(program: str, run: int) -> str:
@@ -818,7 +828,10 @@ def reconcile_program(
             and restarts < program.spec.max_restarts
         ):
             restarts += 1
+            backoff = restart_backoff(restarts, failure_grace)
             status.update(restarts=restarts, restartedRun=runs)
+            if backoff:
+                status["nextRunTime"] = timestamp(now + timedelta(seconds=backoff))
             retry = True
             decision.events.append(
                 Event(
@@ -826,7 +839,7 @@ def reconcile_program(
                     "Warning",
                     "Restarting",
                     f"run {runs} failed ({outcome_message}); restart {restarts} of "
-                    f"{program.spec.max_restarts}",
+                    f"{program.spec.max_restarts}" + (f", in {backoff:g} s" if backoff else ""),
                 )
             )
         else:
@@ -980,6 +993,22 @@ def reconcile_program(
     if deadline_left is not None and deadline_left <= 0:
         return fail_past_deadline()
     run = runs + 1
+    next_run = parse_time(status.get("nextRunTime"))
+    if next_run is not None and next_run > now:
+        # A restart backs off, as a Job's pods do: a crash-looping driver was started again
+        # every failure grace for as many restarts as it was allowed.
+        wait = (next_run - now).total_seconds()
+        if deadline_left is not None:
+            wait = min(wait, deadline_left)
+        decision.recheck_after = wait
+        message = (
+            f"run {run} starts at {timestamp(next_run)}: restart {restarts} backs off after "
+            f"run {runs} failed"
+        )
+        conditions = set_condition(conditions, "Running", False, "BackOff", message, now, gen)
+        finish("Pending", "BackOff", message)
+        return decision
+    status.pop("nextRunTime", None)
     if job_name(name, run) in strays:
         # Created now, it would be that Job: the next decision, once it is gone, makes it.
         message = (

@@ -451,6 +451,11 @@ class PathwaysProgramStatus(Model):
         ge=0,
         description="Runs started so far; run n is the Job <program>-run-<n>.",
     )
+    next_run_time: datetime | None = Field(
+        default=None,
+        description="When the next run may start: a restart backs off after its run failed "
+        "(the failure grace, doubled at each restart, at most 6 minutes).",
+    )
     start_time: datetime | None = Field(default=None, description="When the program started.")
     completion_time: datetime | None = Field(default=None, description="When it finished.")
     reason: str | None = Field(
