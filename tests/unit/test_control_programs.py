@@ -84,6 +84,15 @@ def test_invalid_program_fails_once() -> None:
     again = decide(dict(document, status=decision.status))
     assert again.status is None and again.events == []
 
+    # Its spec fixed before it ever ran, it starts as a new one would (it stayed Failed,
+    # naming the old spec's problem beside the new generation).
+    fixed = program(status=decision.status)
+    fixed["metadata"]["generation"] = 2
+    started = decide(fixed, {"p-main": bound_slice()}, None, READY_ISLAND)
+    assert (started.status["phase"], started.status["runs"]) == ("Running", 1)
+    valid = next(c for c in started.status["conditions"] if c["type"] == "Valid")
+    assert (valid["status"], valid["observedGeneration"]) == ("True", 2)
+
 
 def test_inline_slices_are_created_owned_by_the_program() -> None:
     document = program(priority=7, tenant="research")

@@ -716,6 +716,14 @@ def reconcile_program(
     failure = "JobFailed" if job is not None else "JobDeleted"
     job_active = job is not None and outcome is None
 
+    if old.get("reason") == "InvalidSpec" and old.get("phase") == "Failed" and not runs:
+        # It never ran, and its spec is valid now (it was edited): it starts as a new one
+        # would. It stayed Failed for good, its status naming the old spec's problem.
+        for key in ("phase", "reason", "message", "completionTime"):
+            old.pop(key, None)
+            status.pop(key, None)
+        conditions = set_condition(conditions, "Valid", True, "Valid", "", now, gen)
+
     if old.get("phase") in TERMINAL:
         release_inline()
         finish(old["phase"], old.get("reason"), old.get("message") or "")
