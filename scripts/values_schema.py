@@ -23,7 +23,11 @@ from typing import Any
 
 from pathways_core.accelerators import AcceleratorKind, accelerator_info
 from pathways_core.crds import all_crds
-from pathways_core.resources.base import DNS_LABEL_PATTERN, MAX_PRIORITY
+from pathways_core.resources.base import (
+    DNS_1035_LABEL_PATTERN,
+    DNS_LABEL_PATTERN,
+    MAX_PRIORITY,
+)
 from pathways_core.resources.island import ISLAND_NAME
 from pathways_operator.config import MIN_PEERING_LIFETIME_SECONDS
 
@@ -33,6 +37,19 @@ MESH_RANKS = Path("files") / "mesh-ranks.json"  # beside the schema, read by tem
 
 DURATION = r"^([0-9]+(ms|s|m|h|d|w|y))+$"  # Prometheus' durations (30s, 1m30s)
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# An OCI image reference (the distribution project's grammar, without IPv6 hosts): an optional
+# registry host[:port], path components, then ":tag" and/or "@digest". The chart joins
+# image.repository and image.tag with ":", so each is checked on its own: a space or " #" in
+# either rendered an invalid reference or cut it short as a YAML comment.
+_HOST = (
+    r"[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?)*(:[0-9]+)?/"
+)
+_PATH = r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,}"
+IMAGE_REPOSITORY = f"^({_HOST})?{_PATH}$"
+IMAGE_TAG = f"^({_TAG})?$"  # "": the chart's appVersion
+IMAGE_REFERENCE = f"^({_HOST})?{_PATH}(:{_TAG})?(@{_DIGEST})?$"
 QUANTITY = {
     "type": ["string", "integer", "number"],
     "description": "A Kubernetes quantity such as 2, 500m or 16Gi.",
@@ -95,6 +112,23 @@ def rate_limit(description: str) -> dict[str, Any]:
 
 
 OPEN_OBJECT = {"type": "object"}
+# A container's environment variable, as a pod takes it (a bare string rendered "- foo").
+# Values are strings: helm reads a number in a values file as a float, and a quoted 1000000
+# would reach the pod as "1e+06".
+ENV = {
+    "type": "array",
+    "description": 'More environment variables: [{name: X, value: "1"}] or valueFrom.',
+    "items": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "minLength": 1},
+            "value": {"type": "string"},
+            "valueFrom": {"type": "object"},
+        },
+        "required": ["name"],
+    },
+}
 STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 LIST = {"type": "array"}
 PORT = integer("A TCP port.", minimum=1, maximum=65535)
@@ -132,7 +166,7 @@ def pod_settings() -> dict[str, Any]:
     return {
         "replicas": integer("Number of pods.", minimum=0, maximum=100),
         "extraArgs": {"type": "array", "items": {"type": "string"}},
-        "env": LIST,
+        "env": ENV,
         "resources": OPEN_OBJECT,
         "nodeSelector": STRING_MAP,
         "tolerations": LIST,
@@ -178,6 +212,18 @@ def values_schema() -> dict[str, Any]:
     """The whole values schema."""
     # Required fields may come from islandDefaults: the island template checks them merged.
     spec = {key: value for key, value in island_spec_schema().items() if key != "required"}
+    # A one-axis topology written as a number (topology: 8, or --set ...topology=8) is what
+    # users write: the island template renders it as the string the CRD takes. Numbers stop
+    # at the pattern's 4 digits (a values file's numbers are floats: larger ones print as 1e+06).
+    topology = spec["properties"]["topology"]
+    spec["properties"]["topology"] = {
+        **topology,
+        "type": ["string", "integer"],
+        "minimum": 1,
+        "maximum": 9999,
+    }
+    # The chart's image reference is checked above; an island's own is checked alike.
+    spec["properties"]["image"] = {**spec["properties"]["image"], "pattern": IMAGE_REFERENCE}
     defaults = {**spec, "description": "Deep-merged under the spec of every island."}
     island = obj(
         {
@@ -203,12 +249,27 @@ def values_schema() -> dict[str, Any]:
             {
                 # Helm passes a `global` map to every chart (shared with subcharts).
                 "global": OPEN_OBJECT,
-                "nameOverride": string(),
-                "fullnameOverride": string(),
+                # Object names and the app.kubernetes.io/name label are made from these
+                # (Bad_Name rendered "pw-Bad_Name-schedulers"); the full name also starts
+                # Service names, which begin with a letter.
+                "nameOverride": string(
+                    "Replaces the chart's name in object names: a DNS label.",
+                    pattern=f"^$|{DNS_LABEL_PATTERN}",
+                ),
+                "fullnameOverride": string(
+                    "Replaces <release>-<name>: a DNS label starting with a letter.",
+                    pattern=f"^$|{DNS_1035_LABEL_PATTERN}",
+                ),
                 "image": obj(
                     {
-                        "repository": string("Image repository.", minLength=1),
-                        "tag": string("Image tag; defaults to the chart's appVersion."),
+                        "repository": string(
+                            "Image repository: [host[:port]/]path, without a tag.",
+                            pattern=IMAGE_REPOSITORY,
+                            maxLength=255,
+                        ),
+                        "tag": string(
+                            "Image tag; defaults to the chart's appVersion.", pattern=IMAGE_TAG
+                        ),
                         "pullPolicy": string(enum=["Always", "IfNotPresent", "Never"]),
                     },
                     "The one image of every component.",
@@ -237,7 +298,10 @@ def values_schema() -> dict[str, Any]:
                         ),
                         "healthPort": PORT,
                         "metricsPort": PORT,
-                        "childImage": string("Image of the pods the operator creates."),
+                        "childImage": string(
+                            "Image of the pods the operator creates; defaults to the chart's.",
+                            pattern=f"^$|{IMAGE_REFERENCE}",
+                        ),
                         "controlTokens": {
                             "type": "boolean",
                             "description": "A control token per island, in a Secret of its own.",
@@ -300,7 +364,26 @@ def values_schema() -> dict[str, Any]:
                                 "hosts": {
                                     "type": "array",
                                     "items": obj(
-                                        {"host": string(), "paths": LIST},
+                                        {
+                                            "host": string(),
+                                            "paths": {
+                                                "type": "array",
+                                                "minItems": 1,
+                                                "items": obj(
+                                                    {
+                                                        "path": string(pattern="^/"),
+                                                        "pathType": string(
+                                                            enum=[
+                                                                "Exact",
+                                                                "Prefix",
+                                                                "ImplementationSpecific",
+                                                            ]
+                                                        ),
+                                                    },
+                                                    required=["path"],
+                                                ),
+                                            },
+                                        },
                                         required=["host", "paths"],
                                     ),
                                 },

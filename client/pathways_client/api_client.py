@@ -52,6 +52,36 @@ class ApiCallError(RuntimeError):
         self.retry_after = retry_after  # seconds the server asked to wait (Retry-After)
 
 
+def _checked_url(url: str) -> str:
+    """``url`` if it is an http(s) URL with a host; else ``ValueError`` saying what is wrong
+    (httpx's ``InvalidURL`` was a traceback)."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as error:
+        raise ValueError(
+            f"API URL {url!r} is not a URL ({error}): expected http(s)://HOST[:PORT]"
+        ) from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"API URL {url!r}: expected http(s)://HOST[:PORT]")
+    return url
+
+
+def _checked_token(token: str | None) -> str | None:
+    """``token`` without surrounding whitespace (a token file's newline); ``ValueError`` if
+    what is left is no bearer token, naming where, never the token (it was "Unreachable")."""
+    if token is None:
+        return None
+    token = token.strip()
+    for position, character in enumerate(token):
+        if not (character.isascii() and character.isprintable()) or character == " ":
+            raise ValueError(
+                "the bearer token (--token or PATHWAYS_TOKEN) has character "
+                f"U+{ord(character):04X} at position {position}: a token is printable ASCII "
+                "without spaces"
+            )
+    return token
+
+
 class ApiClient:
     """Calls of one tenant (its bearer token) to one API server."""
 
@@ -66,8 +96,9 @@ class ApiClient:
         sleep: Callable[[float], None] = time.sleep,
         verify: ssl.SSLContext | bool | None = None,
     ) -> None:
+        token = _checked_token(token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.url = url.rstrip("/")
+        self.url = _checked_url(url).rstrip("/")
         if verify is None:  # an https URL's certificate is checked against PATHWAYS_TLS_CA
             loaded = tls.load()  # (TlsConfigError when half set), else the system's CAs
             verify = loaded.client if loaded is not None else True

@@ -26,10 +26,13 @@ from pathways_client.crd_files import check_crds, write_crds
 from pathways_client.manifests import (
     Document,
     ManifestSyntaxError,
+    defined_already,
     flag_duplicates,
     manifest_files,
+    object_key,
     parse_documents,
     read_documents,
+    unique_files,
 )
 from pathways_client.mesh_view import islands_table, slice_styles
 from pathways_client.outputs import OutputPath
@@ -95,13 +98,18 @@ def crds(folders: tuple[Path, ...], check: bool) -> None:
             console.print(f"wrote {path}", markup=False)
 
 
+MANIFEST_PATHS = click.Path(exists=True, allow_dash=True, path_type=Path)
+"""Files and folders of manifests, or '-' for standard input (as ``submit`` reads it)."""
+
+
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=MANIFEST_PATHS)
 def validate(paths: tuple[Path, ...]) -> None:
     """Validate manifests of Islands, VirtualSlices and PathwaysPrograms.
 
-    PATHS are YAML files (multi-document) or folders searched for *.yaml, *.yml and *.json.
-    Documents of other API groups are skipped. Exits 1 if any problem is found.
+    PATHS are YAML files (multi-document) or folders searched for *.yaml, *.yml and *.json;
+    '-' is standard input. Documents of other API groups are skipped. Exits 1 if any problem
+    is found (a file of no document is one).
     """
     documents = _read(paths)
     problems = 0
@@ -119,14 +127,15 @@ def validate(paths: tuple[Path, ...]) -> None:
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=MANIFEST_PATHS)
 @click.option("--no-preempt", is_flag=True, help="Never evict lower-priority slices.")
 def place(paths: tuple[Path, ...], no_preempt: bool) -> None:
     """Bind the slices of manifests to the islands of manifests, with the global allocator.
 
-    Islands, VirtualSlices and the inline slices of PathwaysPrograms are read from PATHS;
-    slices are bound in the order they appear (higher priority ones may preempt lower), and
-    the placements are printed with a picture of every island's mesh.
+    Islands, VirtualSlices and the inline slices of PathwaysPrograms are read from PATHS
+    (files, folders, or '-' for standard input); slices are bound in the order they appear
+    (higher priority ones may preempt lower), and the placements are printed with a picture
+    of every island's mesh.
     """
     documents = _read(paths)
     invalid = [d for d in documents if d.checked.problems]
@@ -733,8 +742,9 @@ def submit(
 ) -> None:
     """Submit the PathwaysPrograms and VirtualSlices of YAML or JSON FILES (folders: the
     manifests below them; '-': standard input), in order. All are read first: a file that
-    cannot be read, or a document of another kind, submits nothing; a document the API
-    refuses stops the submission there (those before it stay submitted)."""
+    cannot be read, a document of another kind, or two defining the same object, submits
+    nothing; a document the API refuses stops the submission there (those before it stay
+    submitted)."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout is a limit of --wait: give both, or neither")
     documents = _submittable_documents(files)
@@ -761,8 +771,8 @@ SUBMITTABLE = ("PathwaysProgram", "VirtualSlice")
 
 def _submittable_documents(files: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
     """Every document of ``files`` (folders expanded), labelled ``FILE: document N``, without
-    what the system sets (a ``get -o yaml`` dump's status, uid, resourceVersion, ...); exit
-    naming the first file or document that cannot be submitted."""
+    what the system sets (a ``get -o yaml`` dump's status, uid, resourceVersion, ...), each
+    file once; exit naming the first file or document that cannot be submitted."""
     paths: list[str] = []
     for given in files:
         if given == "-" or not Path(given).is_dir():
@@ -772,7 +782,8 @@ def _submittable_documents(files: tuple[str, ...]) -> list[tuple[str, dict[str, 
         else:
             _fail(f"{given}: a folder with no manifests (.yaml, .yml or .json) below it")
     documents = []
-    for path in paths:
+    defined: dict[tuple[str | None, str | None, str], str] = {}  # object -> its first label
+    for path in unique_files(paths):
         where = "standard input" if path == "-" else path
         try:
             with click.open_file(path, encoding="utf-8") as stream:
@@ -796,6 +807,11 @@ def _submittable_documents(files: tuple[str, ...]) -> list[tuple[str, dict[str, 
                     "VirtualSlices are submitted (Islands are the cluster's: its "
                     "administrators apply them)"
                 )
+            key = object_key(document)
+            if key is not None and key in defined:  # the API would refuse it, after the first
+                _fail(f"{label} ({key[0]} {key[2]}): {defined_already(defined[key])}")
+            if key is not None:
+                defined[key] = f"{label} ({key[0]} {key[2]})"
             documents.append((label, without_system_fields(document)))
     return documents
 

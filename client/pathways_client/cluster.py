@@ -665,7 +665,10 @@ def _connect_api(
                 f"pathways up --state {folder} --tenant {tenant}"
             )
     token = token or os.environ.get(ENV_TOKEN)
-    api = ApiClient(str(url), token)
+    try:
+        api = ApiClient(str(url), token)
+    except ValueError as error:  # the URL or token is malformed; TLS settings half set
+        raise ConnectError(str(error)) from None
     try:
         me = api.me()
         listed = api.list("islands")

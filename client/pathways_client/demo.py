@@ -22,10 +22,14 @@ import contextlib
 import json
 import secrets
 import shutil
+import signal
 import tempfile
 import textwrap
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -182,28 +186,83 @@ def run_demo(state: Path | None, out: Path, keep: bool, console: Console) -> Non
     ]
     began = time.monotonic()
     console.rule("[bold]Pathways demo[/]: an embedded cluster, driven through its REST API")
-    with console.status("starting the embedded cluster") as status:
-        info = up(state, islands, tenants, progress=lambda stage: status.update(stage))
-    console.print(
-        f"[green]✓[/] cluster up in {time.monotonic() - began:.0f} s: API {info.api}, islands "
-        + ", ".join(f"{n} ({i['hosts']}x{i['devicesPerHost']})" for n, i in info.islands.items())
-        + f", state in {escape(str(state))}"
-    )
-    keys = tokens(state)
-    clients = {tenant: ApiClient(info.api, keys[tenant]) for tenant in tenants}
-    try:
-        _pipeline(clients["team-llm"], console, run)
-        _tenants({f"tenant-w{w}": clients[f"tenant-w{w}"] for w in WEIGHTS}, out, console, run)
-    finally:
-        for client in clients.values():
-            client.close()
-        if not keep:
-            with console.status("stopping the embedded cluster"):
-                down(state)
-                if temporary:
-                    shutil.rmtree(state, ignore_errors=True)
-            console.print("[green]✓[/] cluster stopped")
+    clients: dict[str, ApiClient] = {}
+    # Stopped (Ctrl-C, or SIGTERM as `timeout` and CI runners send) at any point, even while
+    # the cluster starts, the demo still stops it: its ~15 processes outlived it.
+    with _terminate_as_interrupt():
+        try:
+            with console.status("starting the embedded cluster") as status:
+                info = up(state, islands, tenants, progress=lambda stage: status.update(stage))
+            console.print(
+                f"[green]✓[/] cluster up in {time.monotonic() - began:.0f} s: API {info.api}, "
+                "islands "
+                + ", ".join(
+                    f"{n} ({i['hosts']}x{i['devicesPerHost']})" for n, i in info.islands.items()
+                )
+                + f", state in {escape(str(state))}"
+            )
+            keys = tokens(state)
+            clients = {tenant: ApiClient(info.api, keys[tenant]) for tenant in tenants}
+            _pipeline(clients["team-llm"], console, run)
+            weighted = {f"tenant-w{w}": clients[f"tenant-w{w}"] for w in WEIGHTS}
+            _tenants(weighted, out, console, run)
+        finally:
+            _stop(state, clients, keep, temporary, console)
     console.print(f"demo finished in {time.monotonic() - began:.0f} s")
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises ``KeyboardInterrupt`` meanwhile (in the main thread), so cleanups run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _stop(
+    state: Path, clients: dict[str, ApiClient], keep: bool, temporary: bool, console: Console
+) -> None:
+    """Close the API clients and, unless ``keep``, stop the cluster (and remove a temporary
+    state folder); a second interrupt meanwhile is ignored, so the stop ends."""
+    for client in clients.values():
+        client.close()
+    if not keep:
+        with _interrupts_ignored(), console.status("stopping the embedded cluster"):
+            down(state)
+            if temporary:
+                shutil.rmtree(state, ignore_errors=True)
+        console.print("[green]✓[/] cluster stopped")
+
+
+@contextlib.contextmanager
+def _interrupts_ignored() -> Iterator[None]:
+    """Ctrl-C and SIGTERM are ignored meanwhile (in the main thread; by a Python handler,
+    not SIG_IGN, which processes started meanwhile would inherit)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {number: signal.signal(number, _ignore) for number in _STOPS}
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+
+
+_STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """A signal handler doing nothing."""
 
 
 def _pipeline(client: ApiClient, console: Console, run: str) -> None:

@@ -826,33 +826,44 @@ def _up(
         )
     deadline = time.monotonic() + timeout
     said, failure = "", None
-    while time.monotonic() < deadline:
-        info = read_info(state)
-        if info is not None and info.supervisor == supervisor.pid:
-            if info.ready:
-                return info
-            if info.error:
-                failure = info.error
+    try:
+        while time.monotonic() < deadline:
+            info = read_info(state)
+            if info is not None and info.supervisor == supervisor.pid:
+                if info.ready:
+                    return info
+                if info.error:
+                    failure = info.error
+                    break
+                stage = f"islands {len(info.islands)}/{len(islands)}"
+                if len(info.islands) == len(islands):
+                    stage = "resource manager and API"
+                if progress is not None and stage != said:
+                    progress(stage)
+                    said = stage
+            if supervisor.poll() is not None:
                 break
-            stage = f"islands {len(info.islands)}/{len(islands)}"
-            if len(info.islands) == len(islands):
-                stage = "resource manager and API"
-            if progress is not None and stage != said:
-                progress(stage)
-                said = stage
-        if supervisor.poll() is not None:
-            break
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(supervisor.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        supervisor.wait(timeout=30)  # its last words are in its log once it has ended
+            time.sleep(0.2)
+    except BaseException:
+        # Interrupted while it starts (Ctrl-C): the half-started cluster goes too (its
+        # supervisor, a session of its own, ran on with its islands).
+        _stop_starting(supervisor)
+        raise
+    _stop_starting(supervisor)
     tail = "\n".join((state / "supervisor.log").read_text(errors="replace").splitlines()[-15:])
     raise EmbeddedError(
         "the embedded cluster did not start"
         + (f": {failure}" if failure else "")
         + f"\n{state}/supervisor.log ends with:\n{tail}"
     )
+
+
+def _stop_starting(supervisor: subprocess.Popen[bytes]) -> None:
+    """Stop a supervisor whose cluster did not start, and wait for it to end."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(supervisor.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        supervisor.wait(timeout=30)  # its last words are in its log once it has ended
 
 
 def _last_line(log: Path) -> str:

@@ -14,7 +14,8 @@ import click
 
 class OutputPath(click.ParamType):
     """A file the command writes (a folder with ``folder``), ending in one of ``suffixes``
-    when given: its folders are made and it is tried for writing, leaving what is there."""
+    when given: its folders are made and it is tried for writing, leaving what is there (the
+    folders made are removed when the command ends with nothing written in them)."""
 
     name = "path"
 
@@ -32,12 +33,26 @@ class OutputPath(click.ParamType):
             self.fail(f"{in_the_way} is a file, not a folder", param, ctx)
         if path.exists() and path.is_dir() != self.folder:
             self.fail(f"{path} is not {'a folder' if self.folder else 'a file'}", param, ctx)
+        folder = path if self.folder else path.parent
+        made = [p for p in (folder, *folder.parents) if not p.exists()]
         try:
-            (path if self.folder else path.parent).mkdir(parents=True, exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)
             _try_writing(path, self.folder)
         except OSError as error:
             self.fail(f"cannot write {path}: {error.strerror or error}", param, ctx)
+        finally:
+            if ctx is not None:  # the folders made go when nothing was written in them
+                ctx.call_on_close(lambda: _remove_empty(made))
         return path
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (the command wrote there), or gone
+            return
 
 
 def _try_writing(path: Path, folder: bool) -> None:

@@ -328,7 +328,11 @@ def check_document(document: Any, strict: bool = False) -> Checked:
     name = metadata.get("name") if isinstance(metadata, dict) else None
     if not isinstance(api_version, str) or not api_version:
         return Checked(kind, name, None, (Problem("apiVersion", "required field is missing"),))
-    if api_version.split("/")[0] != API_GROUP:
+    group = api_version.split("/")[0]
+    # A kind of ours in a group like ours (pathway.dev, Pathways.dev) is a typo, not another
+    # project's resource to skip.
+    misspelt = isinstance(kind, str) and kind in KINDS and "pathway" in group.lower()
+    if group != API_GROUP and not misspelt:
         return Checked(kind, name, None, (), skipped=True)
     if api_version != GROUP_VERSION:
         return Checked(
@@ -337,9 +341,12 @@ def check_document(document: Any, strict: bool = False) -> Checked:
             None,
             (Problem("apiVersion", f"expected {GROUP_VERSION}{_got(api_version)}"),),
         )
+    expected = ", ".join(KINDS)
+    if kind is None:
+        missing = f"required field is missing (expected one of {expected})"
+        return Checked(None, name, None, (Problem("kind", missing),))
     info = KINDS.get(kind) if isinstance(kind, str) else None
     if info is None:
-        expected = ", ".join(KINDS)
         return Checked(
             kind, name, None, (Problem("kind", f"expected one of {expected}{_got(kind)}"),)
         )

@@ -35,6 +35,30 @@ def test_an_unreachable_api_is_named(pathways, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("api", "token", "said"),
+    [
+        ("http://[::1", "t", "API URL 'http://[::1' is not a URL (Invalid port"),
+        ("http://a:b:c", "t", "API URL 'http://a:b:c' is not a URL"),
+        ("localhost:8080", "t", "API URL 'localhost:8080': expected http(s)://HOST[:PORT]"),
+        ("http://127.0.0.1:9", "a\nb", "has character U+000A at position 1"),
+        ("http://127.0.0.1:9", "\u00e4", "has character U+00E4 at position 0"),
+    ],
+)
+def test_a_malformed_api_url_or_token_is_named_not_a_traceback(
+    pathways, api: str, token: str, said: str
+) -> None:
+    """``httpx.InvalidURL`` was a traceback; a token with a newline was "Unreachable"."""
+    result = pathways("get", "--api", api, "--token", token)
+    assert result.exit_code == 1 and said in result.output, result.output
+    assert token not in result.output or token == "t"  # a token is never printed
+
+
+def test_a_token_files_newline_is_no_part_of_the_token(pathways) -> None:
+    result = pathways("get", "--api", "http://127.0.0.1:9", "--token", "secret\n")
+    assert "Unreachable" in result.output and "secret" not in result.output
+
+
+@pytest.mark.parametrize(
     "command", ["get", "cancel", "suspend", "resume", "delete", "logs", "trace"]
 )
 @pytest.mark.parametrize("name", ["a/../b", "Big", "x" * 254, "x."])
@@ -120,6 +144,26 @@ def test_submit_reads_every_file_and_folder_first_and_sends_nothing_if_one_is_wr
     empty.mkdir()
     nothing = pathways("submit", str(empty), *api)
     assert nothing.exit_code == 1 and "a folder with no manifests" in nothing.output
+
+
+def test_submit_refuses_an_object_defined_twice_before_sending_any(
+    pathways, tmp_path: Path
+) -> None:
+    """`validate` flagged it, but `submit` created the first and failed on the second,
+    leaving the set half submitted."""
+    slice_ = "kind: VirtualSlice\nmetadata: {name: s, namespace: team}\nspec: {devices: 1}\n"
+    path = tmp_path / "twice.yaml"
+    path.write_text(slice_ + "---\n" + slice_.replace("devices: 1", "devices: 2"))
+    result = pathways("submit", str(path), "--api", "http://127.0.0.1:9", "--token", "t")
+    assert result.exit_code == 1
+    assert (
+        f"{path}: document 2 (VirtualSlice s): metadata.name: defined already, by {path}: "
+        "document 1 (VirtualSlice s): names must differ" in " ".join(result.output.split())
+    )
+    assert "Unreachable" not in result.output  # refused before sending
+    path.write_text(slice_ + "---\n" + slice_.replace("team", "other"))  # another object
+    sent = pathways("submit", str(path), "--api", "http://127.0.0.1:9", "--token", "t")
+    assert f"{path}: document 1: Unreachable" in sent.output
 
 
 def test_submit_refuses_a_timeout_without_wait_before_reading_the_file(

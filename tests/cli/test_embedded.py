@@ -830,3 +830,35 @@ def test_a_state_path_that_is_a_file_says_so(
     assert result.exit_code == 1
     output = " ".join(result.output.split())
     assert f"cannot use the state directory: a file is in the way ({in_the_way})" in output
+
+
+def test_a_demo_stopped_while_its_cluster_starts_leaves_nothing_running(tmp_path: Path) -> None:
+    """``timeout 30 pathways demo`` left its whole cluster running (~15 processes): SIGTERM
+    was not handled, and an interrupt while the cluster started skipped its stop."""
+    state = tmp_path / "state"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "pathways_client", "demo", "--state", str(state)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        pids: list[int] = []
+        while time.monotonic() < deadline and demo.poll() is None:
+            info = read_info(state)
+            pids = [
+                pid for island in (info.islands if info else {}).values() for pid in island["pids"]
+            ]
+            if pids:  # the first island runs; the cluster is still starting
+                break
+            time.sleep(0.1)
+        assert pids and info is not None and not info.ready, "the cluster never began to start"
+        demo.send_signal(signal.SIGTERM)
+        _, errors = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode != 0, errors
+    assert_all_stop([info.supervisor, *pids])
+    assert read_info(state) is None

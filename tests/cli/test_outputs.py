@@ -47,6 +47,16 @@ def test_an_output_in_folders_yet_to_be_made_is_made_room_for(tmp_path: Path) ->
     assert folder.is_dir() and not any(folder.iterdir())
 
 
+def test_folders_made_for_an_output_go_when_the_command_fails_before_writing(
+    tmp_path: Path, pathways
+) -> None:
+    """``pathways trace x --out /new/dir/t.json`` with no API made /new/dir, and left it."""
+    out = tmp_path / "new" / "dir" / "t.json"
+    result = pathways("trace", "x", "--state", str(tmp_path / "none"), "--out", str(out))
+    assert result.exit_code == 1 and "pathways up" in result.output
+    assert not (tmp_path / "new").exists()
+
+
 def test_crds_refuses_a_folder_it_could_not_write(a_file: Path, pathways) -> None:
     for out in (a_file, a_file / "crds"):
         result = pathways("crds", "--out", str(out))

@@ -85,3 +85,19 @@ def test_time_shared_slices_share_the_devices_as_the_cluster_binds_them(
     (tmp_path / "shared.yaml").write_text(TIME_SHARED)
     out = pathways("place", str(tmp_path)).stdout
     assert "u/t2: Preempted with t/t1, whose devices it shared" in out
+
+
+def test_reads_standard_input_for_a_dash(root: Path) -> None:
+    """`pathways place -` said "Path '-' does not exist", where `submit -` reads it."""
+    from click.testing import CliRunner
+
+    from pathways_client.cli import main
+
+    island = (root / "examples" / "islands" / "cpu-fake.yaml").read_text()
+    slice_ = (
+        "apiVersion: pathways.dev/v1alpha1\nkind: VirtualSlice\n"
+        "metadata: {name: s, namespace: team}\nspec: {devices: 2}\n"
+    )
+    result = CliRunner().invoke(main, ["place", "-"], input=island + "\n---\n" + slice_)
+    assert result.exit_code == 0, result.output
+    assert "1 of 1 slices bound" in result.stdout

@@ -175,6 +175,23 @@ BAD = [
         "apiVersion: expected pathways.dev/v1alpha1 (got 'pathways.dev/v1')",
         id="wrong-version",
     ),
+    # A kind of ours in a misspelt group was skipped as another group's, exit 0.
+    pytest.param(
+        SLICE.replace("pathways.dev", "pathway.dev") + "  devices: 1\n",
+        "apiVersion: expected pathways.dev/v1alpha1 (got 'pathway.dev/v1alpha1')",
+        id="misspelt-group",
+    ),
+    pytest.param(
+        ISLAND.replace("pathways.dev", "Pathways.dev") + "  acceleratorKind: cpu-fake\n",
+        "apiVersion: expected pathways.dev/v1alpha1 (got 'Pathways.dev/v1alpha1')",
+        id="capitalised-group",
+    ),
+    # It said "(got None)".
+    pytest.param(
+        "apiVersion: pathways.dev/v1alpha1\nmetadata: {name: x}\nspec: {}\n",
+        "kind: required field is missing (expected one of Island, VirtualSlice, PathwaysProgram)",
+        id="missing-kind",
+    ),
     pytest.param(
         SLICE.replace("name: vs", "name: Not_A_Name") + "  devices: 1\n",
         "metadata.name: expected a lowercase RFC 1123 name",
@@ -310,3 +327,82 @@ def test_a_dump_is_valid_as_submit_sends_it_and_an_island_may_name_its_scheduler
     result = pathways("validate", str(dump))
     assert result.exit_code == 0, result.stderr
     assert "2 valid, 0 problem(s)" in result.stdout
+
+
+def test_a_key_given_twice_is_refused_where_it_is_given_again(pathways, tmp_path: Path) -> None:
+    """PyYAML kept the last silently: `devices: 2` then `devices: 4` was valid, and submitted
+    4. Refused as the API server's strict decoding refuses it; a merge's keys may still be
+    given again."""
+    path = tmp_path / "twice.yaml"
+    path.write_text(SLICE + "  devices: 2\n  priority: 1\n  devices: 4\n")
+    result = pathways("validate", str(path))
+    assert result.exit_code == 1
+    assert (
+        f"{path}: document 1: invalid YAML at line 7, column 3: the key 'devices' is given "
+        "twice (first at line 5)" in result.stderr
+    )
+    sent = pathways("submit", str(path), "--api", "http://127.0.0.1:9", "--token", "t")
+    assert sent.exit_code == 1 and "the key 'devices' is given twice" in sent.output
+    assert "Unreachable" not in sent.output  # refused before sending
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(
+        SLICE.replace(
+            "name: vs,", "name: vs, annotations: &base {a: x, b: y}, labels: {<<: *base, a: z},"
+        )
+        + "  devices: 1\n"
+    )
+    overridden = pathways("validate", str(merged))
+    assert overridden.exit_code == 0, overridden.stderr
+
+
+def test_a_file_named_twice_is_read_once(pathways, root: Path, tmp_path: Path) -> None:
+    """A file named again (by a folder holding it, or as ``./f.yaml`` after ``f.yaml``) was
+    read twice, and each of its documents reported as defined already by itself."""
+    result = pathways(
+        "validate", str(root / "examples"), str(root / "examples" / "islands" / "cpu-fake.yaml")
+    )
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == pathways("validate", str(root / "examples")).stdout
+    path = tmp_path / "f.yaml"
+    path.write_text(SLICE + "  devices: 1\n")
+    same = f"{tmp_path}/./f.yaml"
+    again = pathways("validate", str(path), same, str(tmp_path))
+    assert again.exit_code == 0, again.stderr
+    assert "1 valid, 0 problem(s)" in again.stdout
+    sent = pathways("submit", str(path), same, "--api", "http://127.0.0.1:9", "--token", "t")
+    assert "defined already" not in sent.output and "Unreachable" in sent.output
+
+
+def test_objects_without_names_are_not_duplicates(pathways, tmp_path: Path) -> None:
+    """Two documents of a ``generateName`` each make an object of their own: the second was
+    reported as defined already by the first."""
+    path = tmp_path / "generated.yaml"
+    path.write_text(2 * (SLICE.replace("name: vs", "generateName: vs-") + "  devices: 1\n---\n"))
+    result = pathways("validate", str(path))
+    assert result.exit_code == 0, result.stderr
+    assert "2 valid, 0 problem(s)" in result.stdout
+
+
+def test_standard_input_is_read_for_a_dash(tmp_path: Path) -> None:
+    """`pathways validate -` said "Path '-' does not exist", where `submit -` reads it."""
+    from click.testing import CliRunner
+
+    from pathways_client.cli import main
+
+    good = CliRunner().invoke(main, ["validate", "-"], input=SLICE + "  devices: 1\n")
+    assert good.exit_code == 0, good.output
+    assert "1 valid, 0 problem(s)" in good.stdout
+    bad = CliRunner().invoke(main, ["validate", "-"], input=SLICE + "  devices: 0\n")
+    assert bad.exit_code == 1
+    assert "standard input: document 1 (VirtualSlice vs): spec.devices" in bad.stderr
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "---\n---\n"])
+def test_a_file_of_no_document_is_a_problem(pathways, tmp_path: Path, text: str) -> None:
+    """It was "0 valid" and exit 0, while `pathways submit` refuses it ("no documents")."""
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    result = pathways("validate", str(path))
+    assert result.exit_code == 1
+    assert f"{path}: no documents (the file is empty, or only comments)" in result.stderr
+    assert "0 valid, 1 problem(s)" in result.stderr

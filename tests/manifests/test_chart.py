@@ -227,6 +227,34 @@ def test_island_defaults_merge_under_each_island(rendered) -> None:
     assert no_islands.of_kind("Island") == []
 
 
+def test_a_one_axis_topology_given_as_a_number_reaches_the_island_as_a_string(
+    helm, tmp_path
+) -> None:
+    """`topology=8` (a number to --set and to YAML) was refused with "got number, want string",
+    though it is what users write for a one-axis mesh."""
+    values = tmp_path / "islands.yaml"
+    values.write_text(
+        "islandDefaults: {acceleratorKind: cpu-fake}\n"
+        "islands:\n"
+        "  - {name: a, spec: {topology: 8}}\n"  # a number in a values file (a float to helm)
+        "  - {name: b, spec: {topology: 2x4}}\n"
+    )
+    run = helm(
+        "template",
+        "pw",
+        str(CHART),
+        *("-f", str(values)),
+        *("--set", "islands[1].spec.topology=8"),  # an integer from --set
+    )
+    assert run.returncode == 0, run.stderr
+    islands = run.of_kind("Island")
+    assert [island["spec"]["topology"] for island in islands] == ["8", "8"]
+    schema = pathways_crd_schemas()["Island"]
+    for island in islands:
+        jsonschema.validate(island, schema)
+        assert not check_document(island).problems
+
+
 # --- workloads, security, RBAC -------------------------------------------------------------
 
 
@@ -699,6 +727,82 @@ def test_notes_render(helm) -> None:
 
 # --- bad values ------------------------------------------------------------------------------
 
+
+@pytest.mark.parametrize(
+    ("value", "name"),
+    [
+        ("image.tag= ", "/image/tag"),
+        ("image.tag=v1 #x", "/image/tag"),
+        ("image.tag=v1:2", "/image/tag"),
+        ("image.repository=my repo", "/image/repository"),
+        ("image.repository=ghcr.io/Pathways/pathways", "/image/repository"),
+        ("image.repository=ghcr.io/pathways:v1", "/image/repository"),
+        ("operator.childImage=my image", "/operator/childImage"),
+        ("islands[0].spec.image=my image", "/islands/0/spec/image"),
+    ],
+)
+def test_a_bad_image_reference_is_refused_naming_the_value(helm, value: str, name: str) -> None:
+    """A blank tag broke the API Deployment's YAML, `v1 #x` rendered `image: ...:v1` (the rest
+    a YAML comment) and a repository with a space an image no registry serves."""
+    run = helm(
+        "template",
+        "pw",
+        str(CHART),
+        *values_args("values.yaml", ISLAND),
+        *("--set-string", value),  # as typed: helm would not make the tag a number
+    )
+    assert run.returncode != 0, run.stdout[:2000]
+    assert f"at '{name}'" in run.stderr and "does not match pattern" in run.stderr, run.stderr
+
+
+def test_image_references_are_checked_and_quoted(rendered) -> None:
+    """A registry with a port, a tag of every allowed character, and a pinned child image with
+    a digest pass the schema and reach the pods as written."""
+    digest = "sha256:" + "0123456789abcdef" * 4
+    run = rendered(
+        "values-kind.yaml",
+        *PROXY_ON,
+        "image.repository=registry.local:5000/team/path_ways",
+        "image.tag=v1.2_rc-3",
+        f"operator.childImage=registry.local:5000/team/path_ways@{digest}",
+    )
+    image = "registry.local:5000/team/path_ways:v1.2_rc-3"
+    for name, _, container in containers(run):
+        assert container["image"] == image, name
+    operator = run.one("Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in operator["env"]}
+    assert env["PATHWAYS_IMAGE"] == f"registry.local:5000/team/path_ways@{digest}"
+    # The Deployments quote the reference: its text is YAML-safe whatever the schema lets by.
+    text = chart_render("values-kind.yaml", "image.tag=v1").stdout
+    assert 'image: "ghcr.io/pathways-k8s/pathways:v1"' in text
+
+
+def test_an_ingress_without_hosts_is_refused(helm) -> None:
+    """`api.ingress.enabled` with `hosts: null` or `[]` rendered an Ingress with no rules."""
+    for hosts in ("null", "[]"):
+        run = helm(
+            "template",
+            "pw",
+            str(CHART),
+            *("--set", "api.ingress.enabled=true", "--set-json", f"api.ingress.hosts={hosts}"),
+        )
+        assert run.returncode != 0, run.stdout[:2000]
+        assert "api.ingress.hosts: api.ingress.enabled needs at least one host" in run.stderr
+    # A host without paths is a rule that routes nothing: the schema asks for one.
+    run = helm(
+        "template",
+        "pw",
+        str(CHART),
+        *("--set", "api.ingress.enabled=true"),
+        *("--set-json", 'api.ingress.hosts=[{"host": "a", "paths": []}]'),
+    )
+    assert run.returncode != 0, run.stdout[:2000]
+    assert "at '/api/ingress/hosts/0/paths': minItems" in run.stderr, run.stderr
+    # Without an Ingress the hosts are not needed.
+    run = helm("template", "pw", str(CHART), "--set-json", "api.ingress.hosts=[]")
+    assert run.returncode == 0, run.stderr
+
+
 ISLAND = (
     "islands[0].name=bad",
     "islands[0].spec.acceleratorKind=cpu-fake",
@@ -772,6 +876,36 @@ BAD_VALUES = [
     ),
     pytest.param(
         ("operator.replicas=-1",), ["/operator/replicas", "minimum: got -1, want 0"], id="replicas"
+    ),
+    # Object names are made from these (Bad_Name rendered "pw-Bad_Name-schedulers").
+    pytest.param(
+        ("nameOverride=Bad_Name",), ["/nameOverride", "does not match pattern"], id="name-override"
+    ),
+    pytest.param(
+        ("fullnameOverride=1pathways",),  # Service names start with a letter
+        ["/fullnameOverride", "does not match pattern"],
+        id="fullname-override",
+    ),
+    # A container's env takes EnvVars ("foo" rendered "- foo").
+    pytest.param(
+        ("operator.env[0]=foo",), ["/operator/env/0", "got string, want object"], id="env-string"
+    ),
+    pytest.param(
+        ("api.env[0].value=x",), ["/api/env/0", "missing property 'name'"], id="env-without-name"
+    ),
+    pytest.param(
+        ("proxy.env[0].name=X", "proxy.env[0].value=1000000"),  # helm would render "1e+06"
+        ["/proxy/env/0/value", "got number, want string"],
+        id="env-number",
+    ),
+    pytest.param(
+        (
+            "api.ingress.enabled=true",
+            "api.ingress.hosts[0].host=a",
+            "api.ingress.hosts[0].paths[0].path=api",
+        ),
+        ["/api/ingress/hosts/0/paths/0/path", "does not match pattern"],
+        id="ingress-relative-path",
     ),
     pytest.param(
         ("api.service.type=Ingress",), ["/api/service/type", "value must be one of"], id="svc-type"

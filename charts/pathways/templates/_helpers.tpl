@@ -45,7 +45,8 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
-{{/* The one image of every component. */}}
+{{/* The one image of every component, unquoted (an island's spec takes it as a value): quote
+it where it is written into YAML. values.schema.json checks the repository and tag. */}}
 {{- define "pathways.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
