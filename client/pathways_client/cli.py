@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import re
 import sys
@@ -718,13 +719,32 @@ def _print_programs(programs: list[dict[str, Any]]) -> None:
     _print_table("Programs", PROGRAM_COLUMNS, programs)
 
 
+class PositiveSeconds(click.FloatRange):
+    """A number of seconds above 0: click's range let ``nan`` through (every comparison with
+    it is false), which then meant no limit at all."""
+
+    name = "seconds"
+
+    def __init__(self) -> None:
+        super().__init__(min=0, min_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if math.isnan(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
+
+
+POSITIVE_SECONDS = PositiveSeconds()
+
+
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, allow_dash=True))
 @api_options
 @click.option("--wait", is_flag=True, help="Wait until every program finishes; print its logs.")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE_SECONDS,
     default=None,
     help="With --wait: stop waiting after this many seconds, exit 1 and say where each "
     "unfinished program stands (they stay submitted) [default: no limit].",

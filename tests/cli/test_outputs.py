@@ -70,3 +70,29 @@ def test_the_proxy_refuses_a_port_out_of_range(pathways) -> None:
     result = pathways("proxy", "--port", "99999")
     assert result.exit_code == 2
     assert "Invalid value for '--port': 99999 is not in the range 0<=x<=65535." in result.output
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        # click's range let nan through (every comparison with it is false): no limit at all.
+        (
+            ("submit", "-", "--wait", "--timeout", "nan"),
+            "Invalid value for '--timeout': 'nan' is not a number of seconds",
+        ),
+        # They said "Invalid value: ..." naming no option.
+        (
+            ("proxy", "--protocol-range", "abc"),
+            "Invalid value for '--protocol-range': 'abc' is not MIN-MAX",
+        ),
+        (
+            ("proxy", "--islands", "garbage"),
+            "Invalid value for '--islands': expected name=host:port, got 'garbage'",
+        ),
+    ],
+)
+def test_a_bad_option_value_is_refused_naming_the_option(
+    pathways, arguments: tuple[str, ...], said: str
+) -> None:
+    result = pathways(*arguments)
+    assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output

@@ -43,9 +43,11 @@ def _protocol_range(value: str | None) -> tuple[int, int] | None:
     try:
         low, high = (int(part) for part in value.split("-", 1))
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not MIN-MAX (e.g. 16-25)") from None
+        raise click.BadParameter(
+            f"{value!r} is not MIN-MAX (e.g. 16-25)", param_hint="'--protocol-range'"
+        ) from None
     if low > high:
-        raise click.BadParameter(f"{value!r}: MIN is above MAX")
+        raise click.BadParameter(f"{value!r}: MIN is above MAX", param_hint="'--protocol-range'")
     return low, high
 
 
@@ -56,10 +58,12 @@ def _islands(value: str | None) -> dict[str, str] | None:
     for item in filter(None, (part.strip() for part in value.split(","))):
         name, sep, endpoint = item.partition("=")
         if not sep or not name or not endpoint or ":" not in endpoint:
-            raise click.BadParameter(f"expected name=host:port, got {item!r}")
+            raise click.BadParameter(
+                f"expected name=host:port, got {item!r}", param_hint="'--islands'"
+            )
         islands[name] = endpoint
     if not islands:
-        raise click.BadParameter("names no island")
+        raise click.BadParameter("names no island", param_hint="'--islands'")
     return islands
 
 
