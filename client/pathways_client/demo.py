@@ -25,11 +25,8 @@ import shutil
 import signal
 import tempfile
 import textwrap
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -38,6 +35,7 @@ from rich.table import Table
 
 from pathways_client.api_client import ApiCallError, ApiClient
 from pathways_client.embedded import IslandSpec, down, tokens, up
+from pathways_client.signals import handled, ignore, interrupt
 from pathways_client.trace_export import plot_timeline, shares
 from pathways_client.watch import wait_programs
 
@@ -189,7 +187,7 @@ def run_demo(state: Path | None, out: Path, keep: bool, console: Console) -> Non
     clients: dict[str, ApiClient] = {}
     # Stopped (Ctrl-C, or SIGTERM as `timeout` and CI runners send) at any point, even while
     # the cluster starts, the demo still stops it: its ~15 processes outlived it.
-    with _terminate_as_interrupt():
+    with handled((signal.SIGTERM,), interrupt):
         try:
             with console.status("starting the embedded cluster") as status:
                 info = up(state, islands, tenants, progress=lambda stage: status.update(stage))
@@ -211,23 +209,6 @@ def run_demo(state: Path | None, out: Path, keep: bool, console: Console) -> Non
     console.print(f"demo finished in {time.monotonic() - began:.0f} s")
 
 
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises ``KeyboardInterrupt`` meanwhile (in the main thread), so cleanups run."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    before = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
 def _stop(
     state: Path, clients: dict[str, ApiClient], keep: bool, temporary: bool, console: Console
 ) -> None:
@@ -236,33 +217,12 @@ def _stop(
     for client in clients.values():
         client.close()
     if not keep:
-        with _interrupts_ignored(), console.status("stopping the embedded cluster"):
+        stops = (signal.SIGINT, signal.SIGTERM)
+        with handled(stops, ignore), console.status("stopping the embedded cluster"):
             down(state)
             if temporary:
                 shutil.rmtree(state, ignore_errors=True)
         console.print("[green]✓[/] cluster stopped")
-
-
-@contextlib.contextmanager
-def _interrupts_ignored() -> Iterator[None]:
-    """Ctrl-C and SIGTERM are ignored meanwhile (in the main thread; by a Python handler,
-    not SIG_IGN, which processes started meanwhile would inherit)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = {number: signal.signal(number, _ignore) for number in _STOPS}
-    try:
-        yield
-    finally:
-        for number, handler in before.items():
-            signal.signal(number, handler)
-
-
-_STOPS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _ignore(signum: int, frame: FrameType | None) -> None:
-    """A signal handler doing nothing."""
 
 
 def _pipeline(client: ApiClient, console: Console, run: str) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import click
 
+from pathways_client.signals import interrupt
 from pathways_core.flags import PORT_MAX
 from pathways_core.resources.virtual_slice import (
     DEFAULT_LEASE_SECONDS,
@@ -199,7 +200,7 @@ def proxy_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per API call is no news
     # Until it serves, SIGTERM unwinds as Ctrl-C does: a slice being bound is deleted.
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     # Before JAX creates its CPU client: the device count is fixed then.
     import jax
 
@@ -254,10 +255,6 @@ def proxy_command(
             signal.signal(sig, lambda *_: stop.set())
         stop.wait()
         server.stop(grace=2)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _tls_credentials(cert: Path | None, key: Path | None) -> Any:
