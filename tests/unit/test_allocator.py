@@ -591,6 +591,75 @@ def test_restore_does_not_enforce_quotas_but_counts_usage() -> None:
     assert allocator.usage("team-a", V5E) == 8
 
 
+def test_a_tenant_at_its_quota_preempts_its_own_lower_priority_slices() -> None:
+    # Kueue's withinClusterQueue: LowerPriority. The island has room; the quota has none.
+    allocator = make_allocator(
+        island("a", (4, 4), V5E),
+        island("b", (4, 4), V5E),
+        quotas={("team-a", V5E): 8},
+        bindings=[
+            held("a", range(4), key="ns/low-a", tenant="team-a", priority=1),
+            held("b", range(4), key="ns/lowest-b", tenant="team-a", priority=0),
+            held("b", range(4, 6), key="ns/other", tenant="team-b", priority=0),
+        ],
+    )
+    decision = allocator.allocate(req("ns/urgent", count=4, priority=5))
+    assert isinstance(decision, Bound)
+    # The lowest priority goes first, wherever it is; another tenant's slice is kept.
+    assert [b.key for b in decision.preempted] == ["ns/lowest-b"]
+    assert allocator.usage("team-a", V5E) == 8
+    assert allocator.binding("ns/other") is not None
+    # Equal priority is not lower: the quota stays full and nothing is evicted.
+    same = allocator.allocate(req("ns/peer", count=2, priority=1))
+    assert isinstance(same, Pending) and same.reason == "QuotaExceeded"
+    assert {b.key for b in allocator.bindings()} == {"ns/low-a", "ns/other", "ns/urgent"}
+    # Nor does a request that may not preempt evict anything.
+    held_back = allocator.allocate(req("ns/polite", count=4, priority=9), preempt=False)
+    assert isinstance(held_back, Pending) and held_back.reason == "QuotaExceeded"
+
+
+def test_quota_preemption_also_makes_room_on_a_full_island() -> None:
+    # Making room in the quota frees devices 0 and 4, no 2x2 block: a lower-priority slice of
+    # another tenant on the island goes too, as plain preemption would take it.
+    allocator = make_allocator(
+        island("a", (2, 4), V5E),
+        quotas={("team-a", V5E): 4},
+        bindings=[
+            held("a", (0, 4), key="ns/mine", tenant="team-a", priority=0),
+            held("a", (1, 2, 3, 5, 6, 7), key="ns/theirs", tenant="team-b", priority=0),
+        ],
+    )
+    decision = allocator.allocate(req("ns/urgent", shape=(2, 2), priority=3))
+    assert isinstance(decision, Bound)
+    assert sorted(b.key for b in decision.preempted) == ["ns/mine", "ns/theirs"]
+    assert allocator.usage("team-a", V5E) == 4
+    assert allocator.usage("team-b", V5E) == 0
+
+
+def test_quota_preemption_that_cannot_make_room_evicts_nothing() -> None:
+    base = [
+        held("a", range(2), key="ns/mine", tenant="team-a", priority=0),
+        held("a", range(2, 8), key="ns/high", tenant="team-b", priority=9),
+    ]
+    # The quota could be made room in, but the island could not: nothing moves.
+    allocator = make_allocator(island("a", (8,), V5E), quotas={("team-a", V5E): 2}, bindings=base)
+    decision = allocator.allocate(req("ns/urgent", count=3, priority=5))
+    assert isinstance(decision, Pending) and decision.reason == "QuotaExceeded"
+    assert sorted(b.key for b in allocator.bindings()) == ["ns/high", "ns/mine"]
+    # Its own slices of lower priority are too few to make room in the quota.
+    allocator = make_allocator(
+        island("b", (16,), V5E),
+        quotas={("team-a", V5E): 3},
+        bindings=[
+            held("b", range(2), key="ns/low", tenant="team-a", priority=0),
+            held("b", (2,), key="ns/top", tenant="team-a", priority=7),
+        ],
+    )
+    decision = allocator.allocate(req("ns/urgent", count=3, priority=5))
+    assert isinstance(decision, Pending) and decision.reason == "QuotaExceeded"
+    assert allocator.usage("team-a", V5E) == 3
+
+
 # -- release and idempotent allocate ---------------------------------------------------------
 
 

@@ -400,6 +400,30 @@ class Model:
                     break
         return best
 
+    def makes_own_room(self, request: Request, name: str, bindings: list[Binding]) -> bool:
+        """Whether evicting the tenant's own strictly lower-priority slices of the island's kind
+        makes room in its quota, and evicting every strictly lower-priority slice on the
+        island (its own among them) lets the request fit: the allocator then binds it."""
+        kind = self.islands[name].kind
+        limit = self.quotas.get((request.tenant, kind))
+        if limit is None or not ever_fits(request, self.mesh(name)):
+            return False
+        used = self.usage(bindings).get((request.tenant, kind), 0)
+        own = sum(
+            len(b.devices)
+            for b in bindings
+            if b.request.tenant == request.tenant
+            and self.islands[b.island].kind == kind
+            and b.request.priority < request.priority
+        )
+        if used - own + request.size > limit:
+            return False
+        fixed = mask_of(self.unhealthy[name])
+        for b in bindings:
+            if b.island == name and b.request.priority >= request.priority:
+                fixed |= mask_of(b.devices)
+        return fits(request, self.mesh(name), fixed)
+
 
 # -- checks ------------------------------------------------------------------------------------
 
@@ -527,6 +551,15 @@ def check_allocate(allocator: Allocator, model: Model, op: Alloc) -> None:
         assert after == before
         return
     reason, shaped = expected_pending_reason(model, request, before)
+    short = [
+        n
+        for n in model.islands
+        if model.admits(request, n) and not model.quota_room(request, n, before)
+    ]
+    own_room = op.preempt and any(model.makes_own_room(request, n, before) for n in short)
+    if reason == "QuotaExceeded" and own_room:
+        check_quota_preemption(allocator, model, request, decision, before, short)
+        return
     if reason is not None:
         assert isinstance(decision, Pending), decision
         assert (decision.key, decision.reason) == (request.key, reason)
@@ -537,6 +570,9 @@ def check_allocate(allocator: Allocator, model: Model, op: Alloc) -> None:
     needed = None
     if not free_fit and op.preempt:
         needed = model.min_evictions(request, shaped, before)
+    if not free_fit and needed is None and own_room:
+        check_quota_preemption(allocator, model, request, decision, before, short)
+        return
     if not free_fit and needed is None:
         assert isinstance(decision, Pending), (decision, before)
         assert (decision.key, decision.reason) == (request.key, "InsufficientDevices")
@@ -567,6 +603,38 @@ def check_allocate(allocator: Allocator, model: Model, op: Alloc) -> None:
     limit = model.quotas.get((request.tenant, kind))
     if limit is not None:
         assert allocator.usage(request.tenant, kind) <= limit
+
+
+def check_quota_preemption(
+    allocator: Allocator,
+    model: Model,
+    request: Request,
+    decision: Bound | Pending,
+    before: list[Binding],
+    short: list[str],
+) -> None:
+    """A request whose tenant makes room in its quota by evicting its own lower-priority
+    slices: bound on an island whose kind had no room, evicting only strictly lower
+    priorities, elsewhere only the tenant's own of that kind, within the quota after."""
+    assert isinstance(decision, Bound), (decision, before)
+    event("allocate: Bound making room in its quota")
+    binding = decision.binding
+    assert binding.island in short
+    kind = model.islands[binding.island].kind
+    for victim in decision.preempted:
+        assert victim in before
+        assert victim.request.priority < request.priority
+        assert allocator.binding(victim.key) is None
+        if victim.island != binding.island:
+            assert victim.request.tenant == request.tenant
+            assert model.islands[victim.island].kind == kind
+    victims = {b.key for b in decision.preempted}
+    after = allocator.bindings()
+    assert sorted(after, key=lambda b: b.key) == sorted(
+        [b for b in before if b.key not in victims] + [binding], key=lambda b: b.key
+    )
+    limit = model.quotas[(request.tenant, kind)]
+    assert allocator.usage(request.tenant, kind) <= limit
 
 
 def check_release(allocator: Allocator, model: Model, op: Release) -> None:
@@ -796,6 +864,35 @@ def test_single_allocation_on_arbitrary_occupancy_is_complete_and_minimal(
     # Devices failing under bound slices: evicting such a slice frees fewer devices than it holds.
     for index, devices in enumerate(sick):
         check_health(allocator, model, Health(index, devices))
+    check_allocate(allocator, model, op)
+    check_restore(allocator, model)
+
+
+@SETTINGS
+@given(
+    world=occupied_worlds(),
+    op=allocs(priorities=st.integers(1, 4), preempt=st.just(True)),
+    slack=st.lists(st.integers(-8, 1), min_size=len(KINDS), max_size=len(KINDS)),
+)
+def test_a_tenant_at_its_quota_makes_room_by_evicting_its_own_lower_priorities(
+    world, op, slack
+) -> None:
+    """Quotas set just short of (or just at) what the request needs, per kind: it is bound
+    exactly when its tenant's own lower-priority slices can make room in the quota (and the
+    island room for it), evicting only what it may (checked against the model)."""
+    islands, bindings = world
+    kinds = {inventory.name: inventory.kind for inventory in islands}
+    size = op.request().size
+    quotas = {}
+    for kind, extra in zip(KINDS, slack, strict=True):
+        used = sum(
+            len(b.devices)
+            for b in bindings
+            if b.request.tenant == op.tenant and kinds[b.island] == kind
+        )
+        quotas[(op.tenant, kind)] = max(0, used + size - 1 + extra)
+    allocator, model = build(islands, quotas)
+    assert allocator.restore(bindings) == []
     check_allocate(allocator, model, op)
     check_restore(allocator, model)
 

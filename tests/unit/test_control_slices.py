@@ -534,6 +534,27 @@ def test_quotas_hold() -> None:
     assert phases(plan)["two"] == ("Pending", "QuotaExceeded", Stage.WAIT)
 
 
+def test_a_tenant_at_its_quota_preempts_its_own_lower_priority_slice_and_it_settles() -> None:
+    quota = {("t", AcceleratorKind.CPU_FAKE): 4}
+    slices = [
+        vslice("batch", 4, priority=0, status=bound("a", [0, 1, 2, 3])),
+        vslice("urgent", 4, priority=10, created=5),
+    ]
+    plan = plan_bindings([island("a"), island("b")], slices, NOW, quota)
+    assert phases(plan) == {
+        "batch": ("Preempted", "Preempted", Stage.RELEASE),
+        "urgent": ("Bound", None, Stage.BIND),
+    }
+    (preempted,) = [c for c in plan.changes if c.key == "t/batch"]
+    assert "preempted by t/urgent (priority 10 > 0)" in preempted.status["message"]
+    # The next pass: the urgent slice keeps its devices, the batch slice waits for quota.
+    settled = apply(slices, plan.changes)
+    again = plan_bindings([island("a"), island("b")], settled, NOW, quota)
+    assert phases(again) == {"batch": ("Pending", "QuotaExceeded", Stage.WAIT)}
+    last = plan_bindings([island("a"), island("b")], apply(settled, again.changes), NOW, quota)
+    assert last.changes == []
+
+
 # -- properties -------------------------------------------------------------------------------
 
 ISLANDS = [island("a", "2x4", 2), island("b", "4", 1), island("c", "2x2x2", 2)]

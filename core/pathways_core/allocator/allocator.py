@@ -7,6 +7,8 @@ embedded mode and the tests drive the same code. Guarantees, checked by property
 - a request is bound whole or not at all (``Pending`` with a reason);
 - per-tenant quotas (devices per accelerator kind) are never exceeded by a new binding;
 - preemption evicts only strictly lower-priority slices, and the fewest of them;
+- a tenant at its quota makes room in it by evicting its own strictly lower-priority slices
+  of that kind (Kueue's ``withinClusterQueue: LowerPriority``), lowest priority first;
 - release returns exactly the devices that were bound.
 """
 
@@ -66,6 +68,21 @@ class _IslandState:
         self.blocked = self.occupied | self.unhealthy
         self.free = self.inventory.size - self.blocked.bit_count()
 
+    def without(self, keys: Collection[str]) -> _IslandState:
+        """A copy of this island's state with the bindings ``keys`` gone (to try evictions)."""
+        masks = {key: mask for key, mask in self.masks.items() if key not in keys}
+        occupied = 0
+        for mask in masks.values():
+            occupied |= mask
+        return _IslandState(
+            self.inventory,
+            occupied=occupied,
+            unhealthy=self.unhealthy,
+            owners={d: key for d, key in self.owners.items() if key not in keys},
+            masks=masks,
+            bindings={key: b for key, b in self.bindings.items() if key not in keys},
+        )
+
 
 @dataclass
 class _Candidates:
@@ -101,6 +118,8 @@ class Allocator:
         self._bindings: dict[str, Binding] = {}
         self._quotas: dict[tuple[str, AcceleratorKind], int] = {}
         self._usage: dict[tuple[str, AcceleratorKind], int] = {}
+        # Each tenant's bindings by kind: a tenant at its quota looks for its own to preempt.
+        self._held_by: dict[tuple[str, AcceleratorKind], dict[str, Binding]] = {}
         # Islands matching a (kind, island, selector), in placement order, and their kinds;
         # reset when islands are added, changed or removed.
         self._candidate_cache: dict[tuple[object, ...], _Candidates] = {}
@@ -209,11 +228,14 @@ class Allocator:
         if not candidates.states:
             return Pending(request.key, "NoMatchingIsland", self._no_island_message(request))
         room = {kind: self._quota_room(request, kind) for kind in candidates.kinds}
+        fitting = candidates.fitting_for(request)
         if not any(room.values()):
+            decision = self._preempt_own(request, fitting, kept) if preempt else None
+            if decision is not None:
+                return decision
             return Pending(
                 request.key, "QuotaExceeded", self._quota_message(request, candidates.states)
             )
-        fitting = candidates.fitting_for(request)
         shaped = fitting if all(room.values()) else [s for s in fitting if room[s.inventory.kind]]
         if not shaped:
             return Pending(
@@ -242,7 +264,8 @@ class Allocator:
                 if choice is not None:
                     return Bound(self._bind(request, state, choice))
         if preempt:
-            decision = self._preempt(request, shaped)
+            short = [s for s in fitting if not room[s.inventory.kind]]
+            decision = self._preempt(request, shaped) or self._preempt_own(request, short, kept)
             if decision is not None:
                 return decision
         return Pending(request.key, "InsufficientDevices", self._busy_message(request, shaped))
@@ -363,6 +386,11 @@ class Allocator:
     def _charge(self, binding: Binding, kind: AcceleratorKind, sign: int) -> None:
         key = (binding.request.tenant, kind)
         self._usage[key] = self._usage.get(key, 0) + sign * len(binding.devices)
+        held = self._held_by.setdefault(key, {})
+        if sign > 0:
+            held[binding.key] = binding
+        else:
+            del held[binding.key]
 
     def _layouts(
         self, request: Request, inventory: IslandInventory
@@ -505,6 +533,78 @@ class Allocator:
         )
         assert choice is not None, "eviction was computed to make room"
         return Bound(self._bind(request, state, choice), evicted)
+
+    def _preempt_own(
+        self, request: Request, candidates: list[_IslandState], kept: Collection[str]
+    ) -> Bound | None:
+        """Bind a request whose tenant's quota of an island's kind has no room: evict enough of
+        the tenant's own strictly lower-priority slices of that kind (anywhere) to make room in
+        the quota, then, if the island is still too full, the fewest strictly lower-priority
+        slices on it, as :meth:`_preempt` does. Of the islands where that works, the one
+        evicting the fewest, then the lowest priorities."""
+        best: tuple[tuple[int, int, int, str], _IslandState, list[Binding]] | None = None
+        for state in candidates:
+            if state.inventory.name in kept or self._quota_room(request, state.inventory.kind):
+                continue
+            own = self._own_victims(request, state)
+            if own is None:
+                continue
+            # The island as it would be without them, on a copy: a decision that binds
+            # nothing leaves the allocator as it was.
+            trial = state.without([b.key for b in own if b.island == state.inventory.name])
+            victims = list(own)
+            if self._place(request, trial, contiguous_only=request.shape is not None) is None:
+                evictable = {
+                    key: b
+                    for key, b in trial.bindings.items()
+                    if b.request.priority < request.priority
+                }
+                more = self._fewest_victims(request, trial, evictable)
+                if more is None:
+                    continue
+                victims += [evictable[key] for key in sorted(more)]
+            every = {b.key: b for b in victims}
+            cost = (*_victims_cost(set(every), every), state.inventory.name)
+            if best is None or cost < best[0]:
+                best = (cost, state, victims)
+        if best is None:
+            return None
+        _, state, victims = best
+        evicted = tuple(self._evict(self._islands[b.island], b.key) for b in victims)
+        choice = self._place(request, state, contiguous_only=True) or self._place(
+            request, state, contiguous_only=False
+        )
+        assert choice is not None, "eviction was computed to make room"
+        return Bound(self._bind(request, state, choice), evicted)
+
+    def _own_victims(self, request: Request, state: _IslandState) -> list[Binding] | None:
+        """The tenant's own strictly lower-priority slices of ``state``'s kind whose eviction
+        makes room in its quota for ``request``: the lowest priorities first, then those on
+        ``state`` (they make room there too), then the largest; ``None`` when all of them
+        would not."""
+        kind = state.inventory.kind
+        limit = self._quotas[(request.tenant, kind)]
+        excess = self.usage(request.tenant, kind) + request.size - limit
+        own = sorted(
+            (
+                binding
+                for binding in self._held_by.get((request.tenant, kind), {}).values()
+                if binding.request.priority < request.priority
+            ),
+            key=lambda b: (
+                b.request.priority,
+                b.island != state.inventory.name,
+                -len(b.devices),
+                b.key,
+            ),
+        )
+        victims = []
+        for binding in own:
+            if excess <= 0:
+                break
+            victims.append(binding)
+            excess -= len(binding.devices)
+        return victims if excess <= 0 else None
 
     def _fewest_victims(
         self, request: Request, state: _IslandState, evictable: dict[str, Binding]
