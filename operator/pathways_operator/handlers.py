@@ -46,7 +46,13 @@ from pathways_core.control.common import (
     now_utc,
     prune,
 )
-from pathways_core.control.islands import control_token_secret, ready_host_indexes
+from pathways_core.control.islands import (
+    control_token_secret,
+    executor_revision,
+    ready_host_indexes,
+    scheduler_replicas_ready,
+    stale_executor_pods,
+)
 from pathways_core.control.slices import held_slices
 from pathways_core.resources import Island, PathwaysProgram
 from pathways_operator import metrics
@@ -217,21 +223,20 @@ async def reconcile_island(memo: kopf.Memo, name: str) -> None:
                 tls_secret=memo.config.tls_secret,
                 control_secret=control_secret,
             )
-            for child in children:
-                found[child["kind"]] = await _apply_child(kube, child)
-            pods = await kube.list(
-                "v1",
-                "Pod",
-                namespace,
-                label_selector=f"{LABEL_ISLAND}={name},{LABEL_COMPONENT}=executor",
-            )
-            observed = IslandObservation(
-                scheduler_ready=((found["Deployment"].get("status") or {}).get("readyReplicas"))
-                or 0,
-                executors_ready=((found["StatefulSet"].get("status") or {}).get("readyReplicas"))
-                or 0,
-                ready_hosts=ready_host_indexes(pods),
-            )
+            try:
+                for child in children:
+                    found[child["kind"]] = await _apply_child(kube, child)
+            except ApiError as error:
+                if error.status not in REFUSALS:
+                    raise
+                # Said in the island's status (the spec is at fault, retrying will not help);
+                # what runs already keeps running.
+                meta = child["metadata"]
+                observed = IslandObservation(
+                    refused=f"the API server refused {child['kind']} {meta['name']}: {error}"
+                )
+            else:
+                observed = await _observe_island(kube, namespace, name, found)
         decision = island_status(
             document,
             island if isinstance(island, Island) else None,
@@ -246,6 +251,32 @@ async def reconcile_island(memo: kopf.Memo, name: str) -> None:
                 GV, "Island", None, name, {"status": decision.status}, subresource="status"
             )
         await _post(memo, decision.events)
+
+
+async def _observe_island(
+    kube: Kube, namespace: str, name: str, found: dict[str, dict[str, Any]]
+) -> IslandObservation:
+    """The island's readiness from its children and executor pods, counting only pods of
+    the executors' latest template; pods of an older one are deleted, all together, so the
+    hosts start again as one JAX group."""
+    statefulset = found["StatefulSet"]
+    revision = executor_revision(statefulset)
+    pods = await kube.list(
+        "v1",
+        "Pod",
+        namespace,
+        label_selector=f"{LABEL_ISLAND}={name},{LABEL_COMPONENT}=executor",
+    )
+    stale = stale_executor_pods(pods, revision)
+    if stale:
+        logger.info("island %s: restarting executors %s on their new template", name, stale)
+        for pod in stale:
+            await kube.delete("v1", "Pod", namespace, pod)
+    return IslandObservation(
+        scheduler_ready=scheduler_replicas_ready(found["Deployment"]),
+        executors_ready=int((statefulset.get("status") or {}).get("readyReplicas") or 0),
+        ready_hosts=ready_host_indexes(pods, revision),
+    )
 
 
 async def _apply_child(kube: Kube, child: dict[str, Any]) -> dict[str, Any]:

@@ -163,6 +163,91 @@ def test_semantically_wrong_island_gets_a_condition_and_one_event(
     assert cluster.requests_to(is_patch_of("bad")) == writes
 
 
+def condition_of(cluster: Cluster, name: str, type_: str) -> dict | None:
+    conditions = status(cluster, "Island", name).get("conditions", [])
+    return next((c for c in conditions if c["type"] == type_), None)
+
+
+def test_an_invalid_edit_leaves_a_running_island_and_its_slices_alone(
+    cluster: Cluster, operator
+) -> None:
+    cluster.create(island("steady", topology="2x4", hosts=2))
+    wait_for(lambda: len(children(cluster, "steady")) == 4)
+    mark_ready(cluster, "steady", SYSTEM, scheduler=1, executors=2)
+    ready = wait_for(
+        lambda: (s := status(cluster, "Island", "steady")).get("phase") == "Ready" and s
+    )
+    cluster.create(vslice("held", devices=4))
+    bound = wait_for(
+        lambda: (s := status(cluster, "VirtualSlice", "held", "team")).get("phase") == "Bound" and s
+    )
+    executors = cluster.get("StatefulSet", "steady-executor", SYSTEM)["spec"]
+    # hosts 3 does not divide the 2x4 mesh (the CRD's schema lets it through).
+    cluster.patch("Island", "steady", {"spec": {"hosts": 3}})
+    refused = wait_for(lambda: condition_of(cluster, "steady", "SpecApplied"))
+    assert (refused["status"], refused["reason"]) == ("False", "InvalidSpec")
+    assert "spec.hosts" in refused["message"]
+    wait_for(lambda: cluster.events("steady", "InvalidSpec"), what="the InvalidSpec Event")
+    kept = status(cluster, "Island", "steady")
+    assert (kept["phase"], kept["schedulerEndpoint"]) == ("Ready", ready["schedulerEndpoint"])
+    time.sleep(2.5)  # a resync and a binding pass later: nothing moved
+    assert status(cluster, "VirtualSlice", "held", "team")["devices"] == bound["devices"]
+    assert status(cluster, "VirtualSlice", "held", "team")["phase"] == "Bound"
+    assert cluster.get("StatefulSet", "steady-executor", SYSTEM)["spec"] == executors
+    # Fixed: applied again.
+    cluster.patch("Island", "steady", {"spec": {"hosts": 2}})
+    applied = wait_for(
+        lambda: (c := condition_of(cluster, "steady", "SpecApplied")) and c["status"] == "True"
+    )
+    assert applied
+    assert status(cluster, "VirtualSlice", "held", "team")["devices"] == bound["devices"]
+
+
+def test_executors_of_an_old_template_are_restarted_together(cluster: Cluster, operator) -> None:
+    cluster.create(island("roll", topology="2x4", hosts=2))
+    wait_for(lambda: len(children(cluster, "roll")) == 4)
+    executors = cluster.get("StatefulSet", "roll-executor", SYSTEM)
+    assert executors["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    for index in range(2):
+        cluster.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"roll-executor-{index}",
+                    "namespace": SYSTEM,
+                    "labels": {
+                        "pathways.dev/island": "roll",
+                        "pathways.dev/component": "executor",
+                        "apps.kubernetes.io/pod-index": str(index),
+                        "controller-revision-hash": "roll-executor-old",
+                    },
+                },
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            }
+        )
+    # The StatefulSet controller's part: it saw a new template; the pods still run the old.
+    generation = executors["metadata"]["generation"]
+    cluster.patch(
+        "StatefulSet",
+        "roll-executor",
+        {
+            "status": {
+                "observedGeneration": generation,
+                "updateRevision": "roll-executor-new",
+                "readyReplicas": 2,
+            }
+        },
+        SYSTEM,
+    )
+    wait_for(
+        lambda: not cluster.list("Pod", SYSTEM, "pathways.dev/island=roll"),
+        what="the old executor pods to be deleted",
+    )
+    # They do not count as ready hosts meanwhile.
+    assert status(cluster, "Island", "roll").get("phase") != "Ready"
+
+
 def test_external_island_publishes_its_endpoint_without_pods(cluster: Cluster, operator) -> None:
     manifest = island("laptop", topology="4", hosts=1)
     manifest["metadata"]["annotations"] = {"pathways.dev/scheduler-endpoint": "127.0.0.1:9999"}

@@ -8,6 +8,12 @@ from typing import Any
 import pytest
 
 from pathways_core.control import IslandObservation, island_children, island_status, parse
+from pathways_core.control.islands import (
+    executor_revision,
+    ready_host_indexes,
+    scheduler_replicas_ready,
+    stale_executor_pods,
+)
 from pathways_core.resources import Island
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -251,6 +257,99 @@ def test_invalid_island_is_pending_with_the_field_at_fault() -> None:
         ).events
         == []
     )
+
+
+def test_an_invalid_edit_of_a_running_island_keeps_it_running_as_it_was() -> None:
+    document = island_document("cpu-fake", "2x4", 2)
+    ready = decide(document, IslandObservation(1, 2)).status
+    assert ready["phase"] == "Ready"
+    # hosts 2 -> 3 does not divide the 2x4 mesh: the pods are left alone, and so is the status.
+    edited = island_document("cpu-fake", "2x4", 3)
+    edited["metadata"]["generation"] = 2
+    decision = decide(dict(edited, status=ready), IslandObservation())
+    status = decision.status
+    assert (status["phase"], status["schedulerEndpoint"]) == ("Ready", ready["schedulerEndpoint"])
+    assert status["observedGeneration"] == ready["observedGeneration"]
+    applied = {c["type"]: c for c in status["conditions"]}["SpecApplied"]
+    assert (applied["status"], applied["reason"]) == ("False", "InvalidSpec")
+    assert (
+        "spec.hosts" in applied["message"] and "keeps running as generation" in applied["message"]
+    )
+    assert [(e.type, e.reason) for e in decision.events] == [("Warning", "InvalidSpec")]
+    assert decide(dict(edited, status=status), IslandObservation()).events == []
+    # Fixed: applied again, and said so.
+    fixed = island_document("cpu-fake", "2x4", 2)
+    fixed["metadata"]["generation"] = 3
+    after = decide(dict(fixed, status=status), IslandObservation(1, 2)).status
+    applied = {c["type"]: c for c in after["conditions"]}["SpecApplied"]
+    assert (after["phase"], after["observedGeneration"], applied["status"]) == ("Ready", 3, "True")
+
+
+def test_a_refused_child_is_said_in_the_status() -> None:
+    refused = IslandObservation(refused="the API server refused StatefulSet isl-executor: 422")
+    new = decide(island_document("cpu-fake", "2x4", 2), refused)
+    condition = new.status["conditions"][0]
+    assert (new.phase, condition["type"], condition["reason"]) == (
+        "Pending",
+        "Ready",
+        "ChildRefused",
+    )
+    assert "StatefulSet isl-executor: 422" in condition["message"]
+    assert [e.reason for e in new.events] == ["ChildRefused"]
+    running = island_document("cpu-fake", "2x4", 2)
+    ready = decide(running, IslandObservation(1, 2)).status
+    kept = decide(dict(running, status=ready), refused)
+    assert kept.phase == "Ready" and kept.status["schedulerEndpoint"]
+
+
+def pod(index: int, revision: str | None, ready: bool = True, deleting: bool = False) -> dict:
+    labels = {"apps.kubernetes.io/pod-index": str(index)}
+    if revision is not None:
+        labels["controller-revision-hash"] = revision
+    metadata: dict[str, Any] = {"name": f"isl-executor-{index}", "labels": labels}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    status = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    return {"metadata": metadata, "status": status}
+
+
+def statefulset(generation: int, seen: int | None, revision: str = "new") -> dict:
+    status: dict[str, Any] = {} if seen is None else {"observedGeneration": seen}
+    if seen is not None:
+        status["updateRevision"] = revision
+    return {"metadata": {"generation": generation}, "status": status}
+
+
+def test_executor_pods_of_an_old_template_are_restarted_together_and_not_counted() -> None:
+    # Scaled from 2 hosts to 4: pods 2 and 3 run the new template, 0 and 1 the old.
+    pods = [pod(0, "old"), pod(1, "old"), pod(2, "new"), pod(3, "new", ready=False)]
+    revision = executor_revision(statefulset(2, 2))
+    assert revision == "new"
+    assert stale_executor_pods(pods, revision) == [f"isl-executor-{i}" for i in range(4)]
+    assert ready_host_indexes(pods, revision) == frozenset({2})
+    # Being deleted, they are not deleted again; the new ones come up.
+    going = [pod(0, "old", deleting=True), pod(1, "old", deleting=True), pod(2, "new")]
+    assert stale_executor_pods(going, revision) == []
+    assert ready_host_indexes(going, revision) == frozenset({2})
+    # Before the StatefulSet controller saw the new spec, no pod counts and none is deleted.
+    assert executor_revision(statefulset(3, 2)) == ""
+    assert ready_host_indexes(pods, "") == frozenset()
+    assert stale_executor_pods(pods, "") == []
+    # A status without revisions (an emulator's) counts every pod, deletes none.
+    assert executor_revision(statefulset(1, None)) is None
+    assert ready_host_indexes(pods, None) == frozenset({0, 1, 2})
+    assert stale_executor_pods(pods, None) == []
+
+
+def test_the_scheduler_counts_as_ready_once_its_rollout_is_done() -> None:
+    def deployment(generation: int, seen: int, updated: int, replicas: int) -> dict:
+        status = {"observedGeneration": seen, "updatedReplicas": updated, "replicas": replicas}
+        return {"metadata": {"generation": generation}, "status": {**status, "readyReplicas": 1}}
+
+    assert scheduler_replicas_ready(deployment(2, 2, 1, 1)) == 1
+    assert scheduler_replicas_ready(deployment(2, 1, 1, 1)) == 0  # new spec not seen yet
+    assert scheduler_replicas_ready(deployment(2, 2, 1, 2)) == 0  # the old one still runs
+    assert scheduler_replicas_ready({"status": {"readyReplicas": 1}}) == 1
 
 
 def test_external_island_is_ready_at_its_annotated_endpoint() -> None:

@@ -165,6 +165,22 @@ def test_two_stored_bindings_on_one_device_the_older_keeps_it() -> None:
     assert not {0, 1} & set(rebound.changes[0].status["devices"])
 
 
+def test_an_island_edited_into_an_invalid_spec_keeps_its_slices_and_binds_nothing_new() -> None:
+    # hosts 3 does not divide the 2x4 mesh: the island runs as before (its pods untouched).
+    broken = island("a", "2x4", hosts=3)
+    slices = [
+        vslice("kept", 4, status=bound("a", [0, 1, 2, 3])),
+        vslice("new", 4, island="a", created=5),
+    ]
+    plan = plan_bindings([broken], slices, NOW)
+    assert phases(plan) == {"new": ("Pending", "NoMatchingIsland", Stage.WAIT)}
+    assert (plan.bound, plan.waiting) == (1, 1)
+    # Fixed, the island binds again around the slice it kept.
+    fixed = plan_bindings([island("a")], apply(slices, plan.changes), NOW)
+    assert phases(fixed) == {"new": ("Bound", None, Stage.BIND)}
+    assert set(fixed.changes[0].status["devices"]) == {4, 5, 6, 7}
+
+
 def test_slices_of_a_deleted_island_are_released_then_bound_elsewhere() -> None:
     slices = [vslice("s", 4, status=bound("gone", [0, 1, 2, 3]))]
     for islands in ([island("b")], [island("gone", deleting=True), island("b")]):

@@ -361,8 +361,12 @@ def island_children(
         "spec": {
             "replicas": spec.hosts,
             "serviceName": executor_name(name),
-            # The hosts of an island form one JAX group: they must start together.
+            # The hosts of an island form one JAX group: they must start together, and a
+            # new template (more hosts, another image) replaces them together: the operator
+            # deletes them all (``stale_executor_pods``). A rolling update replaced the last
+            # host first, which then could not join the group the others still ran.
             "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": _selector(name, "executor")},
             "template": {"metadata": {"labels": _labels(name, "executor")}, "spec": pod_spec},
         },
@@ -389,19 +393,74 @@ def island_children(
 class IslandObservation:
     """What the store shows of an island's pods: ready scheduler replicas and executor hosts
     (``None`` when the child does not exist yet), and which executor hosts are ready, by pod
-    ordinal (``None`` when the pods are not known)."""
+    ordinal (``None`` when the pods are not known). ``refused``: the API server refused a
+    child of the island's spec (which child, and why); its pods, if any, run as before."""
 
     scheduler_ready: int | None = None
     executors_ready: int | None = None
     ready_hosts: frozenset[int] | None = None
+    refused: str | None = None
 
 
-def ready_host_indexes(pods: list[Document]) -> frozenset[int] | None:
-    """Ordinals of the executor pods whose Ready condition is True (``None``: no pods)."""
+# The label the StatefulSet controller puts on each pod: the revision of its template.
+REVISION_LABEL = "controller-revision-hash"
+
+
+def executor_revision(statefulset: Document) -> str | None:
+    """The template revision an executor pod must run to count as ready: the StatefulSet's
+    ``updateRevision`` once its controller has seen its latest spec (``""`` before: no pod
+    does yet); ``None`` when its status says nothing of revisions (any pod counts)."""
+    status = statefulset.get("status") or {}
+    seen = status.get("observedGeneration")
+    if seen is None:
+        return None
+    if seen < ((statefulset.get("metadata") or {}).get("generation") or 0):
+        return ""
+    return status.get("updateRevision") or None
+
+
+def scheduler_replicas_ready(deployment: Document) -> int:
+    """Ready replicas of the scheduler Deployment, counted only once every replica runs its
+    latest template (during a rollout the old scheduler, with the old executors, answers)."""
+    status = deployment.get("status") or {}
+    ready = int(status.get("readyReplicas") or 0)
+    seen = status.get("observedGeneration")
+    if seen is None:
+        return ready
+    generation_ = (deployment.get("metadata") or {}).get("generation") or 0
+    replicas = int(status.get("replicas") or 0)
+    if seen < generation_ or int(status.get("updatedReplicas") or 0) < replicas:
+        return 0
+    return ready
+
+
+def _live(pod: Document) -> bool:
+    return not (pod.get("metadata") or {}).get("deletionTimestamp")
+
+
+def _revision(pod: Document) -> str | None:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(REVISION_LABEL)
+
+
+def stale_executor_pods(pods: list[Document], revision: str | None) -> list[str]:
+    """Executor pods to delete so that the island's hosts run its latest template together:
+    all of them (not being deleted already) once any runs another revision; none while the
+    revision is not known."""
+    live = [pod for pod in pods if _live(pod)]
+    if not revision or all(_revision(pod) in (None, revision) for pod in live):
+        return []
+    return sorted((pod.get("metadata") or {}).get("name") or "" for pod in live)
+
+
+def ready_host_indexes(pods: list[Document], revision: str | None = None) -> frozenset[int] | None:
+    """Ordinals of the executor pods whose Ready condition is True (``None``: no pods), of
+    ``revision`` when it is given (a pod of an older template is on its way out)."""
     if not pods:
         return None
     ready = set()
     for pod in pods:
+        if revision is not None and (_revision(pod) != revision or not _live(pod)):
+            continue
         labels = (pod.get("metadata") or {}).get("labels") or {}
         index = (
             labels.get(POD_INDEX_LABEL)
@@ -467,18 +526,16 @@ def island_status(
     gen = generation(document)
     ref = ObjectRef.of(document)
     status: dict[str, Any] = {"observedGeneration": gen}
-    if island is None:
-        status.update(phase="Pending", readyHosts=0, schedulerEndpoint=None)
-        status["conditions"] = set_condition(
-            conditions, "Ready", False, "InvalidSpec", problem or "", now, gen
-        )
-        decision = IslandDecision(status)
-        if (
-            old.get("phase") != "Pending"
-            or (condition(conditions, "Ready") or {}).get("reason") != "InvalidSpec"
-        ):
-            decision.events.append(Event(ref, "Warning", "InvalidSpec", problem or ""))
-        return decision
+    refusal = (
+        ("InvalidSpec", problem or "invalid spec")
+        if island is None
+        else ("ChildRefused", observed.refused)
+        if observed.refused
+        else None
+    )
+    if refusal is not None:
+        return _refused_status(document, refusal, now)
+    assert island is not None
     hosts = island.spec.hosts
     endpoint = external_endpoint(document)
     external = endpoint is not None
@@ -550,9 +607,43 @@ def island_status(
         now,
         gen,
     )
+    if condition(conditions, "SpecApplied") is not None:  # said while an edit was refused
+        conditions = set_condition(conditions, "SpecApplied", True, "Applied", "", now, gen)
     status["conditions"] = conditions
     decision = IslandDecision(status, external=external)
     if old.get("phase") != phase:
         kind = "Warning" if phase == "Degraded" else "Normal"
         decision.events.append(Event(ref, kind, phase, message))
+    return decision
+
+
+def _refused_status(document: Document, refusal: tuple[str, str], now: datetime) -> IslandDecision:
+    """The status of an island whose spec cannot be applied (``refusal``: ``InvalidSpec``, or
+    ``ChildRefused`` by the API server, and why). One that ran keeps running as its last
+    applied spec made it: its pods are left alone, so its status (endpoint, hosts, the
+    generation it observed) stays, with ``SpecApplied`` False saying why; its slices keep
+    their devices. One that never ran waits, Pending, ``Ready`` False."""
+    reason, message = refusal
+    old = document.get("status") or {}
+    conditions = list(old.get("conditions") or [])
+    gen = generation(document)
+    ran = old.get("provisionedHosts") is not None or bool(old.get("schedulerEndpoint"))
+    if ran:
+        kept = old.get("observedGeneration")
+        message = f"{message}; the island keeps running as generation {kept} specified"
+        status = {**old}
+        status["conditions"] = set_condition(
+            conditions, "SpecApplied", False, reason, message, now, gen
+        )
+        said = condition(conditions, "SpecApplied") or {}
+        repeated = said.get("status") == "False" and said.get("reason") == reason
+    else:
+        status = {"observedGeneration": gen, "phase": "Pending", "readyHosts": 0}
+        status["schedulerEndpoint"] = None
+        status["conditions"] = set_condition(conditions, "Ready", False, reason, message, now, gen)
+        said = condition(conditions, "Ready") or {}
+        repeated = old.get("phase") == "Pending" and said.get("reason") == reason
+    decision = IslandDecision(status)
+    if not repeated:
+        decision.events.append(Event(ObjectRef.of(document), "Warning", reason, message))
     return decision

@@ -406,6 +406,9 @@ def plan_bindings(
     plan.next_expiry = leases.next_expiry
     allocator = Allocator()
     inventories: dict[str, IslandInventory] = {}
+    # Islands whose spec was edited into one that does not parse: they run as before, so
+    # their slices keep their devices, and nothing new is bound there until it is fixed.
+    frozen: set[str] = set()
     for document in sorted(islands, key=key_of):
         if is_deleting(document):
             continue
@@ -416,6 +419,8 @@ def plan_bindings(
             )
             inventories[inventory.name] = inventory
             allocator.add_island(inventory)
+        else:
+            frozen.add((document.get("metadata") or {}).get("name") or "")
     for (tenant, kind), limit in (quotas or {}).items():
         allocator.set_quota(tenant, kind, limit)
 
@@ -429,6 +434,7 @@ def plan_bindings(
     queue: list[tuple[Request, Document]] = []
     placements: dict[str, str] = {}
     restated: dict[str, Document] = {}
+    kept_frozen = 0  # bound on a frozen island
     for document in slices:
         status = document.get("status") or {}
         if is_deleting(document):
@@ -474,7 +480,9 @@ def plan_bindings(
             )
             event(document, "Normal", "SpecChanged", "devices released to bind the new spec")
             continue
-        if stored is not None:
+        if stored is not None and stored.island in frozen:
+            kept_frozen += 1
+        elif stored is not None:
             restorable.append((status.get("boundTime") or "", key, stored, document))
         else:
             queue.append((request, document))
@@ -633,7 +641,7 @@ def plan_bindings(
 
     plan.devices_total = {name: inventory.size for name, inventory in inventories.items()}
     plan.devices_free = {name: allocator.free_devices(name) for name in inventories}
-    plan.bound = len(allocator.bindings())
+    plan.bound = len(allocator.bindings()) + kept_frozen
     plan.waiting = sum(1 for document in slices if not is_deleting(document)) - plan.bound
     return plan
 
