@@ -22,13 +22,20 @@ keys of their implementation, and namedtuples (optax's states) as their own type
 name where the checkpoint is restored. ``step`` is an integer from 0 to 2**63-1.
 :func:`save` refuses, before writing anything, what :func:`restore` could not give back: a
 namedtuple type not importable by its name (one defined in a function), structured and other
-unnamed void dtypes, masked arrays (their mask), a state that contains itself.
+unnamed void dtypes, masked arrays (their mask), a state that contains itself, and
+subclasses of dict, list and tuple other than namedtuples (an ``OrderedDict``, a
+``defaultdict``, whose ``default_factory`` is code, a ``MappingProxyType``, flax's
+``FrozenDict``): they would come back as plain dicts, lists and tuples, so convert them first.
 
 :func:`save` writes one ``.npz`` file atomically (the step and the state together, or the
 previous checkpoint whole), so a run killed while saving resumes from the step before; saves
 from several threads each write a temporary file of their own, and the temporary files of runs
-killed midway are removed by the next save. A damaged checkpoint file is a
-:class:`CheckpointError` of :func:`restore` that names it.
+killed midway are removed by the next save. Of saves in flight at once (from threads or
+processes), the highest step is kept, whichever finishes last: a save whose step is lower than
+the checkpoint's keeps nothing, logs a warning and returns ``None`` (a save of the same step
+replaces it). To start over from an earlier step, delete the checkpoint file. A damaged
+checkpoint file is a :class:`CheckpointError` of :func:`restore` that names it, and is replaced
+by the next save.
 
 Without a checkpoint directory (no ``PATHWAYS_CHECKPOINT_DIR``, or an empty one, and no
 ``directory=``, or ``directory=""``; in Kubernetes, a driver without ``checkpointClaim``),
@@ -42,14 +49,16 @@ import contextlib
 import importlib
 import io
 import json
+import logging
 import operator
 import os
 import secrets
 import sys
+import threading
 import time
 import warnings
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +70,16 @@ except ImportError:  # Windows: no stale temporary files are removed there
     fcntl = None  # type: ignore[assignment]
 
 FILE = "checkpoint.npz"
+LOCK = f".{FILE}.lock"
+"""Locked by a save while it compares its step with the checkpoint's and renames; it stays."""
 _STEP, _TREE = "__step__", "__tree__"
 _MAX_STEP = 2**63 - 1  # the step is kept as an int64
 STALE_AFTER_SECONDS = 10.0
 """Temporary files at least this old, and unlocked, are of saves killed midway."""
 _warned = False
+_warned_lock = False
+_replace_lock = threading.Lock()
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -146,6 +160,17 @@ def _flatten(tree: Any, leaves: list[np.ndarray], path: str, active: set[int]) -
 def _flatten_container(
     tree: Mapping | list | tuple, leaves: list[np.ndarray], path: str, active: set[int]
 ) -> Any:
+    named = isinstance(tree, tuple) and hasattr(tree, "_fields")  # as optax's states
+    if type(tree) not in (dict, list, tuple) and not named:
+        # A subclass would come back as the plain type, silently (an OrderedDict as a dict, a
+        # defaultdict without its default_factory, which is code and not saved in general).
+        plain = (
+            "dict" if isinstance(tree, Mapping) else "list" if isinstance(tree, list) else "tuple"
+        )
+        raise CheckpointError(
+            f"state{path}: a {_type_name(type(tree))}, which restore() would give back as a "
+            f"plain {plain}: convert it (and any nested like it) with {plain}(...) before saving"
+        )
     if isinstance(tree, Mapping):
         for key in tree:
             if not isinstance(key, str):
@@ -158,7 +183,7 @@ def _flatten_container(
         }
     kind = "list" if isinstance(tree, list) else "tuple"
     flat = {kind: [_flatten(value, leaves, f"{path}[{i}]", active) for i, value in enumerate(tree)]}
-    if hasattr(tree, "_fields"):  # a namedtuple (optax's states are): its type comes back
+    if named:  # its type comes back
         spelled = f"{type(tree).__module__}:{type(tree).__qualname__}"
         try:
             found = _lookup(spelled)
@@ -171,6 +196,12 @@ def _flatten_container(
             )
         flat["type"] = spelled
     return flat
+
+
+def _type_name(kind: type) -> str:
+    """``kind`` as its module and name, builtins bare (``collections.OrderedDict``)."""
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
 
 
 def _named_back(dtype: np.dtype) -> bool:
@@ -308,7 +339,9 @@ def _reason(error: OSError) -> str:
 def save(step: int, state: Any, directory: str | Path | None = None) -> Path | None:
     """Keep ``state`` as the checkpoint of completed step ``step`` in ``directory`` (by
     default ``PATHWAYS_CHECKPOINT_DIR``; ``""`` is no directory, as an empty variable); the
-    file written, or ``None`` when there is no checkpoint directory (see the module)."""
+    file written, or ``None`` when nothing was kept: there is no checkpoint directory, or the
+    checkpoint there is of a later step than ``step`` (a warning is logged; see the
+    module)."""
     global _warned
     folder = _folder(directory)
     try:  # NumPy's and JAX's integer scalars too: a step read back from an array is one
@@ -355,7 +388,15 @@ def save(step: int, state: Any, directory: str | Path | None = None) -> Path | N
             handle.write(buffer.getvalue())
             handle.flush()
             os.fsync(handle.fileno())
-            temporary.replace(target)  # atomic: the previous checkpoint, or this one, whole
+            # Saves in flight at once finish in any order: the step, not the last rename,
+            # decides which is kept.
+            with _replacing(folder):
+                kept = _saved_step(target)
+                if kept is not None and kept > step:
+                    temporary.unlink()
+                else:
+                    temporary.replace(target)  # atomic: the previous checkpoint, or this one
+                    kept = None
     except OSError as error:
         with contextlib.suppress(OSError):
             temporary.unlink()
@@ -363,8 +404,59 @@ def save(step: int, state: Any, directory: str | Path | None = None) -> Path | N
             f"checkpoint directory {folder}: cannot write the checkpoint ({_reason(error)}); "
             "the previous one is kept: free space, or make the directory writable"
         ) from error
+    if kept is not None:
+        logger.warning(
+            "checkpoint of step %d not kept: %s holds step %d, a later one (saved meanwhile, "
+            "e.g. by another thread or process); to start over from an earlier step, delete it",
+            step,
+            target,
+            kept,
+        )
+        return None
     _sync_directory(folder)
     return target
+
+
+def _saved_step(target: Path) -> int | None:
+    """The step of the checkpoint ``target``, or ``None`` if there is none, or it cannot be
+    read (a damaged checkpoint is replaced by any step)."""
+    try:
+        with np.load(target, allow_pickle=False) as data:
+            step = data[_STEP]  # one member of the archive: the state is not read
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+        return None
+    if step.shape != () or step.dtype.kind not in "iu":
+        return None
+    return int(step)
+
+
+@contextlib.contextmanager
+def _replacing(folder: Path) -> Iterator[None]:
+    """Held across a save's compare-and-rename: by one thread of this process at a time, and
+    by one process at a time (an exclusive lock on ``folder/LOCK``, released by the kernel
+    if the process is killed). Without file locks (Windows, a file system refusing them)
+    saves from several processes may still keep an older step."""
+    global _warned_lock
+    with _replace_lock:
+        if fcntl is None:
+            yield
+            return
+        handle = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            except OSError as error:
+                if not _warned_lock:
+                    logger.warning(
+                        "checkpoint directory %s: file locks are refused (%s): saves from "
+                        "several processes at once may keep an older step",
+                        folder,
+                        _reason(error),
+                    )
+                    _warned_lock = True
+            yield
+        finally:
+            os.close(handle)  # releases the lock
 
 
 def restore(directory: str | Path | None = None) -> tuple[int, Any] | None:

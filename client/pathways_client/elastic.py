@@ -34,9 +34,10 @@ import grpc
 from pathways_client import tls
 from pathways_client.cluster import Cluster
 from pathways_client.errors import ConnectError, NodeFailed, PathwaysError, SliceError
+from pathways_client.island_client import IslandClient
 from pathways_client.rpc import stub
 from pathways_client.slices import Slice
-from pathways_core.wire import EXECUTOR, pb
+from pathways_core.wire import EXECUTOR, SCHEDULER, Service, pb
 
 T = TypeVar("T")
 PROBE_TIMEOUT_SECONDS = 2.0
@@ -76,16 +77,19 @@ class Manager:
         """Find which available slices lost devices; mark and return the newly lost. A slice is
         lost when an executor holding one of its devices was declared lost by its island's
         scheduler or does not answer, when the session with that scheduler ended (the
-        scheduler stopped: what the island held is gone), or when the slice itself is unusable
-        (see :meth:`_unusable`: its lease ran out, it was deleted)."""
+        scheduler stopped: what the island held is gone) or cannot be opened (its scheduler
+        does not answer), or when the slice itself is unusable (see :meth:`_unusable`: its
+        lease ran out, it was deleted). ``ConnectError`` only once the connection is closed."""
         with self._lock:
             dead: dict[str, set[int] | None] = {}  # None: the whole island
+            owners: dict[str, dict[int, int]] = {}  # device -> executor, per island alive
             for island in {item.island for item in self.available}:
-                session = self.cluster.session(island)
-                if session.ended:
+                session = self._session(island)
+                if session is None or session.ended:
                     dead[island] = None
                     continue
                 known = session.lost_executors
+                owners[island] = session.device_owner
                 dead[island] = set(known) | {
                     executor.index
                     for executor in session.info.executors
@@ -94,10 +98,33 @@ class Manager:
             newly = [
                 item
                 for item in self.available
-                if self._unusable(item) is not None or self._touches(item, dead[item.island])
+                if self._unusable(item) is not None
+                or _touches(item, dead[item.island], owners.get(item.island, {}))
             ]
             self.lost.extend(newly)
             return newly
+
+    def _session(self, island: str) -> IslandClient | None:
+        """The session with ``island``'s scheduler, opened if it was not; ``None`` when it
+        cannot be: the scheduler is down, so the island's slices are lost, not the whole
+        search for lost ones (its ``ConnectError`` hid the healthy islands' slices from the
+        retry). A closed connection's ``ConnectError`` is raised: no slice of it can come
+        back, and it is the caller's to see."""
+        if self.cluster.closed:
+            return self.cluster.session(island)  # its ConnectError: the connection was closed
+        session = self.cluster.open_session(island)
+        if session is not None:
+            return session
+        endpoint = self.cluster.islands.get(island)
+        # Opening waits up to a minute for a scheduler that is down; a probe tells in seconds.
+        if endpoint is not None and not _scheduler_answers(endpoint):
+            return None
+        try:
+            return self.cluster.session(island)
+        except ConnectError:
+            if self.cluster.closed:  # closed meanwhile
+                raise
+            return None
 
     def _unusable(self, item: Slice) -> str | None:
         """Why ``item`` cannot be used whatever its executors do: released (by the cluster, as
@@ -113,13 +140,14 @@ class Manager:
 
     def find_returned(self) -> list[Slice]:
         """Find which lost slices came back; make them available again and return them. A
-        slice comes back when its island's session is still open and every executor holding
-        one of its devices was taken back by the scheduler (restarted) and answers."""
+        slice comes back when its island's session is still open (or, never opened, can now
+        be: its scheduler is back) and every executor holding one of its devices was taken
+        back by the scheduler (restarted) and answers."""
         with self._lock:
             returned = []
             for item in self.lost:
-                session = self.cluster.session(item.island)
-                if session.ended or self._unusable(item) is not None:
+                session = self._session(item.island)
+                if session is None or session.ended or self._unusable(item) is not None:
                     continue
                 lost = session.lost_executors
                 holders = {session.device_owner.get(device) for device in item.devices}
@@ -165,12 +193,13 @@ class Manager:
     def _check_returnable(self, wanted: int) -> None:
         """SlicesLost at once if fewer than ``wanted`` slices can ever be available: a slice
         whose island's session ended (its scheduler restarted), or that was released, never
-        comes back on this connection, and waiting for it would wait for ever."""
+        comes back on this connection, and waiting for it would wait for ever. One whose
+        island's session could not be opened may: its scheduler may come back."""
         with self._lock:
             ended = {
                 item.name: why
                 for item in self.lost
-                if (why := self.cluster.session(item.island).ended or _released(item))
+                if (why := _ended(self.cluster.open_session(item.island)) or _released(item))
             }
             if len(self.slices) - len(ended) >= wanted:
                 return
@@ -182,12 +211,6 @@ class Manager:
             "new sessions and slices",
             gone,
         )
-
-    def _touches(self, item: Slice, dead: set[int] | None) -> bool:
-        if dead is None:
-            return True
-        owner = self.cluster.session(item.island).device_owner
-        return any(owner.get(device) in dead for device in item.devices)
 
     def elastic_retry(
         self,
@@ -260,10 +283,32 @@ def _released(item: Slice) -> str:
     return "released by this session" if item.released else ""
 
 
+def _ended(session: IslandClient | None) -> str:
+    """Why ``session`` ended, or "" (also for none opened)."""
+    return session.ended if session is not None else ""
+
+
+def _touches(item: Slice, dead: set[int] | None, owner: dict[int, int]) -> bool:
+    """Whether ``item`` has a device on a ``dead`` executor (``None``: the whole island)."""
+    if dead is None:
+        return True
+    return any(owner.get(device) in dead for device in item.devices)
+
+
 def _answers(endpoint: str) -> bool:
+    """Whether the executor at ``endpoint`` answers."""
+    return _probe(endpoint, EXECUTOR)
+
+
+def _scheduler_answers(endpoint: str) -> bool:
+    """Whether the scheduler at ``endpoint`` answers."""
+    return _probe(endpoint, SCHEDULER)
+
+
+def _probe(endpoint: str, service: Service) -> bool:
     channel = tls.channel(endpoint, [], tls.load())
     try:
-        stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=PROBE_TIMEOUT_SECONDS)
+        stub(channel, service, "Info")(pb.Empty(), timeout=PROBE_TIMEOUT_SECONDS)
         return True
     except grpc.RpcError:
         return False

@@ -37,7 +37,11 @@ def _refused(tmp_path: Path, state: Any, match: str, step: Any = 2) -> None:
     step_back, back = checkpoint.restore(tmp_path)
     assert step_back == 1
     np.testing.assert_array_equal(back["x"], np.arange(3))
-    assert sorted(path.name for path in tmp_path.iterdir()) == [checkpoint.FILE]
+    assert _files(tmp_path) == {checkpoint.FILE, checkpoint.LOCK}  # no temporary left
+
+
+def _files(folder: Path) -> set[str]:
+    return {path.name for path in folder.iterdir()}
 
 
 def test_narrow_dtypes_come_back_as_themselves(tmp_path: Path) -> None:
@@ -170,7 +174,7 @@ def test_concurrent_saves_each_write_a_file_of_their_own(tmp_path: Path) -> None
     assert errors == []
     step, state = checkpoint.restore(tmp_path)
     assert step % 100 == 14 and (state["x"] == step).all()
-    assert sorted(path.name for path in tmp_path.iterdir()) == [checkpoint.FILE]
+    assert _files(tmp_path) == {checkpoint.FILE, checkpoint.LOCK}  # no temporary left
 
 
 def test_a_failed_write_keeps_the_previous_checkpoint_and_no_temporary(
@@ -187,7 +191,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint_and_no_temporary(
         checkpoint.save(2, {"x": np.ones(2)}, tmp_path)
     assert f"checkpoint directory {tmp_path}:" in str(caught.value)
     monkeypatch.undo()
-    assert sorted(path.name for path in tmp_path.iterdir()) == [checkpoint.FILE]
+    assert _files(tmp_path) == {checkpoint.FILE, checkpoint.LOCK}  # no temporary left
     assert checkpoint.restore(tmp_path)[0] == 1
 
 
@@ -224,8 +228,8 @@ def test_temporaries_of_killed_runs_are_removed_and_of_live_saves_kept(tmp_path:
     finally:
         locker.kill()
         locker.wait()
-    left = {path.name for path in tmp_path.iterdir()}
-    assert left == {checkpoint.FILE, "unrelated.tmp", fresh, held}
+    left = _files(tmp_path)
+    assert left == {checkpoint.FILE, checkpoint.LOCK, "unrelated.tmp", fresh, held}
 
 
 def test_the_directory_is_synced_after_the_replace(
@@ -386,3 +390,105 @@ def test_a_crafted_file_runs_nothing_and_is_refused(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(checkpoint.CheckpointError, match="a file is there"):
         checkpoint.restore(tmp_path / "a-file")
+
+
+def test_an_older_step_finishing_last_does_not_replace_a_newer_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Of two saves in flight (step 1, large, then step 2), the one renamed last was kept:
+    restore() resumed from step 1."""
+    written, go_on = threading.Event(), threading.Event()
+    fsync = os.fsync
+
+    def held_for_step_1(handle: int) -> None:
+        fsync(handle)
+        if threading.current_thread().name == "step-1":
+            written.set()  # its temporary file is written: only the rename is left
+            assert go_on.wait(10)
+
+    monkeypatch.setattr(os, "fsync", held_for_step_1)
+    returned: list[Path | None] = []
+    first = threading.Thread(
+        target=lambda: returned.append(checkpoint.save(1, {"x": np.ones(3)}, tmp_path)),
+        name="step-1",
+    )
+    first.start()
+    assert written.wait(10)
+    assert checkpoint.save(2, {"x": np.full(3, 2.0)}, tmp_path) == tmp_path / checkpoint.FILE
+    go_on.set()
+    first.join()
+    step, state = checkpoint.restore(tmp_path)
+    assert step == 2 and (state["x"] == 2).all()
+    assert returned == [None]  # step 1: nothing kept, and it says so
+    assert "checkpoint of step 1 not kept" in caplog.text and "holds step 2" in caplog.text
+    assert _files(tmp_path) == {checkpoint.FILE, checkpoint.LOCK}  # its temporary removed
+
+
+def test_a_save_of_the_same_or_a_later_step_replaces_the_checkpoint(tmp_path: Path) -> None:
+    for step, value in ((3, 1.0), (3, 2.0), (4, 3.0)):
+        assert checkpoint.save(step, {"x": np.full(2, value)}, tmp_path) is not None
+        back_step, back = checkpoint.restore(tmp_path)
+        assert back_step == step and (back["x"] == value).all()
+    (tmp_path / checkpoint.FILE).write_bytes(b"damaged")  # any step replaces a damaged one
+    assert checkpoint.save(0, {}, tmp_path) is not None
+    assert checkpoint.restore(tmp_path)[0] == 0
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX file locks")
+def test_the_compare_and_rename_waits_for_another_process(tmp_path: Path) -> None:
+    """A save in another process, between reading the checkpoint's step and its rename,
+    holds the lock: this one renames after it, and reads the step it left."""
+    checkpoint.save(1, {}, tmp_path)
+    locker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys\n"
+            "handle = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(handle, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True)\n"
+            "sys.stdin.readline()\n",  # until told
+            str(tmp_path / checkpoint.LOCK),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert locker.stdout is not None and locker.stdout.readline() == "locked\n"
+        saver = threading.Thread(target=checkpoint.save, args=(2, {}, tmp_path))
+        saver.start()
+        saver.join(1.0)
+        assert saver.is_alive()  # waiting for the lock
+        assert checkpoint.restore(tmp_path)[0] == 1
+        assert locker.stdin is not None
+        locker.stdin.write("\n")
+        locker.stdin.flush()
+        saver.join(10)
+        assert not saver.is_alive()
+    finally:
+        locker.kill()
+        locker.wait()
+    assert checkpoint.restore(tmp_path)[0] == 2
+
+
+@pytest.mark.parametrize(
+    ("state", "match"),
+    [
+        (collections.OrderedDict(b=1, a=2), r"state: a collections\.OrderedDict, .* plain dict"),
+        (
+            {"opt": collections.defaultdict(list, a=[np.ones(1)])},
+            r"state\['opt'\]: a collections\.defaultdict, .* with dict\(\.\.\.\)",
+        ),
+        ({"m": [types.MappingProxyType({"a": 1})]}, r"state\['m'\]\[0\]: a mappingproxy"),
+        ({"s": type("Stack", (list,), {})([1])}, r"state\['s'\]: a .*Stack, .* plain list"),
+        ((type("Pair", (tuple,), {})((1, 2)),), r"state\[0\]: a .*Pair, .* plain tuple"),
+    ],
+    ids=["OrderedDict", "defaultdict", "mappingproxy", "list-subclass", "tuple-subclass"],
+)
+def test_containers_that_would_come_back_as_another_type_are_refused(
+    tmp_path: Path, state: Any, match: str
+) -> None:
+    """An OrderedDict, a defaultdict (its default_factory lost) and a MappingProxyType came
+    back as plain dicts, silently, while namedtuples come back as their type."""
+    _refused(tmp_path, state, match)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 import pathways_client.elastic as elastic
-from pathways_client.errors import NodeFailed, SliceError
+from pathways_client.errors import ConnectError, NodeFailed, SliceError
 from pathways_client.slices import Slice
 from pathways_core.wire import pb
 
@@ -38,11 +38,30 @@ class Session:
 
 @dataclass
 class Cluster:
+    """Sessions of ``sessions`` are open; an island of ``down`` has none, and its scheduler
+    does not answer: opening one is a ConnectError, as pathways_client.Cluster's."""
+
     sessions: dict[str, Session]
     overdue: dict[str, str] = field(default_factory=dict)  # slice -> why its lease may be out
+    down: set[str] = field(default_factory=set)
+    closed: bool = False
+    opening: list[str] = field(default_factory=list)  # islands session() was asked to open
+
+    @property
+    def islands(self) -> dict[str, str]:
+        return {name: f"{name}-scheduler:8470" for name in [*self.sessions, *self.down]}
 
     def session(self, island: str) -> Session:
+        if self.closed:
+            raise ConnectError("this connection was closed")
+        if island not in self.sessions:
+            self.opening.append(island)
+        if island in self.down:
+            raise ConnectError(f"island {island!r} at {self.islands[island]} did not answer")
         return self.sessions[island]
+
+    def open_session(self, island: str) -> Session | None:
+        return None if self.closed else self.sessions.get(island)
 
     def check_lease(self, item: Slice) -> None:
         if item.name in self.overdue:
@@ -58,6 +77,8 @@ def answering(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     """Endpoints whose executors answer the manager's probe (all of them to start with)."""
     alive = {"h:0", "h:1"}
     monkeypatch.setattr(elastic, "_answers", lambda endpoint: endpoint in alive)
+    # Schedulers answer the probe: whether a session opens is the stand-in cluster's to say.
+    monkeypatch.setattr(elastic, "_scheduler_answers", lambda endpoint: True)
     return alive
 
 
@@ -286,3 +307,69 @@ def test_a_slice_whose_lease_is_overdue_is_lost_until_it_is_renewed(answering) -
     assert manager.find_returned() == []
     cluster.overdue.clear()  # a renewal went through: its devices were never given away
     assert [item.name for item in manager.find_returned()] == ["b"]
+
+
+def two_islands(down: str) -> tuple[Cluster, list[Slice]]:
+    """Slice a on island one (open), b on island two, whose session was never opened: its
+    scheduler is down (``down="two"``), or not."""
+    cluster = Cluster({"one": Session()}, down={down} if down else set())
+    return cluster, [Slice("a", "one", (0, 1), (2,)), Slice("b", "two", (0, 1), (2,))]
+
+
+def test_an_island_whose_session_cannot_be_opened_loses_its_slices(answering) -> None:
+    """Cluster.session()'s ConnectError escaped find_lost() and elastic_retry: the step was
+    never retried on the healthy island's slice."""
+    cluster, items = two_islands(down="two")
+    manager = elastic.Manager(cluster, items)  # type: ignore[arg-type]
+    calls = []
+
+    @manager.elastic_retry(max_retries=2)
+    def train() -> list[str]:
+        calls.append([item.name for item in manager.available])
+        for item in manager.available:
+            cluster.session(item.island)  # the step's work on each slice
+        return calls[-1]
+
+    assert train() == ["a"]
+    assert calls == [["a", "b"], ["a"]]
+    assert [item.name for item in manager.lost] == ["b"]
+    assert "did not answer" in manager.events[0][1]
+
+
+def test_a_slice_whose_scheduler_was_down_comes_back_when_it_answers(answering) -> None:
+    cluster, items = two_islands(down="two")
+    manager = elastic.Manager(cluster, items)  # type: ignore[arg-type]
+    assert [item.name for item in manager.find_lost()] == ["b"]
+    assert manager.find_returned() == []
+    # Not gone for good (nothing was held there): a timeout, not SlicesLost at once.
+    with pytest.raises(TimeoutError, match=r"still lost: \['b'\]"):
+        manager.wait_for_slices(timeout=0)
+    assert manager.wait_for_slices(count=1, timeout=0) == items[:1]
+    cluster.down.clear()  # the scheduler is back: a session opens
+    cluster.sessions["two"] = Session()
+    assert manager.wait_for_slices(timeout=0) == items
+
+
+def test_a_scheduler_that_does_not_answer_the_probe_is_not_waited_for(
+    answering, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a session waits up to a minute for a scheduler that is down; a probe of a
+    few seconds tells first."""
+    cluster, items = two_islands(down="two")
+    manager = elastic.Manager(cluster, items)  # type: ignore[arg-type]
+    probed: list[str] = []
+    monkeypatch.setattr(
+        elastic, "_scheduler_answers", lambda endpoint: probed.append(endpoint) or False
+    )
+    assert [item.name for item in manager.find_lost()] == ["b"]
+    assert manager.find_returned() == []
+    assert probed == ["two-scheduler:8470"] * 2 and cluster.opening == []
+
+
+def test_a_closed_connection_is_a_connect_error_not_a_loss(answering) -> None:
+    cluster, items = two_islands(down="")
+    manager = elastic.Manager(cluster, items)  # type: ignore[arg-type]
+    cluster.closed = True
+    with pytest.raises(ConnectError, match="connection was closed"):
+        manager.find_lost()
+    assert manager.lost == []
