@@ -444,7 +444,7 @@ OPERATOR_RULES = (
     | expand("apps", "deployments statefulsets", "get list watch create patch delete")
     | expand("", "services configmaps", "get create patch delete")
     | expand("batch", "jobs", "get list watch create patch delete")
-    | expand("", "pods", READ)
+    | expand("", "pods", f"{READ} delete")  # an island's executors restart together
     | expand("", "events", "create patch")
     | expand("events.k8s.io", "events", "create patch")
     | expand("kopf.dev", "clusterkopfpeerings", "get list watch patch")
