@@ -6,12 +6,15 @@ transfers overlap earlier work), dispatch the compiled function asynchronously (
 future arrays at once), and hand the computation to a completion thread that reports when the
 devices finished it (by its token: a scalar output ready exactly then, so that a later
 computation may take its other outputs over meanwhile). A failure fails the computation's
-outputs, so consumers fail fast with the cause, and the executor keeps going.
+outputs, so consumers fail fast with the cause, and the executor keeps going; a computation
+spanning hosts that fails on one before its launch is launched there all the same, on zeros
+(its collectives need every host).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -35,6 +38,8 @@ from pathways_executor.artifact_check import ArtifactChecker
 from pathways_executor.buffers import PENDING, UPSTREAM, BufferError, BufferStore, root_cause
 from pathways_executor.functions import Callable, FunctionCache, FunctionError, check_inputs
 from pathways_executor.programs import Plan, Source, Step, output_id, plan
+
+log = logging.getLogger(__name__)
 
 INPUT_TIMEOUT_SECONDS = 120.0
 # Multi-device computations dispatched to the devices and not finished. On small CPU hosts,
@@ -747,14 +752,17 @@ class Runner:
     def _run(self, command: pb.ExecutorCommand, last_uses: set[str]) -> None:
         computation = command.run
         held: list[str] = []  # inputs awaited: held so that a deletion meanwhile waits
+        function: Callable | None = None
+        devices: list[jax.Device] = []
+        launched = False
         try:
-            if taken := self.buffers.first_set(computation.outputs):
-                raise ComputationError(self._taken(taken))
             key = (computation.function_id, tuple(computation.devices))
             function, devices = self._executable(computation, key)
             if computation.describe:
                 self._describe(command, function.description, time.time_ns())
                 return
+            if taken := self.buffers.first_set(computation.outputs):
+                raise ComputationError(self._taken(taken))
             values = []
             partial = {s.buffer_id for s in command.sources if s.partial} if command.sources else ()
             for buffer_id in computation.inputs:
@@ -771,6 +779,7 @@ class Runner:
             )
             # Stamped as launched: the time to compile, wait for inputs and place them is not
             # the devices'.
+            launched = True  # (an exception in the launch: it was not, anywhere)
             record, outputs, unprepared = self._dispatch(
                 command, function, arguments, donations, time.time_ns()
             )
@@ -780,17 +789,21 @@ class Runner:
                     f"computation names {len(computation.outputs)}"
                 )
         except (BufferError, FunctionError, ComputationError) as error:
-            self._fail(command, str(error))
-            return
+            failure = str(error)
         except InputFailed as error:
-            self._fail(command, f"buffer {computation.inputs[error.position]!r} failed: {error}")
-            return
+            failure = f"buffer {computation.inputs[error.position]!r} failed: {error}"
         except Exception as error:  # XLA or JAX refused the call
-            self._fail(command, f"{type(error).__name__}: {error}")
-            return
+            failure = f"{type(error).__name__}: {error}"
+        else:
+            failure = ""
         finally:
             for buffer_id in held:
                 self.buffers.release(buffer_id)
+        if failure:
+            if function is not None and not launched:
+                self._launch_unused(function, devices)
+            self._fail(command, failure)
+            return
         if record.through_outputs:
             self._watched.update(computation.outputs)
         for buffer_id, value in zip(computation.outputs, outputs, strict=True):
@@ -802,6 +815,26 @@ class Runner:
         if unprepared:
             self._await_stamped()
             function.prepare_donating(unprepared, arguments)
+
+    def _launch_unused(self, function: Callable, devices: Sequence[jax.Device]) -> None:
+        """Launch, on zeros, a function that failed here before its launch (an input that
+        failed or never came, an output id taken), if it spans hosts; its outputs are not
+        used. The other hosts of its slice launch it, and its collectives need every host:
+        one host missing hung them, then paired every later collective of the island's hosts
+        with the wrong one (other tenants got wrong values, then hung)."""
+        process = jax.process_index()
+        if all(device.process_index == process for device in devices):
+            return
+        try:
+            self._bound_outstanding()
+            zeros = [
+                place(np.zeros(aval.shape, aval.dtype), sharding)
+                for aval, sharding in zip(function.in_avals, function.in_shardings, strict=True)
+            ]
+            awaited, _, _, _ = self._launch(function, zeros, ())
+            self._note_collective(awaited)
+        except Exception:  # the failure reported is the first one
+            log.exception("executor %d: launching %r on zeros failed", self.index, function.name)
 
     def _taken(self, buffer_id: str) -> str:
         return (
@@ -916,9 +949,14 @@ class Runner:
                 next((failed[n] for _, _, n in step.inputs if n in failed), "") if failed else ""
             )
             if upstream:
+                with contextlib.suppress(Exception):  # its own failure is named below it
+                    resolved = bound.get(position) or bound.setdefault(position, self._bind(step))
+                    self._launch_unused(resolved[0], resolved[1])
                 self._fail_outputs(call, step, upstream, failed)
                 continue
             held: list[str] = []
+            resolved = None
+            launched = False
             try:
                 resolved = bound.get(position)
                 if resolved is None:
@@ -951,6 +989,7 @@ class Runner:
                         else ()
                     )
                 started = time.time_ns()  # as launched (see _run)
+                launched = True
                 awaited, outputs, unprepared, through_outputs = self._launch(
                     function, arguments, donations
                 )
@@ -980,6 +1019,8 @@ class Runner:
                 for buffer_id in held:
                     self.buffers.release(buffer_id)
             if problem:
+                if resolved is not None and not launched:
+                    self._launch_unused(resolved[0], resolved[1])
                 failure = failure or problem
                 self._fail_outputs(call, step, problem, failed)
                 continue
