@@ -49,6 +49,7 @@ from pathways_core.control.common import (
 from pathways_core.control.islands import (
     control_token_secret,
     executor_revision,
+    pod_troubles,
     ready_host_indexes,
     scheduler_replicas_ready,
     stale_executor_pods,
@@ -256,17 +257,15 @@ async def reconcile_island(memo: kopf.Memo, name: str) -> None:
 async def _observe_island(
     kube: Kube, namespace: str, name: str, found: dict[str, dict[str, Any]]
 ) -> IslandObservation:
-    """The island's readiness from its children and executor pods, counting only pods of
-    the executors' latest template; pods of an older one are deleted, all together, so the
-    hosts start again as one JAX group."""
+    """The island's readiness from its children and pods, counting only executor pods of
+    their latest template (pods of an older one are deleted, all together, so the hosts start
+    again as one JAX group), and why pods are stuck, if they are."""
     statefulset = found["StatefulSet"]
     revision = executor_revision(statefulset)
-    pods = await kube.list(
-        "v1",
-        "Pod",
-        namespace,
-        label_selector=f"{LABEL_ISLAND}={name},{LABEL_COMPONENT}=executor",
-    )
+    every = await kube.list("v1", "Pod", namespace, label_selector=f"{LABEL_ISLAND}={name}")
+    pods = [
+        p for p in every if (p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == "executor"
+    ]
     stale = stale_executor_pods(pods, revision)
     if stale:
         logger.info("island %s: restarting executors %s on their new template", name, stale)
@@ -276,6 +275,7 @@ async def _observe_island(
         scheduler_ready=scheduler_replicas_ready(found["Deployment"]),
         executors_ready=int((statefulset.get("status") or {}).get("readyReplicas") or 0),
         ready_hosts=ready_host_indexes(pods, revision),
+        troubles=pod_troubles(every),
     )
 
 

@@ -10,6 +10,7 @@ import pytest
 from pathways_core.control import IslandObservation, island_children, island_status, parse
 from pathways_core.control.islands import (
     executor_revision,
+    pod_troubles,
     ready_host_indexes,
     scheduler_replicas_ready,
     stale_executor_pods,
@@ -339,6 +340,47 @@ def test_executor_pods_of_an_old_template_are_restarted_together_and_not_counted
     assert executor_revision(statefulset(1, None)) is None
     assert ready_host_indexes(pods, None) == frozenset({0, 1, 2})
     assert stale_executor_pods(pods, None) == []
+
+
+def test_stuck_pods_are_named_in_the_status_message() -> None:
+    crashing = pod(0, None, ready=False)
+    crashing["status"]["containerStatuses"] = [
+        {
+            "name": "executor",
+            "restartCount": 5,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}},
+        }
+    ]
+    pulling = pod(1, None, ready=False)
+    pulling["status"]["containerStatuses"] = [
+        {"name": "executor", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+    ]
+    unplaced = pod(2, None, ready=False)
+    unplaced["status"]["conditions"].append(
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 Insufficient google.com/tpu.",
+        }
+    )
+    starting = pod(3, None, ready=False)  # ContainerCreating passes by itself: not said
+    starting["status"]["containerStatuses"] = [
+        {"name": "executor", "state": {"waiting": {"reason": "ContainerCreating"}}}
+    ]
+    troubles = pod_troubles([crashing, pulling, unplaced, starting])
+    assert troubles == (
+        "isl-executor-0: CrashLoopBackOff, 5 restarts (back-off 5m0s)",
+        "isl-executor-1: ImagePullBackOff",
+        "isl-executor-2: Unschedulable (0/3 nodes are available: 3 Insufficient google.com/tpu.)",
+    )
+    many = pod_troubles([pulling] * 5)
+    assert len(many) == 4 and many[-1] == "2 more pods"
+    document = island_document("cpu-fake", "4x4", 4)
+    waiting = decide(document, IslandObservation(0, 0, frozenset(), troubles=troubles))
+    ready = {c["type"]: c for c in waiting.status["conditions"]}["Ready"]
+    assert "CrashLoopBackOff, 5 restarts" in ready["message"]
+    assert "Insufficient google.com/tpu" in ready["message"]
 
 
 def test_the_scheduler_counts_as_ready_once_its_rollout_is_done() -> None:

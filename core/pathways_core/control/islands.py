@@ -394,12 +394,14 @@ class IslandObservation:
     """What the store shows of an island's pods: ready scheduler replicas and executor hosts
     (``None`` when the child does not exist yet), and which executor hosts are ready, by pod
     ordinal (``None`` when the pods are not known). ``refused``: the API server refused a
-    child of the island's spec (which child, and why); its pods, if any, run as before."""
+    child of the island's spec (which child, and why); its pods, if any, run as before.
+    ``troubles``: why pods wait, as :func:`pod_troubles` says."""
 
     scheduler_ready: int | None = None
     executors_ready: int | None = None
     ready_hosts: frozenset[int] | None = None
     refused: str | None = None
+    troubles: tuple[str, ...] = ()  # why pods are not ready, when their status says it
 
 
 # The label the StatefulSet controller puts on each pod: the revision of its template.
@@ -440,6 +442,58 @@ def _live(pod: Document) -> bool:
 
 def _revision(pod: Document) -> str | None:
     return ((pod.get("metadata") or {}).get("labels") or {}).get(REVISION_LABEL)
+
+
+# Container waiting reasons that do not pass by themselves: the pod needs someone to look.
+STUCK_REASONS = frozenset(
+    {
+        "CrashLoopBackOff",
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+MAX_TROUBLES = 3
+_TROUBLE_CHARS = 240
+
+
+def pod_troubles(pods: list[Document]) -> tuple[str, ...]:
+    """Why an island's pods are not running, where their status says so: a container stuck
+    (crash-looping, its image not pulled, its config wrong) or the pod not schedulable, as
+    ``<pod>: <reason> (<message>)``; at most ``MAX_TROUBLES`` of them, then how many more."""
+    troubles = []
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name") or ""):
+        if not _live(pod):
+            continue
+        name = (pod.get("metadata") or {}).get("name") or "?"
+        status = pod.get("status") or {}
+        for container in status.get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK_REASONS:
+                restarts = int(container.get("restartCount") or 0)
+                said = f"{name}: {waiting['reason']}"
+                if restarts:
+                    said += f", {restarts} restart{'s' if restarts != 1 else ''}"
+                if waiting.get("message"):
+                    said += f" ({waiting['message']})"
+                troubles.append(said[:_TROUBLE_CHARS])
+                break
+        else:
+            for condition_ in status.get("conditions") or []:
+                if (
+                    condition_.get("type") == "PodScheduled"
+                    and condition_.get("status") == "False"
+                    and condition_.get("reason") == "Unschedulable"
+                ):
+                    said = f"{name}: Unschedulable ({condition_.get('message') or ''})"
+                    troubles.append(said[:_TROUBLE_CHARS])
+    if len(troubles) > MAX_TROUBLES:
+        more = len(troubles) - MAX_TROUBLES
+        troubles = [*troubles[:MAX_TROUBLES], f"{more} more pod{'s' if more > 1 else ''}"]
+    return tuple(troubles)
 
 
 def stale_executor_pods(pods: list[Document], revision: str | None) -> list[str]:
@@ -587,6 +641,8 @@ def island_status(
         )
     if external and phase == "Ready":
         reason, message = "External", f"the island runs outside the cluster at {endpoint}"
+    elif phase != "Ready" and observed.troubles:
+        message = f"{message}; {'; '.join(observed.troubles)}"
     status.update(
         phase=phase,
         readyHosts=ready_hosts,
