@@ -279,6 +279,23 @@ async def _observe_island(
     )
 
 
+def _drifted(existing: dict[str, Any], child: dict[str, Any]) -> bool:
+    """Whether someone edited what the operator owns of a child since it wrote it (``kubectl
+    scale``, ``kubectl set image``): its replicas, or its containers' images and commands.
+    (The rest of a stored spec differs anyway: the API server fills in defaults.)"""
+
+    def owned(document: dict[str, Any]) -> tuple[Any, ...]:
+        spec = document.get("spec") or {}
+        pod = (spec.get("template") or {}).get("spec") or {}
+        containers = tuple(
+            (c.get("name"), c.get("image"), c.get("command"), c.get("args"))
+            for c in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
+        )
+        return spec.get("replicas"), containers
+
+    return owned(existing) != owned(child)
+
+
 async def _apply_child(kube: Kube, child: dict[str, Any]) -> dict[str, Any]:
     """Create a child, or replace its spec when its content hash differs."""
     meta = child["metadata"]
@@ -295,7 +312,7 @@ async def _apply_child(kube: Kube, child: dict[str, Any]) -> dict[str, Any]:
         )
     wanted = meta["annotations"][ANNOTATION_SPEC_HASH]
     have = ((existing.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
-    if have == wanted:
+    if have == wanted and not _drifted(existing, child):
         return existing
     operations = [
         {"op": "replace", "path": "/spec", "value": child["spec"]},

@@ -248,6 +248,34 @@ def test_executors_of_an_old_template_are_restarted_together(cluster: Cluster, o
     assert status(cluster, "Island", "roll").get("phase") != "Ready"
 
 
+def test_hand_edits_of_what_the_operator_owns_are_undone(cluster: Cluster, operator) -> None:
+    cluster.create(island("owned", topology="2x4", hosts=2))
+    wait_for(lambda: len(children(cluster, "owned")) == 4)
+    executors = cluster.get("StatefulSet", "owned-executor", SYSTEM)
+    image = executors["spec"]["template"]["spec"]["containers"][0]["image"]
+    # kubectl scale --replicas=0; kubectl set image ... evil:latest
+    cluster.patch("StatefulSet", "owned-executor", {"spec": {"replicas": 0}}, SYSTEM)
+    scheduler = cluster.get("Deployment", "owned-scheduler", SYSTEM)
+    containers = scheduler["spec"]["template"]["spec"]["containers"]
+    hijacked = [{**containers[0], "image": "evil:latest"}, *containers[1:]]
+    cluster.patch(
+        "Deployment",
+        "owned-scheduler",
+        {"spec": {"template": {"spec": {"containers": hijacked}}}},
+        SYSTEM,
+    )
+
+    def restored() -> bool:
+        statefulset = cluster.get("StatefulSet", "owned-executor", SYSTEM)
+        deployment = cluster.get("Deployment", "owned-scheduler", SYSTEM)
+        return (
+            statefulset["spec"]["replicas"] == 2
+            and deployment["spec"]["template"]["spec"]["containers"][0]["image"] == image
+        )
+
+    assert wait_for(restored, what="the operator to undo the edits")
+
+
 def test_external_island_publishes_its_endpoint_without_pods(cluster: Cluster, operator) -> None:
     manifest = island("laptop", topology="4", hosts=1)
     manifest["metadata"]["annotations"] = {"pathways.dev/scheduler-endpoint": "127.0.0.1:9999"}
