@@ -213,9 +213,15 @@ class IslandClient:
         # work that failed. Their reads fail at once, saying so.
         self._gone: dict[str, str] = {}
         self._produces: dict[str, tuple[str, ...]] = {}  # unfinished work -> its outputs
+        # Unfinished program calls -> their results, which are never computed only if the
+        # call is refused (a failed call's nodes independent of the failure still run).
+        self._call_results: dict[str, tuple[str, ...]] = {}
         # Buffers of this island placed on others (``export``): told when they never will be.
         self._exported: dict[str, list[IslandClient]] = {}
-        self._calls: dict[int, set[grpc.Future]] = {}
+        # Calls to executors in progress, per executor, each with the buffer it reads (gets;
+        # "" for uploads): cancelled when their executor is lost, the session ends or (a
+        # get) the buffer will never be, so they end at once with the reason.
+        self._calls: dict[int, dict[grpc.Future, str]] = {}
         host, port = _reachable(self.info.session_endpoint, endpoint)
         self._session = socket.create_connection((host, port), timeout=connect_timeout)
         if self._tls is not None:
@@ -323,7 +329,7 @@ class IslandClient:
         result_ids = tuple(self._new_id("b") for _ in holders)
         # A failed call's results are not all lost: those of nodes independent of the failed
         # one are computed (and the rest fail on their executors, saying why).
-        done = self._pending_future(call_id, ())
+        done = self._pending_future(call_id, (), result_ids)
         for buffer_id, executors in zip(result_ids, holders, strict=True):
             self._locations[buffer_id] = executors
         self._send(
@@ -348,14 +354,28 @@ class IslandClient:
         array = _numeric("put", array)
         buffer_id = self._new_id("put")
         executor = self.device_owner[device]
-        with self._answered("put", executor):
-            call = stub(self._executors[executor], EXECUTOR, "PutArray").future(
-                to_chunks(buffer_id, array), timeout=120
-            )
-            with self._cancellable(executor, call):
-                call.result()
-        self._locations[buffer_id] = (executor,)
-        self._send(pb.ClientMessage(placed=pb.PlacedBuffer(buffer_id=buffer_id, executor=executor)))
+        placed = pb.PlacedBuffer(buffer_id=buffer_id, executor=executor)
+        announced = False
+        try:
+            with self._answered("put", executor):
+                # Announced before the upload, as by put_shards: the session's end then
+                # deletes it wherever it got to (and cancels the upload: see _read). Announced
+                # after, on a session that had ended meanwhile, the word was lost (writes to
+                # it fail silently) and the upload stayed on the executor for good.
+                self._send(pb.ClientMessage(placed=placed))
+                announced = True
+                self._locations[buffer_id] = (executor,)
+                call = stub(self._executors[executor], EXECUTOR, "PutArray").future(
+                    to_chunks(buffer_id, array), timeout=120
+                )
+                with self._cancellable(executor, call):
+                    call.result()
+                if self._ended:  # ended as the upload finished: the buffer is of no use
+                    raise IslandUnavailable(f"put: {self._ended}")
+        except IslandError:
+            if announced:  # the scheduler forgets it, and frees what was stored of it
+                self.delete([buffer_id])
+            raise
         return buffer_id
 
     def put_shards(self, array: np.ndarray, regions: Mapping[int, Sequence[Region]]) -> str:
@@ -476,10 +496,10 @@ class IslandClient:
         # Each executor of the buffer's slice sends the shards it holds.
         assembly = Assembly()
         for executor in holders:
-            with self._answered(f"get {buffer_id!r}", executor):
+            with self._answered(f"get {buffer_id!r}", executor, buffer_id):
                 get_array = stub(self._executors[executor], EXECUTOR, "GetArray")
                 responses = get_array(request, timeout=timeout + 5)
-                with self._cancellable(executor, responses):
+                with self._cancellable(executor, responses, buffer_id):
                     assembly.add(responses)
             if assembly.complete:
                 assert assembly.array is not None
@@ -559,22 +579,35 @@ class IslandClient:
         return Trace(answer.records, dict(answer.dropped_until_ns))
 
     @contextlib.contextmanager
-    def _answered(self, what: str, executor: int) -> Iterator[None]:
-        """gRPC's errors of a call to ``executor`` as ``IslandError`` naming it (a dead one
-        was a bare ``UNAVAILABLE``), and a call after ``close`` refused saying so."""
-        if self._closing:
-            raise IslandError(f"{what}: the session with island {self.info.island!r} is closed")
+    def _answered(self, what: str, executor: int, reads: str = "") -> Iterator[None]:
+        """gRPC's errors of a call to ``executor`` (reading buffer ``reads``, if a get) as
+        ``IslandError`` naming it (a dead one was a bare ``UNAVAILABLE``); a call after
+        ``close`` or the session's end refused saying so, and one they (or the buffer's
+        failure) cut short failing with that reason."""
+        if self._closing or self._ended:
+            raise self._over(what)
         if executor in self._lost:
             raise IslandUnavailable(f"{what}: {self._lost[executor]}")
         try:
             yield
         except (grpc.RpcError, grpc.FutureCancelledError) as error:
+            if self._closing or self._ended:  # and the call cancelled with it (see _read)
+                raise self._over(what) from None
+            gone = self._gone.get(reads) if reads else None
+            if gone is not None and executor not in self._lost and _cancelled(error):
+                raise IslandError(f"{what}: {gone}") from None  # see _on_event
             lost = self._loss(executor, error)
             if lost is not None:
                 raise IslandUnavailable(f"{what}: {lost}") from None
             details = error.details() if isinstance(error, grpc.Call) else str(error)
             endpoint = next(e.endpoint for e in self.info.executors if e.index == executor)
             raise IslandError(f"{what}: executor {executor} ({endpoint}): {details}") from None
+
+    def _over(self, what: str) -> IslandError:
+        """Why a request can no longer be made: the session was closed, or ended."""
+        if self._closing:
+            return IslandError(f"{what}: the session with island {self.info.island!r} is closed")
+        return IslandUnavailable(f"{what}: {self._ended}")
 
     def _loss(self, executor: int, error: Exception) -> str | None:
         """Why ``executor`` is lost, if the scheduler says it is. A call the executor's death
@@ -589,17 +622,19 @@ class IslandClient:
             return self._lost.get(executor)
 
     @contextlib.contextmanager
-    def _cancellable(self, executor: int, call: grpc.Future) -> Iterator[None]:
-        """Keep ``call`` (a gRPC call to ``executor``) to cancel if the executor is lost."""
+    def _cancellable(self, executor: int, call: grpc.Future, reads: str = "") -> Iterator[None]:
+        """Keep ``call`` (a gRPC call to ``executor``, reading buffer ``reads`` if a get) to
+        cancel if the executor is lost, the session ends or the buffer will never be."""
         with self._lock:
-            self._calls.setdefault(executor, set()).add(call)
-            if executor in self._lost:  # lost between the check and the call
+            self._calls.setdefault(executor, {})[call] = reads
+            # Lost, ended or gone between the check and the call.
+            if executor in self._lost or self._ended or (reads and reads in self._gone):
                 call.cancel()
         try:
             yield
         finally:
             with self._lock:
-                self._calls[executor].discard(call)
+                self._calls[executor].pop(call, None)
 
     def close(self) -> None:
         self._closing = True
@@ -650,9 +685,12 @@ class IslandClient:
                 self._send(message)
         return future
 
-    def _pending_future(self, request_id: str, outputs: tuple[str, ...]) -> Future[None]:
-        """The completion of a computation or call about to be sent (writing ``outputs``),
-        once there is room."""
+    def _pending_future(
+        self, request_id: str, outputs: tuple[str, ...], results: tuple[str, ...] = ()
+    ) -> Future[None]:
+        """The completion of a computation or call about to be sent, once there is room:
+        ``outputs`` are never computed if it is refused or fails, a call's ``results`` only
+        if it is refused."""
         done: Future[None] = Future()
         self._wait_for_room()
         with self._lock:
@@ -661,6 +699,8 @@ class IslandClient:
             else:
                 self._pending[request_id] = done
                 self._produces[request_id] = outputs
+                if results:
+                    self._call_results[request_id] = results
         return done
 
     def _new_id(self, kind: str) -> str:
@@ -713,18 +753,28 @@ class IslandClient:
                 "what the session held on the island is gone): connect again to go on"
             )
         except (OSError, FrameError) as error:
-            reason = f"the scheduler is unreachable: {error}"
+            reason = (
+                f"the scheduler at {self.endpoint} is unreachable ({error}; it stopped, "
+                "restarted or the network failed): the session ended, connect again to go on"
+            )
         with self._lock:
             waiting = [*self._pending.values(), *self._functions.values()]
             self._pending.clear()
             self._produces.clear()
+            self._call_results.clear()
             self._ended = reason  # later requests fail at once with the same reason
             self._room.notify_all()
             self._lost_changed.notify_all()
             exported = dict.fromkeys(self._exported, f"the session ended: {reason}")
+            calls = [call for held in self._calls.values() for call in held]
         for future in waiting:
             if not future.done():
                 future.set_exception(IslandUnavailable(reason))
+        # Gets waiting for buffers the session's end deleted (or never made) would wait out
+        # the executor's 30 s for them to appear, then say they were never announced; an
+        # upload in progress would be kept for good. Cancelled, each fails with the reason.
+        for call in calls:
+            call.cancel()
         self._tell_importers(exported)
 
     def _on_event(self, event: pb.ClientEvent) -> None:
@@ -737,7 +787,7 @@ class IslandClient:
                         self._gone.setdefault(buffer_id, f"it was lost: {event.message}")
                         lost[buffer_id] = self._gone[buffer_id]
                 self._lost_changed.notify_all()
-                calls = list(self._calls.get(event.executor, ()))
+                calls = list(self._calls.get(event.executor, {}))
             for call in calls:
                 call.cancel()
             self._tell_importers(lost)
@@ -760,6 +810,7 @@ class IslandClient:
         ):
             self._rejected = event.message  # a request of the session's own was refused
         failed: dict[str, str] = {}  # exported outputs that will never be
+        reads: Sequence[grpc.Future] = ()  # gets of outputs that will never be
         with self._lock:
             registered = event.function_id or event.program_id
             if event.kind in (Event.REGISTERED, Event.REJECTED) and registered:
@@ -771,12 +822,12 @@ class IslandClient:
                 if future is not None and len(self._pending) == self.window - self._refill:
                     self._room.notify_all()
                 outputs = self._produces.pop(event.computation_id, ())
+                results = self._call_results.pop(event.computation_id, ())
                 if event.kind in (Event.FAILED, Event.REJECTED):
-                    for buffer_id in outputs:  # never computed: a read would wait in vain
-                        self._gone.setdefault(buffer_id, f"its computation failed: {event.message}")
-                        if buffer_id in self._exported:
-                            failed[buffer_id] = self._gone[buffer_id]
+                    reads = self._never_computed(event, outputs, results, failed)
             idle = not self._pending and self._deferred
+        for call in reads:
+            call.cancel()
         if failed:
             self._tell_importers(failed)
         if idle:  # nothing else will carry the deferred deletions soon
@@ -792,11 +843,43 @@ class IslandClient:
         else:
             future.set_exception(IslandError(event.message))
 
+    def _never_computed(
+        self,
+        event: pb.ClientEvent,
+        outputs: tuple[str, ...],
+        results: tuple[str, ...],
+        failed: dict[str, str],
+    ) -> list[grpc.Future]:
+        """Mark what a failed or refused computation (``outputs``) or call (``results``,
+        only if refused) was to write as never to be (adding the exported ones to ``failed``);
+        returns the gets waiting for them, to cancel. Called holding the lock."""
+        never = dict.fromkeys(outputs, f"its computation failed: {event.message}")
+        if event.kind == Event.REJECTED and results:
+            never.update(dict.fromkeys(results, f"its program call was refused: {event.message}"))
+        if not never:
+            return []
+        for buffer_id, why in never.items():  # a read would wait in vain
+            self._gone.setdefault(buffer_id, why)
+            if buffer_id in self._exported:
+                failed[buffer_id] = self._gone[buffer_id]
+        # A get already waiting for one waits for the executor to hear of it: 30 s, in vain,
+        # then it said the buffer was not announced. Cancelled, it says why (see _answered).
+        return [
+            call for held in self._calls.values() for call, read in held.items() if read in never
+        ]
+
     def _lost_in(self, message: str) -> bool:
         """Whether ``message`` is (or carries) a lost executor's: the scheduler fails the
         work that needed it with the message it announced the loss with, just before."""
         with self._lock:
             return any(lost in message for lost in self._lost.values() if lost)
+
+
+def _cancelled(error: Exception) -> bool:
+    """Whether a call ended because it was cancelled (by this client: see ``_cancellable``)."""
+    if isinstance(error, grpc.Call):
+        return error.code() == grpc.StatusCode.CANCELLED
+    return isinstance(error, grpc.FutureCancelledError)
 
 
 def _numeric(what: str, array: np.ndarray) -> np.ndarray:
