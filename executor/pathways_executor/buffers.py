@@ -168,11 +168,17 @@ class BufferStore:
         try:
             return entry.future.result(timeout)
         except FutureTimeout:
-            raise BufferError(f"buffer {buffer_id!r} was not ready within {timeout} s") from None
+            raise BufferError(f"{not_ready(buffer_id)} {timeout} s") from None
         except BufferError:
             raise
         except Exception as error:  # the producer's failure, or one before it
             raise BufferError(f"buffer {buffer_id!r}{UPSTREAM}{root_cause(str(error))}") from error
+
+
+def not_ready(buffer_id: str) -> str:
+    """How an error saying ``buffer_id`` was not ready in the time asked starts (the wait may
+    be asked again; its producer has not failed)."""
+    return f"buffer {buffer_id!r} was not ready within"
 
 
 def _bytes_held(value: Any) -> int:

@@ -17,6 +17,7 @@ from pathways_core.wire import bulk
 from pathways_core.wire.arrays import Assembly
 from pathways_core.wire.streams import HANDSHAKE_TIMEOUT_SECONDS
 from pathways_executor.arrays import held_whole, local_regions
+from pathways_executor.buffers import not_ready
 from pathways_executor.tls import Tls
 
 # Replies up to this size are sent in one write, header and bytes together.
@@ -213,11 +214,33 @@ class Puller:
         timeout: float,
         assembly: Assembly,
         appear_within: float | None = None,
+        *,
+        until_ready: bool = False,
     ) -> None:
         """Receive the regions of a buffer held at ``endpoint`` into ``assembly``, straight
         from the socket into the destination's memory (the holder waiting up to
         ``appear_within`` s for it to be announced, if given); an error reply
-        (``LookupError``) leaves the connection usable."""
+        (``LookupError``) leaves the connection usable. ``until_ready``: a buffer the holder
+        has not computed within ``timeout`` is asked for again, for as long as the holder
+        answers (its loss, told by ``down``, ends the wait): it waits for its producer, which
+        may run long (another tenant's step on the holder's devices) and fails it if it
+        fails."""
+        while True:
+            try:
+                self._pull_once(endpoint, buffer_id, timeout, assembly, appear_within)
+                return
+            except LookupError as error:
+                if not (until_ready and str(error).startswith(not_ready(buffer_id))):
+                    raise
+
+    def _pull_once(
+        self,
+        endpoint: str,
+        buffer_id: str,
+        timeout: float,
+        assembly: Assembly,
+        appear_within: float | None,
+    ) -> None:
         exchange = functools.partial(
             _request,
             buffer_id=buffer_id,

@@ -41,6 +41,7 @@ from pathways_executor.programs import Plan, Source, Step, output_id, plan
 
 log = logging.getLogger(__name__)
 
+# How long one pull of an input waits at its holder before asking again (see Puller.pull).
 INPUT_TIMEOUT_SECONDS = 120.0
 # Multi-device computations dispatched to the devices and not finished. On small CPU hosts,
 # more than a few collectives queued at once deadlock XLA's in-process rendezvous and gloo alike
@@ -1210,7 +1211,11 @@ class Runner:
         held.append(buffer_id)
         if not self.buffers.ready(buffer_id):
             self._hand_over()  # completions go on while this input is awaited
-        return self.buffers.get(buffer_id, INPUT_TIMEOUT_SECONDS)
+        # Not bounded: its producer is ahead of this computation in the island's order (here,
+        # or on another executor, pulled until ready while that executor answers; the
+        # scheduler tells its loss), and it comes or fails. Bounded, a consumer of another
+        # host's long step (another tenant's, say) failed at 120 s for nothing.
+        return self.buffers.get(buffer_id, None)
 
     def _dispatch(
         self,

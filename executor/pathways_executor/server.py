@@ -24,7 +24,7 @@ from pathways_core.wire import EXECUTOR, pb
 from pathways_core.wire.arrays import Assembly, Chunk, numeric_dtype, region_chunks
 from pathways_core.wire.streams import CONTROL_TOKEN_ENV
 from pathways_executor.arrays import local_regions, received_upload
-from pathways_executor.buffers import BufferError
+from pathways_executor.buffers import BufferError, not_ready
 from pathways_executor.control import ControlServer
 from pathways_executor.data_plane import DataPlaneServer, Puller
 from pathways_executor.health import publish_metrics, publish_readiness
@@ -206,9 +206,7 @@ class ExecutorService:
                         f"unknown buffer {buffer_id!r} (not announced within {now - start:.1f} s)"
                     )
                 if now >= end:
-                    raise BufferError(
-                        f"buffer {buffer_id!r} was not ready within {now - start:.1f} s"
-                    )
+                    raise BufferError(f"{not_ready(buffer_id)} {now - start:.1f} s")
                 if not context.is_active():
                     raise _Gone
         finally:
@@ -245,7 +243,12 @@ class ExecutorService:
                 # but never uploaded fails now instead of holding this executor up).
                 appear = 0.0 if source.uploaded else None
                 self._puller.pull(
-                    endpoint, source.buffer_id, INPUT_TIMEOUT_SECONDS, assembly, appear
+                    endpoint,
+                    source.buffer_id,
+                    INPUT_TIMEOUT_SECONDS,
+                    assembly,
+                    appear,
+                    until_ready=True,
                 )
             except (OSError, ValueError, LookupError) as error:
                 errors.append(f"{endpoint}: {error}")
@@ -273,9 +276,7 @@ def _not_yet(error: BufferError, buffer_id: str) -> bool:
     """Whether ``error`` only says the buffer is not there or not ready yet (rather than that
     it failed): the store's own words for those two."""
     message = str(error)
-    return message.startswith(
-        (f"unknown buffer {buffer_id!r}", f"buffer {buffer_id!r} was not ready within")
-    )
+    return message.startswith((f"unknown buffer {buffer_id!r}", not_ready(buffer_id)))
 
 
 def _checked_upload(chunks: Iterable[Chunk]) -> Iterator[Chunk]:

@@ -53,6 +53,40 @@ def test_pulls_reuse_one_kept_connection_and_survive_error_replies() -> None:
         server.close()
 
 
+def test_a_pull_until_ready_asks_again_while_the_holder_has_not_computed_it() -> None:
+    """A holder answers "not ready within" each round its producer is still running; asked
+    until ready, the pull waits for it (a consumer of another host's long step failed at
+    the first round), and still ends at once on any other answer."""
+    from pathways_executor.buffers import not_ready
+
+    rounds = []
+
+    def holder(buffer_id: str, timeout: float, appear: float | None = None) -> np.ndarray:
+        rounds.append(timeout)
+        if buffer_id == "c/long" and len(rounds) < 3:
+            time.sleep(timeout)
+            raise LookupError(f"{not_ready(buffer_id)} {timeout} s")
+        if buffer_id == "c/long":
+            return np.arange(3, dtype=np.float32)
+        raise LookupError(f"buffer {buffer_id!r} failed: its producer ran out of memory")
+
+    server = DataPlaneServer(holder)
+    puller = Puller()
+    try:
+        assembly = Assembly()
+        puller.pull(server.endpoint, "c/long", 0.2, assembly, until_ready=True)
+        np.testing.assert_array_equal(assembly.array, np.arange(3))
+        assert len(rounds) == 3
+        with pytest.raises(LookupError, match="not ready within"):
+            rounds.clear()
+            puller.pull(server.endpoint, "c/long", 0.2, Assembly())  # one round only
+        with pytest.raises(LookupError, match="ran out of memory"):
+            puller.pull(server.endpoint, "c/bad", 0.2, Assembly(), until_ready=True)
+    finally:
+        puller.close()
+        server.close()
+
+
 def test_a_kept_connection_that_broke_is_replaced_by_a_fresh_one() -> None:
     buffers = Buffers({"c/a": np.full(3, 7.0, np.float32)})
     server = DataPlaneServer(buffers)
