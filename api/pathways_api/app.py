@@ -3,18 +3,23 @@
 ``create_app(service, authenticator)`` builds the app; the service and the authenticator are
 reached through dependencies (:func:`service`, :func:`tenant`) that tests may override.
 
-Request bodies are JSON, or YAML with ``Content-Type: application/yaml``; at most
+Request bodies are JSON (``application/json``, or any ``application/*+json``), or YAML with
+``Content-Type: application/yaml``; other types get 415 naming those; at most
 ``max_body`` bytes (1 MiB by default, ``PATHWAYS_API_MAX_BODY``): larger bodies get 413 and
 are never read further. Each authenticated tenant is held to its rate limits
 (:mod:`pathways_api.ratelimit`): 429 ``RateLimited`` with ``Retry-After``. Errors are JSON
-``{"error": {"code", "message", "field"}}``.
+``{"error": {"code", "message", "field"}}``, unexpected ones too (500 ``InternalError``, the
+traceback logged, never sent).
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.message
 import json
+import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -28,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pathways_api import metrics
 from pathways_api.auth import Authenticator, Tenant, bearer_token
-from pathways_api.errors import ERROR_RESPONSES, ApiError, InvalidField
+from pathways_api.errors import ERROR_RESPONSES, ApiError, InvalidField, UnsupportedMediaType
 from pathways_api.logs import MAX_LOG_BYTES, LogWindow
 from pathways_api.ratelimit import DEFAULT_BUDGETS, ApiRateLimiter
 from pathways_api.service import ListQuery, Service, parse_labels
@@ -42,6 +47,11 @@ MAX_BODY_BYTES = 1 << 20
 # Trace records per page (about 200 bytes each): by default, and at most.
 TRACE_PAGE, MAX_TRACE_PAGE = 10_000, 50_000
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+ACCEPTED_TYPES = ("application/json", "application/*+json", *YAML_TYPES)
+"""Body media types the API reads: JSON as FastAPI reads it (``+json`` suffixes included,
+which clients sent before 415 existed), and YAML (turned into JSON by :class:`BodyLimit`)."""
+
+logger = logging.getLogger("pathways.api")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -326,6 +336,45 @@ async def validation_error(request: Request, error: Exception) -> JSONResponse:
     return _error(422, "InvalidField", str(first.get("msg")), where or None)
 
 
+async def internal_error(request: Request, error: Exception) -> JSONResponse:
+    """Any other exception: 500 in the documented error format. The traceback goes to the
+    server's log under an incident id the caller is given; the message says nothing of the
+    exception itself (it may hold paths, SQL or a token)."""
+    incident = uuid.uuid4().hex[:12]
+    logger.error(
+        "incident %s: %s %s failed", incident, request.method, request.url.path, exc_info=error
+    )
+    return _error(
+        500,
+        "InternalError",
+        f"the API failed unexpectedly (incident {incident}, logged by the server); nothing "
+        "may be assumed done: check before retrying, and report the incident if it recurs",
+    )
+
+
+def _json_body() -> Any:
+    """A dependency refusing a body the route cannot read: 415 naming the Content-Type and
+    those the API reads (it was 422 "expected a JSON object", for a valid manifest). YAML
+    bodies reach routes as JSON (:class:`BodyLimit`); an empty body is the route's to refuse."""
+
+    async def check(request: Request) -> None:
+        declared = request.headers.get("content-type")
+        if not await request.body():
+            return
+        header = email.message.Message()
+        header["content-type"] = declared or ""
+        main, subtype = header.get_content_maintype(), header.get_content_subtype()
+        if declared and main == "application" and (subtype == "json" or subtype.endswith("+json")):
+            return
+        given = repr(declared.split(";")[0].strip()[:100]) if declared else "missing"
+        raise UnsupportedMediaType(
+            f"the body's Content-Type is {given}: expected one of {', '.join(ACCEPTED_TYPES)}",
+            field="header Content-Type",
+        )
+
+    return Depends(check)
+
+
 def _first_problem(invalid: ValidationError, model: type[BaseModel]) -> Problem | None:
     # An unknown field usually explains a missing one (a typo): name it first.
     problems = problems_of(invalid, model)
@@ -351,6 +400,34 @@ def _json_types(model: type[BaseModel]) -> Any:
                 raise InvalidField(problem.message, field=problem.path or None) from None
 
     return Depends(check)
+
+
+class CatchAll:
+    """ASGI middleware, the outermost: an exception no handler took is answered 500 in the
+    API's error format (:func:`internal_error`). Starlette's own last resort re-raises it to
+    the server, which then closed the connection under the client's next request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watching(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watching)
+        except Exception as error:
+            if started:  # too late for an answer of its own: the server ends the response
+                raise
+            response = await internal_error(Request(scope), error)
+            await response(scope, receive, send)
 
 
 class BodyLimit:
@@ -517,6 +594,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_middleware(BodyLimit, limit=max_body)
+    app.add_middleware(CatchAll)  # added last: the outermost, it sees every other exception
     app.include_router(_routes())
     return app
 
@@ -552,7 +630,7 @@ def _routes() -> Any:
         status_code=201,
         response_model=PathwaysProgram,
         responses=created,
-        dependencies=[_json_types(PathwaysProgram)],
+        dependencies=[_json_body(), _json_types(PathwaysProgram)],
     )
     async def submit_program(
         body: PathwaysProgram, caller: Caller, api: Api, key: IdempotencyKey = None
@@ -623,7 +701,7 @@ def _routes() -> Any:
         status_code=201,
         response_model=VirtualSlice,
         responses=created_slice,
-        dependencies=[_json_types(VirtualSlice)],
+        dependencies=[_json_body(), _json_types(VirtualSlice)],
     )
     async def create_slice(
         body: VirtualSlice, caller: Caller, api: Api, key: IdempotencyKey = None

@@ -125,10 +125,13 @@ class TokenFile:
 
     @staticmethod
     def parse(document: Any, source: str = "tokens file") -> dict[str, Tenant]:
-        """Token (or ``sha256:<hex>``) -> tenant, from the parsed file."""
+        """Token (or ``sha256:<hex>``) -> tenant, from the parsed file. A token listed
+        under two tenants (itself, or once itself and once its digest) is refused, naming
+        both entries and not the token: which tenant it is would depend on the order."""
         if not isinstance(document, Mapping) or not isinstance(document.get("tenants"), Mapping):
             raise TokensFileError(f"{source}: expected a mapping 'tenants: {{name: {{tokens}}}}'")
         tokens: dict[str, Tenant] = {}
+        listed: dict[str, tuple[str, str]] = {}  # the token's digest -> (tenant, entry)
         for name, entry in document["tenants"].items():
             where = f"{source}: tenants.{name}"
             if not isinstance(name, str) or not re.match(DNS_LABEL_PATTERN, name):
@@ -149,9 +152,22 @@ class TokenFile:
             except ValueError as error:
                 raise TokensFileError(str(error)) from None
             tenant = Tenant(name, Quotas(**checked))
-            for token in entry["tokens"]:
+            for index, token in enumerate(entry["tokens"]):
                 if not isinstance(token, str) or not token:
                     raise TokensFileError(f"{where}.tokens: tokens are non-empty strings")
+                digest = (
+                    token[7:].lower()
+                    if token.startswith("sha256:")
+                    else hashlib.sha256(token.encode()).hexdigest()
+                )
+                entry_path = f"tenants.{name}.tokens[{index}]"
+                other, first = listed.setdefault(digest, (name, entry_path))
+                if other != name:
+                    raise TokensFileError(
+                        f"{source}: {entry_path}: the same token as {first}, of tenant "
+                        f"{other!r}: a token authenticates one tenant; give {other!r} and "
+                        f"{name!r} tokens of their own"
+                    )
                 tokens[token] = tenant
         return tokens
 

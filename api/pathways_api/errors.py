@@ -101,13 +101,26 @@ class TooLarge(ApiError):
     status, code = 413, "BodyTooLarge"
 
 
+class UnsupportedMediaType(ApiError):
+    """A body in a media type the API does not read (the message lists those it does)."""
+
+    status, code = 415, "UnsupportedMediaType"
+
+
 class Unavailable(ApiError):
     status, code = 503, "Unavailable"
 
 
+class StoreBusy(Unavailable):
+    """The embedded store's file stayed locked by another writer (the manager, another API
+    process) for the whole busy timeout: nothing was done; ``Retry-After`` says when to retry."""
+
+    code = "StoreBusy"
+
+
 RETRY_AFTER_HEADER = {
     "Retry-After": {
-        "description": "With RateLimited: whole seconds to wait before retrying.",
+        "description": "With RateLimited or StoreBusy: whole seconds to wait before retrying.",
         "schema": {"type": "integer", "minimum": 1},
     }
 }
@@ -116,7 +129,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {
         "model": ErrorResponse,
         "description": description,
-        **({"headers": RETRY_AFTER_HEADER} if status == 429 else {}),
+        **({"headers": RETRY_AFTER_HEADER} if status in (429, 503) else {}),
     }
     for status, description in (
         (400, "Malformed request (unparseable JSON or YAML, bad query)"),
@@ -125,12 +138,23 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (404, "No such object (or another tenant's)"),
         (409, "Conflict: the name is taken, or the Idempotency-Key was used with another body"),
         (413, "Request body larger than the limit"),
-        (415, "Unsupported content type"),
+        (
+            415,
+            "The body's Content-Type is not one the API reads (JSON: application/json or "
+            "application/*+json; YAML: application/yaml, application/x-yaml, text/yaml)",
+        ),
         (422, "A field is invalid; error.field names it"),
         (
             429,
             "The tenant's quota would be exceeded (QuotaExceeded), or the tenant is over its "
             "rate limit (RateLimited: nothing was done; retry after Retry-After seconds)",
+        ),
+        (500, "An unexpected error (InternalError; the server logs its details)"),
+        (
+            503,
+            "The store cannot answer now (StoreBusy: the embedded store stayed locked by "
+            "another writer, nothing was done, retry after Retry-After seconds; Unavailable: "
+            "the Kubernetes API server did not answer)",
         ),
     )
 }

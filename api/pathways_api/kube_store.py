@@ -13,7 +13,8 @@
   over-admitted, to one replica or to several (the chart runs two). One replica's own callers
   queue on a lock first, so a replica asks for the Lease once at a time per tenant.
 - **Idempotency keys** are kept on the object (annotations ``pathways.dev/idempotency-key``
-  and ``-fingerprint``).
+  and ``-fingerprint``): scoped by kind, and free again once their object is gone, as in the
+  embedded store.
 - **Logs** are the logs of the pods of the program's Jobs; **traces** are kept only by the
   embedded mode (an empty list here).
 
@@ -27,6 +28,7 @@ import asyncio
 import base64
 import contextlib
 import datetime
+import functools
 import json
 import math
 import os
@@ -69,6 +71,7 @@ from pathways_api.store import (
     check_changeable,
     check_quota,
     check_renewable,
+    check_replay,
     check_uid,
     is_active,
     renewed,
@@ -303,11 +306,7 @@ class KubernetesStore:
                 for existing in programs if document["kind"] == PROGRAM else slices:
                     annotations = existing["metadata"].get("annotations") or {}
                     if annotations.get(ANNOTATION_KEY) == key:
-                        if annotations.get(ANNOTATION_FINGERPRINT) != fingerprint:
-                            raise Conflict(
-                                "this Idempotency-Key was used for a different request body",
-                                field="header Idempotency-Key",
-                            )
+                        check_replay(annotations.get(ANNOTATION_FINGERPRINT), fingerprint)
                         return existing, False
                 annotations = document["metadata"].setdefault("annotations", {})
                 annotations.update({ANNOTATION_KEY: key, ANNOTATION_FINGERPRINT: fingerprint})
@@ -581,7 +580,12 @@ class TokenReviewer:
     made-up tokens cleared the whole cache, every tenant's review with it). Tokens it has no
     answer for are reviewed at most ``NEW_TOKENS`` a second (bursts of ``NEW_TOKEN_BURST``),
     over every caller: beyond, 429 before the API server is asked (each made-up token cost a
-    TokenReview, and callers not yet authenticated have no tenant's rate limit)."""
+    TokenReview, and callers not yet authenticated have no tenant's rate limit).
+
+    A token it took before is reviewed again, once its answer is a minute old, outside that
+    budget: a flood of made-up tokens took every tenant's renewal with it (429 for all). That
+    costs at most one review a minute per token taken (no more than ``MAX_CACHED``: only
+    tokens the API server accepted), and concurrent requests of one token share one review."""
 
     def __init__(self, store: KubernetesStore, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
@@ -589,6 +593,7 @@ class TokenReviewer:
         self._taken: OrderedDict[str, tuple[float, Tenant]] = OrderedDict()
         self._refused: OrderedDict[str, tuple[float, Unauthorized]] = OrderedDict()
         self._reviews = TokenBuckets(Limit(NEW_TOKENS, NEW_TOKEN_BURST))
+        self._pending: dict[str, asyncio.Future[Tenant]] = {}  # reviews under way, by token
 
     async def authenticate(self, token: str) -> Tenant:
         """The tenant of a token (TokenReview + SubjectAccessReview)."""
@@ -600,13 +605,30 @@ class TokenReviewer:
                 if isinstance(cached[1], Unauthorized):
                     raise cached[1]
                 return cached[1]
-        decision = self._reviews.take("new tokens", now)
-        if not decision.allowed:
-            raise RateLimited(
-                f"more new bearer tokens to check than {NEW_TOKENS} a second; retry after "
-                f"{decision.retry_after:.2f} s",
-                headers={"Retry-After": str(max(1, math.ceil(decision.retry_after)))},
-            )
+        pending = self._pending.get(token)
+        if pending is not None and not pending.done():
+            # Shielded: one caller giving up cancels no other's review.
+            return await asyncio.shield(pending)
+        if token not in self._taken:
+            decision = self._reviews.take("new tokens", now)
+            if not decision.allowed:
+                raise RateLimited(
+                    f"more new bearer tokens to check than {NEW_TOKENS} a second; retry after "
+                    f"{decision.retry_after:.2f} s",
+                    headers={"Retry-After": str(max(1, math.ceil(decision.retry_after)))},
+                )
+        review = asyncio.ensure_future(self._review(token))
+        self._pending[token] = review
+        review.add_done_callback(functools.partial(self._reviewed, token))
+        return await asyncio.shield(review)
+
+    def _reviewed(self, token: str, review: asyncio.Future[Tenant]) -> None:
+        if self._pending.get(token) is review:
+            del self._pending[token]
+        if not review.cancelled():
+            review.exception()  # retrieved: every caller may have given up waiting
+
+    async def _review(self, token: str) -> Tenant:
         try:
             tenant = await self.store.review(token)
         except Unauthorized as error:

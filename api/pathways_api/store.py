@@ -25,10 +25,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from pathways_api.auth import Tenant
-from pathways_api.errors import Conflict, InvalidField, NotFound, QuotaExceeded, StoreDamaged
+from pathways_api.errors import (
+    Conflict,
+    InvalidField,
+    NotFound,
+    QuotaExceeded,
+    StoreBusy,
+    StoreDamaged,
+)
 from pathways_api.logs import LogFile, Part
 from pathways_core.control.common import (
     ANNOTATION_CANCELLED,
@@ -96,7 +103,9 @@ class Store(Protocol):
     ) -> tuple[Document, bool]:
         """Insert ``document`` if the tenant's quotas allow it, atomically; with an
         idempotency ``(key, fingerprint)``, a repeated key returns the object it created
-        (``created`` False) and a key reused with another body is a Conflict."""
+        (``created`` False) and a key reused with another body is a Conflict (see
+        :func:`check_replay`). Keys are per tenant and kind, and a key whose object is gone
+        (removed, even if another was made since under its name) is free again."""
         ...
 
     async def get(self, kind: str, namespace: str | None, name: str) -> Document | None: ...
@@ -171,6 +180,11 @@ def encode_token(seq: int) -> str:
     return base64.urlsafe_b64encode(f"seq:{seq}".encode()).decode().rstrip("=")
 
 
+MAX_POSITION = 2**63 - 1
+"""The largest position a token may stand for: SQLite's largest integer (a larger one was an
+OverflowError, answered 500)."""
+
+
 def decode_token(token: str) -> int:
     """The position a continue token stands for, or InvalidField."""
     try:
@@ -178,11 +192,25 @@ def decode_token(token: str) -> int:
         digits = text.removeprefix("seq:")
         if digits == text or not (digits.isascii() and digits.isdigit()):
             raise ValueError
-        return int(digits)
+        position = int(digits)
+        if position > MAX_POSITION:
+            raise ValueError
+        return position
     except (ValueError, UnicodeDecodeError):
         raise InvalidField(
             "not a continue token given by a previous page", field="query continue"
         ) from None
+
+
+def check_replay(stored_fingerprint: str | None, fingerprint: str) -> None:
+    """The rule both stores apply when an Idempotency-Key names an object that is still
+    there: the same body is a replay (the caller gets that object), another is a Conflict."""
+    if stored_fingerprint != fingerprint:
+        raise Conflict(
+            "this Idempotency-Key was used for a different request body (for an object that "
+            "still exists); use a new key for a new request",
+            field="header Idempotency-Key",
+        )
 
 
 def is_cancelled(document: Document) -> bool:
@@ -286,10 +314,14 @@ CREATE TABLE IF NOT EXISTS events (
     uid TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS events_of ON events (kind, namespace, name);
-CREATE TABLE IF NOT EXISTS idempotency (
-    namespace TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL, name TEXT NOT NULL,
-    PRIMARY KEY (namespace, key)
+-- A key names the object it created by uid: one made since under its name is not it. Rows go
+-- with their object (remove), so they do not outgrow the objects.
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    namespace TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+    name TEXT NOT NULL, uid TEXT NOT NULL,
+    PRIMARY KEY (namespace, kind, key)
 );
+CREATE INDEX IF NOT EXISTS idempotency_keys_of ON idempotency_keys (kind, namespace, name);
 CREATE TABLE IF NOT EXISTS traces (
     namespace TEXT NOT NULL, name TEXT NOT NULL, run INTEGER NOT NULL, records TEXT NOT NULL,
     PRIMARY KEY (namespace, name, run)
@@ -338,15 +370,33 @@ logger = logging.getLogger("pathways.store")
 # was dropped or lost, and recreating it empty would silently lose every object. (Events,
 # traces and idempotency keys are made again empty; usage from the objects, at every start.)
 DATA_TABLE = "objects"
+BUSY_TIMEOUT_SECONDS = 30.0
+"""How long a write waits for another writer (the manager, another API process) to let go of
+the file's lock before the API answers 503 StoreBusy."""
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def is_busy(error: sqlite3.OperationalError) -> bool:
+    """Whether ``error`` is SQLite giving up waiting for a lock another connection holds
+    ("database is locked"), by its result code (extended codes keep the primary one)."""
+    return error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 class SqliteStore:
     """Objects in one SQLite file. Thread-safe: one connection per thread; writers serialize
     on SQLite's lock (``BEGIN IMMEDIATE``), so several processes may share the file."""
 
-    def __init__(self, path: Path, logs: Path | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        logs: Path | None = None,
+        busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+    ) -> None:
         self.path = path
         self.log_dir = logs or path.parent / "logs"
+        self.busy_timeout = busy_timeout
         self._local = threading.local()
         try:
             existing = {
@@ -376,17 +426,41 @@ class SqliteStore:
         columns = {row[1] for row in self._db().execute("PRAGMA table_info(events)")}
         if "uid" not in columns:  # a state folder from before Events carried their object's uid
             self._db().execute("ALTER TABLE events ADD COLUMN uid TEXT NOT NULL DEFAULT ''")
+        self._migrate_idempotency_keys("idempotency" in existing)
+
+    def _migrate_idempotency_keys(self, old_table: bool) -> None:
+        """Keys of a state folder from before keys named their object's kind and uid are kept
+        for the objects of their name there now; keys whose object is gone are dropped (they
+        are free: made again, a key of a removed object replayed the next one of its name)."""
+        uid = "CASE WHEN json_valid(o.body) THEN json_extract(o.body, '$.metadata.uid') END"
+        with self._transaction() as db:
+            if old_table:
+                db.execute(
+                    "INSERT OR IGNORE INTO idempotency_keys "
+                    "(namespace, kind, key, fingerprint, name, uid) "
+                    f"SELECT i.namespace, o.kind, i.key, i.fingerprint, i.name, {uid} "
+                    "FROM idempotency i JOIN objects o "
+                    "ON o.namespace = i.namespace AND o.name = i.name "
+                    f"WHERE o.kind IN (?, ?) AND {uid} IS NOT NULL",
+                    (PROGRAM, SLICE),
+                )
+                db.execute("DROP TABLE idempotency")
+            db.execute(
+                "DELETE FROM idempotency_keys WHERE NOT EXISTS (SELECT 1 FROM objects o WHERE "
+                "o.kind = idempotency_keys.kind AND o.namespace = idempotency_keys.namespace "
+                "AND o.name = idempotency_keys.name)"
+            )
 
     # -- connection ----------------------------------------------------------------------------
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            db = sqlite3.connect(self.path, isolation_level=None, timeout=self.busy_timeout)
             db.execute("PRAGMA journal_mode=WAL")
             # WAL + NORMAL: a crash may lose the last transactions but never corrupts the file.
             db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("PRAGMA busy_timeout=30000")
+            db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
             self._local.db = db
         return db
 
@@ -396,10 +470,13 @@ class SqliteStore:
         db.execute("BEGIN IMMEDIATE")
         try:
             yield db
+            db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # (A COMMIT that failed too: left open, the thread's connection could start no
+            # other transaction.)
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
 
     def close(self) -> None:
         """Close this thread's connection."""
@@ -593,6 +670,10 @@ class SqliteStore:
                 "SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?", where
             ).fetchone()
             db.execute("DELETE FROM objects WHERE kind = ? AND namespace = ? AND name = ?", where)
+            # Its keys are free once it is gone (and their rows would otherwise pile up).
+            db.execute(
+                "DELETE FROM idempotency_keys WHERE kind = ? AND namespace = ? AND name = ?", where
+            )
             db.execute(
                 "DELETE FROM events WHERE time < ? AND uid NOT IN (SELECT json_extract(body, "
                 "'$.metadata.uid') FROM objects WHERE json_extract(body, '$.metadata.uid') "
@@ -717,6 +798,25 @@ class SqliteStore:
         return self.log_dir / namespace / f"{job}.log"
 
     # -- the Store interface ---------------------------------------------------------------------
+    # Each call runs in a worker thread (with its own connection, see _db): a write waiting up
+    # to busy_timeout for the file's lock (held by the manager or another API process) would
+    # otherwise freeze the event loop, every other request and /healthz with it. Every call
+    # is one statement or one transaction (compare-and-set where it reads first), so running
+    # them side by side is as safe as the several processes sharing the file already are.
+
+    async def _off_loop(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``call`` in a worker thread; SQLite's lock held by another past ``busy_timeout``
+        is StoreBusy (503, nothing done), not a bare 500."""
+        try:
+            return await asyncio.to_thread(call, *args, **kwargs)
+        except sqlite3.OperationalError as error:
+            if not is_busy(error):
+                raise
+            raise StoreBusy(
+                f"the store is busy: another writer held its database for "
+                f"{self.busy_timeout:g} s; nothing was done, retry in a moment",
+                headers={"Retry-After": "1"},
+            ) from None
 
     async def admit(
         self,
@@ -726,29 +826,39 @@ class SqliteStore:
         idempotency: tuple[str, str] | None,
     ) -> tuple[Document, bool]:
         """See :meth:`Store.admit`."""
-        namespace = tenant.name
+        return await self._off_loop(self._admit, tenant, document, cost, idempotency)
+
+    def _admit(
+        self,
+        tenant: Tenant,
+        document: Document,
+        cost: Admission,
+        idempotency: tuple[str, str] | None,
+    ) -> tuple[Document, bool]:
+        namespace, kind = tenant.name, document["kind"]
         with self._transaction() as db:
             if idempotency is not None:
                 key, fingerprint = idempotency
+                where = (namespace, kind, key)
                 row = db.execute(
-                    "SELECT fingerprint, name FROM idempotency WHERE namespace = ? AND key = ?",
-                    (namespace, key),
+                    "SELECT fingerprint, name, uid FROM idempotency_keys "
+                    "WHERE namespace = ? AND kind = ? AND key = ?",
+                    where,
                 ).fetchone()
                 if row is not None:
-                    if row[0] != fingerprint:
-                        raise Conflict(
-                            "this Idempotency-Key was used for a different request body",
-                            field="header Idempotency-Key",
-                        )
+                    stored_fingerprint, name, uid = row
                     body = db.execute(
                         "SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?",
-                        (document["kind"], namespace, row[1]),
+                        (kind, namespace, name),
                     ).fetchone()
-                    if body is not None:
-                        return self._parsed(body[0], document["kind"], namespace, row[1]), False
-                    # The object was deleted since: the key is free again.
+                    existing = self._parsed(body[0], kind, namespace, name) if body else None
+                    if existing is not None and existing["metadata"].get("uid") == uid:
+                        check_replay(stored_fingerprint, fingerprint)
+                        return existing, False
+                    # Its object is gone (one of its name made since is another's): free.
                     db.execute(
-                        "DELETE FROM idempotency WHERE namespace = ? AND key = ?", (namespace, key)
+                        "DELETE FROM idempotency_keys WHERE namespace = ? AND kind = ? AND key = ?",
+                        where,
                     )
             row = db.execute(
                 "SELECT devices, programs FROM usage WHERE namespace = ?", (namespace,)
@@ -756,15 +866,17 @@ class SqliteStore:
             check_quota(tenant, Usage(*row) if row else Usage(), cost)
             created = self._insert(db, document, cost.devices)
             if idempotency is not None:
+                meta = created["metadata"]
                 db.execute(
-                    "INSERT INTO idempotency (namespace, key, fingerprint, name) VALUES (?,?,?,?)",
-                    (namespace, idempotency[0], idempotency[1], document["metadata"]["name"]),
+                    "INSERT INTO idempotency_keys (namespace, kind, key, fingerprint, name, uid) "
+                    "VALUES (?,?,?,?,?,?)",
+                    (namespace, kind, *idempotency, meta["name"], meta["uid"]),
                 )
             return created, True
 
     async def get(self, kind: str, namespace: str | None, name: str) -> Document | None:
         """See :meth:`Store.get`."""
-        return self.read(kind, namespace, name)
+        return await self._off_loop(self.read, kind, namespace, name)
 
     async def list(
         self,
@@ -779,6 +891,17 @@ class SqliteStore:
         """See :meth:`Store.list`. Pages follow creation order; a token is a position, so
         objects created while paging appear on later pages and none is listed twice."""
         after = decode_token(token) if token else 0
+        return await self._off_loop(self._list, kind, namespace, limit, after, phase, labels)
+
+    def _list(
+        self,
+        kind: str,
+        namespace: str | None,
+        limit: int,
+        after: int,
+        phase: str | None,
+        labels: dict[str, str] | None,
+    ) -> Page:
         query = "SELECT seq, body FROM objects WHERE kind = ? AND namespace = ? AND seq > ?"
         parameters: list[Any] = [kind, namespace or "", after]
         if phase is not None:
@@ -803,7 +926,7 @@ class SqliteStore:
             stored["spec"]["suspend"] = True
             return stored
 
-        return self._change_program(namespace, name, "cancel", change)
+        return await self._off_loop(self._change_program, namespace, name, "cancel", change)
 
     async def suspend(self, namespace: str, name: str, suspend: bool) -> Document:
         """See :meth:`Store.suspend`."""
@@ -814,9 +937,8 @@ class SqliteStore:
             stored["spec"]["suspend"] = suspend
             return stored
 
-        return self._change_program(
-            namespace, name, "be suspended" if suspend else "resume", change
-        )
+        action = "be suspended" if suspend else "resume"
+        return await self._off_loop(self._change_program, namespace, name, action, change)
 
     def _change_program(
         self, namespace: str, name: str, action: str, change: Callable[[Document], Document | None]
@@ -834,7 +956,7 @@ class SqliteStore:
         self, kind: str, namespace: str, name: str, uid: str | None = None
     ) -> Document:
         """See :meth:`Store.delete`."""
-        document = self.mark_deleting(kind, namespace, name, uid)
+        document = await self._off_loop(self.mark_deleting, kind, namespace, name, uid)
         if document is None:
             raise NotFound(f"no {kind} named {name!r}", field="name")
         return document
@@ -844,6 +966,9 @@ class SqliteStore:
     ) -> Document:
         """See :meth:`Store.renew`: compare-and-set, so the check holds for what is renewed;
         the slice stays settled (a renewal is no work for the manager)."""
+        return await self._off_loop(self._renew, namespace, name, now, uid)
+
+    def _renew(self, namespace: str, name: str, now: datetime, uid: str | None) -> Document:
         for _ in range(10):
             document = check_renewable(self.read(SLICE, namespace, name), name, now, uid)
             done = self.replace(document, lambda stored: renewed(stored, now))
@@ -853,6 +978,9 @@ class SqliteStore:
 
     async def usage(self, namespace: str) -> Usage:
         """See :meth:`Store.usage`."""
+        return await self._off_loop(self._usage, namespace)
+
+    def _usage(self, namespace: str) -> Usage:
         row = (
             self._db()
             .execute("SELECT devices, programs FROM usage WHERE namespace = ?", (namespace,))
@@ -862,6 +990,9 @@ class SqliteStore:
 
     async def events(self, kind: str, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         """See :meth:`Store.events`."""
+        return await self._off_loop(self._events, kind, namespace, name, uid)
+
+    def _events(self, kind: str, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         rows = self._db().execute(
             "SELECT type, reason, message, time FROM events "
             "WHERE kind = ? AND namespace = ? AND name = ? AND uid = ? ORDER BY id",
@@ -876,6 +1007,9 @@ class SqliteStore:
         self, namespace: str, name: str, run: int | None = None
     ) -> list[tuple[int, Part]]:
         """See :meth:`Store.logs`: the runs' log files, as long as each is now."""
+        return await self._off_loop(self._logs, namespace, name, run)
+
+    def _logs(self, namespace: str, name: str, run: int | None) -> list[tuple[int, Part]]:
         document = self.read(PROGRAM, namespace, name)
         runs = int(((document or {}).get("status") or {}).get("runs") or 0)
         numbers = range(1, runs + 1) if run is None else [run]
@@ -883,9 +1017,8 @@ class SqliteStore:
         return [(n, LogFile(path)) for n, path in paths if path.exists()]
 
     async def trace(self, namespace: str, name: str, start: int, limit: int) -> TracePage:
-        """See :meth:`Store.trace` (read in a thread: a page of a large trace takes a while,
-        and the API serves others meanwhile)."""
-        return await asyncio.to_thread(self._trace_page, namespace, name, start, limit)
+        """See :meth:`Store.trace` (a page of a large trace takes a while to read)."""
+        return await self._off_loop(self._trace_page, namespace, name, start, limit)
 
     def _trace_page(self, namespace: str, name: str, start: int, limit: int) -> TracePage:
         db = self._db()

@@ -5,13 +5,16 @@ A request refused because the tenant is over its rate limit (429 ``RateLimited``
 with an ``Idempotency-Key``) are sent again after the wait the server asks for, at most
 ``max_retries`` times and ``max_retry_wait`` seconds in all; other requests, and requests that
 run out of retries, raise :class:`ApiCallError` with ``code == "RateLimited"`` and
-``retry_after``. Other 429s (``QuotaExceeded``) are never retried.
+``retry_after``. Other 429s (``QuotaExceeded``) are never retried. A collection or object name
+the API would refuse (not a Kubernetes object name) is :class:`InvalidName`, before anything is
+sent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import ssl
 import time
 from collections.abc import Callable
@@ -23,12 +26,41 @@ import httpx
 from pathways_client import tls
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+COLLECTIONS = ("programs", "virtualslices", "islands")
+# A Kubernetes object name (DNS subdomain, RFC 1123), as the API requires of every object.
+OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+MAX_NAME = 253
 
 
-def _path(*segments: str) -> str:
-    """An API path of quoted segments: a name is one segment, whatever it holds (``a/../b``
-    names no object, rather than the object ``b``)."""
+def _path(collection: str, name: str | None = None, action: str | None = None) -> str:
+    """The API path of a collection, one of its objects, or an object's ``action``; an
+    :class:`InvalidName` for a name the API would refuse: one is a single path segment, and
+    a name such as ``p/events``, ``.`` or ``..`` reached another route (the server decodes
+    ``%2F``, and ``.`` segments are dropped before sending)."""
+    if collection not in COLLECTIONS:
+        raise InvalidName(
+            f"collection {_shown(collection)}: expected one of {', '.join(COLLECTIONS)}",
+            "collection",
+        )
+    segments = [collection]
+    if name is not None:
+        if not isinstance(name, str) or len(name) > MAX_NAME or not OBJECT_NAME.fullmatch(name):
+            raise InvalidName(
+                f"name {_shown(name)} is not an object name: expected lowercase letters, digits, "
+                "'-' and '.', starting and ending with a letter or digit, at most "
+                f"{MAX_NAME} characters (a Kubernetes DNS subdomain)",
+                "name",
+            )
+        segments.append(name)
+    if action is not None:
+        segments.append(action)
     return "/v1/" + "/".join(quote(segment, safe="") for segment in segments)
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error message quotes it: at most 100 characters of it."""
+    text = repr(value)
+    return text if len(text) <= 100 else text[:100] + "..."
 
 
 MAX_LOG_BYTES = 16 << 20
@@ -50,6 +82,15 @@ class ApiCallError(RuntimeError):
         super().__init__(f"{code}: {message}{where}")
         self.status, self.code, self.message, self.field = status, code, message, field
         self.retry_after = retry_after  # seconds the server asked to wait (Retry-After)
+
+
+class InvalidName(ApiCallError, ValueError):
+    """A collection or object name refused before anything was sent (the API would refuse
+    it, or read it as another route): a ``ValueError`` naming the argument, and an
+    :class:`ApiCallError` (422 ``InvalidField``), as the server's refusal would be."""
+
+    def __init__(self, message: str, argument: str) -> None:
+        super().__init__(422, "InvalidField", message, argument)
 
 
 def _checked_url(url: str) -> str:

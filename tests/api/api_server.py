@@ -18,7 +18,7 @@ from pathways_api.app import create_app
 from pathways_api.auth import TokenFile, write_tokens_file
 from pathways_api.ratelimit import DEFAULT_BUDGETS
 from pathways_api.service import Service
-from pathways_api.store import SqliteStore
+from pathways_api.store import BUSY_TIMEOUT_SECONDS, SqliteStore
 from pathways_core.control.rate_limit import Budgets
 
 TENANTS = {
@@ -43,12 +43,18 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
 
-def serve(state: Path, rate_limits: Budgets = DEFAULT_BUDGETS, max_body: int = MAX_BODY) -> Server:
-    """Start an API server on a free loopback port over ``state``."""
+def serve(
+    state: Path,
+    rate_limits: Budgets = DEFAULT_BUDGETS,
+    max_body: int = MAX_BODY,
+    busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+) -> Server:
+    """Start an API server on a free loopback port over ``state`` (its store waiting at most
+    ``busy_timeout`` seconds for another writer's lock)."""
     tokens = state / "tokens.yaml"
     if not tokens.exists():
         write_tokens_file(tokens, TENANTS)
-    store = SqliteStore(state / "pathways.db")
+    store = SqliteStore(state / "pathways.db", busy_timeout=busy_timeout)
     app = create_app(Service(store), TokenFile(tokens), max_body=max_body, rate_limits=rate_limits)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.bind(("127.0.0.1", 0))

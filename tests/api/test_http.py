@@ -547,19 +547,44 @@ def test_a_name_its_jobs_could_not_carry_is_refused_and_nothing_is_stored(a: htt
     assert a.post("/v1/programs", json=program("p" * 54)).status_code == 201
 
 
-def test_the_sdk_client_sends_a_name_as_one_path_segment(server: Server) -> None:
+NOT_NAMES = ["x/../target", "../programs/target", "target?x=1", "target/cancel", "target/events"]
+NOT_NAMES += [".", "..", "", "Target", "target.", "t" * 254]
+
+
+def test_the_sdk_client_refuses_what_is_not_an_object_name_before_sending(
+    server: Server,
+) -> None:
     """``pathways delete 'x/../target'`` deleted ``target``: the name went into the path as
-    written, and the HTTP client resolved the ``..``."""
+    written, and the HTTP client resolved the ``..``; ``get('programs', 'p/events')`` and
+    ``'.'`` answered another route (the events, the list) as if they were the object."""
     from pathways_client.api_client import ApiCallError, ApiClient
 
     with ApiClient(server.url, "token-a") as client:
         client.submit(program("target"))
-        for name in ("x/../target", "../programs/target", "target?x=1", "target/cancel"):
-            with pytest.raises(ApiCallError) as refused:
-                client.delete("programs", name)
-            assert refused.value.status in (404, 405), name  # no such object, or route
+        sent: list[httpx.Request] = []
+        client.http.event_hooks["request"].append(sent.append)
+        calls = [
+            client.get,
+            client.delete,
+            lambda collection, name: client.events(name, collection),
+        ]
+        for name in NOT_NAMES:
+            for call in calls:
+                with pytest.raises(ValueError, match=r"^InvalidField: name ") as refused:
+                    call("programs", name)
+                assert isinstance(refused.value, ApiCallError)  # the CLI's errors
+                assert refused.value.field == "name"
+            for action in (client.cancel, client.suspend, client.resume, client.renew):
+                with pytest.raises(ValueError):
+                    action(name)
+        with pytest.raises(ValueError, match="collection 'programs/target'"):
+            client.get("programs/target", "events")
+        assert sent == []
         assert client.get("programs", "target")["metadata"]["name"] == "target"
         assert "deletionTimestamp" not in client.get("programs", "target")["metadata"]
+        with pytest.raises(ApiCallError) as missing:  # a name with dots is one: sent
+            client.get("programs", "target.v2-1")
+        assert missing.value.code == "NotFound"
 
 
 def test_logs_are_read_through_a_window_and_bad_windows_are_named(
