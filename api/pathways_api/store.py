@@ -20,7 +20,8 @@ import logging
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -398,6 +399,7 @@ class SqliteStore:
         self.log_dir = logs or path.parent / "logs"
         self.busy_timeout = busy_timeout
         self._local = threading.local()
+        self._writer: ThreadPoolExecutor | None = None  # started at the first write
         try:
             existing = {
                 row[0]
@@ -454,14 +456,19 @@ class SqliteStore:
     # -- connection ----------------------------------------------------------------------------
 
     def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
+        # A call tried on the event loop (see _first_on_loop) uses a connection that never
+        # waits for the lock; any other, one that waits up to busy_timeout.
+        quick = getattr(self._local, "quick", False)
+        attribute = "quick_db" if quick else "db"
+        db = getattr(self._local, attribute, None)
         if db is None:
-            db = sqlite3.connect(self.path, isolation_level=None, timeout=self.busy_timeout)
+            timeout = 0.0 if quick else self.busy_timeout
+            db = sqlite3.connect(self.path, isolation_level=None, timeout=timeout)
             db.execute("PRAGMA journal_mode=WAL")
             # WAL + NORMAL: a crash may lose the last transactions but never corrupts the file.
             db.execute("PRAGMA synchronous=NORMAL")
-            db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
-            self._local.db = db
+            db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+            setattr(self._local, attribute, db)
         return db
 
     @contextmanager
@@ -479,11 +486,12 @@ class SqliteStore:
             raise
 
     def close(self) -> None:
-        """Close this thread's connection."""
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.close()
-            self._local.db = None
+        """Close this thread's connections."""
+        for attribute in ("db", "quick_db"):
+            db = getattr(self._local, attribute, None)
+            if db is not None:
+                db.close()
+                setattr(self._local, attribute, None)
 
     @staticmethod
     def _next_version(db: sqlite3.Connection) -> str:
@@ -798,17 +806,52 @@ class SqliteStore:
         return self.log_dir / namespace / f"{job}.log"
 
     # -- the Store interface ---------------------------------------------------------------------
-    # Each call runs in a worker thread (with its own connection, see _db): a write waiting up
-    # to busy_timeout for the file's lock (held by the manager or another API process) would
-    # otherwise freeze the event loop, every other request and /healthz with it. Every call
-    # is one statement or one transaction (compare-and-set where it reads first), so running
-    # them side by side is as safe as the several processes sharing the file already are.
+    # A call runs on the event loop, on a connection that does not wait for the file's lock;
+    # held by another writer (the manager, another API process), the call goes off the loop
+    # to wait up to busy_timeout for it (waiting on the loop froze every other request and
+    # /healthz with it). Every call is one statement or one transaction (compare-and-set where
+    # it reads first), and a busy lock stops it before its transaction changes anything, so
+    # it runs again whole. (Every call sent to a thread halved the submissions a second the
+    # API took: a thread's round trip costs more than most of these calls.)
 
-    async def _off_loop(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """``call`` in a worker thread; SQLite's lock held by another past ``busy_timeout``
-        is StoreBusy (503, nothing done), not a bare 500."""
+    async def _write_off_loop(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``call`` (a write): on the loop, or, the lock taken, on the store's writing thread
+        (writes waiting there take turns); SQLite's lock held by another past
+        ``busy_timeout`` is StoreBusy (503, nothing done), not a bare 500."""
+        done, result = self._first_on_loop(call, *args, **kwargs)
+        if done:
+            return result  # type: ignore[return-value]
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-writes")
+        loop = asyncio.get_running_loop()
+        return await self._busy_is_503(
+            loop.run_in_executor(self._writer, functools.partial(call, *args, **kwargs))
+        )
+
+    async def _read_off_loop(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``call`` (a read): on the loop, or, kept waiting (WAL: rarely), on a thread."""
+        done, result = self._first_on_loop(call, *args, **kwargs)
+        if done:
+            return result  # type: ignore[return-value]
+        return await self._busy_is_503(asyncio.to_thread(call, *args, **kwargs))
+
+    def _first_on_loop(
+        self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+    ) -> tuple[bool, T | None]:
+        """``(True, call(...))``, or ``(False, None)`` if the lock is held by another."""
+        self._local.quick = True
         try:
-            return await asyncio.to_thread(call, *args, **kwargs)
+            return True, call(*args, **kwargs)
+        except sqlite3.OperationalError as error:
+            if not is_busy(error):
+                raise
+            return False, None
+        finally:
+            self._local.quick = False
+
+    async def _busy_is_503(self, pending: Awaitable[T]) -> T:
+        try:
+            return await pending
         except sqlite3.OperationalError as error:
             if not is_busy(error):
                 raise
@@ -826,7 +869,7 @@ class SqliteStore:
         idempotency: tuple[str, str] | None,
     ) -> tuple[Document, bool]:
         """See :meth:`Store.admit`."""
-        return await self._off_loop(self._admit, tenant, document, cost, idempotency)
+        return await self._write_off_loop(self._admit, tenant, document, cost, idempotency)
 
     def _admit(
         self,
@@ -876,7 +919,7 @@ class SqliteStore:
 
     async def get(self, kind: str, namespace: str | None, name: str) -> Document | None:
         """See :meth:`Store.get`."""
-        return await self._off_loop(self.read, kind, namespace, name)
+        return await self._read_off_loop(self.read, kind, namespace, name)
 
     async def list(
         self,
@@ -891,7 +934,7 @@ class SqliteStore:
         """See :meth:`Store.list`. Pages follow creation order; a token is a position, so
         objects created while paging appear on later pages and none is listed twice."""
         after = decode_token(token) if token else 0
-        return await self._off_loop(self._list, kind, namespace, limit, after, phase, labels)
+        return await self._read_off_loop(self._list, kind, namespace, limit, after, phase, labels)
 
     def _list(
         self,
@@ -926,7 +969,7 @@ class SqliteStore:
             stored["spec"]["suspend"] = True
             return stored
 
-        return await self._off_loop(self._change_program, namespace, name, "cancel", change)
+        return await self._write_off_loop(self._change_program, namespace, name, "cancel", change)
 
     async def suspend(self, namespace: str, name: str, suspend: bool) -> Document:
         """See :meth:`Store.suspend`."""
@@ -938,7 +981,7 @@ class SqliteStore:
             return stored
 
         action = "be suspended" if suspend else "resume"
-        return await self._off_loop(self._change_program, namespace, name, action, change)
+        return await self._write_off_loop(self._change_program, namespace, name, action, change)
 
     def _change_program(
         self, namespace: str, name: str, action: str, change: Callable[[Document], Document | None]
@@ -956,7 +999,7 @@ class SqliteStore:
         self, kind: str, namespace: str, name: str, uid: str | None = None
     ) -> Document:
         """See :meth:`Store.delete`."""
-        document = await self._off_loop(self.mark_deleting, kind, namespace, name, uid)
+        document = await self._write_off_loop(self.mark_deleting, kind, namespace, name, uid)
         if document is None:
             raise NotFound(f"no {kind} named {name!r}", field="name")
         return document
@@ -966,7 +1009,7 @@ class SqliteStore:
     ) -> Document:
         """See :meth:`Store.renew`: compare-and-set, so the check holds for what is renewed;
         the slice stays settled (a renewal is no work for the manager)."""
-        return await self._off_loop(self._renew, namespace, name, now, uid)
+        return await self._write_off_loop(self._renew, namespace, name, now, uid)
 
     def _renew(self, namespace: str, name: str, now: datetime, uid: str | None) -> Document:
         for _ in range(10):
@@ -978,7 +1021,7 @@ class SqliteStore:
 
     async def usage(self, namespace: str) -> Usage:
         """See :meth:`Store.usage`."""
-        return await self._off_loop(self._usage, namespace)
+        return await self._read_off_loop(self._usage, namespace)
 
     def _usage(self, namespace: str) -> Usage:
         row = (
@@ -990,7 +1033,7 @@ class SqliteStore:
 
     async def events(self, kind: str, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         """See :meth:`Store.events`."""
-        return await self._off_loop(self._events, kind, namespace, name, uid)
+        return await self._read_off_loop(self._events, kind, namespace, name, uid)
 
     def _events(self, kind: str, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         rows = self._db().execute(
@@ -1007,7 +1050,7 @@ class SqliteStore:
         self, namespace: str, name: str, run: int | None = None
     ) -> list[tuple[int, Part]]:
         """See :meth:`Store.logs`: the runs' log files, as long as each is now."""
-        return await self._off_loop(self._logs, namespace, name, run)
+        return await self._read_off_loop(self._logs, namespace, name, run)
 
     def _logs(self, namespace: str, name: str, run: int | None) -> list[tuple[int, Part]]:
         document = self.read(PROGRAM, namespace, name)
@@ -1018,7 +1061,9 @@ class SqliteStore:
 
     async def trace(self, namespace: str, name: str, start: int, limit: int) -> TracePage:
         """See :meth:`Store.trace` (a page of a large trace takes a while to read)."""
-        return await self._off_loop(self._trace_page, namespace, name, start, limit)
+        return await self._busy_is_503(
+            asyncio.to_thread(self._trace_page, namespace, name, start, limit)
+        )
 
     def _trace_page(self, namespace: str, name: str, start: int, limit: int) -> TracePage:
         db = self._db()
