@@ -174,6 +174,7 @@ def test_an_island_edited_into_an_invalid_spec_keeps_its_slices_and_binds_nothin
     ]
     plan = plan_bindings([broken], slices, NOW)
     assert phases(plan) == {"new": ("Pending", "NoMatchingIsland", Stage.WAIT)}
+    assert "spec that does not parse" in plan.changes[0].status["message"]
     assert (plan.bound, plan.waiting) == (1, 1)
     # Fixed, the island binds again around the slice it kept.
     fixed = plan_bindings([island("a")], apply(slices, plan.changes), NOW)

@@ -625,6 +625,13 @@ def plan_bindings(
                 change(document, {**status, "observedGeneration": generation(document)}, Stage.WAIT)
             continue
         assert isinstance(decision, Pending)
+        if decision.reason == "NoMatchingIsland" and request.island in frozen:
+            decision = Pending(
+                decision.key,
+                decision.reason,
+                f"island {request.island!r} has a spec that does not parse (see its status): "
+                "it runs as before, and nothing new is bound there until it is fixed",
+            )
         new = _status(document, "Pending", now, reason=decision.reason, message=decision.message)
         if not _same(status, new):
             change(document, new, Stage.WAIT)
