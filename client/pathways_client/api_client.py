@@ -24,11 +24,12 @@ from urllib.parse import quote
 import httpx
 
 from pathways_client import tls
+from pathways_core.resources.base import DNS_SUBDOMAIN_PATTERN
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 COLLECTIONS = ("programs", "virtualslices", "islands")
 # A Kubernetes object name (DNS subdomain, RFC 1123), as the API requires of every object.
-OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+OBJECT_NAME = re.compile(DNS_SUBDOMAIN_PATTERN)
 MAX_NAME = 253
 
 
