@@ -166,3 +166,65 @@ def test_a_deleted_array_used_again_is_a_clear_error(proxy: ProxyProcess) -> Non
     assert "deleted" in seen["deleted"].lower()
     assert seen["y"] == [0.0, 2.0, 4.0, 6.0]
     assert proxy.alive()
+
+
+def _compile_double() -> object:
+    """A CompileRequest of ``x * 2`` on a float32[4], on device 0."""
+    import jax
+    import jax.numpy as jnp
+    from jax._src import compiler
+    from jax._src.interpreters import mlir
+    from jax._src.lib import _jax
+
+    lowered = jax.jit(lambda x: x * 2).lower(jax.ShapeDtypeStruct((4,), jnp.float32))
+    module = lowered.compiler_ir("stablehlo")
+    portable = _jax.mlir.serialize_portable_artifact(mlir.module_to_bytecode(module), "1.0.0")
+    options = compiler.get_compile_options(
+        num_replicas=1, num_partitions=1, device_assignment=np.zeros((1, 1), int)
+    )
+    request = P.CompileRequest()
+    request.program.type_name = "xla::ifrt::XlaProgram"
+    request.program.data = portable
+    xla_options = P.XlaCompileOptionsProto()
+    xla_options.compile_options.ParseFromString(options.SerializeAsString())
+    request.compile_options.type_name = "xla::ifrt::XlaCompileOptions"
+    request.compile_options.data = xla_options.SerializeToString()
+    return request
+
+
+def test_arguments_of_another_dtype_or_shape_are_refused_by_name(proxy: ProxyProcess) -> None:
+    # XLA compares byte sizes alone: an int32[4] ran as the float32[4] the program takes, and
+    # gave garbage back (the island backend refused it already).
+    with grpc.insecure_channel(proxy.address) as channel:
+        session = RawSession(channel)
+        session.init()
+        compiled = session.call("compile_request", _compile_double(), timeout=120)
+        executable = compiled.compile_response.loaded_executable_handle
+        _make_array(session, 1, np.arange(4.0), buffer=11)
+        session.store(12, np.arange(4, dtype=np.int32).tobytes())
+        wrong = P.MakeArrayFromHostBufferRequest(host_buffer_handle=12, array_handle=2)
+        wrong.dtype.kind = 4  # KIND_S32
+        wrong.shape.dims.extend([4])
+        wrong.sharding.CopyFrom(single_device_sharding(0))
+        session.call("make_array_from_host_buffer_request", wrong)
+        _make_array(session, 3, np.arange(8.0), buffer=13)
+
+        def run(argument: int, result: int) -> tuple[int, str]:
+            request = P.LoadedExecutableExecuteRequest(
+                loaded_executable_handle=executable,
+                args_handles=[argument],
+                result_array_handle=[result],
+            )
+            return _status(session.call("loaded_executable_execute_request", request))
+
+        assert run(1, 21) == (0, "")
+        code, message = run(2, 22)
+        assert code == INVALID_ARGUMENT
+        assert "args_handles[0] is int32[4]; the executable takes float32[4]" in message
+        code, message = run(3, 23)
+        assert code == INVALID_ARGUMENT and "is float32[8]" in message
+        assert _to_host(session, 21, 31).HasField("copy_to_host_buffer_response")
+        np.testing.assert_array_equal(
+            np.frombuffer(b"".join(session.lookup(31)), np.float32), np.arange(4.0) * 2
+        )
+        session.close()

@@ -59,3 +59,23 @@ print(json.dumps([float(back[f"leaf{i}"].sum()) for i in (0, 1, 2999)]))
 """,
     )
     assert leaves == [0.0, 3.0, 8997.0]
+
+
+def test_a_training_loop_donating_each_step_runs_as_in_plain_jax(proxy: ProxyProcess) -> None:
+    # Each step donates the weights the step before made, while the proxy still waited for
+    # them on another thread: deleting them then crashed jaxlib (segmentation fault, in ~1,500
+    # steps, every time), every session with it.
+    done = run_program(
+        proxy.address,
+        """
+import json
+import jax.numpy as jnp
+step = jax.jit(lambda w, x: (w - 0.01 * jnp.tanh(w @ x), x), donate_argnums=0)
+w, x = jnp.ones((256, 256)), jnp.ones((256, 256)) / 256
+for _ in range(3000):
+    w, x = step(w, x)
+print(json.dumps(float(w[0, 0])))
+""",
+    )
+    assert 0 < done < 1
+    assert proxy.alive()

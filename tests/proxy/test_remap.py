@@ -47,3 +47,18 @@ def test_a_plan_moving_shards_elsewhere_is_refused() -> None:
     for moved in (mapping(0, 4, 0, 4), mapping(0, 2, 2, 4), mapping(0, 4, 3, -1, to_step=-2)):
         with pytest.raises(ProxyError, match="only onto the devices holding them"):
             _check_devices_kept(moved, before, after, "plan.output_specs[0]")
+
+
+def test_a_mapping_of_more_shards_than_devices_is_refused_before_it_is_built() -> None:
+    # 96 bytes on the wire naming a million shards: each pair was built before the refusal
+    # (10**7 grew the proxy by 1.3 GB; 10**12 would have taken all its memory).
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProxyError, match="onto the devices holding them"):
+            _check_devices_kept(mapping(0, 10**6, 0, 10**6), (0, 1), (1, 0), "mappings[0]")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak

@@ -56,9 +56,56 @@ class _Executable:
     # on one device): the client is then told nothing, and results stay on that device.
     out_shardings: list[bytes] | None
     in_shardings: list[bytes] | None
-    num_args: int
+    in_shapes: list[tuple[tuple[int, ...], np.dtype]]  # what each parameter takes
     memory_kinds: list[str] = field(default_factory=list)
     donated: list[int] = field(default_factory=list)  # parameters a run consumes
+
+
+class _InUse:
+    """JAX arrays a worker thread waits for or reads: deleting one meanwhile crashed jaxlib
+    (a stock training loop donating each step's output to the next took the proxy down in
+    ~1,500 steps: the step's output was deleted as donated while a thread still waited for
+    it). Their deletion waits for the last such use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._uses: dict[int, int] = {}  # id(array) -> uses in progress
+        self._doomed: dict[int, Any] = {}  # deleted meanwhile: deleted after the last use
+
+    def hold(self, values: Sequence[Any]) -> None:
+        """A use of ``values`` starts (before it is handed to a thread)."""
+        with self._lock:
+            for value in values:
+                self._uses[id(value)] = self._uses.get(id(value), 0) + 1
+
+    def release(self, values: Sequence[Any]) -> None:
+        """A use of ``values`` ended; those deleted meanwhile are deleted now."""
+        doomed = []
+        with self._lock:
+            for value in values:
+                left = self._uses[id(value)] - 1
+                if left:
+                    self._uses[id(value)] = left
+                else:
+                    del self._uses[id(value)]
+                    if id(value) in self._doomed:
+                        doomed.append(self._doomed.pop(id(value)))
+        for value in doomed:
+            _delete(value)
+
+    def delete(self, value: Any) -> None:
+        """Delete ``value`` now, or after the uses in progress."""
+        with self._lock:
+            if id(value) in self._uses:
+                self._doomed[id(value)] = value
+                return
+        _delete(value)
+
+
+def _delete(value: Any) -> None:
+    # Already freed by JAX when it was donated to a computation.
+    with contextlib.suppress(Exception):
+        value.delete()
 
 
 class LocalBackend(Backend):
@@ -83,6 +130,7 @@ class LocalBackend(Backend):
         self.compile_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="proxy-compile")
         self.wait_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="proxy-wait")
         self.gang = threading.Semaphore(1)
+        self.in_use = _InUse()
 
     def devices(self) -> list[DeviceInfo]:
         return [
@@ -194,26 +242,38 @@ class LocalSession(ArraySession):
 
     def _reader(self, array: _Array) -> Callable[[], np.ndarray]:
         value = array.value
-        # A copy: on CPU devices np.asarray is a view of the device buffer, which the client may
-        # delete or donate while its host buffer is kept.
-        return lambda: np.array(value)
+        in_use = self.backend.in_use
+
+        def read() -> np.ndarray:
+            # A copy: on CPU devices np.asarray is a view of the device buffer, which the
+            # client may delete or donate while its host buffer is kept.
+            in_use.hold([value])
+            try:
+                return np.array(value)
+            finally:
+                in_use.release([value])
+
+        return read
 
     def _when_ready(self, arrays: list[_Array], response: Callable[[], Any]) -> Future:
         import jax
 
         values = [array.value for array in arrays]
+        in_use = self.backend.in_use
+        in_use.hold(values)
 
         def wait() -> Any:
-            jax.block_until_ready(values)
+            try:
+                jax.block_until_ready(values)
+            finally:
+                in_use.release(values)
             return response()
 
         return self.backend.wait_pool.submit(wait)
 
     def _free(self, array: _Array) -> None:
         if array.value is not None:
-            # Already freed by JAX when it was donated to a computation.
-            with contextlib.suppress(Exception):
-                array.value.delete()
+            self.backend.in_use.delete(array.value)
         array.value = None
 
     def _is_deleted(self, array: _Array) -> bool:
@@ -252,7 +312,7 @@ class LocalSession(ArraySession):
             out_shapes=_result_shapes(program),
             out_shardings=_shardings(executable.get_output_shardings()),
             in_shardings=_shardings(executable.get_parameter_shardings()),
-            num_args=_num_args(program),
+            in_shapes=_parameter_shapes(program),
             memory_kinds=[k for kinds in executable.get_output_memory_kinds() for k in kinds],
             donated=_donated_parameters(executable),
         )
@@ -273,7 +333,7 @@ class LocalSession(ArraySession):
         )
 
     def _parameters(self, executable: _Executable) -> int:
-        return executable.num_args
+        return len(executable.in_shapes)
 
     def _results(self, executable: _Executable) -> list[Result]:
         ids = tuple(d.id for d in executable.devices)
@@ -300,6 +360,16 @@ class LocalSession(ArraySession):
     ) -> tuple[list[int], Future]:
         import jax
 
+        for i, (arg, (shape, dtype)) in enumerate(zip(args, executable.in_shapes, strict=True)):
+            value = arg.value
+            if tuple(value.shape) != shape or value.dtype != dtype:
+                # As the island backend says: XLA compares byte sizes alone, and ran an
+                # int32[4] as the float32[4] it takes (garbage back, no error).
+                raise ProxyError(
+                    "INVALID_ARGUMENT",
+                    f"args_handles[{i}] is {value.dtype}{list(value.shape)}; the executable "
+                    f"takes {dtype}{list(shape)}",
+                )
         # One multi-device computation at a time, in one order for every device: XLA's CPU
         # collectives deadlock (and abort the process) when several runs' participants
         # wait for each other. The client still pipelines: its requests queue here.
@@ -325,10 +395,14 @@ class LocalSession(ArraySession):
                 for i, out in enumerate(outputs)
             ]
 
+            in_use = self.backend.in_use
+            in_use.hold(outputs)
+
             def finish() -> None:
                 try:
                     jax.block_until_ready(outputs)
                 finally:
+                    in_use.release(outputs)
                     if gang:
                         self.backend.gang.release()
 
@@ -398,8 +472,8 @@ def _bytecode(program: bytes) -> bytes:
         ) from exc
 
 
-def _num_args(bytecode: bytes) -> int:
-    """How many parameters a program's entry takes."""
+def _program_shape(bytecode: bytes) -> Any:
+    """A program's entry's parameter and result shapes (global: before SPMD partitioning)."""
     from jax._src.interpreters import mlir
     from jax._src.lib import _jax
 
@@ -407,21 +481,22 @@ def _num_args(bytecode: bytes) -> int:
         computation = _jax.mlir.mlir_module_to_xla_computation(
             bytecode, use_tuple_args=False, return_tuple=False
         )
-    return len(computation.program_shape().parameter_shapes())
+    return computation.program_shape()
+
+
+def _parameter_shapes(bytecode: bytes) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """The global shapes and dtypes of a program's parameters."""
+    return [_shape(s) for s in _program_shape(bytecode).parameter_shapes()]
 
 
 def _result_shapes(bytecode: bytes) -> list[tuple[tuple[int, ...], np.dtype]]:
-    """The global shapes and dtypes of a program's results (before SPMD partitioning)."""
-    from jax._src.interpreters import mlir
-    from jax._src.lib import _jax
+    """The global shapes and dtypes of a program's results."""
+    result = _program_shape(bytecode).result_shape()
+    return [_shape(s) for s in (result.tuple_shapes() if result.is_tuple() else [result])]
 
-    with mlir.make_ir_context():
-        computation = _jax.mlir.mlir_module_to_xla_computation(
-            bytecode, use_tuple_args=False, return_tuple=False
-        )
-    result = computation.program_shape().result_shape()
-    shapes = result.tuple_shapes() if result.is_tuple() else [result]
-    return [(tuple(s.dimensions()), np.dtype(s.numpy_dtype())) for s in shapes]
+
+def _shape(shape: Any) -> tuple[tuple[int, ...], np.dtype]:
+    return tuple(shape.dimensions()), np.dtype(shape.numpy_dtype())
 
 
 __all__ = ["LocalBackend", "LocalSession"]

@@ -115,6 +115,8 @@ class HostBuffers:
             self._data.clear()
             for handle in list(self._waiters):
                 self._changed(handle)
+            # Threads waiting in lookup or take too (they waited out their 120 s).
+            self._cond.notify_all()
 
     def _changed(self, handle: int) -> None:
         """Wake the threads and coroutines waiting (locked)."""

@@ -89,6 +89,9 @@ def from_host_buffer(
 ) -> np.ndarray:
     """An array over a host buffer (bytes) sent by the client (dense, or with the given byte
     strides)."""
+    if any(size < 0 for size in shape):
+        # NumPy would infer a -1 from the buffer's size: not the shape the client declared.
+        raise ProxyError("INVALID_ARGUMENT", f"shape {list(shape)}: dimensions must be 0 or more")
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if byte_strides is None or list(byte_strides) == _dense_strides(shape, dtype.itemsize):
         needed = count * dtype.itemsize
