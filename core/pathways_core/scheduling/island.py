@@ -25,6 +25,12 @@ around it only moves messages. Guarantees:
   again, while what the lost one held, and work queued before the loss that ran on it, stay
   lost (refused or failed naming the loss);
 - bad requests are rejected at once with a message naming what is wrong;
+- work reads, and a session deletes, only the session's own buffers (the queue keeps order
+  within a client alone: another's could be read before it was made or after it was freed);
+- outputs of work that failed at dispatch will never be made: work reading them fails at
+  dispatch, or is refused, naming the first failure;
+- work of an ended session still running keeps its ids taken until it finishes, and its
+  outcome goes to no later session of the same name;
 - a client's completion may wait for its next event (``ToClient.deferrable``) while the client
   has ``HOLD_WHILE_PENDING`` or more other computations queued or running, at most
   ``MAX_HELD_COMPLETIONS`` in a row: a client keeping a pipeline full is woken once per batch
@@ -143,6 +149,7 @@ class _InFlight:
     item: pb.Computation | _Call
     waiting: set[int]
     usage: ClientUsage
+    session: int  # the client's session that submitted it (see ``IslandDispatcher._session``)
     errors: list[str] = field(default_factory=list)
     pulls: set[str] = field(default_factory=set)  # inputs read from another executor
     device_ns: int = 0  # measured so far, over the executors that reported
@@ -211,6 +218,8 @@ class IslandDispatcher:
         # What a lost executor held, and work queued before its loss that ran on it: gone or
         # failed for good (each id -> the loss), even once a restarted one is taken back.
         self._gone: dict[str, str] = {}  # buffer ids
+        # Of those, outputs of work that failed at dispatch: never made, not lost.
+        self._unmade: set[str] = set()
         self._doomed: dict[str, str] = {}  # computation and call ids
         # Buffers another executor is pulling for an unfinished computation: a deletion waits
         # for them (the holder would otherwise free the bytes before the pull).
@@ -227,6 +236,10 @@ class IslandDispatcher:
         # intermediates, ``<call id>/...``, also live on the executors meanwhile).
         self._unfinished: set[str] = set()
         self._connected: set[str] = set()  # clients with an open session
+        # Each open session's number: work of an ended session may still be running when a
+        # new one of the same name opens, and its outcome is not the new session's.
+        self._session: dict[str, int] = {}
+        self._sessions_opened = 0
         self.usage: dict[str, ClientUsage] = {}
         # Per program, per executor: each node's devices there (a call's device time).
         self._node_devices: dict[str, dict[int, tuple[int, ...]]] = {}
@@ -237,6 +250,9 @@ class IslandDispatcher:
         """A client's session opens (or says hello again with a new weight or priority); it
         is told of executors already lost."""
         self.queue.add_client(client, max(1, weight), priority)
+        if client not in self._connected:  # not a hello again within the session
+            self._sessions_opened += 1
+            self._session[client] = self._sessions_opened
         self._connected.add(client)
         self._touch(client)
         return [ToClient(client, self._lost_event(index)) for index in sorted(self._down)]
@@ -264,11 +280,15 @@ class IslandDispatcher:
         """A client's session ends: its queued work is dropped and its buffers deleted."""
         self.queue.remove_client(client)
         self._connected.discard(client)
+        self._session.pop(client, None)
         self._touch(client)
         self._held.pop(client, None)
         prefix = f"{client}/"
         self._deleting = {i for i in self._deleting if not i.startswith(prefix)}
-        self._unfinished = {i for i in self._unfinished if not i.startswith(prefix)}
+        # Ids of its work still running stay taken until it finishes: a new session of the
+        # same name reusing one would be told of the old one's outcome as its own.
+        running = {f.id for f in self._in_flight.values() if f.client == client}
+        self._unfinished = {i for i in self._unfinished if i in running or not i.startswith(prefix)}
         self._doomed = {i: why for i, why in self._doomed.items() if not i.startswith(prefix)}
         gone = [buffer_id for buffer_id in self._buffers if buffer_id.startswith(prefix)]
         unused = []
@@ -450,24 +470,28 @@ class IslandDispatcher:
         return self._dispatch()
 
     def delete(self, client: str, ids: Sequence[str]) -> list[Instruction]:
-        """Delete buffers once the client's computations queued before have been dispatched."""
+        """Delete buffers once the client's computations queued before have been dispatched
+        (another client's are refused, the rest go ahead)."""
         prefix = f"{client}/"
-        mine = [
-            i
-            for i in dict.fromkeys(ids)
-            if i.startswith(prefix) and i in self._buffers and i not in self._deleting
-        ]
+        mine: list[str] = []
+        foreign: list[str] = []
+        for i in dict.fromkeys(ids):
+            if not i.startswith(prefix):
+                foreign.append(i)
+            elif i in self._buffers and i not in self._deleting:
+                mine.append(i)
+        refused = [_foreign_delete(client, foreign)] if foreign else []
         if not mine:
-            return []
+            return refused
         self._deleting.update(mine)
         last = self.queue.last(client)
         if isinstance(last, _Delete):
             # Nothing of the client's was queued since: the waiting deletion takes these too.
             last.ids.extend(mine)
-            return []
+            return refused
         # Never refused (refusing would leak the buffers): bounded by the computations queued.
         self.queue.submit(client, _Delete(mine), cost=0.0, bounded=False)
-        return self._dispatch()
+        return refused + self._dispatch()
 
     # -- executors ---------------------------------------------------------------------------
 
@@ -642,20 +666,36 @@ class IslandDispatcher:
         down = [self._down[i] for i in {self.device_owner[d] for d in devices} if i in self._down]
         if down:
             return f"computation {label!r} cannot run: {down[0]}"
+        prefix = f"{client}/"
         for buffer_id in computation.inputs:
-            problem = self._input_problem(buffer_id)
+            problem = self._input_problem(prefix, buffer_id, "computation")
             if problem:
                 return f"computation {label!r} reads {problem}"
         return self._outputs_problem(client, f"computation {label!r}", computation.outputs)
 
-    def _input_problem(self, buffer_id: str) -> str | None:
-        """What is wrong with reading a buffer (unknown, or lost with an executor), if
-        anything."""
+    def _input_problem(self, prefix: str, buffer_id: str, kind: str) -> str | None:
+        """What is wrong with ``kind`` of work reading a buffer (another client's, unknown,
+        lost with an executor, or never to be made), if anything. Only the client's own: the
+        queue keeps order within a client alone, so another's could be read before it is made
+        or after it was deleted."""
+        if not buffer_id.startswith(prefix):
+            owner, slash, _ = buffer_id.partition("/")
+            whose = f"belongs to client {owner!r}" if slash else "is no client's"
+            return (
+                f"buffer {buffer_id!r}, which {whose}: a {kind} reads only its own session's "
+                f"buffers (ids starting with {prefix!r}); get the value and put it in this "
+                "session to use it here"
+            )
         if buffer_id not in self._buffers:
             return f"unknown buffer {buffer_id!r}"
         if buffer_id in self._gone:
-            return f"buffer {buffer_id!r}, which was lost: {self._gone[buffer_id]}"
+            return f"buffer {buffer_id!r}, which {self._gone_phrase(buffer_id)}"
         return None
+
+    def _gone_phrase(self, buffer_id: str) -> str:
+        """Why a buffer in ``_gone`` cannot be read, as said of it."""
+        why = self._gone[buffer_id]
+        return f"will never be made: {why}" if buffer_id in self._unmade else f"was lost: {why}"
 
     def _outputs_problem(
         self, client: str, label: str, outputs: Sequence[str], scope: str = ""
@@ -703,8 +743,9 @@ class IslandDispatcher:
         down = [self._down[i] for i in program.executors if i in self._down]
         if down:
             return f"{label} cannot run: {down[0]}"
+        prefix = f"{client}/"
         for buffer_id in call.arguments:
-            problem = self._input_problem(buffer_id)
+            problem = self._input_problem(prefix, buffer_id, "program call")
             if problem:
                 return f"{label} reads {problem}"
         if call.id in self._unfinished:
@@ -745,7 +786,9 @@ class IslandDispatcher:
     def _run(self, client: str, computation: pb.Computation) -> list[Instruction]:
         owners = sorted({self.device_owner[d] for d in computation.devices})
         label = f"computation {computation.name or computation.id!r}"
-        failed = self._failed_on_dispatch(client, computation.id, label, owners, computation.inputs)
+        failed = self._failed_on_dispatch(
+            client, computation.id, label, owners, computation.inputs, computation.outputs
+        )
         if failed is not None:
             self._unfinished.discard(computation.id)
             return [failed]
@@ -753,7 +796,9 @@ class IslandDispatcher:
         for executor in owners:
             instructions += self._register_on(executor, [computation.function_id])
         command_seq = self._next_seq()
-        flight = _InFlight(client, computation, set(owners), self._usage(client))
+        flight = _InFlight(
+            client, computation, set(owners), self._usage(client), self._session.get(client, 0)
+        )
         for executor in owners:
             command = pb.ExecutorCommand(seq=command_seq, run=computation)
             for buffer_id in computation.inputs:
@@ -766,7 +811,9 @@ class IslandDispatcher:
     def _run_call(self, client: str, item: _Call) -> list[Instruction]:
         call, program = item.call, item.program
         label = f"call {call.id!r} of program {program.name!r}"
-        failed = self._failed_on_dispatch(client, call.id, label, program.executors, call.arguments)
+        failed = self._failed_on_dispatch(
+            client, call.id, label, program.executors, call.arguments, call.results
+        )
         if failed is not None:
             self._unfinished.discard(call.id)
             return [failed]
@@ -779,7 +826,9 @@ class IslandDispatcher:
                 command = pb.ExecutorCommand(seq=self._next_seq(), program=registration)
                 instructions.append(ToExecutor(executor, command))
         command_seq = self._next_seq()
-        flight = _InFlight(client, item, set(program.executors), self._usage(client))
+        flight = _InFlight(
+            client, item, set(program.executors), self._usage(client), self._session.get(client, 0)
+        )
         for executor in program.executors:
             command = pb.ExecutorCommand(seq=command_seq, call=call)
             for position, readers in enumerate(program.argument_readers):
@@ -807,20 +856,32 @@ class IslandDispatcher:
         label: str,
         owners: Sequence[int],
         inputs: Sequence[str],
+        outputs: Sequence[str],
     ) -> ToClient | None:
         """The failure of work whose executors (or whose inputs' holders) were lost while it
-        was queued, if they were (it takes its place in the order all the same)."""
+        was queued, if they were (it takes its place in the order all the same); its
+        ``outputs`` are then marked never to be made."""
         seq = self._next_seq()
         why = self._doomed.pop(item_id, None)
         if why is None:
             why = next((self._down[i] for i in owners if i in self._down), None)
+        lost = None
         if why is None and self._gone:
             lost = next((b for b in inputs if b in self._gone), None)
             if lost is not None:
-                why = f"its input {lost!r} was lost: {self._gone[lost]}"
+                why = f"its input {lost!r} {self._gone_phrase(lost)}"
         if why is None:
             return None
         message = f"{label}: {why}"
+        # No executor heard of its outputs: their readers fail at dispatch (or are refused)
+        # naming the first work that failed, rather than wait for them on an executor. Down a
+        # chain that cause is passed on as it is, so messages do not grow with the chain; an
+        # output already lost with its executor stays lost.
+        unmade = self._gone[lost] if lost in self._unmade else f"{label} failed: {why}"
+        for buffer_id in outputs:
+            if buffer_id not in self._gone:
+                self._gone[buffer_id] = unmade
+                self._unmade.add(buffer_id)
         return ToClient(
             client, Event(kind=Event.FAILED, computation_id=item_id, seq=seq, message=message)
         )
@@ -931,6 +992,7 @@ class IslandDispatcher:
             holders = self._buffers.pop(buffer_id, frozenset())
             holders |= self._copies.pop(buffer_id, set())
             self._gone.pop(buffer_id, None)
+            self._unmade.discard(buffer_id)
             self._uploaded.discard(buffer_id)
             self._remote.pop(buffer_id, None)
             if self._pulling.get(buffer_id):
@@ -972,7 +1034,7 @@ class IslandDispatcher:
                 released.setdefault(executor, []).extend(
                     intermediate_id(call.id, name) for name in names
                 )
-        return [*self._delete_commands(released), self._outcome(seq, flight)]
+        return [*self._delete_commands(released), *self._outcome(seq, flight)]
 
     def _price(self, item: pb.Computation | _Call | _Delete) -> float:
         """What work costs now under proportional share: its function's (or program's)
@@ -991,10 +1053,19 @@ class IslandDispatcher:
         else:
             self.costs.measured(item.function_id, len(item.devices), flight.device_ns)
 
-    def _outcome(self, seq: int, flight: _InFlight) -> ToClient:
+    def _outcome(self, seq: int, flight: _InFlight) -> list[ToClient]:
+        """The client's event of finished work: none if a new session of the client's name
+        opened since it was submitted (that session did not submit it)."""
         usage = flight.usage
         if flight.errors:
             usage.failed += 1
+        else:
+            usage.completed += 1
+        client = flight.client
+        session = self._session.get(client)
+        if session is not None and session != flight.session:
+            return []
+        if flight.errors:
             event = Event(
                 kind=Event.FAILED,
                 computation_id=flight.id,
@@ -1002,9 +1073,7 @@ class IslandDispatcher:
                 message="; ".join(dict.fromkeys(flight.errors)),
             )
         else:
-            usage.completed += 1
             event = Event(kind=Event.COMPLETED, computation_id=flight.id, seq=seq)
-        client = flight.client
         held = self._held.get(client, 0)
         deferrable = (
             not flight.errors
@@ -1015,7 +1084,7 @@ class IslandDispatcher:
             self._held[client] = held + 1
         else:  # also a session ended meanwhile: nothing kept of it
             self._held.pop(client, None)
-        return ToClient(client, event, deferrable)
+        return [ToClient(client, event, deferrable)]
 
     @property
     def trace(self) -> list[TraceRecord]:
@@ -1109,3 +1178,17 @@ class IslandDispatcher:
 
 def _rejected(client: str, item_id: str, problem: str) -> ToClient:
     return ToClient(client, Event(kind=Event.REJECTED, computation_id=item_id, message=problem))
+
+
+def _foreign_delete(client: str, ids: Sequence[str]) -> ToClient:
+    """The refusal of a deletion of buffers not the client's (the rest of it goes ahead)."""
+    first = ids[0]
+    owner, slash, _ = first.partition("/")
+    whose = f"client {owner!r}" if slash else "no client"
+    more = f" (and {len(ids) - 1} more not this session's)" if len(ids) > 1 else ""
+    message = (
+        f"deleting buffer {first!r}{more} refused: it belongs to {whose}; a session deletes "
+        f"only its own buffers (ids starting with {client + '/'!r}): delete it in the session "
+        "that made it"
+    )
+    return ToClient(client, Event(kind=Event.REJECTED, message=message))
