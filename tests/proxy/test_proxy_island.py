@@ -4,6 +4,8 @@ scheduler and 2 executors x 4 fake CPU devices), as clients of its scheduler lik
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from collections import defaultdict
@@ -471,3 +473,34 @@ def test_a_program_over_the_artifact_limit_is_a_clear_client_error(island: Local
     refused = result.stdout.split("REFUSED", 1)[1]
     assert "program: the island refused it" in refused and "8192" in refused
     assert "after [0.0, 0.0]" in result.stdout
+
+
+def test_the_proxys_own_island_is_started_again_when_a_host_dies() -> None:
+    # With no --islands, the proxy runs an island of its own: an executor lost, every later
+    # session waited for devices of a lost host, and nothing restarted it.
+    running = start_proxy("--hosts", "2", "--devices-per-host", "2", "--devices", "2", timeout=180)
+    try:
+        assert run_program(running.address, SUM_OF_ONES) == 2.0
+        children = Path(f"/proc/{running.process.pid}/task/{running.process.pid}/children")
+        pids = [int(pid) for pid in children.read_text().split()]
+        executor = next(
+            pid for pid in pids if b"pathways_executor" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        )
+        os.kill(executor, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("island is back" in x for x in running.lines):
+            time.sleep(0.5)
+        said = "".join(running.lines)
+        assert "exited with code -9; starting the island again" in said, said[-3000:]
+        assert "the local island is back" in said, said[-3000:]
+        assert run_program(running.address, SUM_OF_ONES) == 2.0  # a new session computes
+        assert running.alive()
+    finally:
+        stop_proxy(running)
+
+
+SUM_OF_ONES = """
+import json
+import jax.numpy as jnp
+print(json.dumps(float(jnp.ones(2).sum())))
+"""

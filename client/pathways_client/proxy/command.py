@@ -21,6 +21,7 @@ import os
 import signal
 import ssl
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +258,43 @@ def proxy_command(
         server.stop(grace=2)
 
 
+# The proxy's own island is started again at most this many times within RESTART_WINDOW s.
+MAX_RESTARTS, RESTART_WINDOW = 3, 300.0
+
+
+def _keep_running(island: Any, stop: threading.Event) -> None:
+    """Start the proxy's own island again, whole, when one of its processes exits (its
+    executors are one JAX group, and it had no one else to restart it: every later session
+    then waited for devices of a lost host), until ``stop``; a few times at most in a while,
+    then it says why it gives up."""
+    from pathways_client.launcher import LaunchError
+
+    restarts: list[float] = []
+    while not stop.wait(1.0):
+        process = island.exited()
+        if process is None:
+            continue
+        why = f"the local island's {process.name} exited with code {process.popen.returncode}"
+        now = time.monotonic()
+        restarts = [t for t in restarts if now - t < RESTART_WINDOW] + [now]
+        if len(restarts) > MAX_RESTARTS:
+            click.echo(
+                f"pathways proxy: {why}, its {MAX_RESTARTS + 1}th time within "
+                f"{RESTART_WINDOW:.0f} s: it is not started again; sessions fail until the "
+                "proxy is restarted (Ctrl-C, then run it again)",
+                err=True,
+            )
+            return
+        click.echo(f"pathways proxy: {why}; starting the island again", err=True)
+        island.stop(grace=2.0)
+        try:
+            island.start()
+        except LaunchError as exc:
+            click.echo(f"pathways proxy: the local island did not start again: {exc}", err=True)
+            return
+        click.echo("pathways proxy: the local island is back; new sessions use it", err=True)
+
+
 def _tls_credentials(cert: Path | None, key: Path | None) -> Any:
     """The server credentials of ``--tls-cert`` and ``--tls-key``, checked to be a PEM
     certificate and its private key (gRPC says only that the port cannot be bound)."""
@@ -310,6 +348,13 @@ def _island_backend(
         except LaunchError as exc:
             raise click.ClickException(str(exc)) from exc
         stack.callback(started.stop)
+        keeping = threading.Event()
+        keeper = threading.Thread(
+            target=_keep_running, args=(started, keeping), name="island-keeper", daemon=True
+        )
+        keeper.start()
+        stack.callback(keeper.join, 30)
+        stack.callback(keeping.set)  # (callbacks run last first: the keeper stops first)
         target = started
 
     shared = DirectDevices()  # without a resource manager, sessions bind from one allocator
