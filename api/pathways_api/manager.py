@@ -778,6 +778,9 @@ class Manager:
                 # Its trace is kept as a finished run's (suspended, cancelled or moved, a run
                 # of hours had none).
                 self._finishing.submit(self._keep_trace, running)
+                # A next run of its program waits for it to be gone (start_jobs): a round now
+                # starts it (it waited until something else changed in the store).
+                self._ended.set()
             elif time.monotonic() > (running.kill_at or 0):
                 child = (
                     (read_json(paths(running.record)[1]) or {}).get("child")

@@ -644,6 +644,10 @@ class Supervisor:
                 self._write()
             self._say(f"{component} started again in {time.monotonic() - started:.1f} s")
         except Exception as error:  # counted as another failure by the next watch
+            # A start that failed is a start that died at once: counted from now, failures
+            # in a row back off and end in giving up (they were each taken for the first of
+            # a streak, restarted at once for ever).
+            guard.started = time.monotonic()
             self._down.add(component)
             self._say(f"{component} could not be started again: {error}")
         finally:

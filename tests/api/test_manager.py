@@ -773,3 +773,47 @@ def test_a_run_whose_trace_could_not_be_taken_is_named_incomplete(running: Runni
     assert page.records == []
     (note,) = page.incomplete
     assert note.startswith("run 1 on island 'local': its trace could not be read: ")
+
+
+def test_a_run_resumed_while_the_last_one_stops_starts_once_that_one_is_gone(
+    running: Running,
+) -> None:
+    # The last run saves a checkpoint on SIGTERM for 3 s: the next one waited for it, then
+    # until something else changed in the store (for good, on a quiet cluster).
+    store = running.store
+    slow_stop = (
+        "import signal, sys, time\n"
+        "def stop(*_):\n"
+        "    time.sleep(3)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    submit(store, "saver", slow_stop)
+    wait_for(
+        lambda: (
+            store.log_path("team", "saver-run-1").exists()
+            and "ready" in store.log_path("team", "saver-run-1").read_text()
+        ),
+        what="run 1 listening for SIGTERM",
+    )
+
+    def suspend(value: bool) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        def change(document: dict[str, Any]) -> dict[str, Any]:
+            document["spec"]["suspend"] = value
+            return document
+
+        return change
+
+    program = store.read("PathwaysProgram", "team", "saver")
+    store.replace(program, suspend(True), bump_generation=True)
+    wait_for(lambda: phase(store, "PathwaysProgram", "saver") == "Suspended", what="Suspended")
+    store.replace(
+        store.read("PathwaysProgram", "team", "saver"), suspend(False), bump_generation=True
+    )
+    wait_for(
+        lambda: "team/saver-run-2" in running.manager.running,
+        timeout=20,
+        what="run 2 started once run 1 was gone",
+    )

@@ -27,3 +27,26 @@ def test_a_healthy_run_starts_a_new_streak() -> None:
     # It ran long enough this time: the next failure is restarted at once again.
     assert guard.failed(2.0 + STABLE_AFTER) == 0.0
     assert guard.streak == 1
+
+
+def test_starts_that_fail_at_once_back_off_and_end_in_giving_up(tmp_path) -> None:
+    # The API's port taken by another process: each start failed at once, yet was taken for
+    # the first failure after a healthy run (restarted in 0.0 s, 35 times in 40 s, for ever).
+    import time
+
+    from pathways_client.embedded import Supervisor
+
+    supervisor = Supervisor(tmp_path, [], None)
+    guard = Restarts(started=time.monotonic() - 10 * STABLE_AFTER)  # healthy for long
+
+    def port_taken() -> None:
+        raise OSError("[Errno 98] Address already in use")
+
+    delays = []
+    for _ in range(MAX_QUICK_FAILURES + 1):
+        delays.append(guard.failed(time.monotonic()))
+        if delays[-1] is None:
+            break
+        supervisor._restart("api", guard, 0.0, port_taken, ())
+    assert delays == [0.0, 0.5, 1.0, 2.0, 4.0, None]
+    assert "api" in supervisor._down
