@@ -687,17 +687,27 @@ class SchedulerService:
             for r in self.dispatcher.records_of(entries)
             if r.start_ns >= since_ns
         ]
-        # The newest that fit in one answer: long names made a full trace larger than a
-        # message may be, and no one's trace could be read at all.
+        wanted = set(clients)
+        kept = {c: until for c, until in dropped.items() if not wanted or c in wanted}
+        # The marks asked for, and the newest records that fit in one answer with them: long
+        # names made a full trace larger than a message may be, and no one's trace could be
+        # read at all; so did the marks of many clients, not counted. A record left out marks
+        # its client, or moves its mark later: room for a mark of the longest (its name and
+        # at most 17 bytes) per client marked or with records.
+        marked = kept.keys() | {record.client for record in records}
+        budget = MAX_TRACE_ANSWER_BYTES - sum(len(client.encode()) + 20 for client in marked)
+        if budget < 0:
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the trace's marks of {len(marked)} clients alone would take more than one "
+                f"answer of {MAX_TRACE_ANSWER_BYTES} bytes: ask for some (TraceRequest.clients)",
+            )
         size, keep = 0, len(records)
-        while keep and size + records[keep - 1].ByteSize() + 8 <= MAX_TRACE_ANSWER_BYTES:
+        while keep and size + records[keep - 1].ByteSize() + 8 <= budget:
             keep -= 1
             size += records[keep].ByteSize() + 8
         for record in records[:keep]:
-            dropped[record.client] = max(dropped.get(record.client, 0), record.end_ns)
-        kept = {
-            client: until for client, until in dropped.items() if not clients or client in clients
-        }
+            kept[record.client] = max(kept.get(record.client, 0), record.end_ns)
         return pb.Trace(dropped_until_ns=kept, records=records[keep:])
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -321,3 +323,96 @@ def test_bounds_hold_and_refusals_change_nothing(max_queued, per_client, steps) 
             held[taken[0]] -= 1
         assert all(queue.queued_by(c) == held[c] <= bound for c in "abc")
         assert queue.queued == sum(held.values()) <= max_queued
+
+
+def _raised_after_its_priority_waited(queue: IslandQueue[int]) -> None:
+    # "other" runs alone at priority 1 (its pass reaches 2,000) while "mover" waits at 0.
+    queue.add_client("other", priority=1)
+    queue.add_client("mover", priority=0)
+    for n in range(5000):
+        queue.submit("other", n)
+        queue.submit("mover", n)
+    for _ in range(2000):
+        queue.next()
+    queue.add_client("mover", priority=1)
+
+
+def _raised_after_a_long_run_of_its_own(queue: IslandQueue[int]) -> None:
+    # "mover" ran alone at priority 0 (its pass 2,000); priority 1 has barely begun.
+    queue.add_client("mover", priority=0)
+    queue.add_client("other", priority=1)
+    for n in range(5000):
+        queue.submit("mover", n)
+    for _ in range(2000):
+        queue.next()
+    for n in range(5000):
+        queue.submit("other", n)
+    queue.add_client("mover", priority=1)
+
+
+def _lowered_after_a_long_run(queue: IslandQueue[int]) -> None:
+    # "mover" ran alone at priority 1 (its pass 2,000), then moves down beside "other".
+    queue.add_client("mover", priority=1)
+    queue.add_client("other", priority=0)
+    for n in range(2000):
+        queue.submit("mover", n)
+    for n in range(5000):
+        queue.submit("other", n)
+    for _ in range(2000):
+        queue.next()
+    for n in range(5000):
+        queue.submit("mover", n)
+    queue.add_client("mover", priority=0)
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        _raised_after_its_priority_waited,
+        _raised_after_a_long_run_of_its_own,
+        _lowered_after_a_long_run,
+    ],
+)
+def test_a_client_changing_priority_shares_equally_with_its_new_priority(
+    setup: Callable[[IslandQueue[int]], None],
+) -> None:
+    """A pass means something against its own priority's virtual time: kept across a move,
+    the mover took 400 items in a row (or none of 400)."""
+    queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE, max_queued=100_000)
+    setup(queue)
+    taken = [client for client, _ in (queue.next() for _ in range(400))]
+    assert 199 <= taken.count("mover") <= 201
+    streaks = "".join("m" if client == "mover" else "o" for client in taken)
+    assert "mmm" not in streaks and "ooo" not in streaks  # turns from the start
+
+
+def test_a_client_lowering_its_weight_pays_for_what_it_ran_at_the_old_one() -> None:
+    """Its lead was kept in the old weight's units: an item that cost it 1 at weight 100 was
+    then as cheap at weight 1, and it ran the next as soon (100 device-seconds to 1)."""
+    queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE)
+    queue.add_client("mover", weight=100)
+    queue.add_client("other", weight=1)
+    for n in range(200):
+        queue.submit("mover", n, cost=100.0)
+        queue.submit("other", n, cost=1.0)
+    assert queue.next() == ("mover", 0)
+    queue.add_client("mover", weight=1)  # equal weights from now on
+    taken = [client for client, _ in (queue.next() for _ in range(101))]
+    assert taken[:100] == ["other"] * 100  # the 100 s the mover ran ahead, then turns
+    assert taken[100] == "mover"
+
+
+def test_a_prioritys_virtual_time_goes_with_its_last_client() -> None:
+    queue: IslandQueue[int] = IslandQueue(Policy.PROPORTIONAL_SHARE)
+    for priority in range(100):
+        queue.add_client(f"c{priority}", priority=priority)
+        queue.submit(f"c{priority}", 0)
+        queue.next()
+        if priority % 2:
+            queue.remove_client(f"c{priority}")
+        else:
+            queue.add_client(f"c{priority}", priority=-1)  # moves away
+    assert set(queue._virtual_time) <= {-1}
+    queue.add_client("late", priority=5)
+    queue.submit("late", 0)
+    assert queue.next() == ("late", 0)

@@ -111,6 +111,9 @@ class IslandQueue(Generic[Item]):
         self._queued = 0
         self._bounded = 0
         self._virtual_time: dict[int, float] = {}  # per priority
+        # Clients per priority: a priority's virtual time goes with its last client (one entry
+        # per priority ever served otherwise).
+        self._at_priority: dict[int, int] = {}
         self.run_length = run_length
         self._last: ClientState[Item] | None = None  # the client of the current run
         self._run = 0  # items of work it took in a row
@@ -142,21 +145,46 @@ class IslandQueue(Generic[Item]):
                 yield state.name, item
 
     def add_client(self, name: str, weight: int = 1, priority: int = 0) -> None:
-        """Register a client (or update its weight and priority)."""
+        """Register a client (or update its weight and priority: it keeps how far it ran
+        ahead of its priority's virtual time, as device time, at the new one's)."""
         if weight < 1:
             raise ValueError(f"weight must be >= 1 (got {weight})")
         state = self._clients.get(name)
         if state is None:
             now = self._virtual_time.get(priority, 0.0)
             self._clients[name] = ClientState(name, weight, priority, pass_value=now)
-        else:
+            self._at_priority[priority] = self._at_priority.get(priority, 0) + 1
+        elif (weight, priority) != (state.weight, state.priority):
+            # Each priority has its own virtual time, and a pass means something against its
+            # own: kept as it was, a client raised to a priority whose time ran far ahead
+            # took the devices for as long (or, behind, waited as long). What carries over is
+            # how far it ran ahead of its priority (never a credit: behind, it was idle, and
+            # an idle client rejoins at the virtual time), as device time: rescaled to the
+            # new weight (as stride scheduling does, Waldspurger & Weihl 1995), or a client
+            # that ran a long item at a high weight and then lowered it ran the next one as
+            # cheaply.
+            ahead = state.pass_value - self._virtual_time.get(state.priority, 0.0)
+            now = self._virtual_time.get(priority, 0.0)
+            state.pass_value = now + max(0.0, ahead) * state.weight / weight
+            if priority != state.priority:
+                self._leave_priority(state.priority)
+                self._at_priority[priority] = self._at_priority.get(priority, 0) + 1
             state.weight, state.priority = weight, priority
+
+    def _leave_priority(self, priority: int) -> None:
+        left = self._at_priority[priority] - 1
+        if left:
+            self._at_priority[priority] = left
+        else:  # no client left to compare passes with: a newcomer starts anew
+            del self._at_priority[priority]
+            self._virtual_time.pop(priority, None)
 
     def remove_client(self, name: str) -> list[Item]:
         """Forget a client; returns its items that never ran."""
         state = self._clients.pop(name, None)
         if state is None:
             return []
+        self._leave_priority(state.priority)
         if state is self._last:
             self._last = None
         self._queued -= len(state.pending)
