@@ -797,6 +797,11 @@ def _up(
 ) -> ClusterInfo:
     running = read_info(state)
     if running is not None and running.ready:
+        if running.error:  # said here: a bare table, and work then waited without a word
+            raise EmbeddedError(
+                f"the cluster of {state} runs without a part: {running.error}. Run 'pathways "
+                "down', then 'pathways up', to start it whole again"
+            )
         ensure_tenants(state, tenants)
         return running
     if running is not None:

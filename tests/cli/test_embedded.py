@@ -862,3 +862,23 @@ def test_a_demo_stopped_while_its_cluster_starts_leaves_nothing_running(tmp_path
     assert demo.returncode != 0, errors
     assert_all_stop([info.supervisor, *pids])
     assert read_info(state) is None
+
+
+def test_up_on_a_cluster_its_supervisor_gave_up_a_part_of_says_so(
+    tmp_path: Path, pathways, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The manager killed again and again: the supervisor left it down, and `up` printed the
+    # cluster's table (exit 0) while every submission then waited without a word.
+    from pathways_client import embedded
+
+    error = "the manager exited with code -9; it failed 6 times in a row, ... not started again"
+    (tmp_path / "cluster.json").write_text(
+        json.dumps(
+            {"supervisor": os.getpid(), "ready": True, "api": "http://127.0.0.1:1", "error": error}
+        )
+    )
+    monkeypatch.setattr(embedded, "_is_supervisor", lambda *_: True)
+    result = pathways("up", "--state", str(tmp_path))
+    assert result.exit_code == 1
+    assert "runs without a part: the manager exited with code -9" in result.output
+    assert "'pathways down', then 'pathways up'" in result.output
