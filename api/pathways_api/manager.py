@@ -521,7 +521,10 @@ class Manager:
             if running is not None:
                 self._kill(running)
             self.store.remove(JOB, namespace, name)
-            self._forget(namespace, name)
+            if running is None or running not in self.terminating:
+                self._forget(namespace, name)
+            # else its record goes once it is gone (_reap): meanwhile, a manager started after
+            # this one finds it still stopping (_adopt_stopping)
         elif kind == SLICE:
             self.store.mark_deleting(SLICE, namespace, name)
         else:
@@ -577,6 +580,46 @@ class Manager:
             else:
                 self.running[key] = running
                 logger.info("adopted run %s (pid %d)", key, running.pid)
+        self._adopt_stopping()
+
+    def _adopt_stopping(self) -> None:
+        """Runs a previous manager was stopping (its Job gone: suspended, cancelled, deleted)
+        that still run, saving a checkpoint, say: stopped as they were, and no run of their
+        program starts until they are gone (one did, beside them, sharing their checkpoint
+        directory, when the manager restarted meanwhile)."""
+        for record_file in sorted((self.state / "runs").glob("*/*.json")):
+            namespace, name = record_file.parent.name, record_file.stem
+            if f"{namespace}/{name}" in self.running or "-run-" not in name:
+                continue
+            if self.store.read(JOB, namespace, name) is not None:
+                continue  # its Job is there: start_jobs adopts it, or it ended
+            found = read_json(record_file) or {}
+            pid, start = int(found.get("pid") or 0), found.get("start")
+            if not pid or start is None or process_start(pid) != start:
+                continue
+            program = name.rsplit("-run-", 1)[0]
+            job = {
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "uid": found.get("uid"),
+                    "labels": {LABEL_PROGRAM: program},
+                }
+            }
+            stopping = Running(
+                job,
+                None,
+                time.monotonic(),
+                None,
+                record=record_file.with_suffix(""),
+                pid=pid,
+                start=start,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)  # (again: its wrapper gives it its grace period)
+            stopping.kill_at = time.monotonic() + self.grace + KILL_MARGIN_SECONDS
+            self.terminating.append(stopping)
+            logger.info("run %s/%s is still stopping (pid %d): waited for", namespace, name, pid)
 
     def _interrupt(self, job: Document, why: str) -> None:
         """Record a run the cluster's stop took as not started (its Job starts it again), one
@@ -775,9 +818,16 @@ class Manager:
         for running in list(self.terminating):
             if not running.alive():
                 self.terminating.remove(running)
+                meta = running.job["metadata"]
+                if running.record is not None and (meta["namespace"], meta["name"]) not in {
+                    (r.job["metadata"]["namespace"], r.job["metadata"]["name"])
+                    for r in self.running.values()
+                }:
+                    self._forget(meta["namespace"], meta["name"])
                 # Its trace is kept as a finished run's (suspended, cancelled or moved, a run
-                # of hours had none).
-                self._finishing.submit(self._keep_trace, running)
+                # of hours had none); one a previous manager was stopping left only its name.
+                if "spec" in running.job:
+                    self._finishing.submit(self._keep_trace, running)
                 # A next run of its program waits for it to be gone (start_jobs): a round now
                 # starts it (it waited until something else changed in the store).
                 self._ended.set()

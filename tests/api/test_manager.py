@@ -817,3 +817,60 @@ def test_a_run_resumed_while_the_last_one_stops_starts_once_that_one_is_gone(
         timeout=20,
         what="run 2 started once run 1 was gone",
     )
+
+
+def test_a_run_still_stopping_when_the_manager_restarts_is_waited_for(state: Path) -> None:
+    # Suspended, the run saves for 4 s; the manager dies meanwhile and the program is resumed.
+    # The next manager knew nothing of the stopping run and started run 2 beside it (two runs
+    # of one program at once, on one checkpoint directory).
+    store = SqliteStore(state / "pathways.db")
+    slow_stop = (
+        "import signal, sys, time\n"
+        "def stop(*_):\n"
+        "    time.sleep(4)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    submit(store, "saver", slow_stop)
+    runs = state / "runs" / "team"
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        processes.append(start_manager(state))
+        wait_for(
+            lambda: (
+                store.log_path("team", "saver-run-1").exists()
+                and "ready" in store.log_path("team", "saver-run-1").read_text()
+            ),
+            what="run 1 listening for SIGTERM",
+        )
+        first = read_json(runs / "saver-run-1.json")
+        assert first is not None
+
+        def suspend(value: bool) -> Callable[[dict[str, Any]], dict[str, Any]]:
+            def change(document: dict[str, Any]) -> dict[str, Any]:
+                document["spec"]["suspend"] = value
+                return document
+
+            return change
+
+        store.replace(
+            store.read("PathwaysProgram", "team", "saver"), suspend(True), bump_generation=True
+        )
+        wait_for(lambda: phase(store, "PathwaysProgram", "saver") == "Suspended")
+        processes[0].kill()  # while run 1 saves
+        processes[0].wait()
+        store.replace(
+            store.read("PathwaysProgram", "team", "saver"), suspend(False), bump_generation=True
+        )
+        processes.append(start_manager(state))
+        while process_start(first["pid"]) == first["start"]:  # run 1 still stopping
+            assert not (runs / "saver-run-2.json").exists(), "run 2 started beside run 1"
+            time.sleep(0.05)
+        wait_for(lambda: (runs / "saver-run-2.json").exists(), what="run 2 once run 1 is gone")
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=30)
