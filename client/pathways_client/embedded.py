@@ -531,20 +531,30 @@ class Supervisor:
         """Start everything, in dependency order; record it in ``cluster.json``."""
         self._write()
         for spec in self.specs.values():
+            self._go_on()
             self._start_island(spec)
             self._write()
         self._publish()
         if not (self.state / "tokens.yaml").exists():
             ensure_tenants(self.state, DEFAULT_TENANTS)
+        self._go_on()
         self._start_manager()
         port = self.port if self.port is not None else 0
         if port and not _port_free(port):
             port = 0
         # Restarts reuse the port: the URL in cluster.json stays valid for clients.
+        self._go_on()
         self.port = self._start_api(port)
+        self._go_on()
         self._started_at = time.monotonic()
         self.info.ready = True
         self._write()
+
+    def _go_on(self) -> None:
+        """Raise if told to stop while starting: `pathways down` during `up` was answered
+        after the whole start, and `up` then printed a cluster that was going away."""
+        if self._stop.is_set():
+            raise EmbeddedError("stopped while it started ('pathways down', or a signal)")
 
     # -- watching and restarting -----------------------------------------------------------------
 

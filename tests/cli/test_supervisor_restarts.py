@@ -50,3 +50,17 @@ def test_starts_that_fail_at_once_back_off_and_end_in_giving_up(tmp_path) -> Non
         supervisor._restart("api", guard, 0.0, port_taken, ())
     assert delays == [0.0, 0.5, 1.0, 2.0, 4.0, None]
     assert "api" in supervisor._down
+
+
+def test_a_supervisor_told_to_stop_while_starting_stops_before_the_next_part(tmp_path) -> None:
+    # `pathways down` 4 s into `up` was answered after the whole start: `up` then printed a
+    # cluster (exit 0) that was already going away.
+    import pytest
+
+    from pathways_client.embedded import EmbeddedError, IslandSpec, Supervisor
+
+    supervisor = Supervisor(tmp_path, [IslandSpec("local", 1, 2, "fifo")], None)
+    supervisor._stop.set()  # the SIGTERM came
+    with pytest.raises(EmbeddedError, match="stopped while it started"):
+        supervisor.start()
+    assert supervisor.islands == {} and not supervisor.info.ready
