@@ -543,14 +543,16 @@ class Manager:
         return True
 
     def _delete_program(self, document: Document) -> None:
-        """Release what a deleted program holds; remove it once its slices are gone."""
+        """Release what a deleted program holds; remove it once its runs and slices are gone
+        (a name is free only then: its checkpoints went, and so its run saving one at SIGTERM
+        lost it, while ``pathways delete`` had said it was deleted)."""
         meta = document["metadata"]
         namespace, name = meta.get("namespace"), meta["name"]
         # Its runs' Jobs, and one of a run its status never recorded.
         for run in range(1, int((document.get("status") or {}).get("runs") or 0) + 2):
             self._delete_owned(document, JOB, job_name(name, run))
         self._delete_owned(document, CONFIG_MAP, f"{name}-graph")
-        remaining = 0
+        remaining = int(self._stopping(namespace, name))
         for item in (document.get("spec") or {}).get("slices") or []:
             if isinstance(item, dict) and item.get("name") and not item.get("virtualSliceName"):
                 remaining += self._delete_owned(document, SLICE, f"{name}-{item['name']}")
@@ -690,7 +692,7 @@ class Manager:
             key = f"{meta['namespace']}/{meta['name']}"
             if key in self.running or (job.get("status") or {}):
                 continue
-            if self._stopping(job):
+            if self._stopping(meta["namespace"], (meta.get("labels") or {}).get(LABEL_PROGRAM)):
                 continue  # runs of one program never overlap: the last is still stopping
             running = self._adopt(job)
             if running is None:
@@ -842,18 +844,14 @@ class Manager:
                         with contextlib.suppress(ProcessLookupError, PermissionError):
                             os.killpg(group, signal.SIGKILL)
 
-    def _stopping(self, job: Document) -> bool:
-        """Whether a run of the Job's program is still being stopped."""
-        program = (
-            (job["metadata"].get("labels") or {}).get(LABEL_PROGRAM),
-            job["metadata"]["namespace"],
-        )
+    def _stopping(self, namespace: str | None, program: str | None) -> bool:
+        """Whether a run of the program is still being stopped."""
         return any(
             (
                 (r.job["metadata"].get("labels") or {}).get(LABEL_PROGRAM),
                 r.job["metadata"]["namespace"],
             )
-            == program
+            == (program, namespace)
             for r in self.terminating
         )
 

@@ -5,7 +5,9 @@ A request refused because the tenant is over its rate limit (429 ``RateLimited``
 with an ``Idempotency-Key``) are sent again after the wait the server asks for, at most
 ``max_retries`` times and ``max_retry_wait`` seconds in all; other requests, and requests that
 run out of retries, raise :class:`ApiCallError` with ``code == "RateLimited"`` and
-``retry_after``. Other 429s (``QuotaExceeded``) are never retried. A collection or object name
+``retry_after``. Other 429s (``QuotaExceeded``) are never retried. A request the embedded store
+could not take (503 ``StoreBusy``: its file stayed locked by another writer, nothing was done)
+is sent again the same way, whatever its method. A collection or object name
 the API would refuse (not a Kubernetes object name) is :class:`InvalidName`, before anything is
 sent.
 """
@@ -182,7 +184,7 @@ class ApiClient:
 
     def call(self, method: str, path: str, *, idempotent: bool = False, **arguments: Any) -> Any:
         """One request; the decoded JSON (or text) answer, or :class:`ApiCallError`.
-        Idempotent requests refused by the rate limit are retried (see the module)."""
+        Requests refused for a while (rate limit, busy store) are retried (see the module)."""
         retries, waited = 0, 0.0
         while True:
             try:
@@ -194,9 +196,12 @@ class ApiClient:
             failure = _error_of(answer)
             delay = failure.retry_after
             if (
-                failure.code != "RateLimited"
+                failure.code not in RETRIED
                 or delay is None
-                or not (idempotent or _idempotent(method, arguments.get("headers")))
+                or (
+                    failure.code == "RateLimited"
+                    and not (idempotent or _idempotent(method, arguments.get("headers")))
+                )
                 or retries >= self.max_retries
                 or waited + delay > self.max_retry_wait
             ):
@@ -315,6 +320,11 @@ class ApiClient:
     def me(self) -> dict[str, Any]:
         """The caller's tenant, quotas and usage."""
         return self.call("GET", "/v1/me")
+
+
+RETRIED = ("RateLimited", "StoreBusy")
+"""Refusals sent again after their ``Retry-After`` (see the module): RateLimited only if the
+request is idempotent, StoreBusy whatever it is."""
 
 
 def _idempotent(method: str, headers: Any) -> bool:

@@ -17,6 +17,7 @@ import pytest
 from api_server import Server, error_of, program, serve, vslice
 
 from pathways_api.store import MAX_POSITION, PROGRAM
+from pathways_client.api_client import ApiClient
 
 
 def stored(server: Server) -> int:
@@ -137,6 +138,25 @@ def test_a_store_locked_past_its_busy_timeout_is_503_store_busy(impatient: Serve
         assert stored(impatient) == 0
         # Once the other writer let go, the same request goes through.
         assert a.post("/v1/programs", json=program("p")).status_code == 201
+
+
+def test_the_sdk_sends_a_request_the_busy_store_refused_again(impatient: Server) -> None:
+    """StoreBusy did nothing, so even a submission without an Idempotency-Key is sent again
+    after Retry-After (the SDK raised it: a driver's submission failed on a busy moment)."""
+    other = sqlite3.connect(impatient.store.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    waits: list[float] = []
+
+    def let_go(seconds: float) -> None:
+        waits.append(seconds)
+        if other.in_transaction:
+            other.execute("COMMIT")
+
+    with ApiClient(impatient.url, "token-a", sleep=let_go) as client:
+        created = client.submit(program("p"))
+    other.close()
+    assert created["metadata"]["name"] == "p" and len(waits) == 1 and waits[0] >= 1
+    assert stored(impatient) == 1
 
 
 def test_a_write_waiting_for_the_lock_leaves_the_api_answering(

@@ -294,6 +294,34 @@ def test_cancel_and_delete_stop_the_run_and_release_the_slices(running: Running)
     wait_for(lambda: store.read("Job", "team", "long-run-2") is None, what="the stray deleted")
 
 
+def test_a_deleted_program_stays_until_its_run_has_stopped(running: Running) -> None:
+    """A deleted program went as soon as its slices did, with its checkpoints, while its run,
+    given its grace period, still saved one there; ``pathways delete`` said it was deleted."""
+    store = running.store
+    saves_slowly = (
+        "import os, pathlib, signal, sys, time\n"
+        "def stop(*_):\n"
+        "    time.sleep(1.5)\n"
+        "    folder = pathlib.Path(os.environ['PATHWAYS_CHECKPOINT_DIR'])\n"
+        "    (folder / 'saved').write_text('1')\n"
+        "    print('saved', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    submit(store, "saver", saves_slowly)
+    log = store.log_path("team", "saver-run-1")
+    wait_for(lambda: log.exists() and "ready" in log.read_text(), what="the SIGTERM handler")
+    process = running.manager.running["team/saver-run-1"]
+    store.mark_deleting("PathwaysProgram", "team", "saver")
+    wait_for(lambda: store.read("VirtualSlice", "team", "saver-main") is None, what="released")
+    while store.read("PathwaysProgram", "team", "saver") is not None:
+        time.sleep(0.02)
+    assert not process.alive(), "the program went while its run still ran"
+    assert process.popen is not None and process.popen.returncode == 0  # saved, not killed
+
+
 def test_a_program_made_again_under_a_deleted_ones_name_starts_with_nothing_of_it(
     running: Running,
 ) -> None:
