@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import logging
 import os
 import socket
 import threading
@@ -55,6 +56,13 @@ from pathways_core.wire.streams import (
 
 Event = pb.ClientEvent
 # Longest a deletion waits for a message to ride along with (see IslandClient.delete).
+logger = logging.getLogger(__name__)
+
+QUIET_CONNECT_SECONDS = 5.0
+"""How long a client waits for an island's scheduler before it says it is waiting (and why:
+refused, unresolved, ...): a scheduler still starting answers within this, and a wrong
+endpoint is not a minute of silence."""
+
 DELETE_LINGER_SECONDS = 0.002
 # How long a call that an executor's death broke waits for the scheduler to say it is lost.
 LOSS_WAIT_SECONDS = 2.0
@@ -160,18 +168,7 @@ class IslandClient:
         self.endpoint = endpoint
         self._tls = load() if tls == "environment" else tls
         self._channel = channel(endpoint, MESSAGE_OPTIONS, self._tls)
-        info = stub(self._channel, SCHEDULER, "Info")
-        try:
-            self.info: pb.IslandInfo = info(
-                pb.Empty(), timeout=connect_timeout, wait_for_ready=True
-            )
-        except grpc.RpcError:
-            try:  # once more, not waiting for readiness: the error then says why (refused, ...)
-                # Within the time asked for: a stopped scheduler answers neither.
-                self.info = info(pb.Empty(), timeout=min(10.0, connect_timeout))
-            except grpc.RpcError as error:
-                self._channel.close()
-                raise IslandError(_unanswered(endpoint, error, self._tls)) from None
+        self.info = self._first_answer(connect_timeout)
         self.device_owner = {d: e.index for e in self.info.executors for d in e.devices}
         self._executors = {
             e.index: channel(e.endpoint, MESSAGE_OPTIONS, self._tls) for e in self.info.executors
@@ -262,6 +259,26 @@ class IslandClient:
         """Why the session ended; empty while it is open."""
         with self._lock:
             return self._ended
+
+    def _first_answer(self, connect_timeout: float) -> pb.IslandInfo:
+        """The island's Info, waiting up to ``connect_timeout`` for its scheduler to be
+        reachable (and saying so past ``QUIET_CONNECT_SECONDS``); ``IslandError`` with the
+        reason once it was not."""
+        info = stub(self._channel, SCHEDULER, "Info")
+        quiet = min(QUIET_CONNECT_SECONDS, connect_timeout)
+        waits = [quiet, connect_timeout - quiet] if connect_timeout > quiet else [quiet]
+        for attempt, wait in enumerate(waits, 1):
+            with contextlib.suppress(grpc.RpcError):
+                return info(pb.Empty(), timeout=wait, wait_for_ready=True)
+            try:  # once, not waiting for readiness: the error then says why (refused, ...)
+                # Within the time asked for: a stopped scheduler answers neither.
+                return info(pb.Empty(), timeout=min(10.0, connect_timeout))
+            except grpc.RpcError as error:
+                reason = _unanswered(self.endpoint, error, self._tls)
+            if attempt < len(waits):
+                logger.warning("%s; waiting up to %.0f s more for it", reason, waits[-1])
+        self._channel.close()
+        raise IslandError(reason)
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -684,6 +684,23 @@ def test_a_scheduler_that_never_answers_is_given_up_on_within_twice_the_connect_
         silent.close()
 
 
+def test_a_client_says_why_it_is_still_waiting_for_an_unreachable_scheduler(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrong endpoint was a minute of silence, then an error."""
+    monkeypatch.setattr(island_client_module, "QUIET_CONNECT_SECONDS", 0.5)
+    unused = socket.create_server(("127.0.0.1", 0))
+    port = unused.getsockname()[1]
+    unused.close()  # refused from now on
+    began = time.monotonic()
+    with pytest.raises(IslandError, match=f"127.0.0.1:{port} did not answer"):
+        IslandClient(f"127.0.0.1:{port}", "c", tls=None, connect_timeout=2)
+    assert time.monotonic() - began < 6
+    (warning,) = [r for r in caplog.records if r.name == island_client_module.__name__]
+    assert warning.levelname == "WARNING" and f"127.0.0.1:{port} did not answer" in warning.message
+    assert "waiting up to 2 s more for it" in warning.message
+
+
 # A client that uploads a sharded array over two executors and says when it started.
 DYING_UPLOADER = """
 import sys
