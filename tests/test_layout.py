@@ -66,3 +66,18 @@ def test_console_script_runs() -> None:
     assert result.returncode == 0, result.stderr
     for command in ("crds", "validate", "place"):
         assert command in result.stdout
+
+
+def test_the_cli_and_the_managers_helpers_import_no_jax() -> None:
+    """Importing the SDK's package imported JAX: a second and a half more for every CLI
+    command, and for the trace the embedded manager collects before a run is Succeeded."""
+    checked = "pathways_client.cli", "pathways_client.trace_dump", "pathways_api.run_job"
+    result = run(
+        sys.executable,
+        "-c",
+        f"import importlib, sys; [importlib.import_module(m) for m in {checked}]; "
+        "import pathways_client as pw; assert pw.PathwaysError; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')))",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
