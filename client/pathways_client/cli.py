@@ -630,6 +630,8 @@ def status(state: Path | None, api: str | None, token: str | None, tenant: str) 
             islands = client.list("islands")
             programs = client.list("programs")
         except ApiCallError as error:
+            if info is not None and info.error:  # why the supervisor let the API go, say
+                _fail(f"{error}\nthe embedded cluster's supervisor: {info.error}")
             _fail(error)
     console.print(
         f"API [bold]{client.url}[/] ({me['mode']}) tenant [bold]{me['tenant']}[/]: "

@@ -759,6 +759,28 @@ def test_a_recorded_supervisor_pid_another_process_took_is_not_signalled(tmp_pat
         stranger.wait()
 
 
+def test_status_says_why_the_supervisor_let_the_api_go(
+    tmp_path: Path, pathways, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the API given up on, status said only that it was unreachable: why was in the
+    cluster's record, shown only while the API answered."""
+    import pathways_client.embedded as embedded
+
+    given_up = embedded.ClusterInfo(
+        supervisor=1,
+        api="http://127.0.0.1:1",
+        islands={},
+        ready=True,
+        error="api exited with status 3; it failed 5 times in a row, so it is not started again",
+    )
+    monkeypatch.setattr(embedded, "read_info", lambda _: given_up)
+    monkeypatch.setattr(embedded, "tokens", lambda _: {"default": "t"})
+    result = pathways("status", "--state", str(tmp_path))
+    assert result.exit_code == 1
+    assert "Unreachable" in result.output or "127.0.0.1:1" in result.output, result.output
+    assert "supervisor: api exited with status 3" in result.output, result.output
+
+
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
