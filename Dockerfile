@@ -8,6 +8,8 @@
 #   executor     python -m pathways_executor --port 8473 ...   (one per island host)
 #   REST API     python -m pathways_api --host 0.0.0.0 --port 8080
 #   graph runner python -m pathways_client.run_graph --spec /etc/pathways/program.json
+#   uninstall    python -m pathways_operator.uninstall --selector=app.kubernetes.io/instance=R
+#                  (the chart's pre-delete hook: deletes the release's islands, waits for them)
 #   driver/CLI   python -c ... / python /path/to/driver.py / pathways --help
 #
 # Variants (build arg JAX_VARIANT): cpu (default; also fake devices for kind), tpu (jax[tpu],

@@ -488,6 +488,19 @@ def values_schema() -> dict[str, Any]:
                     },
                     "TLS certificates of the API, schedulers and executors.",
                 ),
+                "uninstallHook": obj(
+                    {
+                        "enabled": {"type": "boolean"},
+                        "timeoutSeconds": integer(
+                            "Seconds the hook waits for the islands to be gone (keep it under "
+                            "helm's --timeout).",
+                            minimum=1,
+                        ),
+                        "resources": OPEN_OBJECT,
+                    },
+                    "A pre-delete hook that deletes the release's islands while the operator "
+                    "runs, and waits for them.",
+                ),
                 "islandDefaults": {"$ref": "#/definitions/islandDefaults"},
                 "islands": {
                     "type": "array",

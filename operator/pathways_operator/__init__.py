@@ -22,6 +22,9 @@ API calls the operator makes (its RBAC, as verbs per resource):
 - ``kopf.dev`` ``clusterkopfpeerings``: get, list, watch, patch (with ``--peering``; kopf's
   peering CRDs must be installed)
 
+The chart's uninstall hook (:mod:`pathways_operator.uninstall`, its own service account):
+``pathways.dev`` ``islands``: list, delete.
+
 ``patch`` on the watched resources covers kopf's finalizer (``pathways.dev/finalizer``) and its
 progress annotations (``pathways.dev/*``). Everything else is cluster-wide: islands are
 cluster-scoped, and slices and programs live in tenants' namespaces.

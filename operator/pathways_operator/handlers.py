@@ -59,7 +59,7 @@ from pathways_core.resources import Island, PathwaysProgram
 from pathways_operator import metrics
 from pathways_operator.binder import Binder
 from pathways_operator.config import Config
-from pathways_operator.kube import ApiError, Kube
+from pathways_operator.kube import ApiError, Kube, credentials
 
 GROUP, VERSION = "pathways.dev", "v1alpha1"
 GV = f"{GROUP}/{VERSION}"
@@ -75,20 +75,10 @@ logger = logging.getLogger(__name__)
 # -- operator lifecycle ----------------------------------------------------------------------
 
 
-def _login(settings: kopf.OperatorSettings, logger: Any) -> kopf.ConnectionInfo:
-    """In a pod: its service account; elsewhere: $KUBECONFIG or ~/.kube/config."""
-    info = kopf.login_with_service_account(
-        settings=settings, logger=logger
-    ) or kopf.login_with_kubeconfig(settings=settings, logger=logger)
-    if info is None:
-        raise kopf.LoginError("no service account token and no kubeconfig to log in with")
-    return info
-
-
 @kopf.on.login()
 def login(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> kopf.ConnectionInfo:
     """kopf's own watches use the same credentials as the operator's client."""
-    return _login(settings, logger)
+    return credentials(settings, logger)
 
 
 @kopf.on.startup()
@@ -112,7 +102,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
         settings.peering.priority = secrets.randbelow(2**30) + 1
     settings.peering.lifetime = config.peering_lifetime_seconds
     memo.config = config
-    memo.kube = Kube(lambda: _login(settings, logger))
+    memo.kube = Kube(lambda: credentials(settings, logger))
     memo.binder = Binder(memo.kube, config)
     # Held while a reconcile holds or awaits one: deleted objects' locks go with them.
     memo.locks = weakref.WeakValueDictionary()

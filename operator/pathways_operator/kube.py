@@ -87,12 +87,26 @@ def path(
     return "/".join(parts)
 
 
+def credentials(settings: kopf.OperatorSettings, logger: Any) -> kopf.ConnectionInfo:
+    """In a pod: its service account; elsewhere: $KUBECONFIG or ~/.kube/config."""
+    info = kopf.login_with_service_account(
+        settings=settings, logger=logger
+    ) or kopf.login_with_kubeconfig(settings=settings, logger=logger)
+    if info is None:
+        raise kopf.LoginError("no service account token and no kubeconfig to log in with")
+    return info
+
+
 class Kube:
     """An async client of the API server. ``login`` returns fresh credentials; it is called
-    again once when the server answers 401 (service account tokens rotate)."""
+    again once when the server answers 401 (service account tokens rotate). ``user_agent``
+    names the caller in the API server's audit log."""
 
-    def __init__(self, login: Callable[[], kopf.ConnectionInfo]) -> None:
+    def __init__(
+        self, login: Callable[[], kopf.ConnectionInfo], user_agent: str = "pathways-operator"
+    ) -> None:
         self._login = login
+        self._user_agent = user_agent
         self._session: aiohttp.ClientSession | None = None
         self._server = ""
 
@@ -104,7 +118,7 @@ class Kube:
         self._server = info.server.rstrip("/")
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=64, ssl=info.as_ssl_context()),
-            headers={**info.as_http_headers(), "User-Agent": "pathways-operator"},
+            headers={**info.as_http_headers(), "User-Agent": self._user_agent},
             auth=auth,
         )
         return self._session

@@ -519,7 +519,55 @@ def test_optional_parts_are_off_by_default(rendered) -> None:
         "pw-pathways-operator"
     ]
     roles = [d["metadata"]["name"] for d in without_api.of_kind("ClusterRole")]
-    assert sorted(roles) == ["pw-pathways-edit", "pw-pathways-operator", "pw-pathways-view"]
+    assert sorted(roles) == [
+        "pw-pathways-edit",
+        "pw-pathways-operator",
+        "pw-pathways-uninstall",
+        "pw-pathways-view",
+    ]
+
+
+def test_uninstall_deletes_the_releases_islands_first_with_a_role_for_only_that(rendered) -> None:
+    """Deleted with the operator, the islands stayed Terminating: a pre-delete hook deletes
+    them while it runs. Its four objects are hooks (helm makes them before it, in weight
+    order, and deletes them once it succeeded), so nothing of it stays installed."""
+    run = rendered("values-kind.yaml", "uninstallHook.timeoutSeconds=100")
+    hooks = [d for d in run.documents if d["metadata"]["name"] == "pw-pathways-uninstall"]
+    assert sorted(d["kind"] for d in hooks) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Job",
+        "ServiceAccount",
+    ]
+    for document in hooks:
+        annotations = document["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete"
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        # The account and its role exist before the Job runs.
+        assert int(annotations["helm.sh/hook-weight"]) == (0 if document["kind"] == "Job" else -10)
+    by_kind = {d["kind"]: d for d in hooks}
+    assert by_kind["ClusterRole"]["rules"] == [
+        {"apiGroups": ["pathways.dev"], "resources": ["islands"], "verbs": ["list", "delete"]}
+    ]
+    (subject,) = by_kind["ClusterRoleBinding"]["subjects"]
+    assert (subject["name"], subject["namespace"]) == ("pw-pathways-uninstall", "pathways-system")
+    job = by_kind["Job"]["spec"]
+    pod = job["template"]["spec"]
+    assert pod["serviceAccountName"] == "pw-pathways-uninstall"
+    (container,) = pod["containers"]
+    assert container["args"] == [
+        "python",
+        "-m",
+        "pathways_operator.uninstall",
+        "--selector=app.kubernetes.io/instance=pw",
+        "--timeout=100",
+    ]
+    assert job["activeDeadlineSeconds"] == 160 and job["backoffLimit"] == 0
+    # The selector is the one every island of the release carries.
+    for island in run.of_kind("Island"):
+        assert island["metadata"]["labels"]["app.kubernetes.io/instance"] == "pw"
+    off = rendered("values-kind.yaml", "uninstallHook.enabled=false")
+    assert not [d for d in off.documents if d["metadata"]["name"] == "pw-pathways-uninstall"]
 
 
 # --- the IFRT proxy ----------------------------------------------------------------------------

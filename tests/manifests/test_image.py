@@ -21,6 +21,7 @@ CONTRACT_MODULES = [
     "pathways_executor",
     "pathways_api",
     "pathways_client.run_graph",
+    "pathways_operator.uninstall",
 ]
 COMPILERS = re.compile(r"\b(gcc|g\+\+|clang|build-essential|make|cmake|rustc|cargo)\b")
 

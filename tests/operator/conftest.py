@@ -21,7 +21,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster
     emulated.close()
     # Every call the operator made, the chart's RBAC allows (the emulator checks none).
     assert not refused(emulated.emulator), (
-        f"the chart's operator role lacks {refused(emulated.emulator)}"
+        f"the chart's roles lack (caller, group, resource, verb) {refused(emulated.emulator)}"
     )
 
 

@@ -1,6 +1,7 @@
 """The operator's API calls against the chart's RBAC: every call the operator made to the
 emulated API server (kopf's and its own, told apart by their User-Agent) must be one its
-ClusterRole and Role allow, as a real API server would check (the emulator checks none)."""
+ClusterRole and Role allow, as a real API server would check (the emulator checks none); and
+every call of the uninstall hook, one its ClusterRole allows."""
 
 from __future__ import annotations
 
@@ -11,16 +12,18 @@ from pathlib import Path
 import kmock
 import yaml
 
-ROLE = (
-    Path(__file__).resolve().parents[2] / "charts" / "pathways" / "templates" / "rbac-operator.yaml"
-)
+TEMPLATES = Path(__file__).resolve().parents[2] / "charts" / "pathways" / "templates"
+ROLES = {
+    "operator": TEMPLATES / "rbac-operator.yaml",
+    "uninstall": TEMPLATES / "uninstall-hook.yaml",
+}
 VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
 
 
 @functools.cache
-def allowed() -> frozenset[tuple[str, str, str]]:
-    """(API group, resource, verb) of every rule of the chart's operator roles."""
-    text = re.sub(r"\{\{-? /\*.*?\*/ -?\}\}", "", ROLE.read_text(), flags=re.DOTALL)
+def allowed(caller: str) -> frozenset[tuple[str, str, str]]:
+    """(API group, resource, verb) of every rule of the chart's roles of ``caller``."""
+    text = re.sub(r"\{\{-? /\*.*?\*/ -?\}\}", "", ROLES[caller].read_text(), flags=re.DOTALL)
     text = "\n".join(line for line in text.splitlines() if "{{" not in line)
     rules = set()
     for document in yaml.safe_load_all(text):
@@ -32,10 +35,17 @@ def allowed() -> frozenset[tuple[str, str, str]]:
     return frozenset(rules)
 
 
-def asked(request: kmock.Request) -> tuple[str, str, str] | None:
-    """What an operator's request needs, or ``None`` when it is not the operator's."""
+def caller(request: kmock.Request) -> str | None:
+    """Whose request it is, by its User-Agent: the operator's, the uninstall hook's, or none."""
     agent = request.headers.get("User-Agent") or request.headers.get("user-agent") or ""
-    if request.resource is None or not (agent.startswith("kopf/") or agent == "pathways-operator"):
+    if agent.startswith("kopf/") or agent == "pathways-operator":
+        return "operator"
+    return "uninstall" if agent == "pathways-uninstall" else None
+
+
+def asked(request: kmock.Request) -> tuple[str, str, str] | None:
+    """What a request needs, or ``None`` when it is not one the chart's roles cover."""
+    if request.resource is None or caller(request) is None:
         return None
     resource = request.resource.plural or ""
     if not resource:
@@ -51,7 +61,11 @@ def asked(request: kmock.Request) -> tuple[str, str, str] | None:
     return (request.resource.group or "", resource, verb)
 
 
-def refused(emulator: object) -> list[tuple[str, str, str]]:
-    """The operator's calls the chart's RBAC would have refused."""
-    needed = {call for request in list(emulator) if (call := asked(request)) is not None}  # type: ignore[call-overload]
-    return sorted(needed - allowed())
+def refused(emulator: object) -> list[tuple[str, str, str, str]]:
+    """The calls the chart's RBAC would have refused: (caller, group, resource, verb)."""
+    needed = {
+        (who, *call)
+        for request in list(emulator)  # type: ignore[call-overload]
+        if (call := asked(request)) is not None and (who := caller(request)) is not None
+    }
+    return sorted(call for call in needed if tuple(call[1:]) not in allowed(call[0]))
