@@ -43,12 +43,12 @@ def build(
 
     if mode == "embedded":
         from pathways_api.auth import TokenFile
-        from pathways_api.store import SqliteStore
+        from pathways_api.store import API_BUSY_TIMEOUT_SECONDS, SqliteStore
 
         if state is None:
             raise SystemExit("embedded mode needs --state DIR (or PATHWAYS_STATE)")
         state.mkdir(parents=True, exist_ok=True)
-        store = SqliteStore(state / "pathways.db")
+        store = SqliteStore(state / "pathways.db", busy_timeout=API_BUSY_TIMEOUT_SECONDS)
         return create_app(
             Service(store, "embedded"),
             TokenFile(tokens or state / "tokens.yaml"),

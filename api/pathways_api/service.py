@@ -8,6 +8,7 @@ keys make a retried submission return the object the first one created.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import re
@@ -81,12 +82,58 @@ def parse_labels(selector: str | None) -> dict[str, str] | None:
                 f"(!=, in, notin and bare keys are not supported), got {term!r}",
                 field="query labelSelector",
             )
+        if labels.get(key, value) != value:  # both must hold, and no object has both
+            raise InvalidField(
+                f"label selector names {key!r} twice, as {labels[key]!r} and {value!r}: no "
+                "object has both",
+                field="query labelSelector",
+            )
         labels[key] = value
     return labels
 
 
+def scoped(token: str | None, scope: list[Any]) -> str | None:
+    """A store's continue token, given out bound to the list it continues (tenant, collection
+    and filter): one of another list skipped this one's objects, without a word."""
+    if token is None:
+        return None
+    text = json.dumps([_scope_digest(scope), token])
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def unscoped(token: str | None, scope: list[Any]) -> str | None:
+    """The store's token in a continue token of :func:`scoped`, or InvalidField naming it if
+    it is not one or is another list's."""
+    if not token:
+        return None
+    try:
+        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        digest, inner = json.loads(text)
+        if not isinstance(digest, str) or not isinstance(inner, str):
+            raise ValueError
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise InvalidField(
+            "not a continue token given by a previous page", field="query continue"
+        ) from None
+    if digest != _scope_digest(scope):
+        raise InvalidField(
+            "a continue token of another list (of another collection, filter or tenant): "
+            "continue with the list it came from, or list again without it",
+            field="query continue",
+        )
+    return inner
+
+
+def _scope_digest(scope: list[Any]) -> str:
+    return hashlib.sha256(json.dumps(scope).encode()).hexdigest()[:16]
+
+
 def _fingerprint(resource: Model) -> str:
-    return hashlib.sha256(json.dumps(resource.to_wire(), sort_keys=True).encode()).hexdigest()
+    """What an Idempotency-Key's body is compared by: its manifest, but for the namespace (the
+    tenant's, given or not: the same body sent with it was a 409)."""
+    wire = resource.to_wire()
+    wire.get("metadata", {}).pop("namespace", None)
+    return hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()
 
 
 def _generated_name(prefix: str) -> str:
@@ -206,14 +253,16 @@ class Service:
                 f"expected one of {', '.join(phases)} (got {query.phase!r})", field="query phase"
             )
         namespace = None if kind == ISLAND else tenant.name
-        return await self.store.list(
+        scope = [tenant.name, kind, query.phase, sorted((query.labels or {}).items())]
+        page = await self.store.list(
             kind,
             namespace,
             limit=query.limit,
-            token=query.token,
+            token=unscoped(query.token, scope),
             phase=query.phase,
             labels=query.labels,
         )
+        return Page(page.items, scoped(page.next, scope))
 
     async def get(self, tenant: Tenant, kind: str, name: str) -> Document:
         """One of the tenant's objects (or an island)."""
@@ -279,7 +328,9 @@ class Service:
         """A page of the island trace records of a program's finished runs (from ``token``,
         a previous page's ``continue``), and which runs' lack their oldest."""
         await self._get(PROGRAM, tenant.name, name)
-        start = decode_token(token) if token else 0
+        scope = [tenant.name, "trace", name]
+        inner = unscoped(token, scope)
+        start = decode_token(inner) if inner else 0
         # A few at a time per tenant (a page is megabytes to parse and hold), and one tenant's
         # many reads never queue another's.
         gate = self._trace_reads.setdefault(tenant.name, asyncio.Semaphore(TRACE_READS))
@@ -289,7 +340,9 @@ class Service:
             "program": name,
             "records": page.records,
             "incomplete": page.incomplete,
-            "continue": encode_token(start + limit) if start + limit < page.total else None,
+            "continue": (
+                scoped(encode_token(start + limit), scope) if start + limit < page.total else None
+            ),
         }
 
     # -- virtual slices ------------------------------------------------------------------------

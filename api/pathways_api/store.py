@@ -19,6 +19,7 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -373,7 +374,12 @@ logger = logging.getLogger("pathways.store")
 DATA_TABLE = "objects"
 BUSY_TIMEOUT_SECONDS = 30.0
 """How long a write waits for another writer (the manager, another API process) to let go of
-the file's lock before the API answers 503 StoreBusy."""
+the file's lock before it fails."""
+
+API_BUSY_TIMEOUT_SECONDS = 10.0
+"""The same for a request to the API, counted from the request (503 StoreBusy then): well
+under the 30 s a client waits for an answer, so a write is never done after its client gave
+up (and was told it failed)."""
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -383,6 +389,10 @@ def is_busy(error: sqlite3.OperationalError) -> bool:
     """Whether ``error`` is SQLite giving up waiting for a lock another connection holds
     ("database is locked"), by its result code (extended codes keep the primary one)."""
     return error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+class _OutOfTime(Exception):
+    """A queued write's turn came after its request's busy timeout: nothing was done."""
 
 
 class SqliteStore:
@@ -824,9 +834,26 @@ class SqliteStore:
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-writes")
         loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.busy_timeout
         return await self._busy_is_503(
-            loop.run_in_executor(self._writer, functools.partial(call, *args, **kwargs))
+            loop.run_in_executor(
+                self._writer, functools.partial(self._until, deadline, call, *args, **kwargs)
+            )
         )
+
+    def _until(self, deadline: float, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``call`` on the writing thread, waiting for the lock until ``deadline`` only: the
+        busy timeout counts from the request, not from its turn (writes queued behind one
+        another were answered StoreBusy a busy timeout apart, and done past it)."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _OutOfTime
+        db = self._db()
+        db.execute(f"PRAGMA busy_timeout={int(remaining * 1000)}")
+        try:
+            return call(*args, **kwargs)
+        finally:
+            db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
 
     async def _read_off_loop(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``call`` (a read): on the loop, or, kept waiting (WAL: rarely), on a thread."""
@@ -852,8 +879,8 @@ class SqliteStore:
     async def _busy_is_503(self, pending: Awaitable[T]) -> T:
         try:
             return await pending
-        except sqlite3.OperationalError as error:
-            if not is_busy(error):
+        except (sqlite3.OperationalError, _OutOfTime) as error:
+            if isinstance(error, sqlite3.OperationalError) and not is_busy(error):
                 raise
             raise StoreBusy(
                 f"the store is busy: another writer held its database for "

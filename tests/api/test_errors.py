@@ -9,14 +9,17 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 from api_server import Server, error_of, program, serve, vslice
 
-from pathways_api.store import MAX_POSITION, PROGRAM
+from pathways_api.service import scoped
+from pathways_api.store import ISLAND, MAX_POSITION, PROGRAM, SLICE
 from pathways_client.api_client import ApiClient
 
 
@@ -24,12 +27,21 @@ def stored(server: Server) -> int:
     return int(server.store._db().execute("SELECT COUNT(*) FROM objects").fetchone()[0])
 
 
-def token_of(position: int) -> str:
-    """A continue token as the API makes them, for any position."""
-    return base64.urlsafe_b64encode(f"seq:{position}".encode()).decode().rstrip("=")
+# Each list's continue tokens are bound to it: (tenant, collection, phase, labels).
+LISTS = {
+    "/v1/programs": ["team-a", PROGRAM, None, []],
+    "/v1/virtualslices": ["team-a", SLICE, None, []],
+    "/v1/islands": ["team-a", ISLAND, None, []],
+    "/v1/programs/p/trace": ["team-a", "trace", "p"],
+}
 
 
-LISTS = ["/v1/programs", "/v1/virtualslices", "/v1/islands", "/v1/programs/p/trace"]
+def token_of(position: int, path: str) -> str:
+    """A continue token as the API makes them, for any position of a list."""
+    inner = base64.urlsafe_b64encode(f"seq:{position}".encode()).decode().rstrip("=")
+    token = scoped(inner, LISTS[path])
+    assert token is not None
+    return token
 
 
 @pytest.mark.parametrize("position", [MAX_POSITION + 1, 10**19, 10**40])
@@ -38,12 +50,44 @@ def test_a_continue_token_past_the_largest_position_is_a_clear_422(
     a: httpx.Client, path: str, position: int
 ) -> None:
     assert a.post("/v1/programs", json=program("p")).status_code == 201
-    answer = a.get(path, params={"continue": token_of(position)})
+    answer = a.get(path, params={"continue": token_of(position, path)})
     assert answer.status_code == 422, answer.text
     assert error_of(answer)["field"] == "query continue"
     # The largest is a position like any other: past every object.
-    last = a.get(path, params={"continue": token_of(MAX_POSITION)})
+    last = a.get(path, params={"continue": token_of(MAX_POSITION, path)})
     assert last.status_code == 200, last.text
+
+
+def test_a_continue_token_of_another_list_is_refused_not_taken_for_this_ones(
+    a: httpx.Client, b: httpx.Client
+) -> None:
+    """Another tenant's token (or one of another collection or filter) skipped this list's
+    objects, without a word."""
+    for n in range(3):
+        labelled = vslice(f"s{n}")
+        labelled["metadata"]["labels"] = {"set": "x"}
+        assert a.post("/v1/virtualslices", json=labelled).status_code == 201
+        assert b.post("/v1/programs", json=program(f"p{n}")).status_code == 201
+    theirs = b.get("/v1/programs", params={"limit": 2}).json()["continue"]
+    filtered = a.get("/v1/virtualslices", params={"limit": 1, "labelSelector": "set=x"}).json()
+    for path, token in (
+        ("/v1/virtualslices", theirs),  # another tenant's, of another collection
+        ("/v1/virtualslices", filtered["continue"]),  # of another filter
+    ):
+        answer = a.get(path, params={"continue": token})
+        assert answer.status_code == 422, answer.text
+        assert error_of(answer)["field"] == "query continue"
+        assert "another list" in error_of(answer)["message"]
+    # Its own list's token goes on.
+    mine = a.get("/v1/virtualslices", params={"limit": 1}).json()
+    rest = a.get("/v1/virtualslices", params={"continue": mine["continue"]}).json()
+    assert [i["metadata"]["name"] for i in mine["items"] + rest["items"]] == ["s0", "s1", "s2"]
+
+
+def test_a_label_selector_naming_a_key_twice_with_two_values_is_refused(a: httpx.Client) -> None:
+    answer = a.get("/v1/programs", params={"labelSelector": "team=x,team=y"})
+    assert answer.status_code == 422 and error_of(answer)["field"] == "query labelSelector"
+    assert a.get("/v1/programs", params={"labelSelector": "team=x,team=x"}).status_code == 200
 
 
 @pytest.fixture
@@ -138,6 +182,33 @@ def test_a_store_locked_past_its_busy_timeout_is_503_store_busy(impatient: Serve
         assert stored(impatient) == 0
         # Once the other writer let go, the same request goes through.
         assert a.post("/v1/programs", json=program("p")).status_code == 201
+
+
+def test_writes_queued_on_a_busy_store_are_answered_within_the_busy_timeout(
+    tmp_path: Path,
+) -> None:
+    """Each queued write waited a whole busy timeout of its own once its turn came: the fifth
+    of five was answered after five, and one was done after its client had given up."""
+    running = serve(tmp_path, busy_timeout=1)
+    other = sqlite3.connect(running.store.path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        began = time.monotonic()
+
+        def submit(n: int) -> tuple[int, float]:
+            with running.client("token-a") as a:
+                answer = a.post("/v1/programs", json=program(f"p{n}"))
+            return answer.status_code, time.monotonic() - began
+
+        with ThreadPoolExecutor(5) as pool:
+            answers = list(pool.map(submit, range(5)))
+        assert [status for status, _ in answers] == [503] * 5
+        assert max(after for _, after in answers) < 3, answers
+        other.execute("COMMIT")
+        assert stored(running) == 0
+    finally:
+        other.close()
+        running.stop()
 
 
 def test_the_sdk_sends_a_request_the_busy_store_refused_again(impatient: Server) -> None:

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -320,7 +321,8 @@ def test_inline_artifacts_are_bounded_by_the_spec_and_the_body_limit(
             "with its YAML aliases expanded",
         ),
         ("a: &a [*a]", 400, "an alias refers to itself"),
-        ("[" * 20_000 + "]" * 20_000, 400, "nested too deeply"),
+        # libyaml's words ("exceeded maximum nesting depth"), or the pure parser's.
+        ("[" * 20_000 + "]" * 20_000, 400, "nest"),
         ("a: " + "1" * 5000, 400, "not valid YAML"),
     ],
     ids=["billion-laughs", "repeated-string", "self-alias", "deep", "huge-integer"],
@@ -345,3 +347,68 @@ def test_deeply_nested_json_is_a_clear_400(server: Server, a: httpx.Client) -> N
     assert answer.status_code == 400
     assert error_of(answer)["code"] == "MalformedBody"
     assert a.post("/v1/programs", json=program()).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("keys", "status", "stored_labels"),
+    [
+        ("{2020-01-01: x, 7: y, true: z}", 201, {"2020-01-01": "x", "7": "y", "true": "z"}),
+        ("{1: x, '1': y}", 400, None),
+        ("{!!binary aGk=: x}", 400, None),
+    ],
+    ids=["dates-numbers-booleans", "two-alike", "binary"],
+)
+def test_yaml_keys_become_text_as_kubernetes_has_them(
+    server: Server, a: httpx.Client, keys: str, status: int, stored_labels: Any
+) -> None:
+    """A date as a key was a 500; two keys alike as text collapsed into one."""
+    body = (
+        "apiVersion: pathways.dev/v1alpha1\nkind: VirtualSlice\n"
+        f"metadata: {{name: keyed, labels: {keys}}}\nspec: {{devices: 1}}\n"
+    )
+    answer = a.post("/v1/virtualslices", content=body, headers={"Content-Type": "application/yaml"})
+    assert answer.status_code == status, answer.text
+    if stored_labels is None:
+        error = error_of(answer)
+        assert error["code"] == "MalformedBody" and "metadata.labels" in error["message"]
+        assert stored(server) == 0
+    else:
+        assert answer.json()["metadata"]["labels"] == stored_labels
+
+
+def test_a_yaml_body_without_a_valid_token_is_not_parsed(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anyone, with no token, froze the server for seconds with a large YAML body (parsed on
+    the event loop before the token was looked at); and bad bodies were 415 or 422 to them."""
+    import pathways_api.app as app_module
+
+    parsed: list[int] = []
+    real = app_module.yaml_as_json
+    monkeypatch.setattr(
+        app_module,
+        "yaml_as_json",
+        lambda body, limit: parsed.append(len(body)) or real(body, limit),
+    )
+    body = "".join(f"k{i}: {i}\n" for i in range(2_000))
+    for token in (None, "not-a-token"):
+        headers = {"Content-Type": "application/yaml"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        with httpx.Client(base_url=server.url, timeout=30) as anonymous:
+            answer = anonymous.post("/v1/programs", content=body, headers=headers)
+            assert answer.status_code == 401, answer.text[:200]
+            for content, content_type in (
+                (b"x", "text/plain"),
+                (b'{"spec": 1}', "application/json"),
+            ):
+                refused = anonymous.post(
+                    "/v1/programs",
+                    content=content,
+                    headers={**headers, "Content-Type": content_type},
+                )
+                assert refused.status_code == 401, refused.text[:200]
+    assert parsed == []
+    with server.client("token-a") as a:
+        answer = a.post("/v1/programs", content=body, headers={"Content-Type": "application/yaml"})
+    assert answer.status_code == 422 and parsed == [len(body)]
