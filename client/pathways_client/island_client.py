@@ -765,10 +765,14 @@ class IslandClient:
             for batch in messages(self._session.recv, pb.ClientEventBatch.FromString):
                 for event in batch.events:
                     self._on_event(event)
-            reason = self._rejected or (
-                f"the scheduler at {self.endpoint} closed the session (it stopped or restarted; "
-                "what the session held on the island is gone): connect again to go on"
-            )
+            if self._closing:  # the client's own close, not the scheduler's doing
+                reason = f"the session with island {self.info.island!r} is closed"
+            else:
+                reason = self._rejected or (
+                    f"the scheduler at {self.endpoint} closed the session (it stopped or "
+                    "restarted; what the session held on the island is gone): connect again "
+                    "to go on"
+                )
         except (OSError, FrameError) as error:
             reason = (
                 f"the scheduler at {self.endpoint} is unreachable ({error}; it stopped, "
@@ -822,10 +826,8 @@ class IslandClient:
                 self._lost_changed.notify_all()
             stale.close()
             return
-        if event.kind == Event.REJECTED and not (
-            event.computation_id or event.function_id or event.program_id
-        ):
-            self._rejected = event.message  # a request of the session's own was refused
+        if event.kind == Event.REJECTED and event.ends_session:
+            self._rejected = event.message  # why the scheduler ends the session
         failed: dict[str, str] = {}  # exported outputs that will never be
         reads: Sequence[grpc.Future] = ()  # gets of outputs that will never be
         with self._lock:
@@ -868,11 +870,13 @@ class IslandClient:
         failed: dict[str, str],
     ) -> list[grpc.Future]:
         """Mark what a failed or refused computation (``outputs``) or call (``results``,
-        only if refused) was to write as never to be (adding the exported ones to ``failed``);
-        returns the gets waiting for them, to cancel. Called holding the lock."""
+        only if refused or failed at dispatch: a call failing in one node still makes the
+        results of others) was to write as never to be (adding the exported ones to
+        ``failed``); returns the gets waiting for them, to cancel. Called holding the lock."""
         never = dict.fromkeys(outputs, f"its computation failed: {event.message}")
-        if event.kind == Event.REJECTED and results:
-            never.update(dict.fromkeys(results, f"its program call was refused: {event.message}"))
+        if results and (event.kind == Event.REJECTED or event.unmade):
+            done = "was refused" if event.kind == Event.REJECTED else "failed"
+            never.update(dict.fromkeys(results, f"its program call {done}: {event.message}"))
         if not never:
             return []
         for buffer_id, why in never.items():  # a read would wait in vain

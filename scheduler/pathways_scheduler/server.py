@@ -613,7 +613,9 @@ class SchedulerService:
 
                 self._handle(begin)
             if problem is not None:
-                peer.queue(pb.ClientEvent(kind=pb.ClientEvent.REJECTED, message=problem))
+                peer.queue(
+                    pb.ClientEvent(kind=pb.ClientEvent.REJECTED, message=problem, ends_session=True)
+                )
                 peer.flush()
                 return
             self._apply_batch(client, batch)
@@ -621,7 +623,11 @@ class SchedulerService:
                 self._apply_batch(client, batch_in.messages)
         except FrameError as error:  # bytes that are not our frames: say why, then hang up
             with contextlib.suppress(OSError):
-                peer.queue(pb.ClientEvent(kind=pb.ClientEvent.REJECTED, message=str(error)))
+                peer.queue(
+                    pb.ClientEvent(
+                        kind=pb.ClientEvent.REJECTED, message=str(error), ends_session=True
+                    )
+                )
                 peer.flush()
         except OSError:
             pass
@@ -629,7 +635,9 @@ class SchedulerService:
             message = f"the scheduler failed on this session: {type(error).__name__}: {error}"
             print(message, file=sys.stderr, flush=True)
             with contextlib.suppress(OSError):
-                peer.queue(pb.ClientEvent(kind=pb.ClientEvent.REJECTED, message=message))
+                peer.queue(
+                    pb.ClientEvent(kind=pb.ClientEvent.REJECTED, message=message, ends_session=True)
+                )
                 peer.flush()
         finally:
             if client:

@@ -5,17 +5,23 @@ announced, then said only that it was not)."""
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import chain_nodes, executor_infos, increment, settled_executor_infos
+from conftest import chain_nodes, executor_infos, export, f32, increment, settled_executor_infos
 
 import pathways_client as pw
 from pathways_client.island_client import IslandClient, IslandError, IslandUnavailable
 from pathways_client.launcher import LocalIsland
+from pathways_core.wire import pb
 
 ENDED = r"the scheduler at \S+ (closed the session|is unreachable)"  # as SIGKILL left it
 # Well inside the executor's 30 s wait for a buffer to be announced, which a read that is
@@ -150,3 +156,72 @@ def test_a_read_of_an_output_the_island_then_refuses_fails_at_once_with_the_reas
         # The session serves on.
         x = client.put(np.zeros(4, np.float32), device=0)
         np.testing.assert_array_equal(client.get(client.call(program, [x]).outputs[0]), 1)
+
+
+@functools.cache
+def _slow() -> bytes:
+    """A 512 x 512 computation of a second or two: what a queued call waits behind."""
+
+    def run(x: jax.Array) -> jax.Array:
+        return jax.lax.fori_loop(0, 400, lambda _, y: jnp.tanh(y @ y) * 0.5 + x, x)
+
+    return export(run, f32(512, 512))
+
+
+def test_a_program_calls_results_fail_at_once_when_the_call_failed_at_dispatch(
+    compilation_cache: Path,
+) -> None:
+    """A call failing before any executor heard of it (its input would never be) makes none
+    of its results, but a get of one waited out the executor's 30 s, then said it was never
+    announced (a computation's outputs failed at once)."""
+    with (
+        LocalIsland(
+            hosts=1, devices_per_host=2, max_in_flight=1, compilation_cache=compilation_cache
+        ) as alone,
+        IslandClient(alone.scheduler_endpoint, "caller") as client,
+    ):
+        add = client.register(increment())
+        program = client.register_program(chain_nodes(add, [0, 1]), ["x"], ["y1"])
+        remote = client.place_remote(
+            pb.InputSource(
+                buffer_id="caller/from-afar",
+                executors=["127.0.0.1:9"],
+                data_endpoints=["127.0.0.1:9"],
+            )
+        )
+        slow = client.register(_slow())
+        square = client.put(np.full((512, 512), 0.01, np.float32), device=0)
+        client.submit(slow, [0], [square], 1).wait(120)  # compiled: the next one only runs
+        blocker = client.submit(slow, [0], [square], 1)  # the one in flight: the call waits
+        call = client.call(program, [remote])
+        time.sleep(0.2)
+        assert not blocker.done.done(), "the blocker ended before the call was queued"
+        client.remote_failed([remote], "the other island lost it")  # it fails at dispatch
+        with pytest.raises(IslandError, match="the other island lost it"):
+            call.wait(60)
+        began = time.monotonic()
+        with pytest.raises(IslandError, match=r"its program call failed: .*the other island"):
+            client.get(call.outputs[0], timeout=60)
+        assert time.monotonic() - began < PROMPTLY
+
+
+def test_a_refusal_the_session_outlived_is_not_given_as_why_it_ended_later(
+    compilation_cache: Path,
+) -> None:
+    """A refused deletion of another client's buffer (the session went on) was given, later,
+    as the reason the restarted scheduler ended the session; and a client's own close was
+    said to be the scheduler's doing."""
+    with LocalIsland(hosts=1, devices_per_host=2, compilation_cache=compilation_cache) as alone:
+        client = IslandClient(alone.scheduler_endpoint, "bob")
+        client.delete(["alice/b1-0000"])  # refused: not bob's
+        client.put(np.zeros(4, np.float32), device=0)
+        alone.restart_scheduler()
+        assert re.search(ENDED, ended(client)), client.ended
+        client.close()
+        with IslandClient(alone.scheduler_endpoint, "carol") as carol:
+            slow = carol.submit(
+                carol.register(increment()), [0], [carol.put(np.zeros(4, np.float32), 0)], 1
+            )
+            carol.close()
+            with pytest.raises(IslandError, match="is closed"):
+                slow.wait(30)

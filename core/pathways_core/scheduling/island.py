@@ -883,7 +883,8 @@ class IslandDispatcher:
                 self._gone[buffer_id] = unmade
                 self._unmade.add(buffer_id)
         return ToClient(
-            client, Event(kind=Event.FAILED, computation_id=item_id, seq=seq, message=message)
+            client,
+            Event(kind=Event.FAILED, computation_id=item_id, seq=seq, message=message, unmade=True),
         )
 
     def _register_on(self, executor: int, function_ids: Sequence[str]) -> list[Instruction]:

@@ -183,7 +183,7 @@ class Hello(_message.Message):
     def __init__(self, client: _Optional[str] = ..., weight: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class ClientEvent(_message.Message):
-    __slots__ = ("kind", "computation_id", "seq", "message", "function_id", "program_id", "executor", "rejoined")
+    __slots__ = ("kind", "computation_id", "seq", "message", "function_id", "program_id", "executor", "rejoined", "unmade", "ends_session")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[ClientEvent.Kind]
@@ -210,6 +210,8 @@ class ClientEvent(_message.Message):
     PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
     REJOINED_FIELD_NUMBER: _ClassVar[int]
+    UNMADE_FIELD_NUMBER: _ClassVar[int]
+    ENDS_SESSION_FIELD_NUMBER: _ClassVar[int]
     kind: ClientEvent.Kind
     computation_id: str
     seq: int
@@ -218,7 +220,9 @@ class ClientEvent(_message.Message):
     program_id: str
     executor: int
     rejoined: ExecutorInfo
-    def __init__(self, kind: _Optional[_Union[ClientEvent.Kind, str]] = ..., computation_id: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[str] = ..., function_id: _Optional[str] = ..., program_id: _Optional[str] = ..., executor: _Optional[int] = ..., rejoined: _Optional[_Union[ExecutorInfo, _Mapping]] = ...) -> None: ...
+    unmade: bool
+    ends_session: bool
+    def __init__(self, kind: _Optional[_Union[ClientEvent.Kind, str]] = ..., computation_id: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[str] = ..., function_id: _Optional[str] = ..., program_id: _Optional[str] = ..., executor: _Optional[int] = ..., rejoined: _Optional[_Union[ExecutorInfo, _Mapping]] = ..., unmade: _Optional[bool] = ..., ends_session: _Optional[bool] = ...) -> None: ...
 
 class InputSource(_message.Message):
     __slots__ = ("buffer_id", "executors", "data_endpoints", "uploaded", "partial")
