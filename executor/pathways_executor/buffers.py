@@ -8,6 +8,7 @@ array), or failed with the producer's error so that every consumer fails fast wi
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -46,6 +47,10 @@ class _Entry:
     deleted: bool = False
 
 
+MAX_DELETED_UNSET = 65_536
+"""Ids of buffers deleted before they were set that a store remembers (the latest)."""
+
+
 class BufferStore:
     """Buffers by id; thread-safe."""
 
@@ -53,6 +58,10 @@ class BufferStore:
         self._lock = threading.Lock()
         self._appeared = threading.Condition(self._lock)
         self._entries: dict[str, _Entry] = {}
+        # Buffers deleted before they were set: an upload of one arriving after is dropped
+        # (a client announces an upload first; its session ending meanwhile deleted it, and
+        # the upload, landing after, was kept for good). The latest MAX_DELETED_UNSET.
+        self._deleted_unset: OrderedDict[str, None] = OrderedDict()
 
     def __len__(self) -> int:
         with self._lock:
@@ -142,10 +151,26 @@ class BufferStore:
         """The owner's delete: the buffer goes once no pending use holds it."""
         with self._lock:
             entry = self._entries.get(buffer_id)
+            if entry is None or not entry.future.done():
+                self._deleted_unset[buffer_id] = None
+                if len(self._deleted_unset) > MAX_DELETED_UNSET:
+                    self._deleted_unset.popitem(last=False)
             if entry is None or entry.deleted:
                 return
             entry.deleted = True
         self.release(buffer_id)
+
+    def upload(self, buffer_id: str, value: Any) -> bool:
+        """A client's upload; ``False`` (nothing kept, readers failed) if the buffer was
+        deleted before it arrived."""
+        with self._lock:
+            early = self._deleted_unset.pop(buffer_id, PENDING) is not PENDING
+        if not early:
+            self.set(buffer_id, value)
+            return True
+        if buffer_id in self:  # a reader waits for it: it will never be
+            self.fail(buffer_id, BufferError(f"buffer {buffer_id!r} was deleted before its upload"))
+        return False
 
     def ready(self, buffer_id: str) -> bool:
         """Whether ``get`` would return (or raise) at once: the buffer is set or failed."""

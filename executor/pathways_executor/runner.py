@@ -582,10 +582,11 @@ class Runner:
                 lane.put(None)
         self._transfers.shutdown(wait=False, cancel_futures=True)
 
-    def put_array(self, buffer_id: str, value: np.ndarray | HostShards) -> None:
+    def put_array(self, buffer_id: str, value: np.ndarray | HostShards) -> bool:
         """A client's upload: a host array (or the shards of one this process's devices
-        take), placed on devices when a computation uses it."""
-        self.buffers.set(buffer_id, value)
+        take), placed on devices when a computation uses it; ``False`` if the buffer was
+        deleted before the upload arrived (nothing is kept)."""
+        return self.buffers.upload(buffer_id, value)
 
     # -- the ordered loop ---------------------------------------------------------------------
 

@@ -138,7 +138,12 @@ class ExecutorService:
                 )
         except (ValueError, TypeError, OverflowError, MemoryError) as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad array upload: {error}")
-        self.runner.put_array(buffer_id, array)
+        if not self.runner.put_array(buffer_id, array):
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"buffer {buffer_id!r} was deleted before its upload arrived (its session "
+                "ended, or the client deleted it): nothing was kept",
+            )
         return pb.Ack(message=f"stored {buffer_id}")
 
     def GetArray(self, request, context):
@@ -190,7 +195,9 @@ class ExecutorService:
             start = time.monotonic()
             remaining = context.time_remaining()  # 0 once past the deadline
             limits = [timeout or math.inf, math.inf if remaining is None else remaining]
-            end, appear_end = start + min(limits), start + APPEAR_WITHIN_SECONDS
+            # A buffer not announced yet may be one whose producer is queued behind long work:
+            # a caller that asked to wait longer than the default waits for it that long.
+            end, appear_end = start + min(limits), start + max(APPEAR_WITHIN_SECONDS, timeout)
             while True:
                 now = time.monotonic()
                 step = max(0.0, min(POLL_SECONDS, end - now))

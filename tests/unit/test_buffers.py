@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from pathways_executor.buffers import PENDING, BufferError, BufferStore, root_cause
+from pathways_executor.buffers import (
+    MAX_DELETED_UNSET,
+    PENDING,
+    BufferError,
+    BufferStore,
+    root_cause,
+)
 
 
 def test_a_consumer_waits_for_a_buffer_produced_later() -> None:
@@ -98,3 +106,55 @@ def test_outputs_that_hold_a_value_already_are_found_without_waiting() -> None:
     assert store.first_set(["c/pending", "c/new"]) is None
     store.delete("c/planted")
     assert store.first_set(["c/planted"]) is None
+
+
+def test_an_upload_arriving_after_its_buffer_was_deleted_is_not_kept() -> None:
+    """A client announces an upload, then sends it: its session ending in between deleted
+    the buffer, and the upload, landing after, stayed on the executor for good."""
+    store = BufferStore()
+    store.delete("gone")  # before the upload arrived
+    assert store.upload("gone", np.zeros(4)) is False
+    assert len(store) == 0
+    # A reader already waiting for it is told it will never be.
+    store.expect("awaited")
+    assert store.acquire("awaited")  # the reader's hold
+    store.delete("awaited")
+    assert store.upload("awaited", np.zeros(4)) is False
+    with pytest.raises(BufferError, match="deleted before its upload"):
+        store.expect("awaited").result(timeout=1)
+    # Uploads of buffers not deleted are kept, and the memory of deletions is bounded.
+    assert store.upload("kept", np.ones(2)) is True and store.peek("kept")[0] == 1
+    for n in range(MAX_DELETED_UNSET + 1):
+        store.delete(f"never-{n}")
+    assert store.upload("never-0", np.zeros(1)) is True  # forgotten: the oldest went first
+
+
+class _Call:
+    """A GetArray call's context: no deadline, and its caller still there."""
+
+    def time_remaining(self) -> None:
+        return None
+
+    def is_active(self) -> bool:
+        return True
+
+
+def test_a_get_asking_to_wait_longer_waits_that_long_for_the_buffer_to_be_announced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A get of work queued behind long work (announced after 30 s) failed at 30 s, saying
+    the buffer was unknown, though it had asked to wait two minutes."""
+    import pathways_executor.server as server
+    from pathways_core.wire import pb
+
+    monkeypatch.setattr(server, "APPEAR_WITHIN_SECONDS", 0.2)
+    monkeypatch.setattr(server, "POLL_SECONDS", 0.05)
+    executor = SimpleNamespace(
+        runner=SimpleNamespace(buffers=BufferStore()), _waiting=threading.Semaphore(4)
+    )
+    threading.Timer(0.6, executor.runner.buffers.set, args=("c/late", 7)).start()
+    request = pb.ArrayRequest(buffer_id="c/late", timeout_seconds=5)
+    assert server.ExecutorService._wait_for(executor, request, _Call()) == 7
+    # Without a longer wait asked for, an unknown buffer fails after the default.
+    with pytest.raises(BufferError, match="unknown buffer 'c/never'"):
+        server.ExecutorService._wait_for(executor, pb.ArrayRequest(buffer_id="c/never"), _Call())
