@@ -340,9 +340,13 @@ class ArrayFuture(Shaped):
             if island in self._copies:
                 return self._copies[island]
             here, there = self.cluster.session(self.slice.island), self.cluster.session(island)
-            self._copies[island] = there.place_remote(here.holders(self.buffer_id))
-            # Should it never be (its computation failed, its executor or session is gone),
-            # work there reading it fails at once, naming why.
+            source = here.holders(self.buffer_id)
+            # Work there reading it waits in that island's queue until it is made here (its
+            # executors waiting for it in island order could wait on this island's, for ever).
+            source.pending = True
+            self._copies[island] = there.place_remote(source)
+            # Once made, or should it never be (its computation failed, its executor or session
+            # is gone), that island is told: work there reading it goes, or fails naming why.
             here.export(self.buffer_id, there)
             return self._copies[island]
 

@@ -524,17 +524,30 @@ class IslandClient:
         raise IslandError(f"the executors of buffer {buffer_id!r} sent only part of it")
 
     def export(self, buffer_id: str, to: IslandClient) -> None:
-        """``buffer_id``, of this island, is placed on another (``to.place_remote``): when it
-        will never be (its computation failed, its executor was lost, this session ended),
-        ``to`` is told, so work reading it there fails at once, naming why, instead of
-        waiting out its pull (30 s a holder, up to 120 s, holding up that executor's other
-        work meanwhile)."""
+        """``buffer_id``, of this island, is placed on another (``to.place_remote``): once it
+        is made (at once if it is), ``to`` is told, so work there reading it, held while it
+        was placed ``pending``, goes; when it will never be (its computation failed, its
+        executor was lost, this session ended), ``to`` is told, so that work fails at once,
+        naming why, instead of waiting out its pull."""
+        made = False
         with self._lock:
             gone = self._gone.get(buffer_id) or self._ended
             if not gone:
                 self._exported.setdefault(buffer_id, []).append(to)
+                made = not any(
+                    buffer_id in ids
+                    for ids in (*self._produces.values(), *self._call_results.values())
+                )
         if gone:
             to.remote_failed([buffer_id], self._why_gone(gone))
+        elif made:  # else when its computation completes (see ``_on_event``)
+            to.remote_ready([buffer_id])
+
+    def remote_ready(self, buffer_ids: Sequence[str]) -> None:
+        """Buffers placed here from another island while pending there are made (see
+        ``export``): work reading them here may go."""
+        if not self._ended:
+            self._write([pb.ClientMessage(remote_ready=pb.RemoteReady(buffer_ids=buffer_ids))])
 
     def remote_failed(self, buffer_ids: Sequence[str], reason: str) -> None:
         """Buffers placed here from another island will never be (see ``export``)."""
@@ -829,6 +842,7 @@ class IslandClient:
         if event.kind == Event.REJECTED and event.ends_session:
             self._rejected = event.message  # why the scheduler ends the session
         failed: dict[str, str] = {}  # exported outputs that will never be
+        made: dict[int, tuple[IslandClient, list[str]]] = {}  # exported outputs now made
         reads: Sequence[grpc.Future] = ()  # gets of outputs that will never be
         with self._lock:
             registered = event.function_id or event.program_id
@@ -844,11 +858,17 @@ class IslandClient:
                 results = self._call_results.pop(event.computation_id, ())
                 if event.kind in (Event.FAILED, Event.REJECTED):
                     reads = self._never_computed(event, outputs, results, failed)
+                elif event.kind == Event.COMPLETED and self._exported:
+                    for buffer_id in (*outputs, *results):
+                        for to in self._exported.get(buffer_id, ()):
+                            made.setdefault(id(to), (to, []))[1].append(buffer_id)
             idle = not self._pending and self._deferred
         for call in reads:
             call.cancel()
         if failed:
             self._tell_importers(failed)
+        for to, ids in made.values():
+            to.remote_ready(ids)
         if idle:  # nothing else will carry the deferred deletions soon
             self._write([])
         if future is None or future.done():

@@ -530,6 +530,7 @@ class Runner:
         self.max_executables = max_executables
         self.inputs_taken_over = 0  # by their last use, for tests and the executor's Info
         self._transfers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="transfer")
+        self._transfers_lock = threading.Lock()
         # Buffers held here in part whose whole was assembled beside them (under WHOLE + id).
         self._wholes: set[str] = set()
         # When each device's last reported computation ended (trace stamps, see ``_span``).
@@ -598,7 +599,16 @@ class Runner:
             for d in node.devices
         )
 
+    def prefetch(self, sources: Sequence[pb.InputSource]) -> None:
+        """Start pulling inputs of work not sent yet (outside the order): the work, once
+        here, finds them pulled or in flight."""
+        self._start_transfers(sources)
+
     def _start_transfers(self, sources: Sequence[pb.InputSource]) -> None:
+        with self._transfers_lock:  # (the ordered loop's, and a prefetch's, at once)
+            self._start_transfers_locked(sources)
+
+    def _start_transfers_locked(self, sources: Sequence[pb.InputSource]) -> None:
         for source in sources:
             if source.partial:  # held here in part: its whole goes beside it
                 if WHOLE + source.buffer_id not in self.buffers:

@@ -123,6 +123,8 @@ class ExecutorService:
                 self.runner.remote_failed(command.remote_failed)
             elif kind == "peer_up":
                 self._puller.up(command.peer_up.data_endpoint)
+            elif kind == "prefetch":  # inputs of work held in the queue: pulled from now on
+                self.runner.prefetch(command.prefetch.sources)
             else:
                 ordered.append(command)
         self.runner.submit(ordered)

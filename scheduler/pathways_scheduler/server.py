@@ -760,7 +760,7 @@ def _request_problem(message: pb.ClientMessage, kind: str | None) -> pb.ClientEv
     checked by the dispatcher. A function's artifact is bounded by the artifact limit."""
     if kind == "function":
         size = message.function.ByteSize() - len(message.function.artifact)
-    elif kind in ("computation", "placed", "program", "call", "remote_failed"):
+    elif kind in ("computation", "placed", "program", "call", "remote_failed", "remote_ready"):
         size = message.ByteSize()
     else:
         return None
@@ -836,6 +836,8 @@ def _apply(dispatcher: IslandDispatcher, client: str, batch: Any) -> list[Instru
             instructions += dispatcher.call(client, message.call)
         elif kind == "remote_failed":
             instructions += dispatcher.remote_failed(client, message.remote_failed)
+        elif kind == "remote_ready":
+            instructions += dispatcher.remote_ready(client, message.remote_ready)
         elif kind == "hello":  # again: the session's new weight and priority (its name stays)
             instructions += dispatcher.connect(client, message.hello.weight, message.hello.priority)
     return instructions

@@ -72,6 +72,17 @@ def increment(floats: int = 4) -> bytes:
 
 
 @functools.cache
+def slow_square(iterations: int = 400) -> bytes:
+    """A computation of a 512 x 512 float32 array taking about a second (400 iterations)
+    here: what other work waits behind."""
+
+    def run(x: jax.Array) -> jax.Array:
+        return jax.lax.fori_loop(0, iterations, lambda _, y: jnp.tanh(y @ y) * 0.5 + x, x)
+
+    return export(run, f32(512, 512))
+
+
+@functools.cache
 def huge() -> bytes:
     """A function of 4 floats that asks the devices for 256 GiB when it runs: it fails
     there, not when dispatched."""

@@ -5,18 +5,15 @@ announced, then said only that it was not)."""
 
 from __future__ import annotations
 
-import functools
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import chain_nodes, executor_infos, export, f32, increment, settled_executor_infos
+from conftest import chain_nodes, executor_infos, increment, settled_executor_infos, slow_square
 
 import pathways_client as pw
 from pathways_client.island_client import IslandClient, IslandError, IslandUnavailable
@@ -158,16 +155,6 @@ def test_a_read_of_an_output_the_island_then_refuses_fails_at_once_with_the_reas
         np.testing.assert_array_equal(client.get(client.call(program, [x]).outputs[0]), 1)
 
 
-@functools.cache
-def _slow() -> bytes:
-    """A 512 x 512 computation of a second or two: what a queued call waits behind."""
-
-    def run(x: jax.Array) -> jax.Array:
-        return jax.lax.fori_loop(0, 400, lambda _, y: jnp.tanh(y @ y) * 0.5 + x, x)
-
-    return export(run, f32(512, 512))
-
-
 def test_a_program_calls_results_fail_at_once_when_the_call_failed_at_dispatch(
     compilation_cache: Path,
 ) -> None:
@@ -189,7 +176,7 @@ def test_a_program_calls_results_fail_at_once_when_the_call_failed_at_dispatch(
                 data_endpoints=["127.0.0.1:9"],
             )
         )
-        slow = client.register(_slow())
+        slow = client.register(slow_square())
         square = client.put(np.full((512, 512), 0.01, np.float32), device=0)
         client.submit(slow, [0], [square], 1).wait(120)  # compiled: the next one only runs
         blocker = client.submit(slow, [0], [square], 1)  # the one in flight: the call waits

@@ -588,3 +588,60 @@ def test_the_island_order_starts_past_first_seq() -> None:
     sent = to_executors(dispatcher.submit("a", computation("a", 1)))
     assert all(command.seq > 1_000_000 for _, command in sent)
     assert finish(dispatcher, 3, 0) == []  # the old scheduler's: no computation of this one
+
+
+def remote(client: str, name: str, pending: bool = True) -> pb.PlacedBuffer:
+    source = pb.InputSource(
+        buffer_id=f"{client}/{name}",
+        executors=["far:1"],
+        data_endpoints=["far:2"],
+        pending=pending,
+    )
+    return pb.PlacedBuffer(buffer_id=source.buffer_id, remote=source)
+
+
+def runs(instructions) -> list[str]:
+    return [c.run.id for _, c in to_executors(instructions) if c.WhichOneof("kind") == "run"]
+
+
+def test_work_reading_another_islands_pending_buffer_waits_in_the_queue_not_on_executors() -> None:
+    """Two islands whose tenants' priorities ordered their cross-island reads oppositely
+    stopped for good: each island's executors waited, in island order, for work the other's
+    held behind its own waiting reader. Held in the queue, such work takes no executor."""
+    dispatcher = island(policy="proportional-share")
+    dispatcher.connect("a", priority=10)
+    dispatcher.placed("a", remote("a", "far"))
+    # a's reader is held (its input is not made over there), and a's later work with it:
+    # its order is kept. b, of lower priority, goes meanwhile. The executor that will run the
+    # reader pulls its input from now on, outside the order, as it is made.
+    held = to_executors(dispatcher.submit("a", computation("a", 1, inputs=["a/far"])))
+    assert [(executor, c.WhichOneof("kind")) for executor, c in held] == [(0, "prefetch")]
+    assert [s.buffer_id for s in held[0][1].prefetch.sources] == ["a/far"]
+    assert runs(dispatcher.submit("a", computation("a", 2, inputs=["a/x"]))) == []
+    assert runs(dispatcher.submit("b", computation("b", 1, inputs=["b/x"]))) == ["b/c1"]
+    # Made over there: a's work goes, in its order, with the source to pull it from.
+    ready = to_executors(dispatcher.remote_ready("a", pb.RemoteReady(buffer_ids=["a/far"])))
+    assert [c.run.id for _, c in ready if c.WhichOneof("kind") == "run"] == ["a/c1", "a/c2"]
+    assert [s.buffer_id for s in ready[0][1].sources] == ["a/far"]
+    assert not ready[0][1].sources[0].pending
+    # Another client cannot say a's buffer is made.
+    dispatcher.placed("a", remote("a", "far2"))
+    dispatcher.submit("a", computation("a", 3, inputs=["a/far2"]))
+    assert runs(dispatcher.remote_ready("b", pb.RemoteReady(buffer_ids=["a/far2"]))) == []
+    # Never to be: the held work goes, and fails at dispatch naming why.
+    failed = dispatcher.remote_failed(
+        "a", pb.RemoteFailed(buffer_ids=["a/far2"], reason="its producer failed")
+    )
+    (event,) = client_events(failed)
+    assert event.kind == Event.FAILED and "its producer failed" in event.message and event.unmade
+
+
+def test_a_remote_buffer_said_made_before_it_was_placed_holds_nothing() -> None:
+    """The word that it is made and its placing come by different paths, in either order."""
+    dispatcher = island()
+    dispatcher.remote_ready("a", pb.RemoteReady(buffer_ids=["a/early"]))
+    dispatcher.placed("a", remote("a", "early"))
+    assert runs(dispatcher.submit("a", computation("a", 1, inputs=["a/early"]))) == ["a/c1"]
+    # Placed as made (not pending), as before: nothing is held.
+    dispatcher.placed("a", remote("a", "made", pending=False))
+    assert runs(dispatcher.submit("a", computation("a", 2, inputs=["a/made"]))) == ["a/c2"]

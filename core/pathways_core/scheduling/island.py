@@ -129,6 +129,7 @@ class ClientUsage:
 
 # Usage of this many clients at most is kept: those of ended sessions go first.
 MAX_USAGE_CLIENTS = 1024
+MAX_READY_EARLY = 65_536  # buffers said to be made before they were placed, kept at most
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,11 @@ class IslandDispatcher:
         self._deferred: dict[str, frozenset[int]] = {}  # deleted buffer id -> its holders
         # Buffers held by another island's executors: pulled from there, never deleted here.
         self._remote: dict[str, pb.InputSource] = {}
+        # Of those, ones placed before they were made there: work reading them is held in the
+        # queue until the client says they are (RemoteReady) or never will be (RemoteFailed).
+        self._awaited: set[str] = set()
+        # Said to be made before they were placed here (the two come by different paths).
+        self._ready_early: set[str] = set()
         # Executors that pulled a copy of a buffer: a deletion frees their copies too.
         self._copies: dict[str, set[int]] = {}
         # Buffers clients uploaded to this island's executors: their holders have them at once.
@@ -290,6 +296,7 @@ class IslandDispatcher:
         running = {f.id for f in self._in_flight.values() if f.client == client}
         self._unfinished = {i for i in self._unfinished if i in running or not i.startswith(prefix)}
         self._doomed = {i: why for i, why in self._doomed.items() if not i.startswith(prefix)}
+        self._ready_early = {i for i in self._ready_early if not i.startswith(prefix)}
         gone = [buffer_id for buffer_id in self._buffers if buffer_id.startswith(prefix)]
         unused = []
         for identifier in self._uses.pop(client, set()):
@@ -376,6 +383,10 @@ class IslandDispatcher:
             source = pb.InputSource()
             source.CopyFrom(remote)
             source.buffer_id = message.buffer_id
+            source.pending = False  # (for this scheduler only: executors pull it when told)
+            if remote.pending and message.buffer_id not in self._ready_early:
+                self._awaited.add(message.buffer_id)
+            self._ready_early.discard(message.buffer_id)
             self._remote[message.buffer_id] = source
             self._buffers[message.buffer_id] = frozenset()
         else:
@@ -400,12 +411,52 @@ class IslandDispatcher:
             return []
         for buffer_id in ids:
             self._gone.setdefault(buffer_id, message.reason)
+        self._awaited.difference_update(ids)  # work held on them goes, and fails at dispatch
         failed = pb.RemoteFailed(buffer_ids=ids, reason=message.reason)
         return [
             ToExecutor(index, pb.ExecutorCommand(remote_failed=failed))
             for index in sorted(self.executors)
             if index not in self._down
-        ]
+        ] + self._dispatch()
+
+    def remote_ready(self, client: str, message: pb.RemoteReady) -> list[Instruction]:
+        """Buffers the client placed here from another island while pending there are made:
+        work held on them may go."""
+        for buffer_id in dict.fromkeys(message.buffer_ids):
+            if not buffer_id.startswith(f"{client}/"):
+                continue
+            if buffer_id in self._awaited:
+                self._awaited.discard(buffer_id)
+            elif buffer_id not in self._remote and len(self._ready_early) < MAX_READY_EARLY:
+                self._ready_early.add(buffer_id)
+        return self._dispatch()
+
+    def _prefetches(self, computation: pb.Computation, owners: frozenset[int]) -> list[Instruction]:
+        """Pulls, from now on, of what ``computation`` reads of another island that is not
+        made yet, by the executors that will run it (it waits in the queue meanwhile): the
+        transfer overlaps the work before it, as it did when such work waited in order."""
+        awaited = [buffer_id for buffer_id in computation.inputs if buffer_id in self._awaited]
+        if not awaited:
+            return []
+        instructions: list[Instruction] = []
+        for executor in sorted(owners - self._down.keys()):
+            sources = []
+            for buffer_id in awaited:
+                copies = self._copies.setdefault(buffer_id, set())  # a deletion frees them
+                if executor not in copies:
+                    copies.add(executor)
+                    sources.append(self._remote[buffer_id])
+            if sources:
+                prefetch = pb.ExecutorCommand(prefetch=pb.Prefetch(sources=sources))
+                instructions.append(ToExecutor(executor, prefetch))
+        return instructions
+
+    def _awaits_remote(self, item: pb.Computation | _Call | _Delete) -> bool:
+        """Whether ``item`` reads a buffer of another island not made there yet."""
+        if isinstance(item, _Delete):
+            return False
+        inputs = item.call.arguments if isinstance(item, _Call) else item.inputs
+        return any(buffer_id in self._awaited for buffer_id in inputs)
 
     def submit(self, client: str, computation: pb.Computation) -> list[Instruction]:
         """Validate a computation and queue it; dispatch whatever may go now."""
@@ -419,7 +470,7 @@ class IslandDispatcher:
         owners = frozenset(self.device_owner[d] for d in computation.devices)
         for buffer_id in computation.outputs:
             self._buffers[buffer_id] = owners
-        return self._dispatch()
+        return self._prefetches(computation, owners) + self._dispatch()
 
     def _enqueue(self, client: str, item: pb.Computation | _Call) -> str | None:
         """Queue work; why it was refused (the island's queue is full), if it was."""
@@ -770,7 +821,10 @@ class IslandDispatcher:
             # At the bound on work in flight, only a free item (a deletion) behind the
             # computation just taken still goes, with it; ``next`` takes those first anyway.
             at_bound = len(self._in_flight) >= self.max_in_flight
-            taken = self.queue.next_free() if at_bound else self.queue.next()
+            if at_bound:
+                taken = self.queue.next_free()
+            else:
+                taken = self.queue.next(self._awaits_remote if self._awaited else None)
             if taken is None:
                 break
             client, item = taken
@@ -996,6 +1050,7 @@ class IslandDispatcher:
             self._unmade.discard(buffer_id)
             self._uploaded.discard(buffer_id)
             self._remote.pop(buffer_id, None)
+            self._awaited.discard(buffer_id)
             if self._pulling.get(buffer_id):
                 self._deferred[buffer_id] = holders
                 continue

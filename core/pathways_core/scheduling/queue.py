@@ -30,7 +30,11 @@ last, which takes the buffer over for its output (as one client alone does), ins
 later.
 
 Strictly higher priority always goes first, under both policies. The queue only orders: the
-scheduler server decides when to take the next item (it bounds the work in flight).
+scheduler server decides when to take the next item (it bounds the work in flight), and which
+items are *held* (work reading another island's buffers not made yet): a client whose next
+item is held is passed over, its order kept, until it no longer is. Islands order work on
+their own, so executors waiting in island order for another island's work could wait on each
+other; held work waits in the queue instead, holding no executor.
 
 The queue is bounded twice: at most ``max_queued`` items in all, and at most
 ``max_queued_per_client`` of one client (so one client flooding the island cannot fill the whole
@@ -214,12 +218,17 @@ class IslandQueue(Generic[Item]):
             state.bounded += 1
             self._bounded += 1
 
-    def next(self) -> tuple[str, Item] | None:
-        """Take the item that runs next, or ``None`` when nothing is queued."""
+    def next(self, held: Callable[[Item], bool] | None = None) -> tuple[str, Item] | None:
+        """Take the item that runs next, or ``None`` when nothing is queued (or all that is
+        queued is held: clients whose next item ``held`` says is are passed over)."""
         free = self.next_free()
         if free is not None:
             return free
-        ready = [state for state in self._clients.values() if state.pending]
+        ready = [
+            state
+            for state in self._clients.values()
+            if state.pending and (held is None or not held(state.pending[0][1]))
+        ]
         if not ready:
             return None
         top = max(state.priority for state in ready)

@@ -133,7 +133,7 @@ class ProgramCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., program_id: _Optional[str] = ..., arguments: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClientMessage(_message.Message):
-    __slots__ = ("hello", "function", "computation", "delete", "placed", "program", "call", "remote_failed")
+    __slots__ = ("hello", "function", "computation", "delete", "placed", "program", "call", "remote_failed", "remote_ready")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class ClientMessage(_message.Message):
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     CALL_FIELD_NUMBER: _ClassVar[int]
     REMOTE_FAILED_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_READY_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     function: FunctionRegistration
     computation: Computation
@@ -150,7 +151,20 @@ class ClientMessage(_message.Message):
     program: ProgramRegistration
     call: ProgramCall
     remote_failed: RemoteFailed
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., function: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., computation: _Optional[_Union[Computation, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., placed: _Optional[_Union[PlacedBuffer, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., remote_failed: _Optional[_Union[RemoteFailed, _Mapping]] = ...) -> None: ...
+    remote_ready: RemoteReady
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., function: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., computation: _Optional[_Union[Computation, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., placed: _Optional[_Union[PlacedBuffer, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., remote_failed: _Optional[_Union[RemoteFailed, _Mapping]] = ..., remote_ready: _Optional[_Union[RemoteReady, _Mapping]] = ...) -> None: ...
+
+class Prefetch(_message.Message):
+    __slots__ = ("sources",)
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    sources: _containers.RepeatedCompositeFieldContainer[InputSource]
+    def __init__(self, sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+
+class RemoteReady(_message.Message):
+    __slots__ = ("buffer_ids",)
+    BUFFER_IDS_FIELD_NUMBER: _ClassVar[int]
+    buffer_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, buffer_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RemoteFailed(_message.Message):
     __slots__ = ("buffer_ids", "reason")
@@ -225,21 +239,23 @@ class ClientEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[ClientEvent.Kind, str]] = ..., computation_id: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[str] = ..., function_id: _Optional[str] = ..., program_id: _Optional[str] = ..., executor: _Optional[int] = ..., rejoined: _Optional[_Union[ExecutorInfo, _Mapping]] = ..., unmade: _Optional[bool] = ..., ends_session: _Optional[bool] = ...) -> None: ...
 
 class InputSource(_message.Message):
-    __slots__ = ("buffer_id", "executors", "data_endpoints", "uploaded", "partial")
+    __slots__ = ("buffer_id", "executors", "data_endpoints", "uploaded", "partial", "pending")
     BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
     EXECUTORS_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     UPLOADED_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
     buffer_id: str
     executors: _containers.RepeatedScalarFieldContainer[str]
     data_endpoints: _containers.RepeatedScalarFieldContainer[str]
     uploaded: bool
     partial: bool
-    def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ..., data_endpoints: _Optional[_Iterable[str]] = ..., uploaded: _Optional[bool] = ..., partial: _Optional[bool] = ...) -> None: ...
+    pending: bool
+    def __init__(self, buffer_id: _Optional[str] = ..., executors: _Optional[_Iterable[str]] = ..., data_endpoints: _Optional[_Iterable[str]] = ..., uploaded: _Optional[bool] = ..., partial: _Optional[bool] = ..., pending: _Optional[bool] = ...) -> None: ...
 
 class ExecutorCommand(_message.Message):
-    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "forget", "peer_down", "peer_up", "retire", "remote_failed", "sources")
+    __slots__ = ("seq", "run", "register", "delete", "hello", "program", "call", "forget", "peer_down", "peer_up", "retire", "remote_failed", "prefetch", "sources")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +268,7 @@ class ExecutorCommand(_message.Message):
     PEER_UP_FIELD_NUMBER: _ClassVar[int]
     RETIRE_FIELD_NUMBER: _ClassVar[int]
     REMOTE_FAILED_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     run: Computation
@@ -265,8 +282,9 @@ class ExecutorCommand(_message.Message):
     peer_up: PeerUp
     retire: Retire
     remote_failed: RemoteFailed
+    prefetch: Prefetch
     sources: _containers.RepeatedCompositeFieldContainer[InputSource]
-    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., peer_down: _Optional[_Union[PeerDown, _Mapping]] = ..., peer_up: _Optional[_Union[PeerUp, _Mapping]] = ..., retire: _Optional[_Union[Retire, _Mapping]] = ..., remote_failed: _Optional[_Union[RemoteFailed, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., run: _Optional[_Union[Computation, _Mapping]] = ..., register: _Optional[_Union[FunctionRegistration, _Mapping]] = ..., delete: _Optional[_Union[DeleteBuffers, _Mapping]] = ..., hello: _Optional[_Union[ControlHello, _Mapping]] = ..., program: _Optional[_Union[ProgramRegistration, _Mapping]] = ..., call: _Optional[_Union[ProgramCall, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., peer_down: _Optional[_Union[PeerDown, _Mapping]] = ..., peer_up: _Optional[_Union[PeerUp, _Mapping]] = ..., retire: _Optional[_Union[Retire, _Mapping]] = ..., remote_failed: _Optional[_Union[RemoteFailed, _Mapping]] = ..., prefetch: _Optional[_Union[Prefetch, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[InputSource, _Mapping]]] = ...) -> None: ...
 
 class Forget(_message.Message):
     __slots__ = ("function_ids", "program_ids")
