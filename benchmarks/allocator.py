@@ -7,7 +7,9 @@ and release them, keeping the fleet busy. Every allocate and release is one deci
 Baseline, measured in the same run on the same request stream: a first-fit allocator over the
 same placement tables (islands in name order, first free block wins, no snug-fit scoring, no
 preemption, no caching). Reported: decisions/s, p50/p99 latency of one decision, the share of
-requests bound, and the fleet's mean utilisation.
+requests bound, and the fleet's mean utilisation. The same stream is also run with every tenant
+limited to an eighth of the fleet (``set_quota``): tenants then often wait at their quota, and
+their high-priority requests make room in it by preempting their own slices.
 
     python benchmarks/allocator.py [--decisions 40000] [--json out.json]
 """
@@ -35,6 +37,7 @@ SHAPES = [(1,), (2,), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16)]
 SHAPE_WEIGHTS = [10, 10, 14, 14, 12, 8, 5, 2, 1]
 COUNTS = [1, 4, 8, 16, 32]
 TARGET_UTILISATION = 0.95
+TENANTS = 8
 
 
 class FirstFit:
@@ -95,7 +98,7 @@ class Outcome:
 
 
 def make_request(rng: random.Random, serial: int) -> Request:
-    tenant = f"tenant-{rng.randrange(8)}"
+    tenant = f"tenant-{rng.randrange(TENANTS)}"
     priority = 100 if rng.random() < 0.05 else 0
     key = f"{tenant}/slice-{serial}"
     if rng.random() < 0.25:
@@ -105,15 +108,25 @@ def make_request(rng: random.Random, serial: int) -> Request:
 
 
 def run(
-    allocator, islands: int, decisions: int, seed: int, name: str, preempt: bool = True
+    allocator,
+    islands: int,
+    decisions: int,
+    seed: int,
+    name: str,
+    preempt: bool = True,
+    quota: int | None = None,
 ) -> Outcome:
-    """Drive one allocator with the seeded request stream; ``decisions`` allocates + releases."""
+    """Drive one allocator with the seeded request stream; ``decisions`` allocates + releases.
+    ``quota``: the devices each tenant may hold (``Allocator`` only)."""
     rng = random.Random(seed)
     for index in range(islands):
         allocator.add_island(
             IslandInventory(f"island-{index:03d}", AcceleratorKind.TPU_V5E, MESH, 4)
         )
     capacity = islands * MESH[0] * MESH[1]
+    if quota is not None:
+        for tenant in range(TENANTS):
+            allocator.set_quota(f"tenant-{tenant}", AcceleratorKind.TPU_V5E, quota)
     outcome = Outcome(name)
     live: list[tuple[str, int]] = []  # key, devices
     used = 0
@@ -159,11 +172,20 @@ def main() -> None:
         Allocator(), args.islands, args.decisions, args.seed, "allocator, no preemption", False
     )
     baseline = run(FirstFit(), args.islands, args.decisions, args.seed, "first-fit baseline")
+    capacity = args.islands * MESH[0] * MESH[1]
+    quotas = run(
+        Allocator(),
+        args.islands,
+        args.decisions,
+        args.seed,
+        "allocator, tenants at quotas",
+        quota=capacity // TENANTS,
+    )
 
     table = Table(title=f"{args.islands} islands x 256 devices, {args.decisions} decisions")
     for column in ("", "decisions/s", "p50 µs", "p99 µs", "requests bound", "mean utilisation"):
         table.add_column(column, justify="right")
-    for outcome in (ours, quality, baseline):
+    for outcome in (ours, quality, baseline, quotas):
         table.add_row(
             outcome.name,
             f"{outcome.decisions_per_second:,.0f}",
@@ -193,6 +215,8 @@ def main() -> None:
             "p99_us": ours.percentile_us(0.99),
             "bound_share_no_preemption": quality.bound / quality.requests,
             "baseline_bound_share": baseline.bound / baseline.requests,
+            "quotas_decisions_per_second": quotas.decisions_per_second,
+            "quotas_p99_us": quotas.percentile_us(0.99),
             "parameters": {k: v for k, v in vars(args).items() if k != "json"},
             "machine": {"python": platform.python_version(), "processor": platform.machine()},
         }

@@ -636,6 +636,69 @@ def test_quota_preemption_also_makes_room_on_a_full_island() -> None:
     assert allocator.usage("team-b", V5E) == 0
 
 
+def test_quota_preemption_evicts_no_slice_it_does_not_need() -> None:
+    # Taken lowest priority first, the 1-device slice makes too little room in the quota and the
+    # 4-device one goes too; then the first is not needed any more, and stays.
+    allocator = make_allocator(
+        island("a", (8,), V5E),
+        quotas={("team-a", V5E): 5},
+        bindings=[
+            held("a", (0,), key="ns/small", tenant="team-a", priority=0),
+            held("a", (1, 2, 3, 4), key="ns/big", tenant="team-a", priority=1),
+        ],
+    )
+    decision = allocator.allocate(req("ns/urgent", count=4, priority=2))
+    assert isinstance(decision, Bound)
+    assert [b.key for b in decision.preempted] == ["ns/big"]
+    assert allocator.binding("ns/small") is not None
+    assert allocator.usage("team-a", V5E) == 5
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_quota_preemption_prefers_its_own_slice_on_the_island_to_another_tenants(
+    pinned: bool,
+) -> None:
+    # Evicting its lowest-priority slice (on "b") makes room in the quota but none on "a",
+    # which would cost team-b's slice there too; its own slice on "a" makes room in both.
+    allocator = make_allocator(
+        island("a", (2, 2) if not pinned else (4,), V5E),
+        island("b", (4,), V5E),
+        quotas={("team-a", V5E): 6},
+        bindings=[
+            held("b", range(4), key="ns/mine-b", tenant="team-a", priority=0),
+            held("a", (0, 1), key="ns/mine-a", tenant="team-a", priority=1),
+            held("a", (2, 3), key="ns/theirs", tenant="team-b", priority=0),
+        ],
+    )
+    # Unpinned, the 1x2 block fits only the 2x2 island "a" (not the 1-D "b").
+    request = (
+        req("ns/urgent", count=2, on="a", priority=2)
+        if pinned
+        else req("ns/urgent", shape=(1, 2), priority=2)
+    )
+    decision = allocator.allocate(request)
+    assert isinstance(decision, Bound)
+    assert decision.binding.island == "a"
+    assert [b.key for b in decision.preempted] == ["ns/mine-a"]
+    assert {b.key for b in allocator.bindings()} == {"ns/mine-b", "ns/theirs", "ns/urgent"}
+    assert allocator.usage("team-a", V5E) == 6
+
+
+def test_a_lowered_quota_lets_a_higher_priority_evict_its_tenants_slices() -> None:
+    # Lowering the quota evicts nothing by itself; a higher-priority request of the tenant then
+    # evicts as many of its lower-priority slices as its quota needs.
+    allocator = make_allocator(island("a", (4, 4), V5E))
+    for index in range(4):
+        assert isinstance(allocator.allocate(req(f"ns/old{index}", count=4)), Bound)
+    allocator.set_quota("team-a", V5E, 6)
+    assert len(allocator.bindings()) == 4
+    decision = allocator.allocate(req("ns/urgent", count=1, priority=1))
+    assert isinstance(decision, Bound)
+    # 16 + 1 devices against 6: 11 to free, three slices of 4.
+    assert len(decision.preempted) == 3
+    assert allocator.usage("team-a", V5E) == 5
+
+
 def test_quota_preemption_that_cannot_make_room_evicts_nothing() -> None:
     base = [
         held("a", range(2), key="ns/mine", tenant="team-a", priority=0),

@@ -635,6 +635,21 @@ def check_quota_preemption(
     )
     limit = model.quotas[(request.tenant, kind)]
     assert allocator.usage(request.tenant, kind) <= limit
+    check_no_spare_victim(model, request, binding.island, decision.preempted, before)
+
+
+def check_no_spare_victim(
+    model: Model, request: Request, name: str, victims: Sequence[Binding], before: list[Binding]
+) -> None:
+    """No victim of a decision making room in its tenant's quota could have been spared: with
+    any one of them put back, the quota of the island's kind or the island itself (the
+    model's geometry) has no room for the request."""
+    for spared in victims:
+        gone = {b.key for b in victims if b is not spared}
+        rest = [b for b in before if b.key not in gone]
+        room = model.quota_room(request, name, rest)
+        fits_there = fits(request, model.mesh(name), model.blocked(name, rest))
+        assert not (room and fits_there), (spared, victims, before)
 
 
 def check_release(allocator: Allocator, model: Model, op: Release) -> None:
@@ -835,16 +850,26 @@ def occupied_worlds(draw, max_islands: int = 3, free: bool = True):
     for inventory in islands:
         size = math.prod(inventory.shape)
         owners = draw(st.lists(st.sampled_from(choices), min_size=size, max_size=size))
-        for owner in sorted({o for o in owners if o is not None}):
-            devices = tuple(d for d, o in enumerate(owners) if o == owner)
-            request = Request(
-                key=f"old/{inventory.name}-{owner}",
-                tenant=draw(st.sampled_from(TENANTS)),
-                count=len(devices),
-                priority=draw(st.integers(0, 3)),
-            )
-            bindings.append(Binding(request, inventory.name, devices, None))
+        bindings += owned_bindings(
+            draw, inventory, owners, lambda _: draw(st.sampled_from(TENANTS))
+        )
     return islands, bindings
+
+
+def owned_bindings(draw, inventory, owners, tenant_of) -> list[Binding]:
+    """One binding per owner of ``owners`` (a device's owner, or None: free) on ``inventory``,
+    of tenant ``tenant_of(owner)`` and a drawn priority."""
+    bindings = []
+    for owner in sorted({o for o in owners if o is not None}):
+        devices = tuple(d for d, o in enumerate(owners) if o == owner)
+        request = Request(
+            key=f"old/{inventory.name}-{owner}",
+            tenant=tenant_of(owner),
+            count=len(devices),
+            priority=draw(st.integers(0, 3)),
+        )
+        bindings.append(Binding(request, inventory.name, devices, None))
+    return bindings
 
 
 @SETTINGS
@@ -891,6 +916,54 @@ def test_a_tenant_at_its_quota_makes_room_by_evicting_its_own_lower_priorities(
             if b.request.tenant == op.tenant and kinds[b.island] == kind
         )
         quotas[(op.tenant, kind)] = max(0, used + size - 1 + extra)
+    allocator, model = build(islands, quotas)
+    assert allocator.restore(bindings) == []
+    check_allocate(allocator, model, op)
+    check_restore(allocator, model)
+
+
+@st.composite
+def own_worlds(draw):
+    """Islands crowded with many slices of one tenant (``t0``) of varied sizes and priorities,
+    among a few of another's: a request of ``t0`` at its quota then has many ways of making
+    room in it, most of them evicting more than needed."""
+    islands = draw(island_lists())
+    bindings = []
+    for inventory in islands:
+        size = math.prod(inventory.shape)
+        owners = draw(
+            st.lists(st.sampled_from((None, 0, 1, 2, 3, 4, 5)), min_size=size, max_size=size)
+        )
+        bindings += owned_bindings(
+            draw, inventory, owners, lambda owner: "t1" if owner == 5 else "t0"
+        )
+    return islands, bindings
+
+
+@SETTINGS
+@given(
+    world=own_worlds(),
+    count=st.integers(1, 8),
+    shape=st.sampled_from((None, (1,), (2,), (2, 2), (1, 2), (4,), (2, 2, 2))),
+    priority=st.integers(1, 4),
+    short=st.integers(1, 8),
+)
+def test_a_tenant_at_its_quota_evicts_no_slice_it_could_spare(
+    world, count, shape, priority, short
+) -> None:
+    """A request of a tenant whose quota is ``short`` devices short of it, in a world crowded
+    with that tenant's slices: when bound by evicting its own (and, for room, others' on its
+    island), no victim could have been put back (``check_no_spare_victim``)."""
+    islands, bindings = world
+    op = Alloc("ns/new", "t0", None if shape else count, shape, None, None, None, priority, True)
+    size = op.request().size
+    kinds = {inventory.name: inventory.kind for inventory in islands}
+    quotas = {}
+    for kind in set(kinds.values()):
+        used = sum(
+            len(b.devices) for b in bindings if b.request.tenant == "t0" and kinds[b.island] == kind
+        )
+        quotas[("t0", kind)] = max(0, used + size - short)
     allocator, model = build(islands, quotas)
     assert allocator.restore(bindings) == []
     check_allocate(allocator, model, op)

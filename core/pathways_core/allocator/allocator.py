@@ -8,13 +8,17 @@ embedded mode and the tests drive the same code. Guarantees, checked by property
 - per-tenant quotas (devices per accelerator kind) are never exceeded by a new binding;
 - preemption evicts only strictly lower-priority slices, and the fewest of them;
 - a tenant at its quota makes room in it by evicting its own strictly lower-priority slices
-  of that kind (Kueue's ``withinClusterQueue: LowerPriority``), lowest priority first;
+  of that kind (Kueue's ``withinClusterQueue: LowerPriority``), anywhere, and another tenant's
+  only on the island it is bound on, for room there: none that could be spared, and of the few
+  ways tried, the fewest, then the lowest priorities (those on its island preferred: they make
+  room in the quota and on the island at once);
 - release returns exactly the devices that were bound.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+import itertools
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 
@@ -68,8 +72,24 @@ class _IslandState:
         self.blocked = self.occupied | self.unhealthy
         self.free = self.inventory.size - self.blocked.bit_count()
 
+    def vacated(self, keys: Iterable[str]) -> _IslandState:
+        """A copy of this island's occupancy (no bindings) with the bindings ``keys`` gone, to
+        try placements on; the state itself when there are none."""
+        mask = 0
+        for key in keys:
+            mask |= self.masks[key]
+        if not mask:
+            return self
+        return _IslandState(
+            self.inventory, occupied=self.occupied & ~mask, unhealthy=self.unhealthy
+        )
+
     def without(self, keys: Collection[str]) -> _IslandState:
-        """A copy of this island's state with the bindings ``keys`` gone (to try evictions)."""
+        """A copy of this island's state with the bindings ``keys`` gone (to try evictions);
+        the state itself when there are none (trying placements on it changes nothing but its
+        ``no_fit`` cache, which stays true of it)."""
+        if not keys:
+            return self
         masks = {key: mask for key, mask in self.masks.items() if key not in keys}
         occupied = 0
         for mask in masks.values():
@@ -103,6 +123,18 @@ class _Candidates:
         return states
 
 
+@dataclass
+class _OwnCandidates:
+    """A tenant's own strictly lower-priority slices of one kind, which a request of it may
+    evict to make room in its quota of that kind: found once per request."""
+
+    excess: int  # devices of them to evict for the request to fit in the quota
+    ordered: list[Binding]  # the lowest priority first, then the largest (``_own_order``)
+    largest: list[Binding]  # the largest first, then the lowest priority (``_size_order``)
+    by_island: dict[str, list[Binding]]  # the same, by island, in the same order
+    bound: tuple[int, int, int]  # no decision's cost (``_cost``) is lower
+
+
 @dataclass(frozen=True)
 class _Choice:
     orientation: Orientation | None  # None: scattered devices
@@ -120,6 +152,9 @@ class Allocator:
         self._usage: dict[tuple[str, AcceleratorKind], int] = {}
         # Each tenant's bindings by kind: a tenant at its quota looks for its own to preempt.
         self._held_by: dict[tuple[str, AcceleratorKind], dict[str, Binding]] = {}
+        # And the devices they hold by priority: whether evicting its own lower priorities can
+        # make room in its quota at all is known without walking them.
+        self._held_priorities: dict[tuple[str, AcceleratorKind], dict[int, int]] = {}
         # Islands matching a (kind, island, selector), in placement order, and their kinds;
         # reset when islands are added, changed or removed.
         self._candidate_cache: dict[tuple[object, ...], _Candidates] = {}
@@ -175,8 +210,11 @@ class Allocator:
     def set_quota(self, tenant: str, kind: AcceleratorKind, limit: int | None) -> None:
         """Limit the devices of a kind a tenant may hold; ``None`` removes the limit.
 
-        Lowering a quota below current usage evicts nothing; new requests wait until usage
-        drops below the limit.
+        Lowering a quota below current usage evicts nothing by itself: new requests of the
+        tenant wait until usage drops below the limit, except that one with a higher priority
+        than some of the tenant's slices of that kind may evict them to make room in it (as
+        :meth:`allocate` does whenever the tenant is at its quota), which after a lowered quota
+        can be many of them.
         """
         if limit is None:
             self._quotas.pop((tenant, kind), None)
@@ -230,7 +268,9 @@ class Allocator:
         room = {kind: self._quota_room(request, kind) for kind in candidates.kinds}
         fitting = candidates.fitting_for(request)
         if not any(room.values()):
-            decision = self._preempt_own(request, fitting, kept) if preempt else None
+            decision = (
+                self._preempt_own(request, fitting, kept, candidates.kinds) if preempt else None
+            )
             if decision is not None:
                 return decision
             return Pending(
@@ -265,7 +305,10 @@ class Allocator:
                     return Bound(self._bind(request, state, choice))
         if preempt:
             short = [s for s in fitting if not room[s.inventory.kind]]
-            decision = self._preempt(request, shaped) or self._preempt_own(request, short, kept)
+            full = [kind for kind, has_room in room.items() if not has_room]
+            decision = self._preempt(request, shaped) or self._preempt_own(
+                request, short, kept, full
+            )
             if decision is not None:
                 return decision
         return Pending(request.key, "InsufficientDevices", self._busy_message(request, shaped))
@@ -387,10 +430,15 @@ class Allocator:
         key = (binding.request.tenant, kind)
         self._usage[key] = self._usage.get(key, 0) + sign * len(binding.devices)
         held = self._held_by.setdefault(key, {})
+        totals = self._held_priorities.setdefault(key, {})
+        priority = binding.request.priority
+        totals[priority] = totals.get(priority, 0) + sign * len(binding.devices)
         if sign > 0:
             held[binding.key] = binding
         else:
             del held[binding.key]
+            if not totals[priority]:
+                del totals[priority]
 
     def _layouts(
         self, request: Request, inventory: IslandInventory
@@ -535,76 +583,231 @@ class Allocator:
         return Bound(self._bind(request, state, choice), evicted)
 
     def _preempt_own(
-        self, request: Request, candidates: list[_IslandState], kept: Collection[str]
+        self,
+        request: Request,
+        candidates: list[_IslandState],
+        kept: Collection[str],
+        kinds: Iterable[AcceleratorKind],
     ) -> Bound | None:
-        """Bind a request whose tenant's quota of an island's kind has no room: evict enough of
+        """Bind a request whose tenant's quota of an island's kind has no room, evicting some of
         the tenant's own strictly lower-priority slices of that kind (anywhere) to make room in
-        the quota, then, if the island is still too full, the fewest strictly lower-priority
-        slices on it, as :meth:`_preempt` does. Of the islands where that works, the one
-        evicting the fewest, then the lowest priorities."""
+        the quota and, if the island is still too full, strictly lower-priority slices on it
+        (any tenant's) to make room there; no victim whose eviction is not needed for one or
+        the other. Of the islands where that works, the one evicting the fewest, then the
+        lowest highest priority, then the fewest devices (as :meth:`_preempt`).
+
+        ``kinds``: those of ``candidates`` whose quota has no room for the request (islands of
+        other kinds are skipped). A tenant holding too little of a kind below the request's
+        priority to make room in its quota costs no walk of the islands or of its slices.
+        """
+        excess = {}
+        for kind in kinds:
+            needed = self._own_excess(request, kind)
+            if needed is not None:
+                excess[kind] = needed
+        if not excess:
+            return None
+        one_kind = len(excess) == 1
+        own_by_kind: dict[AcceleratorKind, _OwnCandidates] = {}
         best: tuple[tuple[int, int, int, str], _IslandState, list[Binding]] | None = None
         for state in candidates:
-            if state.inventory.name in kept or self._quota_room(request, state.inventory.kind):
+            kind = state.inventory.kind
+            if kind not in excess or state.inventory.name in kept:
                 continue
-            own = self._own_victims(request, state)
+            # Whether evicting every lower priority on the island could make room for it at
+            # all: most islands of a busy fleet are skipped here, before any own slice is read.
+            reclaimable = sum(
+                devices for priority, devices in state.held.items() if priority < request.priority
+            )
+            if state.free + reclaimable < request.size:
+                continue
+            own = own_by_kind.get(kind)
             if own is None:
+                own = own_by_kind[kind] = self._own_candidates(request, kind, excess[kind])
+            if (
+                best is not None
+                and best[0][0] == 1
+                and not self._one_victim_can(request, state, own, best[0][:3])
+            ):
                 continue
-            # The island as it would be without them, on a copy: a decision that binds
-            # nothing leaves the allocator as it was.
-            trial = state.without([b.key for b in own if b.island == state.inventory.name])
-            victims = list(own)
-            if self._place(request, trial, contiguous_only=request.shape is not None) is None:
-                evictable = {
-                    key: b
-                    for key, b in trial.bindings.items()
-                    if b.request.priority < request.priority
-                }
-                more = self._fewest_victims(request, trial, evictable)
-                if more is None:
-                    continue
-                victims += [evictable[key] for key in sorted(more)]
-            every = {b.key: b for b in victims}
-            cost = (*_victims_cost(set(every), every), state.inventory.name)
+            found = self._own_decision(request, state, own)
+            if found is None:
+                continue
+            cost = (*found[0], state.inventory.name)
             if best is None or cost < best[0]:
-                best = (cost, state, victims)
+                best = (cost, state, found[1])
+                if one_kind and found[0] == own.bound:
+                    break  # no island can do better; later islands lose the tie on name
         if best is None:
             return None
         _, state, victims = best
-        evicted = tuple(self._evict(self._islands[b.island], b.key) for b in victims)
+        evicted = tuple(
+            self._evict(self._islands[b.island], b.key)
+            for b in sorted(victims, key=lambda b: b.key)
+        )
         choice = self._place(request, state, contiguous_only=True) or self._place(
             request, state, contiguous_only=False
         )
         assert choice is not None, "eviction was computed to make room"
         return Bound(self._bind(request, state, choice), evicted)
 
-    def _own_victims(self, request: Request, state: _IslandState) -> list[Binding] | None:
-        """The tenant's own strictly lower-priority slices of ``state``'s kind whose eviction
-        makes room in its quota for ``request``: the lowest priorities first, then those on
-        ``state`` (they make room there too), then the largest; ``None`` when all of them
-        would not."""
-        kind = state.inventory.kind
-        limit = self._quotas[(request.tenant, kind)]
-        excess = self.usage(request.tenant, kind) + request.size - limit
-        own = sorted(
+    def _own_excess(self, request: Request, kind: AcceleratorKind) -> int | None:
+        """The devices of its own the tenant must free for ``request`` to fit in its quota of
+        ``kind`` (which has no room), or ``None`` when evicting all its strictly lower-priority
+        slices of that kind would not do: read from per-priority totals, not the slices."""
+        key = (request.tenant, kind)
+        excess = self._usage.get(key, 0) + request.size - self._quotas[key]
+        totals = self._held_priorities.get(key, {})
+        if sum(d for priority, d in totals.items() if priority < request.priority) < excess:
+            return None
+        return excess
+
+    def _own_candidates(
+        self, request: Request, kind: AcceleratorKind, excess: int
+    ) -> _OwnCandidates:
+        """The tenant's own strictly lower-priority slices of ``kind``, found once per request
+        (and only once an island could take it)."""
+        key = (request.tenant, kind)
+        ordered = sorted(
             (
                 binding
-                for binding in self._held_by.get((request.tenant, kind), {}).values()
+                for binding in self._held_by[key].values()
                 if binding.request.priority < request.priority
             ),
-            key=lambda b: (
-                b.request.priority,
-                b.island != state.inventory.name,
-                -len(b.devices),
-                b.key,
-            ),
+            key=_own_order,
         )
-        victims = []
-        for binding in own:
-            if excess <= 0:
+        largest = sorted(ordered, key=_size_order)
+        by_island: dict[str, list[Binding]] = {}
+        for binding in ordered:
+            by_island.setdefault(binding.island, []).append(binding)
+        # A lower bound of any decision's cost: at least as many victims as the largest of these
+        # slices needed to make room in the quota, of at least their lowest priority, holding at
+        # least the excess.
+        fewest, freed = 0, 0
+        for binding in largest:
+            if freed >= excess:
                 break
-            victims.append(binding)
-            excess -= len(binding.devices)
-        return victims if excess <= 0 else None
+            fewest += 1
+            freed += len(binding.devices)
+        if fewest == 1:  # then exactly: the cheapest of those making room alone
+            bound = min(
+                (1, b.request.priority, len(b.devices)) for b in ordered if len(b.devices) >= excess
+            )
+        else:
+            bound = (fewest, ordered[0].request.priority, excess)
+        return _OwnCandidates(excess, ordered, largest, by_island, bound)
+
+    def _one_victim_can(
+        self, request: Request, state: _IslandState, own: _OwnCandidates, cost: tuple[int, ...]
+    ) -> bool:
+        """Whether one victim could bind ``request`` on ``state`` at less than ``cost`` (the
+        cost of one victim). That victim is one of the tenant's own slices (another's makes no
+        room in the quota): anywhere, if the request fits ``state`` as it is; else one on
+        ``state`` making room in the quota alone."""
+        for binding in own.by_island.get(state.inventory.name, ()):
+            size = len(binding.devices)
+            if size >= own.excess and (1, binding.request.priority, size) < cost:
+                return True
+        return own.bound < cost and self._fits(request, state)
+
+    def _own_decision(
+        self, request: Request, state: _IslandState, own: _OwnCandidates
+    ) -> tuple[tuple[int, int, int], list[Binding]] | None:
+        """The victims that bind ``request`` on ``state`` (whose kind's quota has no room), and
+        their cost; ``None`` when no eviction can.
+
+        A few orders of taking the tenant's own slices to make room in the quota are tried
+        (exhausting them all is exponential): the lowest priority first (those on ``state``
+        first at equal priority); those on ``state`` first (they make room there too), the
+        lowest priority or the largest first, then the others the lowest priority first; and
+        the largest first (the fewest for the quota). Each is completed with the fewest
+        strictly lower-priority slices on ``state`` that make room there when it is still too
+        full, then stripped of the victims whose eviction turned out not to be needed (no
+        victim of the result can be spared); the cheapest result wins."""
+        name = state.inventory.name
+        here = own.by_island.get(name, [])
+        orders: list[Iterable[Binding]] = [_lowest_first(here, own.ordered, name)]
+        if here:
+            # Lazily: each order stops as soon as the quota has room.
+            orders.append(itertools.chain(here, (b for b in own.ordered if b.island != name)))
+            if len(here) > 1:
+                orders.append(
+                    itertools.chain(
+                        sorted(here, key=_size_order),
+                        (b for b in own.ordered if b.island != name),
+                    )
+                )
+        orders.append(own.largest)
+        best: tuple[tuple[int, int, int], list[Binding]] | None = None
+        tried: set[frozenset[str]] = set()
+        # The fewest victims making room on the island, by the picks on it (orders often differ
+        # only in picks elsewhere).
+        room: dict[frozenset[str], list[Binding]] = {}
+        for order in orders:
+            picks = []
+            freed = 0
+            for binding in order:
+                if freed >= own.excess:
+                    break
+                picks.append(binding)
+                freed += len(binding.devices)
+            keys = frozenset(b.key for b in picks)
+            if keys in tried:
+                continue
+            tried.add(keys)
+            on_island = frozenset(b.key for b in picks if b.island == name)
+            more = room.get(on_island)
+            if more is None:
+                more = []
+                if not self._fits(request, state.vacated(on_island)):
+                    trial = state.without(on_island)
+                    evictable = {
+                        key: b
+                        for key, b in trial.bindings.items()
+                        if b.request.priority < request.priority
+                    }
+                    fewest = self._fewest_victims(request, trial, evictable)
+                    if fewest is None:
+                        # Every lower priority on the island, its own among them, is evictable
+                        # here whatever the picks: no other way of making room in the quota helps.
+                        return None
+                    more = [evictable[key] for key in sorted(fewest)]
+                room[on_island] = more
+            victims = self._needed_only(request, state, picks + more, own.excess)
+            cost = _cost(victims)
+            if best is None or cost < best[0]:
+                best = (cost, victims)
+        return best
+
+    def _needed_only(
+        self, request: Request, state: _IslandState, victims: list[Binding], excess: int
+    ) -> list[Binding]:
+        """``victims`` without those whose eviction is not needed, both to make room in the
+        tenant's quota (``excess`` devices of its own) and for ``request`` to fit on ``state``:
+        each is put back in turn, the highest priority first, then the largest (Kueue's
+        fill-back). Eviction only ever makes more room, so a victim that could not be put back
+        could not be later either: no victim of the result can be."""
+        name = state.inventory.name
+        tenant = request.tenant
+        chosen = {b.key: b for b in victims}
+        freed = sum(len(b.devices) for b in victims if b.request.tenant == tenant)
+        for binding in sorted(victims, key=lambda b: (-b.request.priority, -len(b.devices), b.key)):
+            own = len(binding.devices) if binding.request.tenant == tenant else 0
+            if freed - own < excess:
+                continue
+            if binding.island == name:
+                trial = state.vacated(
+                    k for k, b in chosen.items() if b.island == name and k != binding.key
+                )
+                if not self._fits(request, trial):
+                    continue
+            del chosen[binding.key]
+            freed -= own
+        return list(chosen.values())
+
+    def _fits(self, request: Request, state: _IslandState) -> bool:
+        """Whether ``request`` can be placed on ``state`` as it is (a block for a shape)."""
+        return self._place(request, state, contiguous_only=request.shape is not None) is not None
 
     def _fewest_victims(
         self, request: Request, state: _IslandState, evictable: dict[str, Binding]
@@ -714,6 +917,35 @@ def _victims_cost(victims: set[str], evictable: dict[str, Binding]) -> tuple[int
         max((evictable[key].request.priority for key in victims), default=-(2**62)),
         sum(len(evictable[key].devices) for key in victims),
     )
+
+
+def _cost(victims: list[Binding]) -> tuple[int, int, int]:
+    """:func:`_victims_cost` of a list of bindings."""
+    return _victims_cost({b.key for b in victims}, {b.key: b for b in victims})
+
+
+def _own_order(binding: Binding) -> tuple[int, int, str]:
+    """The order in which a tenant's own slices are taken to make room in its quota: the lowest
+    priority first, then the largest (fewer evictions), then by key."""
+    return (binding.request.priority, -len(binding.devices), binding.key)
+
+
+def _size_order(binding: Binding) -> tuple[int, int, str]:
+    """The largest first, then the lowest priority, then by key."""
+    return (-len(binding.devices), binding.request.priority, binding.key)
+
+
+def _lowest_first(here: list[Binding], ordered: list[Binding], island: str) -> Iterator[Binding]:
+    """``ordered`` (in :func:`_own_order`) with those on ``island`` (``here``, in the same
+    order) moved ahead of the others of their priority, without sorting again."""
+    others = (b for b in ordered if b.island != island)
+    index = 0
+    for binding in others:
+        while index < len(here) and here[index].request.priority <= binding.request.priority:
+            yield here[index]
+            index += 1
+        yield binding
+    yield from here[index:]
 
 
 def _ever_fits(request: Request, inventory: IslandInventory) -> bool:
