@@ -470,7 +470,9 @@ class IslandDispatcher:
         owners = frozenset(self.device_owner[d] for d in computation.devices)
         for buffer_id in computation.outputs:
             self._buffers[buffer_id] = owners
-        return self._prefetches(computation, owners) + self._dispatch()
+        if self._awaited:  # (nothing of another island is awaited, mostly: no walk)
+            return self._prefetches(computation, owners) + self._dispatch()
+        return self._dispatch()
 
     def _enqueue(self, client: str, item: pb.Computation | _Call) -> str | None:
         """Queue work; why it was refused (the island's queue is full), if it was."""
