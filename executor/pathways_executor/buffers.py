@@ -160,6 +160,23 @@ class BufferStore:
             entry.deleted = True
         self.release(buffer_id)
 
+    def forget_pending(self, buffer_id: str, future: Future[Any]) -> bool:
+        """Drop a buffer expected through ``future`` that nothing uses yet (a prefetch that
+        failed: the work's own pull tries again); ``False`` if it is set, failed, deleted or
+        held by a use (then it is theirs)."""
+        with self._lock:
+            entry = self._entries.get(buffer_id)
+            if (
+                entry is None
+                or entry.future is not future
+                or future.done()
+                or entry.deleted
+                or entry.references > 1
+            ):
+                return False
+            del self._entries[buffer_id]
+            return True
+
     def upload(self, buffer_id: str, value: Any) -> bool:
         """A client's upload; ``False`` (nothing kept, readers failed) if the buffer was
         deleted before it arrived."""
@@ -189,7 +206,7 @@ class BufferStore:
             self._appeared.wait_for(lambda: buffer_id in self._entries, appear_within)
             entry = self._entries.get(buffer_id)
         if entry is None:
-            raise BufferError(f"unknown buffer {buffer_id!r}")
+            raise BufferError(unknown(buffer_id))
         try:
             return entry.future.result(timeout)
         except FutureTimeout:
@@ -198,6 +215,12 @@ class BufferStore:
             raise
         except Exception as error:  # the producer's failure, or one before it
             raise BufferError(f"buffer {buffer_id!r}{UPSTREAM}{root_cause(str(error))}") from error
+
+
+def unknown(buffer_id: str) -> str:
+    """How an error saying ``buffer_id`` was not announced in the time asked starts (its
+    producer may not have been sent yet)."""
+    return f"unknown buffer {buffer_id!r}"
 
 
 def not_ready(buffer_id: str) -> str:

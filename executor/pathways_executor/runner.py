@@ -35,7 +35,14 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from pathways_core.wire import pb
 from pathways_executor.arrays import HostShards
 from pathways_executor.artifact_check import ArtifactChecker
-from pathways_executor.buffers import PENDING, UPSTREAM, BufferError, BufferStore, root_cause
+from pathways_executor.buffers import (
+    PENDING,
+    UPSTREAM,
+    BufferError,
+    BufferStore,
+    root_cause,
+    unknown,
+)
 from pathways_executor.functions import Callable, FunctionCache, FunctionError, check_inputs
 from pathways_executor.programs import Plan, Source, Step, output_id, plan
 
@@ -601,8 +608,13 @@ class Runner:
 
     def prefetch(self, sources: Sequence[pb.InputSource]) -> None:
         """Start pulling inputs of work not sent yet (outside the order): the work, once
-        here, finds them pulled or in flight."""
-        self._start_transfers(sources)
+        here, finds them pulled or in flight. A prefetch of a buffer not announced within the
+        holder's 30 s (its producer queued long on its island) leaves nothing: the work's own
+        pull, once its producer is made, tries again, rather than finding that failure."""
+        with self._transfers_lock:
+            for source in sources:
+                if source.buffer_id not in self.buffers:
+                    self._start_transfer(source, source.buffer_id, prefetched=True)
 
     def _start_transfers(self, sources: Sequence[pb.InputSource]) -> None:
         with self._transfers_lock:  # (the ordered loop's, and a prefetch's, at once)
@@ -617,15 +629,21 @@ class Runner:
             elif source.buffer_id not in self.buffers:
                 self._start_transfer(source, source.buffer_id)
 
-    def _start_transfer(self, source: pb.InputSource, key: str) -> None:
+    def _start_transfer(self, source: pb.InputSource, key: str, prefetched: bool = False) -> None:
         future = self.buffers.expect(key)
 
         def pull() -> None:
             try:
                 future.set_result(self._fetch(source))
             except Exception as error:
-                if not future.done():
-                    future.set_exception(error)
+                if future.done():
+                    return
+                # Not announced yet: the work comes only once its producer is made, and pulls
+                # it again then. (Any other failure is the work's: its pull would meet it too.)
+                unannounced = unknown(source.buffer_id) in str(error)
+                if prefetched and unannounced and self.buffers.forget_pending(key, future):
+                    return
+                future.set_exception(error)
 
         self._transfers.submit(pull)
 

@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import queue
 import threading
+import time
 import types
 import weakref
 from collections.abc import Iterator
@@ -844,3 +845,41 @@ def test_executables_held_are_bounded_dropping_the_least_recently_run(monkeypatc
         assert runner.executables == 2
     finally:
         runner.stop()
+
+
+def test_a_prefetch_of_a_buffer_not_announced_yet_leaves_nothing_for_its_work() -> None:
+    """A prefetch (of work held in its island's queue until another island makes its input)
+    that gave up on the holder's 30 s left the buffer failed: the work, sent once the input
+    was made, found that failure instead of pulling it."""
+    attempts: list[str] = []
+    arrived = threading.Event()
+
+    def fetch(source: pb.InputSource) -> np.ndarray:
+        attempts.append(source.buffer_id)
+        if len(attempts) == 1:  # the prefetch: its producer is still queued over there
+            raise BufferError(f"cannot fetch buffer: far:2: unknown buffer {source.buffer_id!r}")
+        arrived.set()
+        return np.full(4, 3.0, np.float32)
+
+    runner = Runner(0, {0: jax.devices()[0]}, fetch, lambda batch: None)
+    source = pb.InputSource(buffer_id="c/far", executors=["far:1"], data_endpoints=["far:2"])
+    runner.prefetch([source])
+    for _ in range(200):
+        if "c/far" not in runner.buffers:
+            break
+        time.sleep(0.01)
+    assert "c/far" not in runner.buffers  # forgotten, not failed
+    runner.prefetch([source])  # pulled again (as the work's own pull does), and kept
+    assert arrived.wait(5) and runner.buffers.get("c/far", 5).tolist() == [3.0] * 4
+    # Any other failure stays, for the work to meet.
+    other = pb.InputSource(buffer_id="c/lost", executors=["far:1"], data_endpoints=["far:2"])
+    attempts.clear()
+
+    def refuse(source: pb.InputSource) -> np.ndarray:
+        raise BufferError("cannot fetch buffer 'c/lost': far:2: connection refused")
+
+    runner._fetch = refuse
+    runner.prefetch([other])
+    with pytest.raises(BufferError, match="connection refused"):
+        runner.buffers.get("c/lost", 5)
+    runner.stop()
