@@ -29,22 +29,17 @@ def placed_from(producer: IslandClient, buffer_id: str, reader: IslandClient) ->
 def test_islands_ordering_cross_island_reads_oppositely_do_not_wait_on_each_other(
     compilation_cache: Path,
 ) -> None:
-    with (
-        LocalIsland(
-            name="east",
+    def small(name: str) -> LocalIsland:
+        """One host of 2 devices, 2 computations in flight: long work soon fills it."""
+        return LocalIsland(
+            name=name,
             hosts=1,
             devices_per_host=2,
             max_in_flight=2,
             compilation_cache=compilation_cache,
-        ) as east,
-        LocalIsland(
-            name="west",
-            hosts=1,
-            devices_per_host=2,
-            max_in_flight=2,
-            compilation_cache=compilation_cache,
-        ) as west,
-    ):
+        )
+
+    with small("east") as east, small("west") as west:
         sessions = {
             # c1 comes first on east, c2 on west: each reads, there, what the other island
             # makes for it, and its reader is queued before the other tenant's producer.
