@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "tests" / "operator"))
 from kube_cluster import Cluster  # noqa: E402
 from kube_manifests import island, vslice  # noqa: E402
 
+from pathways_client.launcher import free_port  # noqa: E402
 from pathways_core.flags import at_least  # noqa: E402
 
 
@@ -102,14 +103,6 @@ def scrape(port: int) -> dict[str, float]:
             name, value = line.split()
             values[name] = float(value)
     return values
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -26,13 +27,39 @@ from pathlib import Path
 from pathways_core.wire.streams import CONTROL_TOKEN_ENV
 
 READY_TIMEOUT_SECONDS = 120.0
+# Ports free_port() picks from: above the well-known and most registered services' ports.
+PICKED_PORTS_LOW = 20000
+# Starts tried when a port picked for a process was taken before it bound it.
+PORT_ATTEMPTS = 3
 
 
 def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket() as probe:
+    """A TCP port free on loopback now, for a process to bind later.
+
+    It is picked below the kernel's ephemeral range: a port from that range (what binding port
+    0 gives) may be handed to another socket binding port 0 before the process binds it, which
+    killed an island's JAX coordinator now and then under parallel tests."""
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = random.randrange(PICKED_PORTS_LOW, low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as probe:  # a range taken almost whole: any port will do
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default when unreadable)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+    return low if low > PICKED_PORTS_LOW + 1024 else 32768
 
 
 class LaunchError(RuntimeError):
@@ -127,7 +154,6 @@ class LocalIsland:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # A launcher that exits without stopping its island leaves no processes behind.
         atexit.register(self.stop)
-        cache = self.compilation_cache or self.workdir / "xla-cache"
         # One token per start, shared by the scheduler (it sends it) and the executors (they
         # check it): a caller without it, such as another user's process on this machine,
         # cannot take their streams over (the user's own processes can read it in /proc).
@@ -136,6 +162,24 @@ class LocalIsland:
             or os.environ.get(CONTROL_TOKEN_ENV)
             or secrets.token_urlsafe(32)
         )
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._start_processes()
+            except LaunchError as error:
+                # A port picked for the group's coordinator may be taken before executor 0
+                # binds it (by anything binding it by number): start again on another.
+                if attempt < PORT_ATTEMPTS and _port_taken(str(error)):
+                    continue
+                self.stop()
+                raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _start_processes(self) -> LocalIsland:
+        assert self.workdir is not None
+        cache = self.compilation_cache or self.workdir / "xla-cache"
         group = []
         if self.distributed and self.hosts > 1:
             group = ["--hosts", str(self.hosts), "--coordinator", f"127.0.0.1:{free_port()}"]
@@ -190,12 +234,18 @@ class LocalIsland:
             self.scheduler = self._spawn("scheduler", arguments)
             self._await_ready(self.scheduler)
         except BaseException:
-            self.stop()
+            self._stop_processes(grace=10.0)
             raise
         return self
 
     def stop(self, grace: float = 10.0) -> None:
         """Stop every process: SIGTERM, then SIGKILL after ``grace`` seconds."""
+        self._stop_processes(grace)
+        if self._temporary is not None:
+            shutil.rmtree(self._temporary, ignore_errors=True)
+            self.workdir = self._temporary = None
+
+    def _stop_processes(self, grace: float) -> None:
         processes = [*self.executors, *([self.scheduler] if self.scheduler else [])]
         for process in processes:
             if process.popen.poll() is None:
@@ -211,9 +261,6 @@ class LocalIsland:
                 if pipe:
                     pipe.close()
         self.executors, self.scheduler = [], None
-        if self._temporary is not None:
-            shutil.rmtree(self._temporary, ignore_errors=True)
-            self.workdir = self._temporary = None
 
     def exited(self) -> Process | None:
         """A process of the island that has exited, if one has (the island is one failure
@@ -324,3 +371,8 @@ class LocalIsland:
                 f"{process.name} did not start (exit code {process.popen.poll()}); its log "
                 f"{process.log} ends with:\n{process.tail()}"
             ) from None
+
+
+def _port_taken(failure: str) -> bool:
+    """Whether a process's start failed because a port it was to bind was taken."""
+    return "Failed to add port" in failure or "Address already in use" in failure

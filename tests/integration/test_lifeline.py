@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +100,40 @@ def test_a_local_island_makes_its_workdir_and_removes_the_temporary_one_it_made(
     assert made is not None and made.exists()
     island.stop()
     assert not made.exists() and island.workdir is None
+
+
+def test_a_local_island_whose_coordinator_port_was_taken_starts_on_another(
+    monkeypatch, tmp_path
+) -> None:
+    """A port picked for the JAX group's coordinator and bound by something else before
+    executor 0 bound it killed the island's start now and then in CI ("Failed to add port")."""
+    from pathways_client import launcher
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    taken_port = taken.getsockname()[1]
+    picked = iter([taken_port])
+    monkeypatch.setattr(launcher, "free_port", lambda: next(picked, None) or _any_port())
+    try:
+        with launcher.LocalIsland(hosts=2, devices_per_host=1, workdir=tmp_path) as island:
+            assert len(island.executors) == 2 and island.exited() is None
+            coordinator = island.executors[0].arguments.index("--coordinator") + 1
+            assert island.executors[0].arguments[coordinator] != f"127.0.0.1:{taken_port}"
+    finally:
+        taken.close()
+
+
+def test_free_ports_are_picked_below_the_kernels_ephemeral_range() -> None:
+    """Binding port 0 never hands out a port free_port() picked."""
+    from pathways_client.launcher import PICKED_PORTS_LOW, free_port
+
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+    low = int(ranges.split()[0])
+    assert all(PICKED_PORTS_LOW <= free_port() < low for _ in range(20))
+
+
+def _any_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

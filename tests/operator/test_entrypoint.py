@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -14,11 +13,7 @@ from pathlib import Path
 from kube_cluster import NAMESPACE, Cluster, wait_for
 from kube_manifests import island
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from pathways_client.launcher import free_port
 
 
 def fetch(url: str) -> str:

@@ -4,7 +4,6 @@ binding never binds a device twice."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 import urllib.request
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ from kube_cluster import NAMESPACE, Cluster, running_operator, wait_for
 from kube_harness import mark_ready, set_executor_pods
 from kube_manifests import island, program, vslice
 
+from pathways_client.launcher import free_port
 from pathways_core.control.slices import renewal_stamp
 
 
@@ -129,12 +129,6 @@ def test_restart_in_the_middle_of_binding_binds_no_device_twice(cluster: Cluster
         assert_no_device_bound_twice(cluster)
         devices = sorted(d for n in ("s1", "s2", "s3", "s4") for d in status(cluster, n)["devices"])
         assert devices == list(range(8))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_metrics_endpoint_reports_slices_devices_and_time_to_bind(cluster: Cluster) -> None:
