@@ -6,7 +6,7 @@ freed once the call is done, and calls refused with what is wrong."""
 from __future__ import annotations
 
 import pytest
-from test_dispatcher import ARTIFACT, FUNCTION, client_events, island, to_executors
+from test_dispatcher import ARTIFACT, FUNCTION, client_events, island, remote, to_executors
 
 from pathways_core.scheduling import ExecutorSpec, IslandDispatcher
 from pathways_core.scheduling.island import TraceRecord
@@ -404,3 +404,27 @@ def test_a_session_ended_before_its_work_keeps_nothing_in_the_dispatcher() -> No
     for seq in seqs:
         dispatcher.executor_event(pb.ExecutorEvent(seq=seq, ok=True))
     assert "a" not in dispatcher._held
+
+
+def test_a_call_reading_another_islands_pending_buffer_is_held_while_its_readers_pull_it() -> None:
+    """Held in the queue until the buffer is made over there, as a computation is; the
+    executors whose nodes read it pull it meanwhile (a call's wait for it was the whole
+    transfer, after the work before it)."""
+    dispatcher = island()
+    both = sealed(
+        pb.ProgramRegistration(
+            name="both",
+            nodes=[node("s0", [0], ["x"], ["y0"]), node("s1", [4], ["x"], ["y1"])],
+            arguments=["x"],
+            results=["y0", "y1"],
+        )
+    )
+    program = registered(dispatcher, both)
+    dispatcher.placed("a", remote("a", "far"))
+    held = to_executors(
+        dispatcher.call("a", call(program, 1, arguments=["a/far"], results=["a/r", "a/s"]))
+    )
+    assert [(e, c.WhichOneof("kind")) for e, c in held] == [(0, "prefetch"), (1, "prefetch")]
+    assert all([s.buffer_id for s in c.prefetch.sources] == ["a/far"] for _, c in held)
+    ready = to_executors(dispatcher.remote_ready("a", pb.RemoteReady(buffer_ids=["a/far"])))
+    assert [(e, c.WhichOneof("kind")) for e, c in ready][-2:] == [(0, "call"), (1, "call")]

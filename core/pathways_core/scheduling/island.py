@@ -42,7 +42,7 @@ around it only moves messages. Guarantees:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pathways_core.scheduling.costs import DeviceTimeCosts
@@ -431,25 +431,23 @@ class IslandDispatcher:
                 self._ready_early.add(buffer_id)
         return self._dispatch()
 
-    def _prefetches(self, computation: pb.Computation, owners: frozenset[int]) -> list[Instruction]:
-        """Pulls, from now on, of what ``computation`` reads of another island that is not
-        made yet, by the executors that will run it (it waits in the queue meanwhile): the
-        transfer overlaps the work before it, as it did when such work waited in order."""
-        awaited = [buffer_id for buffer_id in computation.inputs if buffer_id in self._awaited]
-        if not awaited:
-            return []
-        instructions: list[Instruction] = []
-        for executor in sorted(owners - self._down.keys()):
-            sources = []
-            for buffer_id in awaited:
-                copies = self._copies.setdefault(buffer_id, set())  # a deletion frees them
-                if executor not in copies:
-                    copies.add(executor)
-                    sources.append(self._remote[buffer_id])
-            if sources:
-                prefetch = pb.ExecutorCommand(prefetch=pb.Prefetch(sources=sources))
-                instructions.append(ToExecutor(executor, prefetch))
-        return instructions
+    def _prefetches(self, reads: Iterable[tuple[str, frozenset[int]]]) -> list[Instruction]:
+        """Pulls, from now on, of what held work reads of another island that is not made
+        yet (``reads``: each input and the executors that will read it), by those executors
+        (the work waits in the queue meanwhile): the transfer overlaps the work before it, as
+        it did when such work waited in order."""
+        sources: dict[int, list[pb.InputSource]] = {}
+        for buffer_id, readers in reads:
+            if buffer_id not in self._awaited:
+                continue
+            copies = self._copies.setdefault(buffer_id, set())  # a deletion frees them
+            for executor in sorted(readers - self._down.keys() - copies):
+                copies.add(executor)
+                sources.setdefault(executor, []).append(self._remote[buffer_id])
+        return [
+            ToExecutor(executor, pb.ExecutorCommand(prefetch=pb.Prefetch(sources=pulled)))
+            for executor, pulled in sorted(sources.items())
+        ]
 
     def _awaits_remote(self, item: pb.Computation | _Call | _Delete) -> bool:
         """Whether ``item`` reads a buffer of another island not made there yet."""
@@ -471,7 +469,8 @@ class IslandDispatcher:
         for buffer_id in computation.outputs:
             self._buffers[buffer_id] = owners
         if self._awaited:  # (nothing of another island is awaited, mostly: no walk)
-            return self._prefetches(computation, owners) + self._dispatch()
+            reads = ((buffer_id, owners) for buffer_id in computation.inputs)
+            return self._prefetches(reads) + self._dispatch()
         return self._dispatch()
 
     def _enqueue(self, client: str, item: pb.Computation | _Call) -> str | None:
@@ -520,6 +519,9 @@ class IslandDispatcher:
         self._use(client, call.program_id, program.function_ids)
         for buffer_id, owners in zip(call.results, program.result_owners(), strict=True):
             self._buffers[buffer_id] = owners
+        if self._awaited:
+            reads = zip(call.arguments, program.argument_readers, strict=True)
+            return self._prefetches(reads) + self._dispatch()
         return self._dispatch()
 
     def delete(self, client: str, ids: Sequence[str]) -> list[Instruction]:
