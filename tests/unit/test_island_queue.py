@@ -78,6 +78,24 @@ def test_an_idle_client_cannot_claim_time_it_did_not_use() -> None:
     assert 8 <= taken.count("late") <= 12  # alternates, no burst of 50
 
 
+def test_a_client_held_cannot_claim_the_time_others_ran_meanwhile() -> None:
+    """Work held (reading another island's buffer not made yet) is idle time, as a client's
+    empty queue is: released, its client alternated with the others, where it used to take
+    the devices for as long as it had been held."""
+    queue: IslandQueue[str] = IslandQueue(Policy.PROPORTIONAL_SHARE, run_length=1)
+    queue.add_client("busy")
+    queue.add_client("held")
+    for n in range(100):
+        queue.submit("busy", f"busy{n}")
+        queue.submit("held", f"held{n}")
+    waiting = {"held0"}
+    first = [queue.next(lambda item: item in waiting) for _ in range(50)]
+    assert all(client == "busy" for client, _ in first)
+    waiting.clear()  # made over there
+    taken = [client for client, _ in (queue.next(lambda item: item in waiting) for _ in range(20))]
+    assert 8 <= taken.count("held") <= 12  # alternates, no burst of 50
+
+
 @pytest.mark.parametrize("with_deletions", [False, True])
 def test_a_client_keeps_the_devices_for_a_run_then_yields(with_deletions) -> None:
     # A chain frees each intermediate once its consumer is queued: a deletion (cost 0) follows

@@ -32,7 +32,8 @@ later.
 Strictly higher priority always goes first, under both policies. The queue only orders: the
 scheduler server decides when to take the next item (it bounds the work in flight), and which
 items are *held* (work reading another island's buffers not made yet): a client whose next
-item is held is passed over, its order kept, until it no longer is. Islands order work on
+item is held is passed over, its order kept, until it no longer is (and, as an idle client,
+claims none of the time the others ran meanwhile). Islands order work on
 their own, so executors waiting in island order for another island's work could wait on each
 other; held work waits in the queue instead, holding no executor.
 
@@ -224,11 +225,17 @@ class IslandQueue(Generic[Item]):
         free = self.next_free()
         if free is not None:
             return free
-        ready = [
-            state
-            for state in self._clients.values()
-            if state.pending and (held is None or not held(state.pending[0][1]))
-        ]
+        ready = []
+        for state in self._clients.values():
+            if not state.pending:
+                continue
+            if held is not None and held(state.pending[0][1]):
+                # Held is idle: as an idle client rejoins, it claims none of the time the
+                # others ran meanwhile (released, it took the devices for as long).
+                now = self._virtual_time.get(state.priority, 0.0)
+                state.pass_value = max(state.pass_value, now)
+                continue
+            ready.append(state)
         if not ready:
             return None
         top = max(state.priority for state in ready)
