@@ -66,6 +66,9 @@ class TracePage:
 
 TRACE_CHUNK = 10_000
 """Trace records stored together (a page reads the chunks it needs)."""
+TRACE_RUNS_KEPT = 16
+"""The latest runs of a program whose traces are kept (a program restarted after every
+preemption, which counts toward no limit, kept up to an island's whole trace a run, for good)."""
 
 
 @dataclass(frozen=True)
@@ -784,7 +787,8 @@ class SqliteStore:
     ) -> None:
         """Keep the trace records of one run of a program (in chunks), and why islands lack
         some of them (``incomplete``: island -> why); with ``uid``, only while that program
-        is there (taken after it was deleted, they were the next program's of its name)."""
+        is there (taken after it was deleted, they were the next program's of its name). Of
+        the program's runs, the latest ``TRACE_RUNS_KEPT`` runs' traces are kept."""
         chunks = [records[i : i + TRACE_CHUNK] for i in range(0, len(records), TRACE_CHUNK)]
         kept = {"incomplete": dict(incomplete or {}), "chunks": len(chunks)}
         where = (namespace, name, run)
@@ -798,6 +802,17 @@ class SqliteStore:
                 ).fetchone()
             ):
                 return
+            (latest,) = db.execute(
+                "SELECT max(run) FROM traces WHERE namespace = ? AND name = ?", where[:2]
+            ).fetchone()
+            oldest_kept = max(run, latest or 0) - TRACE_RUNS_KEPT + 1
+            if run < oldest_kept:  # taken late, after newer runs': no longer kept
+                return
+            for table in ("traces", "trace_chunks"):
+                db.execute(
+                    f"DELETE FROM {table} WHERE namespace = ? AND name = ? AND run < ?",
+                    (*where[:2], oldest_kept),
+                )
             db.execute(
                 "DELETE FROM trace_chunks WHERE namespace = ? AND name = ? AND run = ?", where
             )
@@ -1099,9 +1114,15 @@ class SqliteStore:
         # Where each run's records are: its chunks (their counts), or, kept before chunks
         # were, the run's row itself.
         pieces: list[tuple[int, Callable[[], list[dict[str, Any]]]]] = []
-        for run, text in db.execute(
+        runs = db.execute(
             "SELECT run, records FROM traces WHERE namespace = ? AND name = ? ORDER BY run", where
-        ).fetchall():
+        ).fetchall()
+        if runs and runs[-1][0] > TRACE_RUNS_KEPT:
+            page.incomplete.append(
+                f"runs 1 to {runs[-1][0] - TRACE_RUNS_KEPT}: their traces are no longer kept "
+                f"(those of the latest {TRACE_RUNS_KEPT} runs are)"
+            )
+        for run, text in runs:
             kept = json.loads(text)
             if isinstance(kept, list):
                 pieces.append((len(kept), lambda kept=kept: kept))

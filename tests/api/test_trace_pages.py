@@ -67,3 +67,25 @@ def test_a_trace_comes_in_pages_and_says_which_runs_lack_records(
         refused = a.get("/v1/programs/p/trace", params={"continue": forged})
         assert error_of(refused)["field"] == "query continue"
     assert b.get("/v1/programs/p/trace").status_code == 404
+
+
+def test_the_latest_runs_traces_are_kept_and_the_page_says_which_are_not(
+    server: Server, a: httpx.Client
+) -> None:
+    """A program restarted after every preemption (counted toward no limit) kept an island's
+    whole trace a run, for good."""
+    assert a.post("/v1/programs", json=program("p")).status_code == 201
+    latest = store.TRACE_RUNS_KEPT + 2
+    for run in range(1, latest + 1):
+        server.store.store_trace("team-a", "p", run, records(run, 2))
+    server.store.store_trace("team-a", "p", 1, records(1, 2))  # taken late: not kept either
+    body = a.get("/v1/programs/p/trace", params={"limit": 500}).json()
+    assert [record["name"] for record in body["records"]] == [
+        f"r{run}-{n}" for run in range(3, latest + 1) for n in range(2)
+    ]
+    assert body["incomplete"] == [
+        f"runs 1 to 2: their traces are no longer kept (those of the latest "
+        f"{store.TRACE_RUNS_KEPT} runs are)"
+    ]
+    rows = server.store._db().execute("SELECT count(*) FROM trace_chunks").fetchone()[0]
+    assert rows == store.TRACE_RUNS_KEPT
