@@ -71,7 +71,7 @@ from pathways_api.run_job import (
     process_start,
     read_json,
 )
-from pathways_api.store import ISLAND, PROGRAM, SLICE, SqliteStore, now_text
+from pathways_api.store import ISLAND, PROGRAM, RUNS_KEPT, SLICE, SqliteStore, now_text
 from pathways_core.control import (
     ANNOTATION_SCHEDULER_ENDPOINT,
     Event,
@@ -708,6 +708,18 @@ class Manager:
             running.job = started
             self.running[key] = running
 
+    def _forget_old_outputs(self, namespace: str, job: str) -> None:
+        """Remove the logs of the program's runs older than the latest ``RUNS_KEPT`` (this
+        one's included): each kept up to 1 GiB, however many runs preemptions made."""
+        program, _, run = job.rpartition("-run-")
+        if not run.isdigit():
+            return
+        for old in range(int(run) - RUNS_KEPT, 0, -1):
+            path = self.store.log_path(namespace, job_name(program, old))
+            if not path.exists():
+                break  # (and those before it: removed as their runs went out of the latest)
+            path.unlink(missing_ok=True)
+
     def _start(self, job: Document) -> Running:
         meta = job["metadata"]
         pod = job["spec"]["template"]["spec"]
@@ -749,6 +761,8 @@ class Manager:
         wrapper += ["--"]
         # A run started again after an interruption goes on in the same log.
         again = int((meta.get("annotations") or {}).get(INTERRUPTIONS) or 0)
+        if not again:
+            self._forget_old_outputs(meta["namespace"], meta["name"])
         with log.open("ab" if again else "wb") as output:
             if again:
                 output.write(

@@ -66,9 +66,10 @@ class TracePage:
 
 TRACE_CHUNK = 10_000
 """Trace records stored together (a page reads the chunks it needs)."""
-TRACE_RUNS_KEPT = 16
-"""The latest runs of a program whose traces are kept (a program restarted after every
-preemption, which counts toward no limit, kept up to an island's whole trace a run, for good)."""
+RUNS_KEPT = 16
+"""The latest runs of a program whose traces and outputs are kept (a program restarted after
+every preemption, which counts toward no limit, kept up to an island's whole trace and 1 GiB
+of output a run, for good)."""
 
 
 @dataclass(frozen=True)
@@ -788,7 +789,7 @@ class SqliteStore:
         """Keep the trace records of one run of a program (in chunks), and why islands lack
         some of them (``incomplete``: island -> why); with ``uid``, only while that program
         is there (taken after it was deleted, they were the next program's of its name). Of
-        the program's runs, the latest ``TRACE_RUNS_KEPT`` runs' traces are kept."""
+        the program's runs, the latest ``RUNS_KEPT`` runs' traces are kept."""
         chunks = [records[i : i + TRACE_CHUNK] for i in range(0, len(records), TRACE_CHUNK)]
         kept = {"incomplete": dict(incomplete or {}), "chunks": len(chunks)}
         where = (namespace, name, run)
@@ -805,7 +806,7 @@ class SqliteStore:
             (latest,) = db.execute(
                 "SELECT max(run) FROM traces WHERE namespace = ? AND name = ?", where[:2]
             ).fetchone()
-            oldest_kept = max(run, latest or 0) - TRACE_RUNS_KEPT + 1
+            oldest_kept = max(run, latest or 0) - RUNS_KEPT + 1
             if run < oldest_kept:  # taken late, after newer runs': no longer kept
                 return
             for table in ("traces", "trace_chunks"):
@@ -1097,7 +1098,13 @@ class SqliteStore:
     def _logs(self, namespace: str, name: str, run: int | None) -> list[tuple[int, Part]]:
         document = self.read(PROGRAM, namespace, name)
         runs = int(((document or {}).get("status") or {}).get("runs") or 0)
-        numbers = range(1, runs + 1) if run is None else [run]
+        if run is not None and run <= runs - RUNS_KEPT:
+            raise NotFound(
+                f"the output of run {run} of program {name!r} is no longer kept: the latest "
+                f"{RUNS_KEPT} runs' are (runs {runs - RUNS_KEPT + 1} to {runs})",
+                field="query run",
+            )
+        numbers = range(max(1, runs - RUNS_KEPT + 1), runs + 1) if run is None else [run]
         paths = ((n, self.log_path(namespace, f"{name}-run-{n}")) for n in numbers)
         return [(n, LogFile(path)) for n, path in paths if path.exists()]
 
@@ -1117,10 +1124,10 @@ class SqliteStore:
         runs = db.execute(
             "SELECT run, records FROM traces WHERE namespace = ? AND name = ? ORDER BY run", where
         ).fetchall()
-        if runs and runs[-1][0] > TRACE_RUNS_KEPT:
+        if runs and runs[-1][0] > RUNS_KEPT:
             page.incomplete.append(
-                f"runs 1 to {runs[-1][0] - TRACE_RUNS_KEPT}: their traces are no longer kept "
-                f"(those of the latest {TRACE_RUNS_KEPT} runs are)"
+                f"runs 1 to {runs[-1][0] - RUNS_KEPT}: their traces are no longer kept "
+                f"(those of the latest {RUNS_KEPT} runs are)"
             )
         for run, text in runs:
             kept = json.loads(text)

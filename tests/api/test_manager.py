@@ -902,3 +902,25 @@ def test_a_run_still_stopping_when_the_manager_restarts_is_waited_for(state: Pat
             if process.poll() is None:
                 process.terminate()
                 process.wait(timeout=30)
+
+
+def test_a_runs_start_removes_the_output_of_runs_older_than_the_latest_kept(
+    state: Path,
+) -> None:
+    """A program restarted after every preemption (counted toward no limit) kept up to 1 GiB
+    of output a run, for good."""
+    from pathways_api.store import RUNS_KEPT
+
+    store = SqliteStore(state / "pathways.db")
+    manager = Manager(store, state, interval=0.05)
+    latest = RUNS_KEPT + 3
+    for run in range(1, latest + 1):
+        path = store.log_path("team", f"p-run-{run}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("output\n")
+    store.log_path("team", "other-run-1").write_text("another program's\n")
+    manager._forget_old_outputs("team", f"p-run-{latest}")
+    kept = sorted(int(p.name.split("-run-")[1][:-4]) for p in store.log_dir.glob("team/p-run-*"))
+    assert kept == list(range(4, latest + 1))
+    assert store.log_path("team", "other-run-1").exists()
+    manager.stop()

@@ -75,7 +75,7 @@ def test_the_latest_runs_traces_are_kept_and_the_page_says_which_are_not(
     """A program restarted after every preemption (counted toward no limit) kept an island's
     whole trace a run, for good."""
     assert a.post("/v1/programs", json=program("p")).status_code == 201
-    latest = store.TRACE_RUNS_KEPT + 2
+    latest = store.RUNS_KEPT + 2
     for run in range(1, latest + 1):
         server.store.store_trace("team-a", "p", run, records(run, 2))
     server.store.store_trace("team-a", "p", 1, records(1, 2))  # taken late: not kept either
@@ -85,7 +85,28 @@ def test_the_latest_runs_traces_are_kept_and_the_page_says_which_are_not(
     ]
     assert body["incomplete"] == [
         f"runs 1 to 2: their traces are no longer kept (those of the latest "
-        f"{store.TRACE_RUNS_KEPT} runs are)"
+        f"{store.RUNS_KEPT} runs are)"
     ]
     rows = server.store._db().execute("SELECT count(*) FROM trace_chunks").fetchone()[0]
-    assert rows == store.TRACE_RUNS_KEPT
+    assert rows == store.RUNS_KEPT
+
+
+def test_the_output_of_a_run_older_than_the_latest_kept_is_said_to_be_gone(
+    server: Server, a: httpx.Client
+) -> None:
+    assert a.post("/v1/programs", json=program("p")).status_code == 201
+    runs = store.RUNS_KEPT + 3
+    stored = server.store.read("PathwaysProgram", "team-a", "p")
+    assert server.store.write_status(stored, {"runs": runs}) is not None
+    for run in range(4, runs + 1):  # (the manager removed the older ones' as runs started)
+        path = server.store.log_path("team-a", f"p-run-{run}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"run {run}\n")
+    refused = a.get("/v1/programs/p/logs", params={"run": 3})
+    assert refused.status_code == 404
+    assert error_of(refused)["field"] == "query run"
+    assert f"no longer kept: the latest {store.RUNS_KEPT} runs' are (runs 4 to {runs})" in (
+        error_of(refused)["message"]
+    )
+    assert a.get("/v1/programs/p/logs", params={"run": 4}).json()["logs"] == "--- run 4 ---\nrun 4\n"
+    assert "--- run 4 ---\nrun 4\n" in a.get("/v1/programs/p/logs").json()["logs"]
