@@ -441,6 +441,20 @@ def test_hosts_lost_after_ready_are_named_by_ordinal() -> None:
     assert fresh.phase == "Provisioning" and fresh.status["unhealthyHosts"] == []
 
 
+def test_every_host_of_a_ready_island_whose_executor_pods_are_all_gone_is_unhealthy() -> None:
+    """No pod says which hosts are ready, and the StatefulSet says none is (all its pods
+    deleted at once, as a new executor template has them): its slices were bound again on
+    devices of no live executor."""
+    document = island_document("cpu-fake", "2x4", 2)
+    document["status"] = {"phase": "Ready"}
+    gone = decide(document, IslandObservation(1, 0, None))
+    assert gone.phase == "Degraded"
+    assert gone.status["unhealthyHosts"] == [0, 1] and gone.status["devicesUnhealthy"] == 8
+    # Before it was ever Ready, it is still starting.
+    fresh = decide(island_document("cpu-fake", "2x4", 2), IslandObservation(1, 0, None))
+    assert fresh.phase == "Provisioning" and fresh.status["unhealthyHosts"] == []
+
+
 def test_ready_host_indexes_come_from_ready_pods() -> None:
     from pathways_core.control.islands import ready_host_indexes
 

@@ -604,6 +604,10 @@ def island_status(
         if observed.ready_hosts is not None:
             known = frozenset(h for h in observed.ready_hosts if 0 <= h < hosts)
             ready_hosts = len(known)
+        elif observed.executors_ready == 0:
+            # No pods to tell which hosts are ready, and none is: every host is lost (its
+            # slices were bound again on an island with no executor, all its pods deleted).
+            known = frozenset()
         scheduler_ready = bool(observed.scheduler_ready)
         if not external:
             endpoint = scheduler_endpoint(island.metadata.name or "", namespace)
