@@ -425,3 +425,18 @@ def test_a_holder_whose_lease_runs_out_leaves_its_group_to_the_others() -> None:
     assert store.devices("s0") == []
     assert store.status("s1")["message"] == "bound to 4 devices of island 'isl'"
     check_invariants(store)
+
+
+def test_a_slice_whose_spec_is_not_a_mapping_is_invalid_and_stops_no_other() -> None:
+    """An object the API server took without its schema (spec a list, a string, a number)
+    raised in the pass before it was parsed: nothing anywhere was bound or released."""
+    store = Store([island(topology="4")])
+    store.add(vslice("fine", 2))
+    for name, spec in (("list", [1, 2]), ("text", "x"), ("number", 3)):
+        odd = vslice(name, 1)
+        odd["spec"] = spec
+        store.add(odd)
+    store.settle()
+    assert store.status("fine")["phase"] == "Bound"
+    for name in ("list", "text", "number"):
+        assert store.status(name)["reason"] == "InvalidSpec", name

@@ -109,6 +109,13 @@ def seen_from(other: str, viewer: str) -> str:
     return other if same else "another tenant's slice"
 
 
+def spec_of(document: Document) -> dict[str, Any]:
+    """A document's spec as a mapping: ``{}`` when it has none, or another kind of value (an
+    object the API server took without its schema, which parsing reports as invalid)."""
+    spec = document.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
 def is_deleting(document: Document) -> bool:
     """Whether the document is being deleted (waiting for finalizers)."""
     return bool((document.get("metadata") or {}).get("deletionTimestamp"))

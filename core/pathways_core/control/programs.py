@@ -49,6 +49,7 @@ from pathways_core.control.common import (
     parse,
     parse_time,
     set_condition,
+    spec_of,
     timestamp,
 )
 from pathways_core.control.security import harden
@@ -440,7 +441,7 @@ def connection_settings(
         island = status.get("island")
         endpoint = ((view.islands.get(island) or {}).get("status") or {}).get("schedulerEndpoint")
         slice_document = view.slices.get(name) or {}
-        shape = item.shape or (slice_document.get("spec") or {}).get("shape")
+        shape = item.shape or spec_of(slice_document).get("shape")
         slices[item.name] = {
             "virtualSlice": name,
             "island": island,

@@ -41,6 +41,7 @@ from pathways_core.control.common import (
     parse,
     seen_from,
     set_condition,
+    spec_of,
     timestamp,
 )
 from pathways_core.control.slices import (
@@ -63,7 +64,7 @@ from pathways_core.topology import parse_shape
 
 def is_time_shared(document: Document) -> bool:
     """Whether a VirtualSlice document asks for time-shared devices."""
-    return bool((document.get("spec") or {}).get("timeShared"))
+    return bool(spec_of(document).get("timeShared"))
 
 
 def _bound_group(document: Document) -> tuple[str, tuple[int, ...]] | None:
@@ -299,7 +300,7 @@ def _plan_shared(
                 and (
                     request.shape is None
                     or (
-                        ((holders[group].get("spec") or {}).get("shape") is not None)
+                        (spec_of(holders[group]).get("shape") is not None)
                         and parse_shape(holders[group]["spec"]["shape"]) == request.shape
                     )
                 )
@@ -573,7 +574,7 @@ def _joined(document: Document) -> bool:
 
 
 def _priority(document: Document) -> int:
-    return int((document.get("spec") or {}).get("priority") or 0)
+    return int(spec_of(document).get("priority") or 0)
 
 
 def _gang_priorities(slices: Sequence[Document]) -> dict[str, int]:

@@ -62,6 +62,7 @@ from pathways_core.control.common import (
     parse_time,
     seen_from,
     set_condition,
+    spec_of,
     timestamp,
 )
 from pathways_core.control.islands import unhealthy_devices
@@ -273,7 +274,7 @@ def lease_expiry(document: Document, now: datetime) -> datetime | None:
     creation); ``None`` for a slice without a lease. A renewal stamp later than ``now`` by
     more than MAX_CLOCK_SKEW was not written by a renewal (anyone who may edit the slice can
     write one): the lease counts from the slice's creation."""
-    seconds = (document.get("spec") or {}).get("leaseSeconds")
+    seconds = spec_of(document).get("leaseSeconds")
     if not isinstance(seconds, int) or isinstance(seconds, bool) or seconds <= 0:
         return None
     meta = document.get("metadata") or {}
@@ -361,7 +362,7 @@ def held_slices(program: Document) -> frozenset[str]:
         return frozenset()
     return frozenset(
         item["virtualSliceName"]
-        for item in (program.get("spec") or {}).get("slices") or []
+        for item in spec_of(program).get("slices") or []
         if isinstance(item, dict) and item.get("virtualSliceName")
     )
 
