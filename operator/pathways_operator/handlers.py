@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -47,6 +48,7 @@ from pathways_core.control.common import (
     prune,
 )
 from pathways_core.control.islands import (
+    control_secret_name,
     control_token_secret,
     executor_revision,
     pod_troubles,
@@ -68,6 +70,10 @@ FINALIZER = "pathways.dev/finalizer"
 MIN_RESYNC_SECONDS = 1.0
 # How long a cancelled resync daemon may take to end (its reconcile's requests aborted).
 CANCEL_SECONDS = 5.0
+# An island's control-token Secret is created again (a 409 while it exists: the operator may
+# not read Secrets) this long after it was last made or found: once a reconcile, a Secret
+# create went through admission and the audit log every resync of every island.
+CONTROL_SECRET_RECHECK_SECONDS = 600.0
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +113,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     # Held while a reconcile holds or awaits one: deleted objects' locks go with them.
     memo.locks = weakref.WeakValueDictionary()
     memo.seen = {}
+    memo.control_secrets = {}  # Secret name -> when it was last made or found (monotonic)
     memo.metrics_server = metrics.serve(config.metrics_port)
     memo.stopping = asyncio.Event()
     memo.rechecks = {}  # program -> the timer of its next look (see _recheck)
@@ -205,8 +212,11 @@ async def reconcile_island(memo: kopf.Memo, name: str) -> None:
                 # Created before the pods that read it; an existing one is kept (409), since
                 # running executors hold its token. The token drawn here is never logged.
                 secret = control_token_secret(document, namespace, secrets.token_urlsafe(32))
-                await kube.create(secret)
                 control_secret = secret["metadata"]["name"]
+                made = memo.control_secrets.get(control_secret)
+                if made is None or time.monotonic() - made > CONTROL_SECRET_RECHECK_SECONDS:
+                    await kube.create(secret)
+                    memo.control_secrets[control_secret] = time.monotonic()
             children = island_children(
                 document,
                 island,
@@ -445,6 +455,7 @@ async def island_deleted(name: str, memo: kopf.Memo, body: kopf.Body, **_: Any) 
         ("v1", "Service", executor_name(name)),
     ):
         await kube.delete(api_version, kind, namespace, child)
+    memo.control_secrets.pop(control_secret_name(body), None)  # (the Secret goes with it)
     await memo.binder.sync()
 
 

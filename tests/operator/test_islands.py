@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import kmock
 from kube_cluster import NAMESPACE, Cluster, running_operator, wait_for
-from kube_harness import mark_ready
+from kube_harness import mark_ready, set_executor_pods
 from kube_manifests import island, vslice
 
 SYSTEM = NAMESPACE
@@ -248,6 +248,35 @@ def test_executors_of_an_old_template_are_restarted_together(cluster: Cluster, o
     assert status(cluster, "Island", "roll").get("phase") != "Ready"
 
 
+def test_a_slice_is_not_bound_again_on_an_island_whose_executor_pods_are_all_gone(
+    cluster: Cluster, operator
+) -> None:
+    """All executor pods deleted at once (as a new template has them): with no pod to say
+    which hosts were ready, none was taken as lost, and the slice was bound again on devices
+    of no live executor."""
+    cluster.create(island("gone", topology="2x4", hosts=2))
+    wait_for(lambda: cluster.get("StatefulSet", "gone-executor", SYSTEM))
+    set_executor_pods(cluster, "gone", SYSTEM, 2, {0, 1})
+    mark_ready(cluster, "gone", SYSTEM, scheduler=1, executors=2)
+    wait_for(lambda: status(cluster, "Island", "gone").get("phase") == "Ready")
+    cluster.create(vslice("all", devices=8))
+    wait_for(lambda: status(cluster, "VirtualSlice", "all", "team").get("phase") == "Bound")
+    for index in range(2):
+        cluster.delete("Pod", f"gone-executor-{index}", SYSTEM)
+    cluster.patch("StatefulSet", "gone-executor", {"status": {"readyReplicas": 0}}, SYSTEM)
+    lost = wait_for(
+        lambda: (s := status(cluster, "Island", "gone")).get("unhealthyHosts") == [0, 1] and s,
+        what="both hosts unhealthy",
+    )
+    assert lost["phase"] == "Degraded" and lost["devicesUnhealthy"] == 8
+    wait_for(
+        lambda: status(cluster, "VirtualSlice", "all", "team").get("phase") == "Preempted",
+        what="the slice preempted",
+    )
+    time.sleep(2)  # a resync or two: it stays unbound
+    assert status(cluster, "VirtualSlice", "all", "team").get("phase") != "Bound"
+
+
 def test_hand_edits_of_what_the_operator_owns_are_undone(cluster: Cluster, operator) -> None:
     cluster.create(island("owned", topology="2x4", hosts=2))
     wait_for(lambda: len(children(cluster, "owned")) == 4)
@@ -310,11 +339,14 @@ def test_deleting_an_island_moves_its_slices_with_a_reason(cluster: Cluster, ope
 def test_each_island_gets_its_own_control_token_secret(cluster: Cluster) -> None:
     """With PATHWAYS_CONTROL_TOKENS, the operator creates one Secret per island, owned by it,
     before its pods; the scheduler and executors read the token from it; resyncs keep the same
-    token (the operator creates and never patches it); the Secret goes with its island. Without
-    the setting, no Secret and no token."""
+    token (the operator creates it once, and never patches it); the Secret goes with its
+    island. Without the setting, no Secret and no token."""
 
     def is_secret_post(request: kmock.Request) -> bool:
         return str(request.method).upper().endswith("POST") and "/secrets" in str(request.url)
+
+    def is_island_read(request: kmock.Request) -> bool:
+        return str(request.method).upper().endswith("GET") and "/islands/" in str(request.url)
 
     def is_secret_write(request: kmock.Request) -> bool:
         method = str(request.method).upper()
@@ -352,9 +384,12 @@ def test_each_island_gets_its_own_control_token_secret(cluster: Cluster) -> None
                 ]
         assert tokens["alpha"] != tokens["beta"]  # one island's token opens no other island
 
-        # Resyncs (every 2 s here) try to create it again and keep the first token.
+        # Resyncs (every 2 s here) keep the first token and do not create it again (each a
+        # 409 through admission and the audit log, every resync of every island).
         posts = cluster.requests_to(is_secret_post)
-        wait_for(lambda: cluster.requests_to(is_secret_post) >= posts + 4, what="two resyncs")
+        reads = cluster.requests_to(is_island_read)
+        wait_for(lambda: cluster.requests_to(is_island_read) >= reads + 4, what="two resyncs")
+        assert cluster.requests_to(is_secret_post) == posts
         (kept,) = cluster.list("Secret", SYSTEM, "pathways.dev/island=alpha")
         assert base64.b64decode(kept["data"]["token"]).decode() == tokens["alpha"]
         assert cluster.requests_to(is_secret_write) == 0  # never patched, replaced or deleted
