@@ -67,6 +67,7 @@ from pathways_api.run_job import (
     ALREADY_RUNNING,
     GRACE_SECONDS,
     MAX_OUTPUT_BYTES,
+    is_wrapper_of,
     paths,
     process_start,
     read_json,
@@ -599,6 +600,8 @@ class Manager:
             pid, start = int(found.get("pid") or 0), found.get("start")
             if not pid or start is None or process_start(pid) != start:
                 continue
+            if not is_wrapper_of(pid, record_file.with_suffix("")):
+                continue  # another cluster's run, in the state folder this one was copied from
             program = name.rsplit("-run-", 1)[0]
             job = {
                 "metadata": {
@@ -669,6 +672,11 @@ class Manager:
         found = read_json(paths(record)[1]) or {}
         if found.get("uid") != job["metadata"].get("uid") or not found.get("pid"):
             return None
+        pid, start = int(found["pid"]), found.get("start")
+        if process_start(pid) == start and not is_wrapper_of(pid, record):
+            # Running, but another cluster's (this state folder is a copy of its): this one's
+            # run starts again here, leaving that one alone.
+            return None
         deadline = None
         seconds = job["spec"].get("activeDeadlineSeconds")
         started = parse_time((job.get("status") or {}).get("startTime"))
@@ -680,8 +688,8 @@ class Manager:
             time.monotonic(),
             deadline,
             record=record,
-            pid=int(found["pid"]),
-            start=found.get("start"),
+            pid=pid,
+            start=start,
         )
 
     def start_jobs(self) -> None:

@@ -72,6 +72,19 @@ def process_start(pid: int) -> int | None:
     return int(fields[19])
 
 
+def is_wrapper_of(pid: int, record: Path) -> bool:
+    """Whether process ``pid`` is this module's wrapper of the run whose files are at
+    ``record``: a copy of a state folder holds the records of another cluster's live runs,
+    whose processes that cluster's manager, not the copy's, may adopt and stop."""
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    words = arguments.split("\0")
+    given = [words[i + 1] for i, word in enumerate(words[:-1]) if word == "--record"]
+    return any(Path(path).resolve() == record.resolve() for path in given)
+
+
 def write_json(path: Path, value: dict[str, Any]) -> None:
     """Write ``value`` to ``path`` atomically (a reader sees the old file or the new one)."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -924,3 +924,38 @@ def test_a_runs_start_removes_the_output_of_runs_older_than_the_latest_kept(
     assert kept == list(range(4, latest + 1))
     assert store.log_path("team", "other-run-1").exists()
     manager.stop()
+
+
+def test_a_run_recorded_in_a_copied_state_folder_is_left_to_its_own_cluster(
+    state: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A copy of a live cluster's state folder, started, adopted the original's runs from
+    the records it copied (same pid, same start time) and stopped them as moved: that
+    cluster's programs failed with -15. A run is adopted only if its wrapper runs this
+    folder's record."""
+    from pathways_api.run_job import is_wrapper_of, write_json
+
+    original = tmp_path_factory.mktemp("original") / "runs" / "team" / "p-run-1"
+    record = state / "runs" / "team" / "p-run-1"
+    record.parent.mkdir(parents=True)
+    sleeper = "import time; time.sleep(60)"
+    theirs = subprocess.Popen([sys.executable, "-c", sleeper, "--record", str(original)])
+    ours = subprocess.Popen([sys.executable, "-c", sleeper, "--record", str(record)])
+    try:
+        wait_for(lambda: process_start(theirs.pid) and process_start(ours.pid))
+        assert is_wrapper_of(ours.pid, record) and not is_wrapper_of(theirs.pid, record)
+        store = SqliteStore(state / "pathways.db")
+        manager = Manager(store, state, interval=0.05)
+        job = {"metadata": {"name": "p-run-1", "namespace": "team", "uid": "u1"}, "spec": {}}
+        for process, adopted in ((theirs, False), (ours, True)):
+            write_json(
+                record.with_name("p-run-1.json"),
+                {"uid": "u1", "pid": process.pid, "start": process_start(process.pid)},
+            )
+            running = manager._adopt(job)
+            assert (running is not None) == adopted
+        manager.stop()
+    finally:
+        for process in (theirs, ours):
+            process.kill()
+            process.wait()
