@@ -169,6 +169,7 @@ class LocalIsland:
                 # A port picked for the group's coordinator may be taken before executor 0
                 # binds it (by anything binding it by number): start again on another.
                 if attempt < PORT_ATTEMPTS and _port_taken(str(error)):
+                    self._stop_processes(grace=10.0)
                     continue
                 self.stop()
                 raise
@@ -183,59 +184,55 @@ class LocalIsland:
         group = []
         if self.distributed and self.hosts > 1:
             group = ["--hosts", str(self.hosts), "--coordinator", f"127.0.0.1:{free_port()}"]
-        try:
-            for index in range(self.hosts):
-                self.executors.append(
-                    self._spawn(
-                        f"executor-{index}",
-                        [
-                            "-m",
-                            "pathways_executor",
-                            *group,
-                            "--index",
-                            str(index),
-                            "--first-device",
-                            str(index * self.devices_per_host),
-                            "--fake-devices",
-                            str(self.devices_per_host),
-                            "--compilation-cache",
-                            str(cache),
-                            "--health-port",
-                            "0",
-                        ],
-                    )
+        for index in range(self.hosts):
+            self.executors.append(
+                self._spawn(
+                    f"executor-{index}",
+                    [
+                        "-m",
+                        "pathways_executor",
+                        *group,
+                        "--index",
+                        str(index),
+                        "--first-device",
+                        str(index * self.devices_per_host),
+                        "--fake-devices",
+                        str(self.devices_per_host),
+                        "--compilation-cache",
+                        str(cache),
+                        "--health-port",
+                        "0",
+                    ],
                 )
-            for process in self.executors:
-                self._await_ready(process)
-            arguments = [
-                "-m",
-                "pathways_scheduler",
-                "--island",
-                self.name,
-                "--policy",
-                self.policy,
-                "--max-in-flight",
-                str(self.max_in_flight),
-                "--health-port",
-                "0",
-            ]
-            for flag, limit in (
-                ("--max-queued", self.max_queued),
-                ("--max-queued-per-client", self.max_queued_per_client),
-                ("--max-artifact-bytes", self.max_artifact_bytes),
-                ("--run-length", self.run_length),
-                ("--trace-limit", self.trace_limit),
-                ("--executor-timeout", self.executor_timeout),
-            ):
-                if limit is not None:
-                    arguments += [flag, str(limit)]
-            for process in self.executors:
-                arguments += ["--executor", process.endpoint]
-            self.scheduler = self._spawn("scheduler", arguments)
-            self._await_ready(self.scheduler)
-        except BaseException:
-            self._stop_processes(grace=10.0)
-            raise
+            )
+        for process in self.executors:
+            self._await_ready(process)
+        arguments = [
+            "-m",
+            "pathways_scheduler",
+            "--island",
+            self.name,
+            "--policy",
+            self.policy,
+            "--max-in-flight",
+            str(self.max_in_flight),
+            "--health-port",
+            "0",
+        ]
+        for flag, limit in (
+            ("--max-queued", self.max_queued),
+            ("--max-queued-per-client", self.max_queued_per_client),
+            ("--max-artifact-bytes", self.max_artifact_bytes),
+            ("--run-length", self.run_length),
+            ("--trace-limit", self.trace_limit),
+            ("--executor-timeout", self.executor_timeout),
+        ):
+            if limit is not None:
+                arguments += [flag, str(limit)]
+        for process in self.executors:
+            arguments += ["--executor", process.endpoint]
+        self.scheduler = self._spawn("scheduler", arguments)
+        self._await_ready(self.scheduler)
         return self
 
     def stop(self, grace: float = 10.0) -> None:
