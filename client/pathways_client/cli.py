@@ -306,9 +306,17 @@ def _state(state: Path | None) -> Path:
     return (state or default_state()).expanduser().resolve()
 
 
-def _api(state: Path | None, api: str | None, token: str | None, tenant: str) -> ApiClient:
+def _api(
+    state: Path | None,
+    api: str | None,
+    token: str | None,
+    tenant: str,
+    warn_if_broken: bool = True,
+) -> ApiClient:
     """A client of the API given by flags or environment, else of the running embedded
-    cluster, with the tenant's token from its tokens file."""
+    cluster, with the tenant's token from its tokens file. With ``warn_if_broken``, say on
+    stderr when that cluster runs without a part its supervisor gave up starting again (what
+    the API then shows stops changing)."""
     from pathways_client.embedded import EmbeddedError, read_info, tokens
 
     url = api or os.environ.get("PATHWAYS_API")
@@ -321,6 +329,8 @@ def _api(state: Path | None, api: str | None, token: str | None, tenant: str) ->
                 "--api URL (or PATHWAYS_API)"
             )
             sys.exit(1)
+        if info.error and warn_if_broken:
+            errors.print(f"[yellow]warning:[/] {escape(_runs_without_a_part(state, info.error))}")
         url = info.api
         try:
             token = token or tokens(_state(state)).get(tenant)
@@ -336,6 +346,52 @@ def _api(state: Path | None, api: str | None, token: str | None, tenant: str) ->
         return ApiClient(url, token)
     except ValueError as error:  # TlsConfigError: the PATHWAYS_TLS_* variables are half set
         _fail(error)
+
+
+def _runs_without_a_part(state: Path | None, error: str) -> str:
+    """What to tell a user of an embedded cluster whose supervisor gave up on a part."""
+    return (
+        f"the embedded cluster of {_state(state)} runs without a part: {error}. Run 'pathways "
+        "down', then 'pathways up', to start it whole again"
+    )
+
+
+def _broken_cluster_check(state: Path | None, api: str | None) -> Callable[[], str | None]:
+    """A look at the embedded cluster, for commands that wait on its work: what to tell the
+    user if it runs without a part its supervisor gave up on (nothing waited for would ever
+    come), else None. Nothing to look at for an API given by --api or PATHWAYS_API."""
+    from pathways_client.embedded import read_info
+
+    if api or os.environ.get("PATHWAYS_API"):
+        return lambda: None
+    folder = _state(state)
+
+    def problem() -> str | None:
+        info = read_info(folder)
+        return _runs_without_a_part(state, info.error) if info and info.error else None
+
+    return problem
+
+
+class ClusterBroken(Exception):
+    """The embedded cluster runs without a part: what was waited for will not come."""
+
+
+class _CheckedReads:
+    """An API client for ``wait_programs`` that looks, at each read of a program not yet
+    finished, whether the embedded cluster can still run it (a program waits for ever for a
+    resource manager its supervisor gave up on)."""
+
+    def __init__(self, client: ApiClient, problem: Callable[[], str | None]) -> None:
+        self._client, self._problem = client, problem
+
+    def get(self, collection: str, name: str) -> dict[str, Any]:
+        from pathways_client.watch import finished
+
+        document = self._client.get(collection, name)
+        if not finished(document) and (why := self._problem()) is not None:
+            raise ClusterBroken(why)
+        return document
 
 
 def api_options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -428,7 +484,6 @@ def up(
     from pathways_client.embedded import (
         DEFAULT_TENANTS,
         EmbeddedError,
-        IslandSpec,
         memory_problem,
         previous_islands,
         read_info,
@@ -436,10 +491,6 @@ def up(
     )
     from pathways_client.embedded import up as start
 
-    specs = [
-        IslandSpec(f"island-{i}", hosts, devices, policy, topology=topology) for i in range(islands)
-    ]
-    _check_island(specs[0])  # the islands are alike
     for tenant in tenants:
         if problem := tenant_problem(tenant):
             raise click.BadParameter(problem, param_hint="'--tenant'")
@@ -449,13 +500,22 @@ def up(
         for name in ("islands", "hosts", "devices", "topology", "policy")
         if context.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
     }
-    if running is None and not given and (previous := previous_islands(_state(state))):
-        # The state's objects were bound on these: a bare up starts them again, not defaults.
-        specs = previous
+    # The state's objects were bound on the last cluster's islands: what no option changes
+    # of them stays, rather than the defaults.
+    previous = previous_islands(_state(state)) if running is None else []
+    options = {"hosts": hosts, "devices": devices, "topology": topology, "policy": policy}
+    specs = _island_specs(islands, options, given, previous)
+    _check_island(specs[0])  # the islands are alike
+    if previous and not given:
         described = ", ".join(
             f"{s.name} ({s.hosts} x {s.devices_per_host}, {s.mesh})" for s in specs
         )
         console.print(f"the islands of the last cluster of {_state(state)}: {described}")
+    elif changes := _island_changes(previous, specs):
+        console.print(
+            f"[yellow]note:[/] the islands differ from the last cluster's: {'; '.join(changes)}",
+            soft_wrap=True,
+        )
     if running is not None and running.ready:
         differences = _differences(running.islands, specs, given)
         if differences:
@@ -498,6 +558,82 @@ def up(
             "taken): update PATHWAYS_API where you set it"
         )
     _print_cluster(_state(state), info)
+
+
+def _island_specs(
+    count: int, options: dict[str, Any], given: set[str], previous: list[IslandSpec]
+) -> list[IslandSpec]:
+    """The islands ``up`` starts: ``count`` alike, of the ``options`` (``hosts``, ``devices``,
+    ``topology``, ``policy``); after a cluster of the state ran, its islands (by name), each
+    option not ``given`` keeping its value, and as many as it had unless --islands is given.
+    A mesh kept that no longer has hosts x devices devices becomes one axis of them all."""
+    from pathways_client.embedded import IslandSpec
+
+    if not previous:
+        return [
+            IslandSpec(
+                f"island-{index}",
+                options["hosts"],
+                options["devices"],
+                options["policy"],
+                topology=options["topology"],
+            )
+            for index in range(count)
+        ]
+    last = {spec.name: spec for spec in previous}
+    specs = []
+    names = (
+        [f"island-{index}" for index in range(count)]
+        if "islands" in given
+        else [spec.name for spec in previous]
+    )
+    for name in names:
+        base = last.get(name, previous[0])  # an island added: like the others
+        kept = {
+            "hosts": base.hosts,
+            "devices": base.devices_per_host,
+            "topology": base.topology,
+            "policy": base.policy,
+        }
+        value = {option: options[option] if option in given else kept[option] for option in kept}
+        hosts, devices, topology = value["hosts"], value["devices"], value["topology"]
+        if "topology" not in given and topology and _devices_of(topology) != hosts * devices:
+            topology = ""
+        specs.append(IslandSpec(name, hosts, devices, value["policy"], topology=topology))
+    return specs
+
+
+def _devices_of(mesh: str) -> int | None:
+    """The devices of a mesh shape such as 2x4; None for a malformed one."""
+    try:
+        return device_count(parse_shape(mesh))
+    except ValueError:
+        return None
+
+
+def _island_changes(previous: list[IslandSpec], specs: list[IslandSpec]) -> list[str]:
+    """How the islands ``up`` starts differ from the last cluster's, one phrase an island."""
+
+    def described(spec: IslandSpec) -> str:
+        return f"{spec.hosts} x {spec.devices_per_host}, mesh {spec.mesh}, {spec.policy}"
+
+    if not previous:
+        return []
+    last = {spec.name: spec for spec in previous}
+    changes = [
+        f"{spec.name} {described(spec)} (was {described(last[spec.name])})"
+        if spec.name in last
+        else f"{spec.name} new ({described(spec)})"
+        for spec in specs
+        if spec.name not in last or described(spec) != described(last[spec.name])
+    ]
+    started = {spec.name for spec in specs}
+    changes += [
+        f"{spec.name} not started (was {described(spec)})"
+        for spec in previous
+        if spec.name not in started
+    ]
+    return changes
 
 
 ISLAND_OPTIONS = {"hosts": "--hosts", "devicesPerHost": "--devices", "topology": "--topology"}
@@ -624,7 +760,7 @@ def status(state: Path | None, api: str | None, token: str | None, tenant: str) 
         if info is None:
             console.print("no embedded cluster is running ([bold]pathways up[/] starts one)")
             sys.exit(1)
-    with _api(state, api, token, tenant) as client:
+    with _api(state, api, token, tenant, warn_if_broken=False) as client:  # said below
         try:
             me = client.me()
             islands = client.list("islands")
@@ -670,7 +806,10 @@ def status(state: Path | None, api: str | None, token: str | None, tenant: str) 
 
 
 PROGRAM_COLUMNS = ("Program", "Phase", "Runs", "Slices", "Message")
-OTHER_COLUMNS = ("Name", "Phase", "Island", "Devices", "Message")
+SLICE_COLUMNS = ("Name", "Phase", "Island", "Devices", "Message")
+ISLAND_COLUMNS = ("Name", "Phase", "Mesh", "Devices", "Message")
+COLUMNS = {"programs": PROGRAM_COLUMNS, "virtualslices": SLICE_COLUMNS, "islands": ISLAND_COLUMNS}
+"""The columns of each kind's rows (what :func:`_cells` gives)."""
 
 
 MESSAGE_WIDTH = 80
@@ -678,7 +817,8 @@ MESSAGE_WIDTH = 80
 
 
 def _cells(document: dict[str, Any]) -> tuple[str, ...]:
-    """A program's, slice's or island's row: the values of its kind's columns, as text."""
+    """A program's, slice's or island's row: the values of its kind's :data:`COLUMNS`, as
+    text."""
     status = document.get("status") or {}
     phase = _shown_phase(document)
     message = status.get("message") or ""
@@ -688,13 +828,12 @@ def _cells(document: dict[str, Any]) -> tuple[str, ...]:
         slices = ", ".join(_slice_cell(item) for item in status.get("slices") or [])
         runs = str(status.get("runs", 0))
         return (document["metadata"]["name"], phase, runs, slices, message)
+    if document.get("kind") == "Island":
+        mesh = (document.get("spec") or {}).get("topology") or ""
+        free = f"{status.get('devicesFree', '?')}/{status.get('devicesTotal', '?')} free"
+        return (document["metadata"]["name"], phase, mesh, free, message)
     devices = status.get("devices")
-    if devices:
-        held = _devices_text(tuple(devices))
-    elif document.get("kind") == "Island":
-        held = f"{status.get('devicesFree', '?')}/{status.get('devicesTotal', '?')} free"
-    else:
-        held = "-"  # a slice holding none
+    held = _devices_text(tuple(devices)) if devices else "-"  # a slice may hold none
     island = status.get("island") or ""
     return (document["metadata"]["name"], phase, island, held, message)
 
@@ -784,7 +923,7 @@ def submit(
             )
         if wait:
             programs = [d["metadata"]["name"] for d in created if d["kind"] == "PathwaysProgram"]
-            _wait_and_print_logs(client, programs, timeout)
+            _wait_and_print_logs(client, programs, timeout, _broken_cluster_check(state, api))
 
 
 SUBMITTABLE = ("PathwaysProgram", "VirtualSlice")
@@ -792,9 +931,10 @@ SUBMITTABLE = ("PathwaysProgram", "VirtualSlice")
 
 
 def _submittable_documents(files: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
-    """Every document of ``files`` (folders expanded), labelled ``FILE: document N``, without
-    what the system sets (a ``get -o yaml`` dump's status, uid, resourceVersion, ...), each
-    file once; exit naming the first file or document that cannot be submitted."""
+    """Every document of ``files`` (folders expanded), labelled ``FILE: document N``, and
+    each item of a ``kind: List`` document (``FILE: document N: items[I]``), without what
+    the system sets (a ``get -o yaml|json`` dump's status, uid, resourceVersion, Events, ...),
+    each file once; exit naming the first file or document that cannot be submitted."""
     paths: list[str] = []
     for given in files:
         if given == "-" or not Path(given).is_dir():
@@ -819,10 +959,18 @@ def _submittable_documents(files: tuple[str, ...]) -> list[tuple[str, dict[str, 
             _fail(f"{where}: document {len(found) + 1}: {error}")
         if not found:
             _fail(f"{where}: no documents")
-        for number, document in enumerate(found, start=1):
-            label = f"{where}: document {number}"
+        objects = [
+            labelled
+            for number, document in enumerate(found, start=1)
+            for labelled in _list_items(f"{where}: document {number}", document)
+        ]
+        events = 0
+        for label, document in objects:
             if not isinstance(document, dict):
                 _fail(f"{label} is not a mapping")
+            if _is_event(document):  # a dump of `get --events`: the cluster's records
+                events += 1
+                continue
             if document.get("kind") not in SUBMITTABLE:
                 _fail(
                     f"{label} is of kind {document.get('kind')!r}: only PathwaysPrograms and "
@@ -835,12 +983,45 @@ def _submittable_documents(files: tuple[str, ...]) -> list[tuple[str, dict[str, 
             if key is not None:
                 defined[key] = f"{label} ({key[0]} {key[2]})"
             documents.append((label, without_system_fields(document)))
+        if events:
+            console.print(
+                f"skipped {events} Event{'s' if events > 1 else ''} of {escape(where)} (the "
+                "cluster's records of what happened: not submitted)"
+            )
+        if events == len(objects):  # only Events, or an empty List
+            _fail(f"{where}: no PathwaysProgram or VirtualSlice to submit")
     return documents
 
 
-def _wait_and_print_logs(client: ApiClient, programs: list[str], timeout: float | None) -> None:
+def _list_items(label: str, document: Any) -> list[tuple[str, Any]]:
+    """The objects of a document, labelled: a ``kind: List`` (as ``get -o json`` dumps a
+    list, and kubectl) holds its objects in ``items``; any other document is one object."""
+    if not (isinstance(document, dict) and document.get("kind") == "List"):
+        return [(label, document)]
+    items = document.get("items")
+    if not isinstance(items, list):
+        _fail(f"{label}: a List's 'items' must be a list of objects (got {type(items).__name__})")
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and item.get("kind") == "List":
+            _fail(f"{label}: items[{index}] is a List: give its objects in the outer List")
+    return [(f"{label}: items[{index}]", item) for index, item in enumerate(items)]
+
+
+def _is_event(document: dict[str, Any]) -> bool:
+    return document.get("kind") == "Event" and document.get("apiVersion") in EVENT_API_VERSIONS
+
+
+EVENT_API_VERSIONS = ("v1", "events.k8s.io/v1")
+
+
+def _wait_and_print_logs(
+    client: ApiClient,
+    programs: list[str],
+    timeout: float | None,
+    broken: Callable[[], str | None],
+) -> None:
     """``submit --wait``: each program's phase as it changes, then its logs; exit 1 unless
-    every one succeeded."""
+    every one succeeded, or at once when ``broken`` says the cluster cannot run them."""
     from pathways_client.watch import WaitTimeout, phase_of, wait_programs
 
     stays_submitted = (
@@ -849,11 +1030,15 @@ def _wait_and_print_logs(client: ApiClient, programs: list[str], timeout: float 
     )
     pending: dict[Any, dict[str, Any]] = {}
     try:
+        checked: Any = _CheckedReads(client, broken)  # reads as an ApiClient's
         finished = wait_programs(
-            {n: (client, n) for n in programs}, console, timeout=timeout, report=True
+            {n: (checked, n) for n in programs}, console, timeout=timeout, report=True
         )
     except WaitTimeout as error:
         finished, pending = error.finished, error.pending
+    except ClusterBroken as error:
+        errors.print(f"[red]✗[/] stopped waiting: {escape(str(error))}; {stays_submitted}")
+        sys.exit(1)
     except KeyboardInterrupt:
         errors.print(f"stopped waiting (interrupted); {stays_submitted}")
         sys.exit(130)
@@ -889,7 +1074,12 @@ FILTER_OPTIONS = {"query phase": "'--phase'", "query labelSelector": "'-l' / '--
     show_default=True,
 )
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table")
-@click.option("--events", is_flag=True, help="Also print a program's or a virtual slice's Events.")
+@click.option(
+    "--events",
+    is_flag=True,
+    help="Also print the Events of the program or virtual slice NAME (with -o json|yaml: as "
+    "Event objects after it, in a List or as YAML documents).",
+)
 @click.option(
     "-l",
     "--selector",
@@ -917,15 +1107,28 @@ def get(
     phase: str | None,
     watch: bool,
 ) -> None:
-    """List objects, or show one (NAME)."""
+    """List objects, or show one (NAME).
+
+    A list with -o yaml is one YAML document per object, with -o json a kubectl List
+    ({"apiVersion": "v1", "kind": "List", "items": [...]}): both submit again as manifests,
+    as one object's dump does. Without -o, one object is shown as YAML, a list as a table
+    (with --watch, as rows from the first listing on)."""
     if name and (selector or phase):
         raise click.UsageError("--selector and --phase filter a list: give them without NAME")
+    if events and not name:
+        raise click.UsageError(
+            "--events shows the Events of one object: give its NAME (pathways get NAME --events)"
+        )
+    if events and kind not in EVENTED_KINDS:  # an Island's Events are the cluster's
+        raise click.UsageError(
+            f"--events: {kind} have no Events to show, only programs and virtualslices: drop "
+            "--events, or give --kind programs or --kind virtualslices"
+        )
     filters = {"labelSelector": selector, "phase": phase}
     with _api(state, api, token, tenant) as client:
         try:
             found = client.get(kind, name) if name else client.list(kind, **filters)
-            evented = kind in ("programs", "virtualslices")  # islands' are the cluster's
-            happened = client.events(name, kind) if name and events and evented else []
+            happened = client.events(name, kind) if name and events else []
         except ApiCallError as error:
             option = FILTER_OPTIONS.get(error.field or "")
             if option is not None:  # a filter the API refused: name the option given
@@ -936,25 +1139,72 @@ def get(
                 listing = "pathways get" + ("" if plural == "programs" else f" --kind {plural}")
                 _fail(f"{error}; to list {plural}: {listing}")
             _fail(error)
-        columns = PROGRAM_COLUMNS if kind == "programs" else OTHER_COLUMNS
-        # Documents as written, for files and pipes: the console would wrap long lines.
-        if output == "json" and watch:  # JSON lines from the first: one document a line
-            for document in [found] if name else found:
-                click.echo(json.dumps(document))
-        elif output == "json":
-            click.echo(json.dumps(found, indent=2))
-        elif output == "yaml" or name:
+        shown = [found] if name else found
+        # Documents and lines as written, for files and pipes: the console would wrap them.
+        if output == "table" and (watch or not name):
+            _print_rows(kind, shown, as_table=not watch)
+        elif output == "table":  # one object, for a person: its YAML, then its Events
             click.echo(yaml.safe_dump(found, sort_keys=False), nl=False)
-        else:
-            _print_table("Programs" if kind == "programs" else kind, columns, found)
-        for event in happened:
-            console.print(
-                f"{event['time']} {event['type']} {event['reason']}: {event['message']}",
-                markup=False,
-            )
+        else:  # objects then their Events: the objects submit again, the Events are skipped
+            documents = [*shown, *(_event_object(event, found) for event in happened)]
+            _print_documents(documents, output, one_object=bool(name and not events), lines=watch)
+        if output == "table":
+            for event in happened:
+                click.echo(f"{event['time']} {event['type']} {event['reason']}: {event['message']}")
         if watch:
-            shown = [found] if name else found
-            _watch(client, kind, name, filters, shown, output, columns)
+            _watch(client, kind, name, filters, shown, output)
+
+
+EVENTED_KINDS = ("programs", "virtualslices")
+"""The kinds whose Events ``get --events`` shows (an Island's are the cluster's)."""
+
+
+def _print_rows(kind: str, documents: list[dict[str, Any]], as_table: bool) -> None:
+    """A table of objects, or (``get --watch``) the header and rows its changes follow."""
+    if as_table:
+        _print_table("Programs" if kind == "programs" else kind, COLUMNS[kind], documents)
+        return
+    click.echo(_watch_line(tuple(column.upper() for column in COLUMNS[kind])))
+    for document in documents:
+        click.echo(_watch_line(_cells(document)))
+
+
+def _print_documents(
+    documents: list[dict[str, Any]], output: str, one_object: bool, lines: bool
+) -> None:
+    """Print ``documents`` as JSON or YAML that submits again: one object as itself, more
+    (or none) as YAML documents or a kubectl List; with ``lines``, JSON lines (as ``get
+    --watch`` goes on)."""
+    if output == "json" and lines:
+        for document in documents:
+            click.echo(json.dumps(document))
+    elif output == "json":
+        listed = {"apiVersion": "v1", "kind": "List", "items": documents}
+        click.echo(json.dumps(documents[0] if one_object else listed, indent=2))
+    else:
+        click.echo(yaml.safe_dump_all(documents, sort_keys=False), nl=False)
+
+
+def _event_object(event: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
+    """An Event as the API gives it (time, type, reason, message), as a Kubernetes Event
+    object about ``target``: what ``kubectl get events -o yaml`` shows."""
+    metadata = target.get("metadata") or {}
+    involved = {
+        "apiVersion": target.get("apiVersion"),
+        "kind": target.get("kind"),
+        "name": metadata.get("name"),
+        "namespace": metadata.get("namespace"),
+        "uid": metadata.get("uid"),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "involvedObject": {key: value for key, value in involved.items() if value},
+        "type": event.get("type"),
+        "reason": event.get("reason"),
+        "message": event.get("message"),
+        "lastTimestamp": event.get("time"),
+    }
 
 
 def _watch(
@@ -964,15 +1214,12 @@ def _watch(
     filters: dict[str, str | None],
     shown: list[dict[str, Any]],
     output: str,
-    columns: tuple[str, ...],
 ) -> None:
     """``get --watch``: look again every WATCH_POLL seconds and print each object changed
     since (a new resourceVersion) as a row, a JSON line or a YAML document; a deleted one with
     phase Deleted. Ends at Ctrl-C (exit 130), or when the one object watched is deleted."""
     from pathways_client.watch import changes, phase_of
 
-    if output == "table":
-        click.echo(_watch_line(tuple(column.upper() for column in columns)))
     known = shown
     try:
         while True:
@@ -1102,10 +1349,13 @@ def delete(
                 errors.print(f"[red]✗[/] {escape(name)}: {escape(str(error))}")
                 failed = True
         deadline = time.monotonic() + DELETE_TIMEOUT
+        broken = _broken_cluster_check(state, api)
         try:
             with console.status(f"deleting {', '.join(deleting)}"):
                 for name, uid in deleting.items():
                     while wait and _exists(client, kind, name, uid):
+                        if (why := broken()) is not None:  # nothing would release it
+                            _fail(f"{name}: stopped waiting for it to be deleted: {why}")
                         if time.monotonic() > deadline:
                             _fail(
                                 f"{name} is still being deleted after {DELETE_TIMEOUT:g} s "
@@ -1216,6 +1466,7 @@ def logs(
                 program = client.get("programs", name)
                 errors.print(f"{name} has no output yet: {standing(program)}", markup=False)
             written = window["logs"]
+            broken = _broken_cluster_check(state, api)
             while follow:
                 done = ended(client.get("programs", name))
                 offset = window["end"]
@@ -1226,6 +1477,8 @@ def logs(
                 _print_output(window, offset)
                 written = window["logs"] or written
                 follow = not done  # the output written before the end was read after it
+                if follow and (why := broken()) is not None:  # it would stand still for ever
+                    _fail(f"stopped following {name}: {why}")
                 if follow:
                     time.sleep(LOG_POLL)
         except ApiCallError as error:

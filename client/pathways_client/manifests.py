@@ -32,6 +32,7 @@ class Document:
     path: Path
     index: int
     checked: Checked
+    item: int | None = None  # its place in the ``items`` of a ``kind: List`` document
 
     @property
     def label(self) -> str:
@@ -39,7 +40,8 @@ class Document:
         if self.index == 0:  # a problem of the file as a whole
             return where
         what = " ".join(part for part in (self.checked.kind, self.checked.name) if part)
-        return f"{where}: document {self.index}" + (f" ({what})" if what else "")
+        listed = "" if self.item is None else f": items[{self.item}]"
+        return f"{where}: document {self.index}{listed}" + (f" ({what})" if what else "")
 
 
 def manifest_files(paths: Iterable[Path]) -> list[Path]:
@@ -164,7 +166,13 @@ def read_documents(path: Path) -> Iterator[Document]:
     try:
         for document in parse_documents(text):
             index += 1
-            yield Document(path, index, check_manifest(document))
+            listing = isinstance(document, dict) and document.get("kind") == "List"
+            items = document.get("items") if listing else None
+            if isinstance(items, list):  # a `get -o json` dump of a list
+                for item, listed in enumerate(items):
+                    yield Document(path, index, check_manifest(listed), item)
+            else:
+                yield Document(path, index, check_manifest(document))
     except ManifestSyntaxError as error:
         yield Document(path, index + 1, _failed(str(error)))
         return

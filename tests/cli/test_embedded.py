@@ -149,7 +149,7 @@ def test_up_submit_trace_cancel_down_and_up_again(
     listed = pathways("get", *api)
     assert "double" in listed.output and "sleeper" in listed.output
     islands = pathways("get", "--kind", "islands", *api, "-o", "json")
-    assert json.loads(islands.output)[0]["status"]["phase"] == "Ready"
+    assert json.loads(islands.output)["items"][0]["status"]["phase"] == "Ready"
 
     out_json, out_png = tmp_path / "trace.json", tmp_path / "trace.png"
     assert pathways("trace", "double", *api, "--out", str(out_json)).exit_code == 0
@@ -419,7 +419,9 @@ def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_wa
     assert "program noisy deleted" in deleted.output
     for name in ("too-large", "noisy"):
         assert "NotFound" in pathways("get", name, *at).output
-    slices = json.loads(pathways("get", "--kind", "virtualslices", *at, "-o", "json").output)
+    slices = json.loads(pathways("get", "--kind", "virtualslices", *at, "-o", "json").output)[
+        "items"
+    ]
     assert "too-large-main" not in [item["metadata"]["name"] for item in slices]
     again = pathways("delete", "too-large", *at)
     assert again.exit_code == 1 and "NotFound" in again.output
@@ -597,8 +599,8 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     running.send_signal(signal.SIGINT)
     assert running.wait(timeout=30) == 130
     listed = pathways("get", *at, "--phase", "Succeeded", "-o", "json").output
-    assert [item["metadata"]["name"] for item in json.loads(listed)] == ["ticker"]
-    assert json.loads(pathways("get", *at, "-l", "team=none", "-o", "json").output) == []
+    assert [item["metadata"]["name"] for item in json.loads(listed)["items"]] == ["ticker"]
+    assert json.loads(pathways("get", *at, "-l", "team=none", "-o", "json").output)["items"] == []
     assert pathways("delete", "ticker", *at).exit_code == 0
     rows += _lines_until(watcher.stdout, lambda line: "ticker" in line and "Deleted" in line)
     watcher.send_signal(signal.SIGINT)

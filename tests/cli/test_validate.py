@@ -286,6 +286,22 @@ def test_an_object_defined_twice_is_a_problem_of_the_second(pathways, tmp_path: 
     assert placed.exit_code == 1 and "Traceback" not in placed.output + placed.stderr
 
 
+def test_the_objects_of_a_list_are_validated_each(pathways, tmp_path: Path) -> None:
+    """A `get -o json` dump of a list is a kubectl List: it was one skipped document."""
+    import json
+
+    import yaml
+
+    good = yaml.safe_load(SLICE + "  devices: 1\n")
+    bad = yaml.safe_load(SLICE.replace("name: vs", "name: other") + "  devices: 0\n")
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [good, bad]}))
+    result = pathways("validate", str(path))
+    assert result.exit_code == 1
+    assert f"{path}: document 1: items[1] (VirtualSlice other): spec.devices" in result.stderr
+    assert "1 valid, 1 problem(s)" in result.stderr
+
+
 def test_folder_without_manifests_is_an_error(pathways, tmp_path: Path) -> None:
     result = pathways("validate", str(tmp_path))
     assert result.exit_code == 1
