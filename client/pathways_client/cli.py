@@ -740,9 +740,14 @@ def _print_cluster(state: Path, info: Any) -> None:
 @STATE_OPTION
 def down(state: Path | None) -> None:
     """Stop the embedded cluster (its state stays for the next `pathways up`)."""
+    from pathways_client.embedded import EmbeddedError
     from pathways_client.embedded import down as stop
 
-    if _with_spinner("stopping the embedded cluster", lambda _: stop(_state(state))):
+    try:
+        stopped = _with_spinner("stopping the embedded cluster", lambda _: stop(_state(state)))
+    except EmbeddedError as error:  # what is left running, and how to stop it
+        _fail(error)
+    if stopped:
         console.print("[green]✓[/] stopped")
     else:
         console.print("no embedded cluster is running")

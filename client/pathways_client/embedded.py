@@ -1,7 +1,8 @@
 """The embedded local mode: a whole Pathways cluster on one machine, with no Kubernetes.
 
 ``pathways up`` starts a detached *supervisor* process (``python -m pathways_client.embedded
---state DIR ...``) that owns, until ``pathways down`` sends it SIGTERM:
+--state DIR ...``, holding ``DIR/supervisor.lock``, which names its pid) that owns, until
+``pathways down`` sends it SIGTERM:
 
 - the islands: :class:`~pathways_client.launcher.LocalIsland` processes (a gang scheduler and
   executors with fake CPU devices on loopback), listed with their endpoints in
@@ -11,6 +12,13 @@
   as local processes;
 - the REST API (``python -m pathways_api`` in embedded mode) on 127.0.0.1, with the tokens
   of ``DIR/tokens.yaml`` (created on the first ``up``, one token per tenant, mode 0600).
+
+At SIGTERM the supervisor stops the API, then the manager, which stops the programs' runs and
+records them as interrupted (the next ``up`` starts them again). Each run's wrapper
+(``python -m pathways_api.run_job``) is in a process group of its own, to outlive a manager that
+dies (the restarted one adopts it): so the runs a manager left behind (it did not stop in time,
+it had died, or ``down`` had to kill the supervisor's process group) are stopped by the
+supervisor, or else by ``down``, as the manager would have stopped them (:func:`stop_runs`).
 
 ``DIR/cluster.json`` records the pids and ports; everything else in ``DIR`` survives ``down``
 and the next ``up`` (the API keeps its port when it is free), so objects, bindings, logs and
@@ -33,9 +41,10 @@ whichever died, as Kubernetes recreates pods:
   ``cluster.json`` stays valid.
 
 A component that dies soon after each start (within :data:`STABLE_AFTER` seconds) is started
-again after a growing delay (0.5, 1, 2 ... up to :data:`MAX_BACKOFF` seconds), and no more
-after :data:`MAX_QUICK_FAILURES` such failures in a row: ``cluster.json`` then records the
-error. One that ran longer is started again at once.
+again after a growing delay (0.5, 1, 2 ... up to :data:`MAX_BACKOFF` seconds), at most
+:data:`MAX_QUICK_FAILURES` times in a row: the next such failure leaves it down, and
+``cluster.json`` records the error with the last line of the component's log (its cause, such
+as ``Address already in use``). One that ran longer is started again at once.
 ``cluster.json`` counts the restarts of each component (``pathways status`` shows them).
 """
 
@@ -44,6 +53,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import re
@@ -77,8 +87,9 @@ STABLE_AFTER = 10.0
 """A component that ran this many seconds since it was started is healthy: its next failure
 is the first of a new streak (started again at once)."""
 MAX_QUICK_FAILURES = 5
-"""After this many failures in a row, each within STABLE_AFTER seconds of its start, a
-component is not started again: the error is recorded in ``cluster.json``."""
+"""How many times in a row a component that failed within STABLE_AFTER seconds of its start
+is started again: the next such failure leaves it down, the error recorded in
+``cluster.json``."""
 MAX_BACKOFF = 10.0
 PROBE_INTERVAL = 5.0
 """Seconds between two liveness probes of an island's processes."""
@@ -144,6 +155,10 @@ class EmbeddedError(RuntimeError):
     """The embedded cluster could not start or answer; the message says where to look."""
 
 
+class StopIncomplete(EmbeddedError):
+    """``down`` left part of the cluster running; the message names it, with its pids."""
+
+
 def _alive(pid: int) -> bool:
     if pid <= 0:
         return False
@@ -198,6 +213,40 @@ def _lock_held(state: Path) -> bool:
             return False
     except OSError:
         return False
+
+
+def _lock_holder(state: Path, wait: float = 5.0) -> int | None:
+    """The pid of the supervisor that holds ``state``'s lock (found by the pid it wrote there,
+    else by its command line: its ``cluster.json`` may be gone or name another process), or
+    ``None`` when no process holds the lock. ``EmbeddedError`` when one does that is no
+    supervisor of ``state`` after ``wait`` seconds (an ending supervisor loses its command line
+    before its lock)."""
+    deadline = time.monotonic() + wait
+    while _lock_held(state):
+        with contextlib.suppress(OSError, ValueError, IndexError):  # none written: older
+            written = int((state / "supervisor.lock").read_text().split()[0])
+            if _is_supervisor(written, state):
+                return written
+        with contextlib.suppress(OSError):
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit() and _is_supervisor(int(entry.name), state):
+                    return int(entry.name)
+        if time.monotonic() > deadline:
+            raise EmbeddedError(
+                f"a process holds {state}/supervisor.lock but is no supervisor of {state}: find "
+                f"it with 'fuser -v {state}/supervisor.lock', stop it, then try again"
+            )
+        time.sleep(0.1)
+    return None
+
+
+def _held_elsewhere(state: Path, pid: int) -> str:
+    """Why ``up`` cannot start a supervisor of ``state``: another one, ``pid``, holds it."""
+    return (
+        f"another supervisor (pid {pid}) holds {state}, though {state}/cluster.json does not "
+        f"name it (removed or written over): run 'pathways down --state {state}' to stop it "
+        "(the state is kept), then 'pathways up'"
+    )
 
 
 def read_info(state: Path) -> ClusterInfo | None:
@@ -346,6 +395,128 @@ def ensure_tenants(
     return tokens(state)
 
 
+# -- the runs of the state's programs ----------------------------------------------------------
+# The resource manager runs every Job under ``python -m pathways_api.run_job --record PREFIX``,
+# which records in ``PREFIX.json`` its pid, that pid's start time and its command's pid (the
+# command's process group); the record is read here as that module documents it, not through
+# it: components never import each other (the import-linter contracts).
+
+RUN_GRACE = 10.0
+"""A run's seconds from SIGTERM to SIGKILL when its wrapper was given no ``--grace``."""
+RUN_KILL_MARGIN = 5.0
+"""How long after its grace period a stopped run's wrapper (which then kills what its command
+left) is waited for before its process groups are SIGKILLed, as the manager waits; and then
+how long they are waited for to end."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """A live run of one of the state's programs: its wrapper, checked against ``/proc``."""
+
+    record: Path
+    """Prefix of its files: ``STATE/runs/NAMESPACE/JOB`` (``.json``, ``.exit``, ``.lock``)."""
+    pid: int
+    """The wrapper's, leader of its process group."""
+    start: int
+    """When ``pid`` started (clock ticks since boot): a later process with its pid is not it."""
+    command: int
+    """The command's pid, leader of its own process group (0 while not started)."""
+    grace: float
+
+    def __str__(self) -> str:
+        command = f", its command {self.command}" if self.command else ""
+        return f"run {self.record.parent.name}/{self.record.name} (pid {self.pid}{command})"
+
+    def alive(self) -> bool:
+        return _process_start(self.pid) == self.start
+
+
+def _process_start(pid: int) -> int | None:
+    """When ``pid`` started (field 22 of ``/proc/PID/stat``); ``None`` if it does not run (a
+    zombie counts as gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _wrapper_grace(pid: int, record: Path) -> float | None:
+    """The grace period of process ``pid`` if it is the run wrapper of ``record``, else
+    ``None``: a copy of a state folder holds the records of another cluster's live runs, which
+    are that cluster's to stop."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    own = words[: words.index("--")] if "--" in words else words  # not the command's own
+    options = dict(itertools.pairwise(own))  # each word -> the next: an option's value
+    given = options.get("--record")
+    if "pathways_api.run_job" not in own or given is None:
+        return None
+    if Path(given).resolve() != record.resolve():
+        return None
+    try:
+        return float(options.get("--grace", RUN_GRACE))
+    except ValueError:
+        return RUN_GRACE
+
+
+def live_runs(state: Path) -> list[Run]:
+    """The runs of ``state``'s programs whose wrapper still runs."""
+    runs = []
+    for record_file in sorted((state / "runs").glob("*/*.json")):
+        try:
+            found = json.loads(record_file.read_text())
+            pid, start, command = int(found["pid"]), int(found["start"]), found.get("child")
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        record = record_file.with_suffix("")
+        if _process_start(pid) != start:
+            continue
+        grace = _wrapper_grace(pid, record)
+        if grace is not None:
+            runs.append(Run(record, pid, start, int(command or 0), grace))
+    return runs
+
+
+def _signal_group(group: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or not ours
+        os.killpg(group, signum)
+
+
+def stop_runs(state: Path) -> tuple[list[Run], list[Run]]:
+    """Stop the live runs of ``state`` as the resource manager stops them at ``down`` (which
+    it could not: it hung and was killed, or had died): SIGTERM to each wrapper's process
+    group (the wrapper passes it on to its command's), then SIGKILL of both groups of those
+    still there after their grace period. Their records are removed, so that the next ``up``
+    starts them again as interrupted, from their checkpoints, as the manager's would be (its
+    Job is active and left no record: see ``pathways_api.manager``). Returns the runs
+    stopped and those still running."""
+    runs = live_runs(state)
+    if not runs:
+        return [], []
+    for run in runs:
+        _signal_group(run.pid, signal.SIGTERM)
+    deadline = time.monotonic() + max(run.grace for run in runs) + RUN_KILL_MARGIN
+    while any(run.alive() for run in runs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for run in runs:
+        if run.alive():
+            for group in (run.pid, run.command):
+                if group:
+                    _signal_group(group, signal.SIGKILL)
+    deadline = time.monotonic() + RUN_KILL_MARGIN
+    while any(run.alive() for run in runs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stopped = [run for run in runs if not run.alive()]
+    for run in stopped:
+        # The exit status it wrote as it was stopped must not be read as its outcome.
+        for suffix in (".json", ".exit", ".lock"):
+            run.record.with_name(run.record.name + suffix).unlink(missing_ok=True)
+    return stopped, [run for run in runs if run.alive()]
+
+
 # -- the supervisor (runs detached) ------------------------------------------------------------
 
 
@@ -360,8 +531,8 @@ class Restarts:
     def failed(self, now: float) -> float | None:
         """Record a failure; the seconds to wait before the next start (none after a healthy
         run, then 0.5, 1, 2 ... :data:`MAX_BACKOFF`), or ``None`` once it failed more than
-        :data:`MAX_QUICK_FAILURES` times in a row within :data:`STABLE_AFTER` seconds of its
-        start each time."""
+        :data:`MAX_QUICK_FAILURES` times in a row (it was started again that many times)
+        within :data:`STABLE_AFTER` seconds of its start each time."""
         if now - self.started >= STABLE_AFTER:
             self.streak = 0
         self.streak += 1
@@ -388,6 +559,8 @@ class Supervisor:
         self._restarting: dict[str, threading.Thread] = {}
         self._down: set[str] = set()  # components whose last start failed
         self._unresponsive: dict[str, str] = {}  # island -> which process failed its probes
+        self._start_errors: dict[str, str] = {}  # component -> why its last start failed
+        self._log_starts: dict[str, int] = {}  # child -> its log's size when it was started
         self._gave_up: set[str] = set()
         self._started_at = time.monotonic()  # when start() ended: every component's first start
 
@@ -402,13 +575,15 @@ class Supervisor:
             _write_json(self.state / "islands.json", self.registered)
 
     def _say(self, message: str) -> None:
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}", flush=True)
+        _say(message)
 
     def _spawn(self, name: str, arguments: list[str]) -> tuple[subprocess.Popen[str], dict]:
         previous = self.children.get(name)
         if previous is not None and previous.stdin:  # the child this one replaces
             previous.stdin.close()
         with (self.state / f"{name}.log").open("a") as log:
+            # The log is appended across starts: what this one says comes after this.
+            self._log_starts[name] = os.fstat(log.fileno()).st_size
             popen = subprocess.Popen(
                 # Each child stops once its standard input closes: the supervisor holds the
                 # pipe's other end, so a supervisor killed unstopped leaves nothing running.
@@ -433,7 +608,7 @@ class Supervisor:
                 popen.kill()
                 popen.wait()
             log = self.state / f"{name}.log"
-            last = _last_line(log)
+            last = _last_line(log, since=self._log_starts[name])
             raise EmbeddedError(
                 f"the {name} did not start (exit code {popen.returncode})"
                 + (f": {last}" if last else "")
@@ -567,11 +742,12 @@ class Supervisor:
             process = island.exited() if component not in self._down else None
             unresponsive = self._unresponsive.pop(name, None)
             if component in self._down or process is not None or unresponsive:
-                why = (
-                    f"{process.name} exited with code {process.popen.returncode}"
-                    if process is not None
-                    else unresponsive or "its last start failed"
-                )
+                if process is not None:
+                    code = process.popen.returncode
+                    why = f"{process.name} exited with code {code}{_cause(code, process.log)}"
+                else:
+                    failed = self._start_errors.get(component, "").splitlines()[:1]
+                    why = unresponsive or ": ".join(["its last start failed", *failed])
                 self._island_down(name, why)
                 self._failed(component, f"island {name}: {why}", self._restart_island, name)
                 if component in self._gave_up:
@@ -581,7 +757,12 @@ class Supervisor:
             if name in self._restarting or name in self._gave_up or child is None:
                 continue
             if name in self._down or child.poll() is not None:
-                why = f"the {name} exited with code {child.returncode}"
+                code = child.returncode
+                log, since = self.state / f"{name}.log", self._log_starts.get(name, 0)
+                why = f"the {name} exited with code {code}{_cause(code, log, since)}"
+                if code is None:  # its last start failed, though it runs (never answered)
+                    failed = self._start_errors.get(name, "see its log")
+                    why = f"the {name} could not be started again: {failed}"
                 self._failed(name, why, restart)
 
     def probe(self) -> None:
@@ -658,6 +839,7 @@ class Supervisor:
             # in a row back off and end in giving up (they were each taken for the first of
             # a streak, restarted at once for ever).
             guard.started = time.monotonic()
+            self._start_errors[component] = str(error) or repr(error)
             self._down.add(component)
             self._say(f"{component} could not be started again: {error}")
         finally:
@@ -722,6 +904,14 @@ class Supervisor:
                     child.wait()
             if child is not None and child.stdin:
                 child.stdin.close()
+        # The manager stops its runs at SIGTERM; one that did not stop in time (hung, or
+        # stopped) and was killed, or that had died, left them running (each is a process
+        # group of its own, to outlive a manager that dies: a restarted one adopts it).
+        stopped, left = stop_runs(self.state)
+        if stopped:
+            self._say(f"stopped what the manager left running: {', '.join(map(str, stopped))}")
+        if left:
+            self._say(f"could not stop {', '.join(map(str, left))}: 'pathways down' tries again")
         for island in list(self.islands.values()):
             island.stop()
         for thread in list(self._restarting.values()):
@@ -819,6 +1009,9 @@ def _up(
             f"a cluster of {state} is starting or failing (supervisor pid {running.supervisor}); "
             "run 'pathways down' first"
         )
+    holder = _lock_holder(state)
+    if holder is not None:  # its supervisor runs, though its cluster.json does not say so
+        raise EmbeddedError(_held_elsewhere(state, holder))
     ensure_tenants(state, tenants)
     previous_port = None
     with contextlib.suppress(OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
@@ -835,6 +1028,8 @@ def _up(
     if previous_port:
         arguments += ["--port", str(previous_port)]
     with (state / "supervisor.log").open("a") as log:
+        # The log is appended across starts: a failure shows only what this one wrote.
+        log_start = os.fstat(log.fileno()).st_size
         supervisor = subprocess.Popen(
             arguments,
             stdin=subprocess.DEVNULL,
@@ -868,12 +1063,46 @@ def _up(
         # supervisor, a session of its own, ran on with its islands).
         _stop_starting(supervisor)
         raise
+    exit_code = supervisor.poll()  # None: it still ran, and is stopped now
     _stop_starting(supervisor)
-    tail = "\n".join((state / "supervisor.log").read_text(errors="replace").splitlines()[-15:])
     raise EmbeddedError(
-        "the embedded cluster did not start"
-        + (f": {failure}" if failure else "")
-        + f"\n{state}/supervisor.log ends with:\n{tail}"
+        _start_failure(state, supervisor.pid, exit_code, failure, log_start, timeout)
+    )
+
+
+def _start_failure(
+    state: Path,
+    supervisor: int,
+    exit_code: int | None,
+    failure: str | None,
+    log_start: int,
+    timeout: float,
+) -> str:
+    """Why the supervisor ``up`` started (pid ``supervisor``, which exited with
+    ``exit_code``, or ran until ``up`` stopped it: ``None``) did not start the cluster: its
+    error, then what it wrote to its log (from byte ``log_start``) that the error does not
+    say already."""
+    if exit_code == SUPERVISOR_RUNNING:  # one was started since 'up' looked
+        with contextlib.suppress(EmbeddedError):
+            holder = _lock_holder(state, wait=0.0)
+            if holder is not None:
+                return f"the embedded cluster did not start: {_held_elsewhere(state, holder)}"
+    if failure is None:  # it recorded its error and ended before 'up' looked again
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            recorded = json.loads((state / "cluster.json").read_text())
+            if recorded.get("supervisor") == supervisor:
+                failure = recorded.get("error") or None
+    if failure is None:
+        failure = (
+            f"its supervisor exited with code {exit_code}"
+            if exit_code is not None
+            else f"it was not ready within {timeout:.0f} s"
+        )
+    log = state / "supervisor.log"
+    said = [line for line in _lines_since(log, log_start) if failure not in line]
+    shown = "\n".join(said[-15:])
+    return f"the embedded cluster did not start: {failure}" + (
+        f"\n{log} ends with:\n{shown}" if said else ""
     )
 
 
@@ -885,32 +1114,118 @@ def _stop_starting(supervisor: subprocess.Popen[bytes]) -> None:
         supervisor.wait(timeout=30)  # its last words are in its log once it has ended
 
 
-def _last_line(log: Path) -> str:
-    """The last line a component wrote to its log (its error, when it failed to start)."""
+def _last_line(log: Path, since: int = 0) -> str:
+    """The last meaningful line a component wrote to its log after byte ``since`` (its error,
+    when it failed: a traceback ends with it): not blank, nor a traceback's ``^^^`` marks."""
+    return next(reversed(_lines_since(log, since)), "")[:500]
+
+
+def _lines_since(log: Path, since: int) -> list[str]:
+    """The meaningful lines of ``log`` after byte ``since`` (what one start of a component,
+    or of the supervisor, wrote to a log appended across starts)."""
     try:
-        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        with log.open("rb") as handle:
+            handle.seek(since)
+            text = handle.read().decode(errors="replace")
     except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip(" ^~\t")]
+
+
+def _cause(code: int | None, log: Path, since: int = 0) -> str:
+    """What to add to "exited with code N": the signal that killed it, or the last line of
+    what it wrote since it started (why it failed: ``OSError: [Errno 98] Address already in
+    use``), which was only in its log."""
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f" (killed by {signal.Signals(-code).name})"
         return ""
-    return lines[-1][:500] if lines else ""
+    last = _last_line(log, since)
+    return f": {last}" if last else ""
+
+
+def _say(message: str) -> None:
+    """A line of the supervisor's log (its standard output and error)."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}", flush=True)
 
 
 def down(state: Path, timeout: float = 90.0) -> bool:
-    """Stop the cluster of ``state``; whether one was running."""
+    """Stop the cluster of ``state`` (its supervisor, found by ``cluster.json`` or else by its
+    lock) and the runs of its programs its resource manager left running; whether anything
+    of it ran. :class:`StopIncomplete` naming, with their pids, the processes still running
+    after that: only then is the cluster stopped."""
     info = read_info(state)
-    if info is None:
-        return False
-    os.kill(info.supervisor, signal.SIGTERM)
+    try:
+        supervisor = info.supervisor if info is not None else _lock_holder(state)
+    except EmbeddedError as error:
+        raise StopIncomplete(str(error)) from None
+    children = _children_of(info) if info is not None else []
+    if supervisor is not None:
+        _stop_supervisor(state, supervisor, timeout)
+    # The runs a manager that was killed, or had died, left behind (each is a process group of
+    # its own): the supervisor stops them, unless it was killed too.
+    stopped, runs_left = stop_runs(state)
+    ended = supervisor is None or not (_is_supervisor(supervisor, state) or _exiting(supervisor))
+    left = [] if ended else [f"the supervisor (pid {supervisor})"]
+    left += [f"{name} (pid {pid})" for name, pid in _still_running(children)]
+    left += [str(run) for run in runs_left]
+    if left:
+        pids = re.findall(r"(?:pid|command) (\d+)", " ".join(left))
+        raise StopIncomplete(
+            f"the embedded cluster of {state} is not stopped; still running: {', '.join(left)}. "
+            f"Stop them with 'kill -KILL {' '.join(pids)}' (as a user allowed to)"
+        )
+    return supervisor is not None or bool(stopped)
+
+
+def _stop_supervisor(state: Path, supervisor: int, timeout: float) -> None:
+    """SIGTERM the supervisor and wait ``timeout`` seconds for it to stop its cluster; then
+    SIGKILL its process group (with its API and manager; its islands' processes stop as the
+    pipe it held closes)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(supervisor, signal.SIGTERM)
     with contextlib.suppress(ProcessLookupError):  # a stopped one takes it now
-        os.kill(info.supervisor, signal.SIGCONT)
+        os.kill(supervisor, signal.SIGCONT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and (
-        _is_supervisor(info.supervisor, state) or _exiting(info.supervisor)
+        _is_supervisor(supervisor, state) or _exiting(supervisor)
     ):
         time.sleep(0.1)
-    if _is_supervisor(info.supervisor, state):
+    if _is_supervisor(supervisor, state):
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(info.supervisor, signal.SIGKILL)
-    return True
+            os.killpg(supervisor, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while _alive(supervisor) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _children_of(info: ClusterInfo) -> list[tuple[str, int]]:
+    """The processes the supervisor of ``info`` started, named."""
+    children = [("the API", info.api_pid), ("the resource manager", info.manager_pid)]
+    for name, island in info.islands.items():
+        children += [(f"island {name}'s process", pid) for pid in island.get("pids", [])]
+    return [(name, pid) for name, pid in children if pid]
+
+
+def _still_running(children: list[tuple[str, int]], wait: float = 10.0) -> list[tuple[str, int]]:
+    """Those of ``children`` still running after up to ``wait`` seconds (each stops once the
+    pipe its supervisor held closes)."""
+    deadline = time.monotonic() + wait
+
+    def running() -> list[tuple[str, int]]:
+        return [(name, pid) for name, pid in children if _is_cluster_process(pid)]
+
+    while (left := running()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _is_cluster_process(pid: int) -> bool:
+    """Whether ``pid`` runs as a process a supervisor started (not one that took its pid)."""
+    try:
+        return _alive(pid) and b"--exit-with-launcher" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -940,7 +1255,16 @@ def main(argv: list[str] | None = None) -> None:
     except BlockingIOError:
         print(f"another supervisor runs the cluster of {arguments.state}", file=sys.stderr)
         sys.exit(SUPERVISOR_RUNNING)
-    Supervisor(arguments.state, specs, arguments.port).serve()
+    # Who holds the lock, for 'down' and 'up' when cluster.json no longer says it.
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    try:
+        Supervisor(arguments.state, specs, arguments.port).serve()
+    except EmbeddedError as error:
+        # Its message is the whole story ('pathways up' shows it): no traceback to read past.
+        _say(f"the cluster did not start: {error}")
+        sys.exit(1)
 
 
 if __name__ == "__main__":
