@@ -381,6 +381,19 @@ class _Shared:
         self.lock = threading.Lock()
 
 
+def hold_until_done(done: Future[None], held: list[ArrayFuture]) -> None:
+    """Keep the arrays of ``held`` (aliases of inputs from other islands) until ``done``: a
+    user's ``delete`` of one meanwhile freed it on its island before the work reading it here
+    had pulled it, which then failed, or waited for good for it to be made."""
+    if held:
+        done.add_done_callback(lambda _: release_aliases(held))
+
+
+def release_aliases(held: list[ArrayFuture]) -> None:
+    for alias in held:
+        alias.delete()
+
+
 def _release(cluster: Cluster, shared: _Shared) -> None:
     with shared.lock:
         shared.holders -= 1
@@ -444,29 +457,33 @@ def call(
     function_id = function_id_on(session, function, slice.island)
     uploads: list[str] = []
     buffer_ids: list[str] = []
-    foreign: list[ArrayFuture] = []  # kept alive until this call has pulled them
-    for position, value in enumerate(inputs):
-        if isinstance(value, ArrayFuture):
-            if value.slice.island != slice.island:
-                foreign.append(value)
-            try:
-                buffer_ids.append(value.buffer_on(slice.island))
-            except DeletedError as error:
-                label = names[position] if position < len(names) else f"input {position}"
-                raise DeletedError(f"{label} of {node!r}: {error}") from None
-        else:
-            shardings = function.in_shardings_hlo
-            sharding = shardings[position] if position < len(shardings) else None
-            buffer_id = _upload(session, host_array(value), slice, node, sharding)
-            uploads.append(buffer_id)
-            buffer_ids.append(buffer_id)
-    submitted = session.submit(
-        function_id, slice.devices, buffer_ids, len(function.out_avals), name=node
-    )
-    if uploads:  # freed once the computation has used them
-        session.delete(uploads)
-    if foreign:
-        submitted.done.add_done_callback(lambda _, held=foreign: held.clear())
+    foreign: list[ArrayFuture] = []
+    try:
+        for position, value in enumerate(inputs):
+            if isinstance(value, ArrayFuture):
+                try:
+                    buffer_ids.append(value.buffer_on(slice.island))
+                except DeletedError as error:
+                    label = names[position] if position < len(names) else f"input {position}"
+                    raise DeletedError(f"{label} of {node!r}: {error}") from None
+                if value.slice.island != slice.island:
+                    foreign.append(value.alias())
+            else:
+                shardings = function.in_shardings_hlo
+                sharding = shardings[position] if position < len(shardings) else None
+                buffer_id = _upload(session, host_array(value), slice, node, sharding)
+                uploads.append(buffer_id)
+                buffer_ids.append(buffer_id)
+        submitted = session.submit(
+            function_id, slice.devices, buffer_ids, len(function.out_avals), name=node
+        )
+    except BaseException:
+        release_aliases(foreign)
+        raise
+    finally:
+        if uploads:  # freed once the computation has used them (or at once, if not sent)
+            session.delete(uploads)
+    hold_until_done(submitted.done, foreign)
     return [
         ArrayFuture(cluster, slice, buffer_id, aval, node, submitted.done)
         for buffer_id, aval in zip(submitted.outputs, function.out_avals, strict=True)

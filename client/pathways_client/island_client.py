@@ -534,14 +534,18 @@ class IslandClient:
             gone = self._gone.get(buffer_id) or self._ended
             if not gone:
                 self._exported.setdefault(buffer_id, []).append(to)
-                made = not any(
-                    buffer_id in ids
-                    for ids in (*self._produces.values(), *self._call_results.values())
-                )
+                made = not self._producing(buffer_id)
         if gone:
             to.remote_failed([buffer_id], self._why_gone(gone))
         elif made:  # else when its computation completes (see ``_on_event``)
             to.remote_ready([buffer_id])
+
+    def _producing(self, buffer_id: str) -> bool:
+        """Whether a computation or call of this session still to complete writes
+        ``buffer_id`` (called holding the lock)."""
+        return any(
+            buffer_id in ids for ids in (*self._produces.values(), *self._call_results.values())
+        )
 
     def remote_ready(self, buffer_ids: Sequence[str]) -> None:
         """Buffers placed here from another island while pending there are made (see
@@ -571,7 +575,13 @@ class IslandClient:
             to.remote_failed(ids, self._why_gone(reason))
 
     def delete(self, buffer_ids: Sequence[str]) -> None:
-        """Free buffers once the computations queued before this call have used them."""
+        """Free buffers once the computations queued before this call have used them. One
+        placed on another island and not made yet never will be there: work there reading
+        it fails now, naming why (it waited for it for good)."""
+        with self._lock:
+            unmade = [b for b in buffer_ids if b in self._exported and self._producing(b)]
+        if unmade:
+            self._tell_importers(dict.fromkeys(unmade, "it was deleted before it was made"))
         for buffer_id in buffer_ids:
             self._locations.pop(buffer_id, None)
             self._gone.pop(buffer_id, None)

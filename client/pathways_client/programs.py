@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from pydantic import ValidationError
 
-from pathways_client.errors import NodeFailed
+from pathways_client.errors import DeletedError, NodeFailed
 from pathways_client.functions import CompiledFunction
 from pathways_client.futures import (
     HOST_OPERATIONS,
@@ -32,9 +32,12 @@ from pathways_client.futures import (
     call,
     describe,
     function_id_on,
+    hold_until_done,
     host_array,
+    is_weak,
     put,
     refuses_host_operations,
+    release_aliases,
 )
 from pathways_client.island_client import IslandClient, IslandError, ProgramTooLarge
 from pathways_client.parameters import Parameters, Statics, statics_key, with_statics
@@ -399,19 +402,26 @@ def _call_on_island(
             raise
         registered[placement] = program_id
     uploaded = _upload_host_values(order, functions, arguments, constants)
-    buffer_ids, foreign = [], []
-    for ref in used:
-        given = (arguments if ref.source is Source.ARGUMENT else constants)[ref.index]
-        if ref in uploaded:
-            # Deleted when dropped: after this call, which was queued before.
-            buffer_ids.append(uploaded[ref].result().buffer_id)
-            continue
-        if given.slice.island != island:
-            foreign.append(given)
-        buffer_ids.append(given.buffer_on(island))
-    submitted = session.call(program_id, buffer_ids)
-    if foreign:  # kept alive until the call has pulled them from their island
-        submitted.done.add_done_callback(lambda _, held=foreign: held.clear())
+    buffer_ids: list[str] = []
+    foreign: list[ArrayFuture] = []  # aliases of inputs from other islands, held for the call
+    try:
+        for ref in used:
+            given = (arguments if ref.source is Source.ARGUMENT else constants)[ref.index]
+            if ref in uploaded:
+                # Deleted when dropped: after this call, which was queued before.
+                buffer_ids.append(uploaded[ref].result().buffer_id)
+                continue
+            try:
+                buffer_ids.append(given.buffer_on(island))
+            except DeletedError as error:
+                raise DeletedError(f"input {ref} of the program: {error}") from None
+            if given.slice.island != island:
+                foreign.append(given.alias())
+        submitted = session.call(program_id, buffer_ids)
+    except BaseException:
+        release_aliases(foreign)
+        raise
+    hold_until_done(submitted.done, foreign)
     producers = {node.name: functions[node.function] for node in order}
     futures = {}
     for ref, buffer_id in zip(results, submitted.outputs, strict=True):
@@ -543,9 +553,7 @@ def _aval(value: Any) -> jax.ShapeDtypeStruct:
         return value.aval
     array = host_array(value)
     # A Python number is weakly typed, as in jax.jit.
-    return jax.ShapeDtypeStruct(
-        array.shape, array.dtype, weak_type=type(value) in (int, float, complex)
-    )
+    return jax.ShapeDtypeStruct(array.shape, array.dtype, weak_type=is_weak(value))
 
 
 def _label(name: str) -> str:

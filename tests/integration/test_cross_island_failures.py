@@ -4,11 +4,14 @@ out the pull (30 s a holder, up to 120 s), holding up its executor's other work 
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import increment, settled_executor_infos
@@ -134,3 +137,65 @@ def test_reading_an_array_whose_holder_was_lost_fails_once_its_island_says_so(
             assert time.monotonic() - began < 15
         finally:
             os.kill(holder, signal.SIGCONT)
+
+
+def test_an_array_deleted_once_another_islands_work_reads_it_is_kept_for_that_work(
+    islands,
+) -> None:
+    """``x.delete()`` right after a call on another island was given ``x`` (as a jax.Array's
+    delete, after the work already queued): its island freed it before the reader pulled it,
+    which then failed ("unknown buffer"), or, ``x`` not made yet, waited for good, holding up
+    its island's later work."""
+    near, far = islands
+    with pw.connect(islands={"near": near.scheduler_endpoint, "far": far.scheduler_endpoint}) as c:
+        far_one, near_one = c.slice(devices=1, island="far"), c.slice(devices=1, island="near")
+
+        def slow(v):
+            m = jnp.full((128, 128), 1e-3, jnp.float32)
+            w = jax.lax.fori_loop(0, 1500, lambda i, u: jnp.tanh(u @ m), jnp.ones((128, 128)))
+            return v * 2 + w[0, 0] * 0
+
+        produce = pw.function(slow, slice=far_one, name="produce")
+        consume = pw.function(lambda v: v + 1, slice=near_one, name="consume")
+        twice = pw.program(lambda v: consume(consume(v)))
+        ones = np.ones(4, np.float32)
+        np.testing.assert_array_equal(consume(produce(ones)).result(), np.full(4, 3.0))
+        for made in (False, True):
+            x = produce(ones)
+            if made:
+                x.wait()
+            y, z = consume(x), twice(x)
+            x.delete()
+            np.testing.assert_array_equal(y.result(timeout=60), np.full(4, 3.0))
+            np.testing.assert_array_equal(z.result(timeout=60), np.full(4, 4.0))
+            del y, z
+        gc.collect()
+        for island in (near, far):
+            assert [i.buffers for i in settled_executor_infos(island, [0], within=30)] == [0]
+
+
+def test_a_buffer_deleted_before_it_was_made_fails_another_islands_reader_at_once(
+    islands,
+) -> None:
+    """Through the island clients, which hold nothing for the reader: it waited for good."""
+    near, far = islands
+    here = IslandClient(near.scheduler_endpoint, "tenant")
+    there = IslandClient(far.scheduler_endpoint, "tenant")
+    try:
+        add_here, add_there = here.register(increment()), there.register(increment())
+        x = there.put(np.zeros(4, np.float32), device=0)
+        there.submit(add_there, [0], [x], 1).wait(60)  # compiled: the next one is quick
+        assert far.scheduler is not None
+        os.kill(far.scheduler.popen.pid, signal.SIGSTOP)  # the producer waits to be sent
+        wait_until_stopped(far.scheduler.popen.pid)
+        produced = there.submit(add_there, [0], [x], 1).outputs[0]
+        remote = here.place_remote(there.holders(produced))
+        there.export(produced, here)
+        reader = here.submit(add_here, [1], [remote], 1)
+        there.delete([produced])
+        with pytest.raises(IslandError, match=r"island 'far', it was deleted before it was made"):
+            reader.wait(30)
+        os.kill(far.scheduler.popen.pid, signal.SIGCONT)
+    finally:
+        here.close()
+        there.close()

@@ -630,6 +630,28 @@ def test_a_deleted_future_raises_clearly(cluster: pw.Cluster) -> None:
             increment(value)
 
 
+def test_a_call_refused_for_a_deleted_argument_leaves_no_upload_behind(
+    island: LocalIsland, cluster: pw.Cluster
+) -> None:
+    """The host values uploaded before a later argument was found deleted stayed on the
+    executor for good, one array a refused call; a program's refusal names the input."""
+    from conftest import executor_infos, settled_executor_infos
+
+    before = [info.buffers for info in executor_infos(island)]  # (the tests' before, going)
+    one = cluster.slice(devices=1)
+    add = pw.function(lambda a, b: a + b, slice=one, name="add")
+    twice = pw.program(lambda a, b: add(add(a, b), b))
+    gone = pw.put(np.ones(1000, np.float32), one)
+    gone.delete()
+    for _ in range(3):
+        with pytest.raises(pw.DeletedError, match=r"argument 'b' \(position 1\)"):
+            add(np.ones(1000, np.float32), gone)
+        with pytest.raises(pw.DeletedError, match=r"input .* of the program: .*was deleted"):
+            twice(np.ones(1000, np.float32), gone)
+    after = [info.buffers for info in settled_executor_infos(island, before, within=30)]
+    assert all(now <= then for now, then in zip(after, before, strict=True)), (before, after)
+
+
 def test_a_failed_node_raises_with_its_name_island_and_the_executors_message(
     cluster: pw.Cluster,
 ) -> None:
@@ -832,9 +854,11 @@ def test_weak_types_promote_as_in_jax(cluster: pw.Cluster) -> None:
     x = np.ones(3, jnp.bfloat16)
     rate = schedule(3)
     assert rate.aval.weak_type and pw.put(0.1, one).aval.weak_type
+    scaled = pw.program(lambda x, s: multiply(x, s))  # (a program's arguments too)
     for scale in (rate, pw.put(0.1, one), jnp.asarray(0.1), 0.1):
         expected = jax.jit(lambda x, s: x * s)(x, jnp.asarray(0.1)).dtype
         assert multiply(x, scale).dtype == expected == jnp.bfloat16, scale
+        assert scaled(x, scale).result().dtype == expected, scale
     np.testing.assert_allclose(multiply(x, rate).result().astype(np.float32), 0.0125, rtol=1e-2)
 
 
