@@ -17,7 +17,7 @@ import pytest
 from conftest import increment, settled_executor_infos
 
 import pathways_client as pw
-from pathways_client.island_client import IslandClient, IslandError
+from pathways_client.island_client import IslandClient, IslandError, Submitted
 from pathways_client.launcher import LocalIsland
 
 
@@ -39,15 +39,7 @@ def test_reading_an_array_whose_islands_scheduler_died_fails_at_once(islands) ->
     here = IslandClient(near.scheduler_endpoint, "tenant")
     there = IslandClient(far.scheduler_endpoint, "tenant")
     try:
-        add_here, add_there = here.register(increment()), there.register(increment())
-        x = there.put(np.zeros(4, np.float32), device=0)
-        assert far.scheduler is not None
-        os.kill(far.scheduler.popen.pid, signal.SIGSTOP)  # it never dispatches the producer
-        wait_until_stopped(far.scheduler.popen.pid)
-        produced = there.submit(add_there, [0], [x], 1).outputs[0]
-        remote = here.place_remote(there.holders(produced))
-        there.export(produced, here)
-        reader = here.submit(add_here, [1], [remote], 1)
+        add_here, reader, remote, _ = read_while_unsent(here, there, far)
         time.sleep(0.5)
         far.scheduler.popen.kill()
         began = time.monotonic()
@@ -63,6 +55,24 @@ def test_reading_an_array_whose_islands_scheduler_died_fails_at_once(islands) ->
     finally:
         here.close()
         there.close()
+
+
+def read_while_unsent(
+    here: IslandClient, there: IslandClient, far: LocalIsland
+) -> tuple[str, Submitted, str, str]:
+    """A computation of ``here`` (device 1) reading what one of ``there`` makes, with
+    ``far``'s scheduler stopped so that producer is never sent: the function it calls, the
+    reader, the id its input is placed under here, and the producer's output there."""
+    add_here, add_there = here.register(increment()), there.register(increment())
+    x = there.put(np.zeros(4, np.float32), device=0)
+    there.submit(add_there, [0], [x], 1).wait(60)  # compiled: the producer would be quick
+    assert far.scheduler is not None
+    os.kill(far.scheduler.popen.pid, signal.SIGSTOP)
+    wait_until_stopped(far.scheduler.popen.pid)
+    produced = there.submit(add_there, [0], [x], 1).outputs[0]
+    remote = here.place_remote(there.holders(produced))
+    there.export(produced, here)
+    return add_here, here.submit(add_here, [1], [remote], 1), remote, produced
 
 
 def wait_until_stopped(pid: int) -> None:
@@ -182,16 +192,7 @@ def test_a_buffer_deleted_before_it_was_made_fails_another_islands_reader_at_onc
     here = IslandClient(near.scheduler_endpoint, "tenant")
     there = IslandClient(far.scheduler_endpoint, "tenant")
     try:
-        add_here, add_there = here.register(increment()), there.register(increment())
-        x = there.put(np.zeros(4, np.float32), device=0)
-        there.submit(add_there, [0], [x], 1).wait(60)  # compiled: the next one is quick
-        assert far.scheduler is not None
-        os.kill(far.scheduler.popen.pid, signal.SIGSTOP)  # the producer waits to be sent
-        wait_until_stopped(far.scheduler.popen.pid)
-        produced = there.submit(add_there, [0], [x], 1).outputs[0]
-        remote = here.place_remote(there.holders(produced))
-        there.export(produced, here)
-        reader = here.submit(add_here, [1], [remote], 1)
+        _, reader, _, produced = read_while_unsent(here, there, far)
         there.delete([produced])
         with pytest.raises(IslandError, match=r"island 'far', it was deleted before it was made"):
             reader.wait(30)
