@@ -1,5 +1,5 @@
 """How the island backend reads values for its client, with the island replaced by a counter:
-a sharded array's shards read at once fetch its value once, each session copies on threads of
+a sharded array's shards read at once fetch its value once (kept until each is read), each session copies on threads of
 its own, and a read asked for before a delete reads what was asked for."""
 
 from __future__ import annotations
@@ -44,12 +44,17 @@ def test_the_shards_of_a_value_read_at_once_fetch_it_once() -> None:
     from the island and in the proxy's memory (3.4 GiB for a 256 MiB array)."""
     island = CountingIsland()
     reader = session(island)
-    buffer = _Buffer("b", VALUE.shape)
+    buffer = _Buffer("b", VALUE.shape, viewers=8)  # (as the session's stores count them)
     shards = [_Array(buffer=buffer, index=(slice(i, i + 1),)) for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
         parts = list(pool.map(lambda shard: reader._reader(shard)(), shards))
     assert island.gets == ["b"]
     assert [part.tolist() for part in parts] == [[float(i)] for i in range(8)]
+    # Each view read, the value is let go: it pinned a host copy of the whole array in the
+    # proxy for as long as the client held the array (JAX keeps its shards with it).
+    assert buffer.host is None
+    assert reader._reader(shards[3])().tolist() == [3.0]
+    assert island.gets == ["b", "b"]
 
 
 def test_each_session_copies_on_threads_of_its_own() -> None:

@@ -51,3 +51,17 @@ def test_a_device_named_before_init_is_said_to_need_init() -> None:
         "FAILED_PRECONDITION",
         "the session has not been initialized (Init)",
     )
+
+
+def test_a_session_remembers_its_latest_deleted_handles_only(monkeypatch) -> None:
+    """Every handle deleted was kept for the session's life: two a step of a training loop
+    (an upload and a read), 62.5 MiB a million, with no buffer held."""
+    from pathways_client.proxy import session
+
+    monkeypatch.setattr(session, "DELETED_KEPT", 3)
+    buffers = HostBuffers()
+    for handle in range(1, 11):
+        assert buffers.store(handle, np.zeros(1, np.uint8)) == ""
+        buffers.take(handle, 1.0)
+    assert len(buffers._deleted) == 3
+    assert buffers.lookup(10, 0.0) == "host buffer handle 10 was deleted"  # at once

@@ -75,10 +75,14 @@ class _Buffer:
     shape: tuple[int, ...]
     done: Future | None = None  # the producing computation's completion (None: uploaded)
     refs: int = 0
-    # The value fetched for the shards (views) that were copied to the host, kept while views
-    # of it live (a sharded array read by the client is read shard by shard).
+    # The value fetched for the shards (views) of it being read, kept until each view has
+    # been read once (a sharded array read by the client is read shard by shard), or while
+    # views of it live, for views of the same shard. (Kept while views lived, a sharded
+    # array read once pinned a host copy of it in the proxy for the array's life: JAX keeps
+    # its shards as long as the array.)
     host: np.ndarray | None = None
     viewers: int = 0
+    read: set[str] = field(default_factory=set)  # the views (their index) read since fetched
     # Held while its value is fetched for views: the shards the client reads at once wait for
     # one fetch (each fetched the whole value: 8 shards, 8 times the array's bytes).
     fetching: threading.Lock = field(default_factory=threading.Lock)
@@ -336,19 +340,24 @@ class IslandSession(ArraySession):
         except (IslandError, OSError) as error:
             raise ProxyError(_code(error), f"array: {_why(error)}") from None
 
-    def _viewed(self, buffer: _Buffer) -> np.ndarray:
-        """A buffer's value kept for the views (shards) of it to come, fetched once."""
+    def _viewed(self, buffer: _Buffer, index: Index) -> np.ndarray:
+        """A view (shard) of a buffer's value, fetched once for the views read one after
+        another, and let go once each has been read."""
         with buffer.fetching:
             if buffer.host is None:
-                buffer.host = self._fetch(buffer)
-            return buffer.host
+                buffer.host, buffer.read = self._fetch(buffer), set()
+            value = buffer.host[index]
+            buffer.read.add(repr(index))
+            if len(buffer.read) >= buffer.viewers:
+                buffer.host = None
+            return value
 
     def _value(self, array: _Array) -> np.ndarray:
         assert array.buffer is not None
         return self._value_of(array.buffer, array.index)
 
     def _value_of(self, buffer: _Buffer, index: Index | None) -> np.ndarray:
-        return self._fetch(buffer) if index is None else self._viewed(buffer)[index]
+        return self._fetch(buffer) if index is None else self._viewed(buffer, index)
 
     def _input(self, array: _Array, field_name: str) -> str:
         """The island buffer holding ``array``'s value (a shard is uploaded once, when first

@@ -28,6 +28,8 @@ from pathways_client.proxy.errors import ProxyError, code_number
 
 log = logging.getLogger(__name__)
 _STOP = object()
+DELETED_KEPT = 65_536
+"""Deleted host buffer handles a session remembers, so a lookup of one fails at once."""
 
 
 class HostBuffers:
@@ -38,7 +40,9 @@ class HostBuffers:
         self._cond = threading.Condition()
         self._data: dict[int, np.ndarray] = {}
         # Handles deleted: a lookup of one fails at once instead of waiting for a store.
-        self._deleted: set[int] = set()
+        # (The latest DELETED_KEPT: the stock client never reuses a handle, and a set of all of
+        # them grew by two entries a step of a training loop, for the session's life.)
+        self._deleted: dict[int, None] = {}
         self._closed = ""
         # Coroutines waiting for a handle: each a future of its event loop, set when it changes.
         self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
@@ -104,7 +108,9 @@ class HostBuffers:
         with self._cond:
             if self._data.pop(handle, None) is None:
                 return f"host buffer handle {handle} not found"
-            self._deleted.add(handle)
+            self._deleted[handle] = None
+            if len(self._deleted) > DELETED_KEPT:
+                del self._deleted[next(iter(self._deleted))]  # the oldest
             self._changed(handle)
         return ""
 
