@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import executor_infos, settled_executor_infos
 from jax.sharding import PartitionSpec as P
 
 import pathways_client as pw
@@ -635,8 +636,6 @@ def test_a_call_refused_for_a_deleted_argument_leaves_no_upload_behind(
 ) -> None:
     """The host values uploaded before a later argument was found deleted stayed on the
     executor for good, one array a refused call; a program's refusal names the input."""
-    from conftest import executor_infos, settled_executor_infos
-
     before = [info.buffers for info in executor_infos(island)]  # (the tests' before, going)
     one = cluster.slice(devices=1)
     add = pw.function(lambda a, b: a + b, slice=one, name="add")
