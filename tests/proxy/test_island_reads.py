@@ -1,6 +1,7 @@
 """How the island backend reads values for its client, with the island replaced by a counter:
-a sharded array's shards read at once fetch its value once (kept until each is read), each session copies on threads of
-its own, and a read asked for before a delete reads what was asked for."""
+a sharded array's shards read at once fetch its value once (kept until each is read), each
+session copies on threads of its own, and a read asked for before a delete reads what was
+asked for."""
 
 from __future__ import annotations
 
