@@ -336,9 +336,14 @@ def test_commands_warn_that_the_cluster_runs_without_a_part(broken_cluster: Path
     shown = pathways("get", "--state", str(broken_cluster), "--tenant", "team-a")
     assert shown.exit_code == 0, shown.output
     warning = " ".join(shown.stderr.split())
-    broken = f"the embedded cluster of {broken_cluster} runs without a part: {SUPERVISOR_GAVE_UP}"
+    broken = runs_without_a_part(broken_cluster)
     assert f"warning: {broken}" in warning, warning
     assert "Run 'pathways down', then 'pathways up'" in warning
+
+
+def runs_without_a_part(state: Path) -> str:
+    """What the CLI says of the embedded cluster of ``state`` whose supervisor gave up."""
+    return f"the embedded cluster of {state} runs without a part: {SUPERVISOR_GAVE_UP}"
 
 
 def test_submit_wait_stops_at_once_naming_the_part_that_is_down(
@@ -353,7 +358,7 @@ def test_submit_wait_stops_at_once_naming_the_part_that_is_down(
     assert time.monotonic() - began < 8
     assert waited.exit_code == 1
     said = " ".join(waited.stderr.split())
-    broken = f"the embedded cluster of {broken_cluster} runs without a part: {SUPERVISOR_GAVE_UP}"
+    broken = runs_without_a_part(broken_cluster)
     assert f"stopped waiting: {broken}" in said, said
     assert "'pathways down', then 'pathways up'" in said
     assert "the programs stay submitted" in said
@@ -369,7 +374,7 @@ def test_delete_stops_waiting_at_once_naming_the_part_that_is_down(
     assert time.monotonic() - began < 8
     assert deleted.exit_code == 1
     said = " ".join(deleted.stderr.split())
-    broken = f"the embedded cluster of {broken_cluster} runs without a part: {SUPERVISOR_GAVE_UP}"
+    broken = runs_without_a_part(broken_cluster)
     assert f"first: stopped waiting for it to be deleted: {broken}" in said, said
     assert "'pathways down', then 'pathways up'" in said
 
