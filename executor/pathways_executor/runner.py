@@ -23,7 +23,7 @@ from collections.abc import Callable as Fn
 from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -60,6 +60,11 @@ INPUT_TIMEOUT_SECONDS = 120.0
 # per second (its devices ran dry at each wait).
 MAX_OUTSTANDING = 8
 RESUME_AT = 4
+# How the runtime launches a multi-device computation on this host's devices (see
+# ``_launch_path``): on the caller's thread when one device here takes part, else on each
+# device's launch thread.
+ONE_HERE = "one device here"
+SEVERAL_HERE = "several devices here"
 # Completions held while more work is in hand go out at the latest this long after the first
 # of them finished, or once this many are held.
 LINGER_SECONDS = 0.002
@@ -109,6 +114,18 @@ def _donatable(
             and arguments[position] is values[position]  # a device array, laid out as expected
         )
     )
+
+
+def _launch_path(devices: Sequence[jax.Device]) -> str | None:
+    """How the runtime launches a computation on ``devices`` here, None for one device (no
+    collective). The two paths order launches apart: a collective launched on one device
+    here could overtake one launched on several, which other hosts launched in the
+    commands' order, and both hung waiting for each other (see ``Runner._bound_outstanding``)."""
+    if len(devices) <= 1:
+        return None
+    process = jax.process_index()
+    here = sum(1 for device in devices if device.process_index == process)
+    return ONE_HERE if here == 1 else SEVERAL_HERE
 
 
 def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
@@ -312,6 +329,16 @@ class _Dispatched:
 _Moves = tuple[tuple[str, bool, SingleDeviceSharding, tuple[list[Any], ...]], ...]
 
 
+class _Bound(NamedTuple):
+    """A program's step resolved for its devices (see ``Runner._bind``)."""
+
+    function: Callable
+    devices: list[jax.Device]
+    donatable: tuple[int, ...]  # positions of the inputs it may take over
+    moves: _Moves | None
+    path: str | None  # how the runtime launches it (``_launch_path``)
+
+
 def _moved(
     moves: _Moves, local: dict[str, Any], donatable: tuple[int, ...], through: set[str]
 ) -> tuple[list[Any], tuple[int, ...]]:
@@ -365,8 +392,8 @@ def _is_link(known: Plan, position: int) -> bool:
     if position == 0:
         return False
     step, before = known.steps[position], known.steps[position - 1]
-    function, devices, _, moves = known.bound[position]
-    producer, producer_devices, _, _ = known.bound[position - 1]
+    function, devices, _, moves, _ = known.bound[position]
+    producer, producer_devices = known.bound[position - 1][:2]
     return (
         moves is not None
         and len(moves) == 1
@@ -383,7 +410,7 @@ def _is_link(known: Plan, position: int) -> bool:
 def _is_head(known: Plan, position: int) -> bool:
     """Whether a checked plan's step at ``position`` is a head (see _LinkRun)."""
     step = known.steps[position]
-    function, devices, _, _ = known.bound[position]
+    function, devices = known.bound[position][:2]
     return (
         _COPY is not None
         and len(step.inputs) == 1
@@ -426,13 +453,13 @@ def _link_run(known: Plan, positions: list[int]) -> _LinkRun:
     first is one."""
     links = []
     for position in positions:
-        function, devices, _, moves = known.bound[position]
+        function, devices, _, moves, _ = known.bound[position]
         if function.moves_inputs:
             copy = None
         elif moves is None:  # a head
             copy = _copy_arguments(function.in_shardings[0])
         else:
-            producer_device = known.bound[position - 1][1][0]
+            producer_device = known.bound[position - 1].devices[0]
             copy = moves[0][3] if producer_device != devices[0] else None
         links.append((known.steps[position].index, function.run, copy))
     first, last = known.steps[positions[0]], known.steps[positions[-1]]
@@ -445,7 +472,7 @@ def _link_run(known: Plan, positions: list[int]) -> _LinkRun:
         output=output,
         result=result,
         stored=last.stored[0],
-        head=known.bound[positions[0]][0] if head else None,
+        head=known.bound[positions[0]].function if head else None,
         argument=first.inputs[0][1] if head else -1,
     )
 
@@ -547,6 +574,7 @@ class Runner:
         # Multi-device computations dispatched and not yet waited for, oldest first: what is
         # ready once each is done (see MAX_OUTSTANDING).
         self._in_flight: deque[Sequence[Any]] = deque()
+        self._in_flight_path: str | None = None  # how they were launched (``_launch_path``)
         # The latest computation ids in execution order, for tests and traces (bounded: an
         # executor runs for weeks).
         self.executed: deque[str] = deque(maxlen=EXECUTED_KEPT)
@@ -802,7 +830,7 @@ class Runner:
                 if value is PENDING:
                     value = self._await_input(buffer_id, held)
                 values.append(value)
-            collective = len(devices) > 1
+            collective = _launch_path(devices)
             arguments = self._arguments(function, values, collective)
             donations = _donatable(
                 computation, function, values, arguments, last_uses, self._watched
@@ -839,7 +867,7 @@ class Runner:
         for buffer_id, value in zip(computation.outputs, outputs, strict=True):
             self.buffers.set(buffer_id, value)
         if collective:
-            self._note_collective(record.awaited)
+            self._note_collective(record.awaited, collective)
         self.executed.append(computation.id)
         self._dispatched.append(record)
         if unprepared:
@@ -853,16 +881,17 @@ class Runner:
         one host missing hung them, then paired every later collective of the island's hosts
         with the wrong one (other tenants got wrong values, then hung)."""
         process = jax.process_index()
-        if all(device.process_index == process for device in devices):
+        path = _launch_path(devices)
+        if path is None or all(device.process_index == process for device in devices):
             return
         try:
-            self._bound_outstanding()
+            self._bound_outstanding(path)
             zeros = [
                 place(np.zeros(aval.shape, aval.dtype), sharding)
                 for aval, sharding in zip(function.in_avals, function.in_shardings, strict=True)
             ]
             awaited, _, _, _ = self._launch(function, zeros, ())
-            self._note_collective(awaited)
+            self._note_collective(awaited, path)
         except Exception:  # the failure reported is the first one
             log.exception("executor %d: launching %r on zeros failed", self.index, function.name)
 
@@ -886,14 +915,15 @@ class Runner:
             stamped.wait()
 
     def _arguments(
-        self, function: Callable, values: list[Any], collective: bool, check: bool = True
+        self, function: Callable, values: list[Any], collective: str | None, check: bool = True
     ) -> list[Any]:
         """The inputs laid out as ``function`` expects (checked first unless ``check`` is
-        false), once there is room for a multi-device computation (see MAX_OUTSTANDING)."""
+        false), once there is room for a multi-device computation launched as ``collective``
+        says (see ``_bound_outstanding``)."""
         if check:
             check_inputs(function, values)
         if collective:
-            self._bound_outstanding()
+            self._bound_outstanding(collective)
         placed = []
         for position, (value, sharding) in enumerate(
             zip(values, function.in_shardings, strict=True)
@@ -906,9 +936,11 @@ class Runner:
                 raise
         return placed
 
-    def _note_collective(self, awaited: Sequence[Any]) -> None:
-        """A multi-device computation was dispatched (see MAX_OUTSTANDING)."""
+    def _note_collective(self, awaited: Sequence[Any], path: str) -> None:
+        """A multi-device computation was dispatched, launched as ``path`` says (see
+        ``_bound_outstanding``)."""
         self._in_flight.append(awaited)
+        self._in_flight_path = path
 
     def _call(self, command: pb.ExecutorCommand) -> None:
         """This executor's nodes of a program call, in program order, each dispatched as a
@@ -981,7 +1013,7 @@ class Runner:
             if upstream:
                 with contextlib.suppress(Exception):  # its own failure is named below it
                     resolved = bound.get(position) or bound.setdefault(position, self._bind(step))
-                    self._launch_unused(resolved[0], resolved[1])
+                    self._launch_unused(resolved.function, resolved.devices)
                 self._fail_outputs(call, step, upstream, failed)
                 continue
             held: list[str] = []
@@ -991,8 +1023,7 @@ class Runner:
                 resolved = bound.get(position)
                 if resolved is None:
                     resolved = bound[position] = self._bind(step)
-                function, devices, donatable, moves = resolved
-                collective = len(devices) > 1
+                function, _, donatable, moves, collective = resolved
                 if moves is not None and checked:
                     # A chain's node, the common case: see _Moves.
                     arguments, donations = _moved(moves, local, donatable, through)
@@ -1050,7 +1081,7 @@ class Runner:
                     self.buffers.release(buffer_id)
             if problem:
                 if resolved is not None and not launched:
-                    self._launch_unused(resolved[0], resolved[1])
+                    self._launch_unused(resolved.function, resolved.devices)
                 failure = failure or problem
                 self._fail_outputs(call, step, problem, failed)
                 continue
@@ -1078,7 +1109,7 @@ class Runner:
                     record.dispatching = True
                     self._dispatched.append(record)
                     self._hand_over()
-                self._note_collective(awaited)
+                self._note_collective(awaited, collective)
             if unprepared:
                 to_prepare.setdefault((id(function), unprepared), (function, arguments))
         if not (known.checked or failure):
@@ -1145,12 +1176,11 @@ class Runner:
             through.add(run.output)
         return ""
 
-    def _bind(
-        self, step: Step
-    ) -> tuple[Callable, list[jax.Device], tuple[int, ...], _Moves | None]:
+    def _bind(self, step: Step) -> _Bound:
         """A step's function resolved for its devices, the positions of the inputs it may
-        take over (a local output at its last read, of an output's shape and layout), and
-        how its inputs are moved to its device where that takes no checks (see _Moves)."""
+        take over (a local output at its last read, of an output's shape and layout), how
+        its inputs are moved to its device where that takes no checks (see _Moves), and how
+        the runtime launches it."""
         node = step.node
         key = (node.function_id, tuple(node.devices))
         function, devices = self._executable(node, key)
@@ -1166,7 +1196,8 @@ class Runner:
                 (name, last, sharding, _copy_arguments(sharding))
                 for (name, last), sharding in zip(step.local_reads, shardings, strict=True)
             )
-        return function, devices, tuple(sorted(step.last_reads & function.donatable)), moves
+        donatable = tuple(sorted(step.last_reads & function.donatable))
+        return _Bound(function, devices, donatable, moves, _launch_path(devices))
 
     def _node_inputs(
         self, call: pb.ProgramCall, step: Step, local: dict[str, Any], held: list[str]
@@ -1296,11 +1327,20 @@ class Runner:
         self.executed.append(computation.id)
         self._dispatched.append(_Dispatched(command, [], dispatched))
 
-    def _bound_outstanding(self) -> None:
-        if len(self._in_flight) < MAX_OUTSTANDING:
+    def _bound_outstanding(self, path: str) -> None:
+        """Wait, before launching a multi-device computation as ``path`` says, for the oldest
+        ones in flight until RESUME_AT are left if MAX_OUTSTANDING are; for all of them if
+        they were launched the other way: the runtime orders each way's launches apart, so
+        the next could overtake them here and not on another host (a 4-device collective and
+        a 2-device one across two hosts hung so, each host in the other's first)."""
+        if self._in_flight and path != self._in_flight_path:
+            waited = len(self._in_flight)
+        elif len(self._in_flight) >= MAX_OUTSTANDING:
+            waited = len(self._in_flight) - RESUME_AT
+        else:
             return
         self._hand_over()
-        done = [self._in_flight.popleft() for _ in range(len(self._in_flight) - RESUME_AT)]
+        done = [self._in_flight.popleft() for _ in range(waited)]
         # Newest first: on one device set, once it is done so are the others.
         for awaited in reversed(done):
             for value in awaited:

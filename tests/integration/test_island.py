@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import executor_infos, export, f32, rows, settled_executor_infos
+from conftest import executor_infos, export, f32, rows, settled_executor_infos, slow_square
 from conftest import huge as huge_artifact
 from conftest import increment as increment_of
 from processes import assert_all_stop
@@ -745,3 +745,39 @@ def first_executor_buffers(island: LocalIsland) -> int:
     """Executor 0's buffers (asked alone: a stopped executor answers nothing)."""
     with grpc.insecure_channel(island.executors[0].endpoint) as channel:
         return stub(channel, EXECUTOR, "Info")(pb.Empty(), timeout=10).buffers
+
+
+def test_collectives_on_one_device_of_a_host_and_on_several_keep_one_order(
+    compilation_cache,
+) -> None:
+    """Collectives over both hosts' devices and over one device of each, between slow
+    single-device work: the runtime launches each kind apart, so one overtook the other on one
+    host and not on the other, and both hung (3 runs of 3 out of 3 before the fix). Each
+    collective's value is right too."""
+    everywhere = export(lambda x: x + x.sum(), f32(8), devices=4, sharded=True)
+    pairwise = export(lambda x: x * 0.5 + x.sum(), f32(8), devices=2, sharded=True)
+    # The devices of each step: slow work on one, a collective on more.
+    pattern = [(0,), (0, 1, 2, 3), (1,), (1, 2), (2,), (0, 3), (3,), (2, 3, 0, 1)]
+    pattern += [(0,), (3, 0), (1,), (0, 1, 2, 3), (2,), (1, 2)]
+    value = np.arange(8, dtype=np.float32)
+    with (
+        LocalIsland(hosts=2, devices_per_host=2, compilation_cache=compilation_cache) as island,
+        IslandClient(island.scheduler_endpoint, "kinds") as client,
+    ):
+        functions = {4: client.register(everywhere, "all"), 2: client.register(pairwise, "pair")}
+        slow = client.register(slow_square(30), "slow")
+        square = client.put(np.full((512, 512), 0.01, np.float32), device=0)
+        collectives: list[tuple[Submitted, int]] = []
+        singles: list[Submitted] = []
+        for step, devices in enumerate(pattern * 3):
+            if len(devices) == 1:
+                singles.append(client.submit(slow, list(devices), [square], 1, name=f"{step}"))
+                continue
+            x = client.put(value, device=devices[0])
+            run = client.submit(functions[len(devices)], list(devices), [x], 1, name=f"{step}")
+            collectives.append((run, len(devices)))
+        for run in [run for run, _ in collectives] + singles:
+            run.wait(60)
+        for run, devices in collectives:
+            expected = value + value.sum() if devices == 4 else value * 0.5 + value.sum()
+            np.testing.assert_allclose(client.get(run.outputs[0]), expected)

@@ -156,9 +156,9 @@ def test_at_the_bound_the_runner_waits_for_its_oldest_work_only() -> None:
     waits: list[tuple[int, int, bool]] = []  # in flight before and after, the waited-for done
     bound = runner._bound_outstanding
 
-    def watched() -> None:
+    def watched(path: str) -> None:
         before = list(runner._in_flight)
-        bound()
+        bound(path)
         after = len(runner._in_flight)
         done = all(
             value.is_ready() for awaited in before[: len(before) - after] for value in awaited
@@ -194,10 +194,10 @@ def test_a_call_of_collectives_is_stamped_a_group_of_nodes_at_a_time(monkeypatch
     waits = 0
     bound = runner._bound_outstanding
 
-    def counted_bound() -> None:
+    def counted_bound(path: str) -> None:
         nonlocal waits
         waits += len(runner._in_flight) >= MAX_OUTSTANDING
-        bound()
+        bound(path)
 
     runner._bound_outstanding = counted_bound
     try:
@@ -589,8 +589,8 @@ def test_later_calls_dispatch_runs_of_links_in_one_loop_and_compute_what_the_fir
         # Functions that do not move their inputs (STABLEHLO programs) get a copy where the
         # device changes: b from device 0, none for c (its input on device 1 too), d to 2.
         kept = {
-            i: (dataclasses.replace(f, moves_inputs=False), *rest)
-            for i, (f, *rest) in plan.bound.items()
+            i: bound._replace(function=dataclasses.replace(bound.function, moves_inputs=False))
+            for i, bound in plan.bound.items()
         }
         copying = runner_module._link_runs(dataclasses.replace(plan, bound=kept))
         assert [copy is None for _, _, copy in copying[1].links] == [False, True, False]
