@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from pathways_client.embedded import read_info
+
 sys.path.append(str(Path(__file__).parents[1] / "api"))  # after the rest: shadows nothing
 from api_server import Server, serve
 
@@ -326,6 +328,11 @@ def broken_cluster(server: Server, tmp_path: Path) -> Iterator[Path]:
     )
     record = {"supervisor": supervisor.pid, "api": server.url, "ready": True}
     (state / "cluster.json").write_text(json.dumps({**record, "error": SUPERVISOR_GAVE_UP}))
+    # Once trusted: a loaded CI machine once ran a command before it was (no API, it said).
+    deadline = time.monotonic() + 30
+    while read_info(state) is None:
+        assert time.monotonic() < deadline, f"{state}/cluster.json names no running supervisor"
+        time.sleep(0.05)
     yield state
     supervisor.kill()
     supervisor.wait()
