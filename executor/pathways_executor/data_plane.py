@@ -31,6 +31,10 @@ SEND_TIMEOUT_SECONDS = 60
 # A request may ask to wait at most this long for a buffer.
 MAX_LOOKUP_SECONDS = 600.0
 MAX_BUFFER_ID = 4096
+# How long a pull whose connection failed waits to be told its peer's executor was lost: the
+# scheduler tells at once, but after the death cut the connection, and the failure should name
+# the loss (clients tell it apart: IslandUnavailable), not only the connection's end.
+PEER_LOSS_WAIT_SECONDS = 5.0
 
 
 class DataPlaneServer:
@@ -185,12 +189,14 @@ class Puller:
         self._idle: dict[str, list[socket.socket]] = {}
         self._busy: dict[str, set[socket.socket]] = {}
         self._down: dict[str, str] = {}  # endpoint -> why its executor is lost
+        self._loss_told = threading.Condition(self._lock)
 
     def down(self, endpoint: str, reason: str) -> None:
         """The executor at ``endpoint`` is lost: pulls from it in progress end now, and later
         ones fail at once, with ``reason``."""
         with self._lock:
             self._down[endpoint] = reason
+            self._loss_told.notify_all()
             connections = [*self._idle.pop(endpoint, []), *self._busy.get(endpoint, ())]
         for connection in connections:
             with contextlib.suppress(OSError):  # wakes the pull waiting on it
@@ -252,14 +258,24 @@ class Puller:
             self._check_up(endpoint)
             idle = self._idle.get(endpoint)
             connection = idle.pop() if idle else None
-        if connection is not None:
-            try:
-                self._pull_on(endpoint, connection, exchange)
-                return
-            except _Stale:
-                pass  # the peer closed the kept connection before replying: once more, fresh
-        connection = _connect(endpoint, timeout, self._tls)
-        self._pull_on(endpoint, connection, exchange)
+        try:
+            if connection is not None:
+                try:
+                    self._pull_on(endpoint, connection, exchange)
+                    return
+                except _Stale:
+                    pass  # the peer closed the kept connection before replying: once more, fresh
+            self._pull_on(endpoint, _connect(endpoint, timeout, self._tls), exchange)
+        except OSError:
+            self._await_loss(endpoint)
+            raise
+
+    def _await_loss(self, endpoint: str) -> None:
+        """Raise why the executor at ``endpoint`` was lost if told so within
+        PEER_LOSS_WAIT_SECONDS (a pull it failed by dying)."""
+        with self._loss_told:
+            self._loss_told.wait_for(lambda: endpoint in self._down, PEER_LOSS_WAIT_SECONDS)
+        self._check_up(endpoint)
 
     def _pull_on(
         self, endpoint: str, connection: socket.socket, exchange: Callable[[socket.socket], None]

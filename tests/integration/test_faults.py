@@ -184,3 +184,26 @@ def test_a_finished_computation_is_reported_while_the_clients_others_run(
         assert waited < 1.0, waited
         for item in long:
             item.wait(120)
+
+
+def test_a_read_cut_by_the_death_of_the_executor_serving_it_names_the_loss(
+    compilation_cache,
+) -> None:
+    """A computation whose input's holder died while serving it failed, 2 runs in 3, naming
+    the connection's end only ("Connection reset by peer"): an IslandError, not the
+    IslandUnavailable that says the island, not the request, failed it."""
+    island = LocalIsland(hosts=2, devices_per_host=1, compilation_cache=compilation_cache)
+    with island, IslandClient(island.scheduler_endpoint, "reader") as client:
+        add_one = client.register(increment(), "increment")
+        held = client.submit(add_one, [1], [client.put(np.zeros(4, np.float32), device=1)], 1)
+        held.wait(30)  # its output stays on executor 1
+        holder = island.executors[1].popen
+        holder.send_signal(signal.SIGSTOP)  # the reader's request waits, unanswered
+        try:
+            reading = client.submit(add_one, [0], [held.outputs[0]], 1)
+            time.sleep(1.0)
+        finally:
+            holder.kill()  # dies with the request in hand
+        lost = r"executor 1 \(127\.0\.0\.1:\d+\) is unreachable"
+        with pytest.raises(IslandUnavailable, match=lost):
+            reading.wait(30)

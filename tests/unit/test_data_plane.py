@@ -156,3 +156,23 @@ def test_a_pull_from_a_holder_declared_lost_ends_at_once_with_the_reason() -> No
     with pytest.raises(ConnectionError, match="sent nothing"):  # later pulls fail at once
         fetch(puller, endpoint, "c")
     silent.close()
+
+
+def test_a_pull_cut_by_its_holders_death_names_the_loss_told_just_after() -> None:
+    """The holder's death closes the connection before its loss is told: the pull said only
+    that the connection ended."""
+    dying = socket.create_server(("127.0.0.1", 0))
+    endpoint = f"127.0.0.1:{dying.getsockname()[1]}"
+
+    def die_mid_request() -> None:
+        connection, _ = dying.accept()
+        connection.recv(1)
+        connection.close()
+
+    threading.Thread(target=die_mid_request, daemon=True).start()
+    puller = Puller()
+    loss = "executor 1 (127.0.0.1:1) is unreachable: its command stream ended"
+    threading.Timer(0.5, puller.down, (endpoint, loss)).start()
+    with pytest.raises(ConnectionError, match=r"unreachable: its command stream ended"):
+        fetch(puller, endpoint, "b")
+    dying.close()
