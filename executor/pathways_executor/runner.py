@@ -759,6 +759,16 @@ class Runner:
         if self._calling is not None:
             self._calling.send_nodes()
 
+    def _hand_over_call(self) -> None:
+        """Hand over what was dispatched with the call being dispatched, if any, before its
+        last node: its nodes are then stamped as they end (see ``send_nodes``), not a node
+        dispatched before a wait for another executor's output as ending after it."""
+        calling = self._calling
+        if calling is not None and not calling.dispatching:
+            calling.dispatching = True
+            self._dispatched.append(calling)
+        self._hand_over()
+
     def _lane(self, devices: tuple[int, ...]) -> tuple[int, ...]:
         """The key of the lane reporting computations on ``devices``, started on first use.
         Each device set's completions go out as they are done, not after those of another
@@ -1106,9 +1116,7 @@ class Runner:
                     # (A chain of single-device nodes is short; watched while dispatched, its
                     # nodes woke the completion thread each, and a 16-stage chain across hosts
                     # ran ~5% slower.)
-                    record.dispatching = True
-                    self._dispatched.append(record)
-                    self._hand_over()
+                    self._hand_over_call()
                 self._note_collective(awaited, collective)
             if unprepared:
                 to_prepare.setdefault((id(function), unprepared), (function, arguments))
@@ -1270,7 +1278,7 @@ class Runner:
             raise ComputationError(f"unknown buffer {buffer_id!r}")
         held.append(buffer_id)
         if not self.buffers.ready(buffer_id):
-            self._hand_over()  # completions go on while this input is awaited
+            self._hand_over_call()  # completions go on while this input is awaited
         # Not bounded: its producer is ahead of this computation in the island's order (here,
         # or on another executor, pulled until ready while that executor answers; the
         # scheduler tells its loss), and it comes or fails. Bounded, a consumer of another

@@ -19,6 +19,7 @@ from conftest import (
     increment,
     rows,
     settled_executor_infos,
+    slow_square,
 )
 
 from pathways_client.island_client import IslandClient, IslandError
@@ -197,6 +198,35 @@ def test_each_node_of_a_long_call_is_traced_with_its_own_times(island: LocalIsla
         spans = [r.end_ns - r.start_ns for r in records]
         assert max(spans) < (records[-1].end_ns - records[0].start_ns) / 2, spans
         assert [r.end_ns for r in records] == sorted(r.end_ns for r in records)
+
+
+def test_a_node_before_a_wait_for_the_other_executor_is_stamped_as_it_ends(
+    island: LocalIsland,
+) -> None:
+    """A call of nodes on executor 0, then executor 1 (slow), then executor 0 again: the first
+    node is stamped as it ended, not when the runner's wait for the slow node's output did (it
+    took ~50 ms, the span of the wait, instead of ~1)."""
+    with IslandClient(island.scheduler_endpoint, "crossing-call") as client:
+        add_one = client.register(export(lambda x: x + 1, f32(512, 512)), "increment")
+        slow = client.register(slow_square(60), "slow")
+        nodes = [
+            pb.Computation(id=name, function_id=f, devices=[d], inputs=[i], outputs=[o], name=name)
+            for name, f, d, i, o in [
+                ("first", add_one, 0, "x", "y0"),
+                ("slow", slow, 4, "y0", "y1"),
+                ("last", add_one, 0, "y1", "y2"),
+            ]
+        ]
+        program = client.register_program(nodes, ["x"], ["y2"], name="crossing")
+        x = client.put(np.full((512, 512), 0.01, np.float32), device=0)
+        for _ in range(3):  # the first compiles
+            call = client.call(program, [x])
+            call.wait(60)
+            client.delete(list(call.outputs))
+        records = {r.name: r for r in client.trace() if r.computation_id.startswith(call.id + "/")}
+        first, slowest = records["first"], records["slow"]
+        assert first.end_ns <= slowest.start_ns, (first, slowest)
+        assert first.end_ns - first.start_ns < (slowest.end_ns - slowest.start_ns) / 2
 
 
 def test_a_failing_node_fails_its_call_naming_it_and_the_island_keeps_serving(
