@@ -1469,11 +1469,22 @@ class Runner:
             else:
                 message = f"{type(error).__name__}: {error}"
                 origin = f"computation {label!r} failed on executor {self.index}: {message}"
-            for buffer_id in computation.outputs:
+        self._note_failed(computation.outputs, origin)
+        return message
+
+    def _note_failed(self, buffer_ids: Sequence[str], origin: str) -> None:
+        """Outputs of work that failed on the devices, and the first failure behind them."""
+        with self._failed_lock:
+            for buffer_id in buffer_ids:
                 self._failed[buffer_id] = origin
             while len(self._failed) > FAILED_KEPT:
                 del self._failed[next(iter(self._failed))]
-        return message
+
+    def failure_of(self, buffer_id: str) -> str | None:
+        """The first failure behind an output of work that failed on the devices here, if it
+        is remembered (see FAILED_KEPT)."""
+        with self._failed_lock:
+            return self._failed.get(buffer_id)
 
     def _span(self, devices: Sequence[int], dispatched: int, end: int) -> int:
         """When a computation on ``devices`` that was done at ``end`` started: the devices
@@ -1515,6 +1526,7 @@ class Runner:
             seq=record.command.seq, computation_id=call.id, executor=self.index
         )
         failed = ""  # the first node failing on the devices
+        failing: list[Step] = []
         assert record.nodes is not None
         while (group := record.nodes.get()) is not None:
             in_group = ""
@@ -1525,10 +1537,24 @@ class Runner:
                         value.block_until_ready()
                 except Exception as error:  # the group's first failing node is named last
                     assert record.plan is not None  # a call with nodes was planned here
-                    node = next(s.node for s in record.plan.steps if s.index == index)
-                    in_group = self._node_failure(call, node, f"{type(error).__name__}: {error}")
+                    step = next(s for s in record.plan.steps if s.index == index)
+                    failing.append(step)
+                    message = f"{type(error).__name__}: {error}"
+                    in_group = self._node_failure(call, step.node, message)
             failed = failed or in_group
             self._stamp(event, group, time.time_ns())
+        if failing:
+            event.node_failed.extend(sorted(step.index for step in failing))
+            # A read of a result they made names the first failure, not the devices' words.
+            self._note_failed(
+                [
+                    output_id(call, name, result)
+                    for step in failing
+                    for (name, result), stored in zip(step.outputs, step.stored, strict=True)
+                    if stored
+                ],
+                failed,
+            )
         failure = record.failure or failed  # a dispatch failure comes first, as before
         if record.watched:  # later computations may take them over now
             self._watched.difference_update(record.watched)

@@ -164,7 +164,10 @@ class ExecutorService:
             )
             context.abort(code, str(error))
         except Exception as error:  # the computation failed on the devices
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{type(error).__name__}: {error}")
+            failure = self.runner.failure_of(request.buffer_id)
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, failure or f"{type(error).__name__}: {error}"
+            )
         yield from region_chunks(request.buffer_id, value.dtype, value.shape, regions)
 
     def _wait_for(self, request: pb.ArrayRequest, context: grpc.ServicerContext) -> Any:

@@ -67,9 +67,20 @@ def test_a_call_failing_on_the_devices_names_the_node_that_failed(island: LocalI
             pb.Computation(id="n2", function_id=double, devices=[1], inputs=["b"], outputs=["c"]),
         ]
         program = client.register_program(nodes, ["x"], ["c"], name="failing")
-        call = client.call(program, [client.put(np.ones(4, np.float32), device=1)])
-        with pytest.raises(IslandError, match=r"computation 'huge' of call '.*' failed on exec"):
-            call.wait(60)
+        x = client.put(np.ones(4, np.float32), device=1)
+        for _ in range(2):  # the second call runs its nodes as planned then
+            call = client.call(program, [x])
+            named = rf"computation 'huge' of call '{call.id}' failed on executor 0: .*memory"
+            with pytest.raises(IslandError, match=named):
+                call.wait(60)
+            # A read of its result names the node too, not only what the devices said.
+            with pytest.raises(IslandError, match=rf"get '{call.outputs[0]}': .*{named}"):
+                client.get(call.outputs[0])
+            # The node before the failing one ran: its record is ok, the others' are not.
+            records = {
+                r.name: r.ok for r in client.trace() if r.computation_id.startswith(call.id + "/")
+            }
+            assert records == {"n0": True, "huge": False, "n2": False}
 
 
 def test_a_node_spanning_executors_reads_an_output_made_on_one_of_them(

@@ -86,6 +86,25 @@ def test_a_call_completes_once_with_a_trace_record_per_node() -> None:
     assert all(r.seq == seq and r.client == "a" for r in dispatcher.trace)
 
 
+def test_a_failed_calls_nodes_that_ran_are_traced_ok() -> None:
+    """Every node of a call failing in one was traced as failed, those that ran too."""
+    dispatcher = island()
+    program = registered(dispatcher, chain([0, 0, 0]))
+    seq = to_executors(dispatcher.call("a", call(program, 1)))[-1][1].seq
+    event = pb.ExecutorEvent(seq=seq, computation_id="a/p1", executor=0, ok=False, message="no")
+    event.node_indices.extend([0, 1, 2])
+    event.node_starts_ns.extend([10, 20, 30])
+    event.node_ends_ns.extend([20, 30, 40])
+    event.node_failed.extend([1, 2])
+    (done,) = client_events(dispatcher.executor_event(event))
+    assert done.kind == Event.FAILED
+    assert [(r.computation_id, r.ok) for r in dispatcher.trace] == [
+        ("a/p1/s0", True),
+        ("a/p1/s1", False),
+        ("a/p1/s2", False),
+    ]
+
+
 def test_the_trace_keeps_the_latest_reports_in_order_and_calls_cost_no_records_until_read() -> None:
     """Calls and computations interleaved, far past the trace's limit: the trace holds the
     latest records (the oldest tenth goes at the limit) in the order they were reported, and

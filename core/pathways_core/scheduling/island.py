@@ -1177,9 +1177,10 @@ class IslandDispatcher:
 
     def _node_records(self, event: pb.ExecutorEvent, client: str, item: _Call) -> list[TraceRecord]:
         """A reported call's nodes on its executor, each its own trace record (id
-        ``<call id>/<node id>``, its node's name)."""
+        ``<call id>/<node id>``, its node's name), ok unless it failed on the devices."""
         nodes = item.program.registration.nodes
         records = []
+        failed = set(event.node_failed)
         # Three arrays of one length, from an executor (not strict: a shorter one would only
         # cut the records short, not stop the island).
         for index, start_ns, end_ns in zip(
@@ -1194,7 +1195,7 @@ class IslandDispatcher:
                     event.executor,
                     start_ns,
                     end_ns,
-                    event.ok,
+                    index not in failed,
                     computation_id=intermediate_id(item.call.id, node.id),
                     name=node.name or node.id,
                 )

@@ -329,7 +329,7 @@ class ControlHello(_message.Message):
     def __init__(self, island: _Optional[str] = ..., token: _Optional[str] = ..., scheduler: _Optional[str] = ...) -> None: ...
 
 class ExecutorEvent(_message.Message):
-    __slots__ = ("seq", "computation_id", "ok", "message", "start_ns", "end_ns", "executor", "node_indices", "node_starts_ns", "node_ends_ns")
+    __slots__ = ("seq", "computation_id", "ok", "message", "start_ns", "end_ns", "executor", "node_indices", "node_starts_ns", "node_ends_ns", "node_failed")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     COMPUTATION_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
@@ -340,6 +340,7 @@ class ExecutorEvent(_message.Message):
     NODE_INDICES_FIELD_NUMBER: _ClassVar[int]
     NODE_STARTS_NS_FIELD_NUMBER: _ClassVar[int]
     NODE_ENDS_NS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FAILED_FIELD_NUMBER: _ClassVar[int]
     seq: int
     computation_id: str
     ok: bool
@@ -350,7 +351,8 @@ class ExecutorEvent(_message.Message):
     node_indices: _containers.RepeatedScalarFieldContainer[int]
     node_starts_ns: _containers.RepeatedScalarFieldContainer[int]
     node_ends_ns: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq: _Optional[int] = ..., computation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., executor: _Optional[int] = ..., node_indices: _Optional[_Iterable[int]] = ..., node_starts_ns: _Optional[_Iterable[int]] = ..., node_ends_ns: _Optional[_Iterable[int]] = ...) -> None: ...
+    node_failed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq: _Optional[int] = ..., computation_id: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., executor: _Optional[int] = ..., node_indices: _Optional[_Iterable[int]] = ..., node_starts_ns: _Optional[_Iterable[int]] = ..., node_ends_ns: _Optional[_Iterable[int]] = ..., node_failed: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ArrayChunk(_message.Message):
     __slots__ = ("buffer_id", "dtype", "shape", "total_bytes", "data", "begin", "region_start", "region_stop")
