@@ -105,6 +105,22 @@ def test_a_failed_calls_nodes_that_ran_are_traced_ok() -> None:
     ]
 
 
+def test_a_failure_passed_on_to_another_executor_is_said_once() -> None:
+    """A call failing on executor 0 and, reading its output, on executor 1: the second
+    failure names the first as its cause, so the call's message was the first one twice."""
+    dispatcher = island()
+    program = registered(dispatcher, chain([0, 4]))
+    sent = to_executors(dispatcher.call("a", call(program, 1)))
+    seq = sent[-1][1].seq
+    first = "computation 's0' of call 'a/p1' failed on executor 0: too big"
+    passed_on = f"computation 's1' of call 'a/p1' failed on executor 1: input failed: {first}"
+    for executor, message in [(1, passed_on), (0, first)]:
+        event = pb.ExecutorEvent(seq=seq, executor=executor, ok=False, message=message)
+        done = client_events(dispatcher.executor_event(event))
+    (failed,) = done
+    assert (failed.kind, failed.message) == (Event.FAILED, passed_on)
+
+
 def test_the_trace_keeps_the_latest_reports_in_order_and_calls_cost_no_records_until_read() -> None:
     """Calls and computations interleaved, far past the trace's limit: the trace holds the
     latest records (the oldest tenth goes at the limit) in the order they were reported, and

@@ -1130,7 +1130,7 @@ class IslandDispatcher:
                 kind=Event.FAILED,
                 computation_id=flight.id,
                 seq=seq,
-                message="; ".join(dict.fromkeys(flight.errors)),
+                message=_joined(flight.errors),
             )
         else:
             event = Event(kind=Event.COMPLETED, computation_id=flight.id, seq=seq)
@@ -1253,3 +1253,10 @@ def _foreign_delete(client: str, ids: Sequence[str]) -> ToClient:
         "that made it"
     )
     return ToClient(client, Event(kind=Event.REJECTED, message=message))
+
+
+def _joined(errors: list[str]) -> str:
+    """The executors' failures of one piece of work, each once: one that another carries (a
+    failure passed on downstream names its first cause) is not said again."""
+    distinct = list(dict.fromkeys(errors))
+    return "; ".join(e for e in distinct if not any(e in other for other in distinct if other != e))
