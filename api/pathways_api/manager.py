@@ -706,7 +706,8 @@ class Manager:
             if running is None:
                 try:
                     running = self._start(job)
-                except OSError as error:
+                except (OSError, ValueError) as error:  # (ValueError: a NUL in an argument)
+                    # Failed alone: raised on, it stopped every later run of every tenant.
                     self._write_job(job, failed=True, message=f"could not start: {error}")
                     continue
             started = self.store.write_status(job, {"active": 1, "startTime": now_text()})

@@ -412,3 +412,30 @@ def test_a_yaml_body_without_a_valid_token_is_not_parsed(
     with server.client("token-a") as a:
         answer = a.post("/v1/programs", content=body, headers={"Content-Type": "application/yaml"})
     assert answer.status_code == 422 and parsed == [len(body)]
+
+
+@pytest.mark.parametrize(
+    ("driver", "field", "words"),
+    [
+        ({"source": "print(1)", "env": [{"name": "X", "value": "a\0b"}]}, "env[0].value", "NUL"),
+        ({"command": ["python"], "args": ["-c", "\0"]}, "args[1]", "NUL"),
+        ({"source": "\0"}, "source", "NUL"),
+        # Under the schema's characters, over the bytes of one process argument: it was
+        # accepted, then its runs failed with "Argument list too long".
+        ({"source": "#" + "é" * 70_000}, "source", "140001 bytes in UTF-8"),
+    ],
+    ids=["env", "args", "source", "source-bytes"],
+)
+def test_a_driver_no_process_could_start_is_refused_naming_the_field(
+    default_sized: Server, driver: dict[str, Any], field: str, words: str
+) -> None:
+    """A NUL in a driver's argument was accepted, then stopped the embedded manager from
+    starting any tenant's later run ("embedded null byte" at each round)."""
+    with default_sized.client("token-a") as a:
+        answer = a.post(
+            "/v1/programs", json={**program(), "spec": {**program()["spec"], "driver": driver}}
+        )
+    assert answer.status_code == 422, answer.text[:300]
+    assert error_of(answer)["field"] == f"spec.driver.{field}"
+    assert words in error_of(answer)["message"]
+    assert stored(default_sized) == 0

@@ -212,6 +212,27 @@ def test_a_deleted_program_takes_no_slice_of_its_name_that_is_not_its_own(
     assert phase(store, "VirtualSlice", "job1-main") == "Bound"
 
 
+def test_a_run_no_process_could_start_fails_alone(running: Running) -> None:
+    """A Job whose command held a NUL character (the API now refuses it) raised at each of
+    the manager's rounds before it started anything after it: no tenant's later run began."""
+    store = running.store
+    wait_for(lambda: phase(store, "Island", "local", None) == "Ready", what="island Ready")
+    container = {"name": "driver", "args": ["python", "-c", "print(1)\0"]}
+    store.insert(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "broken", "namespace": "team"},
+            "spec": {"template": {"spec": {"containers": [container]}}},
+        }
+    )
+    submit(store, "hello", "print('hello')")
+    wait_for(lambda: phase(store, "PathwaysProgram", "hello") == "Succeeded", what="Succeeded")
+    (condition,) = store.read("Job", "team", "broken")["status"]["conditions"]
+    assert condition["type"] == "Failed"
+    assert condition["message"] == "could not start: embedded null byte"
+
+
 def test_two_programs_that_fit_only_one_at_a_time_both_run(running: Running) -> None:
     """Their slices bound one by one, gx held 2 devices and gy 1, each waiting for 2 more
     for ever once z had ended (4 devices)."""

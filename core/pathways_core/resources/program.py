@@ -224,6 +224,11 @@ class ProgramGraph(Model):
         return self
 
 
+# The most bytes one argument of a process may hold on Linux (MAX_ARG_STRLEN, 32 pages, with
+# its terminating NUL): inline source is one (``python -c``); a longer one failed to start.
+MAX_ARGUMENT_BYTES = 131_071
+
+
 class Driver(Model):
     """A Python driver that builds and runs the program with the SDK, run as a Kubernetes Job."""
 
@@ -264,8 +269,9 @@ class Driver(Model):
     source: str | None = Field(
         default=None,
         min_length=1,
-        max_length=256_000,
-        description="Inline Python source of the driver, run with the SDK installed.",
+        max_length=MAX_ARGUMENT_BYTES,
+        description="Inline Python source of the driver, run with the SDK installed (at most "
+        f"{MAX_ARGUMENT_BYTES} bytes in UTF-8: it is one argument of the driver's process).",
     )
     env: list[EnvVar] = Field(
         default_factory=list,
@@ -289,6 +295,25 @@ class Driver(Model):
     def _check(self) -> Self:
         if (self.command is None) == (self.source is None):
             raise FieldError("command", "set exactly one of command or source")
+        if self.source is not None and len(self.source.encode()) > MAX_ARGUMENT_BYTES:
+            raise FieldError(
+                "source",
+                f"is {len(self.source.encode())} bytes in UTF-8; at most {MAX_ARGUMENT_BYTES} "
+                "fit in one argument of a process (Linux's limit): ship a longer driver in an "
+                "image and run it with command",
+            )
+        texts = [
+            ("image", self.image or ""),
+            ("source", self.source or ""),
+            *((f"command[{i}]", part) for i, part in enumerate(self.command or ())),
+            *((f"args[{i}]", part) for i, part in enumerate(self.args)),
+            *((f"env[{i}].value", variable.value) for i, variable in enumerate(self.env)),
+        ]
+        for field, text in texts:
+            if "\0" in text:
+                raise FieldError(
+                    field, "holds a NUL character: no process argument or environment value can"
+                )
         for index, variable in enumerate(self.env):
             if variable.name in RUN_VARIABLES:
                 raise FieldError(
