@@ -382,25 +382,45 @@ def _first_problem(invalid: ValidationError, model: type[BaseModel]) -> Problem 
     return min(problems, key=lambda p: not p.message.startswith("unknown"), default=None)
 
 
+# Bodies larger than this are checked on a worker thread: one of 60,000 invalid label keys
+# took 1.3 s to check, and every caller's requests, probes too, waited on the event loop.
+OFF_LOOP_BYTES = 64 << 10
+
+
 def _json_types(model: type[BaseModel]) -> Any:
     """A dependency refusing a body whose values are not of the JSON types the CRD's schema
     names (``"2"`` or ``true`` for an integer, ``"yes"`` for a boolean), as the Kubernetes
-    API server does; FastAPI's validation alone would coerce them."""
+    API server does (FastAPI's validation alone would coerce them), or invalid otherwise."""
 
     async def check(request: Request, _: Caller) -> None:  # (the caller first: 401 before)
         body = await request.body()
-        try:
-            model.model_validate_json(body, strict=True)
-        except ValidationError as invalid:
-            try:
-                model.model_validate_json(body)
-            except ValueError:
-                return  # not a type FastAPI would coerce: its validation answers
-            problem = _first_problem(invalid, model)
-            if problem is not None:
-                raise InvalidField(problem.message, field=problem.path or None) from None
+        if len(body) > OFF_LOOP_BYTES:
+            problem = await asyncio.to_thread(_body_problem, model, body)
+        else:
+            problem = _body_problem(model, body)
+        if problem is not None:
+            raise InvalidField(problem.message, field=problem.path or None)
 
     return Depends(check)
+
+
+def _body_problem(model: type[BaseModel], body: bytes) -> Problem | None:
+    """The first problem of a manifest body: a value not of its JSON type, else any other
+    (answered here, FastAPI's validation and its handler each took as long again); None for a
+    valid body, or one that is no JSON object (FastAPI's validation answers that)."""
+    try:
+        model.model_validate_json(body, strict=True)
+    except ValidationError as strict:
+        try:
+            model.model_validate_json(body)
+        except ValidationError as invalid:
+            if invalid.error_count() == 1 and not invalid.errors()[0]["loc"]:
+                return None  # not JSON, or not an object
+            return _first_problem(invalid, model)
+        except ValueError:
+            return None
+        return _first_problem(strict, model)
+    return None
 
 
 class CatchAll:
