@@ -938,8 +938,19 @@ class Runner:
         for position, (value, sharding) in enumerate(
             zip(values, function.in_shardings, strict=True)
         ):
+            # Laid out again by collectives of its hosts (see ``place``), launched whichever
+            # way its devices and the function's say: alone, not beside others in flight.
+            alone = (
+                isinstance(value, jax.Array)
+                and value.sharding != sharding
+                and not value.is_fully_addressable
+            )
+            if alone:
+                self._await_in_flight(len(self._in_flight))
             try:
                 placed.append(place(value, sharding))
+                if alone:
+                    placed[-1].block_until_ready()
             except Exception as error:
                 if _failed(value):
                     raise InputFailed(position, error) from error
@@ -1342,13 +1353,16 @@ class Runner:
         the next could overtake them here and not on another host (a 4-device collective and
         a 2-device one across two hosts hung so, each host in the other's first)."""
         if self._in_flight and path != self._in_flight_path:
-            waited = len(self._in_flight)
+            self._await_in_flight(len(self._in_flight))
         elif len(self._in_flight) >= MAX_OUTSTANDING:
-            waited = len(self._in_flight) - RESUME_AT
-        else:
+            self._await_in_flight(len(self._in_flight) - RESUME_AT)
+
+    def _await_in_flight(self, count: int) -> None:
+        """Wait for the oldest ``count`` multi-device computations in flight."""
+        if not count:
             return
         self._hand_over()
-        done = [self._in_flight.popleft() for _ in range(waited)]
+        done = [self._in_flight.popleft() for _ in range(count)]
         # Newest first: on one device set, once it is done so are the others.
         for awaited in reversed(done):
             for value in awaited:
