@@ -459,7 +459,23 @@ class _Refused(Exception):
         self.status, self.code = status, code
 
 
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: four times faster
+class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """YAML's safe loader (libyaml's: four times faster) refusing a mapping that gives one key
+    twice (a later one silently won: ``spec`` twice kept the second)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[tuple[str, str]] = set()
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if (key.tag, key.value) in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key.value!r} is given twice", key.start_mark
+                    )
+                seen.add((key.tag, key.value))
+        return super().construct_mapping(node, deep=deep)
+
+
+_YAML_LOADER = _YamlLoader
 
 
 def yaml_as_json(body: bytes, limit: int) -> bytes:

@@ -466,3 +466,28 @@ def test_a_large_invalid_body_is_checked_off_the_event_loop(
         assert a.post("/v1/virtualslices", json=vslice()).status_code == 201
     large, small = checked_on  # (a small body is checked where the request is served)
     assert large != small, checked_on
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ("metadata: {name: twice}\nspec: {devices: 1}\nspec: {devices: 2}\n", "line 3, column 1"),
+        ("metadata: {name: twice, labels: {a: x, 'a': y}}\nspec: {devices: 1}\n", "column 40"),
+    ],
+    ids=["spec", "label"],
+)
+def test_a_yaml_key_given_twice_is_refused(
+    server: Server, a: httpx.Client, body: str, where: str
+) -> None:
+    """YAML's loader kept the last of two keys alike (``spec`` twice: the second's devices)."""
+    headers = {"Content-Type": "application/yaml"}
+    answer = a.post("/v1/virtualslices", content=body, headers=headers)
+    assert answer.status_code == 400, answer.text
+    assert error_of(answer)["code"] == "MalformedBody"
+    assert f"{where}: the key" in error_of(answer)["message"]
+    assert "is given twice" in error_of(answer)["message"]
+    assert stored(server) == 0
+    # A merge key's values may be given again: that is what it is for.
+    merged = "base: &b {devices: 1}\nmetadata: {name: merged}\nspec: {<<: *b, devices: 2}\n"
+    answer = a.post("/v1/virtualslices", content=merged, headers=headers)
+    assert (answer.status_code, error_of(answer)["field"]) == (422, "base")
