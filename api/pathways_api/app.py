@@ -568,6 +568,11 @@ async def _authenticated(scope: Scope) -> bool:
     return True
 
 
+# The status counted of a request whose client went before it was answered (nginx's): it was
+# counted a 500, which alerts on the server's errors took for one.
+CLIENT_CLOSED = 499
+
+
 class BodyLimit:
     """ASGI middleware: bodies over ``limit`` bytes get 413 before they are read further;
     YAML bodies are turned into JSON (malformed YAML gets 400); every request is counted."""
@@ -581,26 +586,29 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         began = time.perf_counter()
-        status_seen = [500]
+        status_seen: list[int] = []
+        raised = True  # until the request ends without an exception (answered 500 outside)
 
         async def counting_send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                status_seen[0] = message["status"]
+                status_seen.append(message["status"])
             await send(message)
 
         try:
             if scope["method"] in ("POST", "PUT", "PATCH"):
                 replaced = await self._read(scope, receive, counting_send)
                 if replaced is None:
+                    raised = False
                     return
                 scope, receive = replaced
             await self.app(scope, receive, counting_send)
+            raised = False
         finally:
             route = scope.get("route")
             metrics.observe(
                 scope["method"],
                 getattr(route, "path", "unmatched"),
-                status_seen[0],
+                status_seen[0] if status_seen else 500 if raised else CLIENT_CLOSED,
                 time.perf_counter() - began,
             )
 

@@ -4,6 +4,9 @@ bad input (each a JSON error naming the field, with nothing stored) and the prob
 from __future__ import annotations
 
 import json
+import socket
+import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -500,6 +503,34 @@ def test_probes_and_metrics(server: Server, a: httpx.Client) -> None:
         text = anonymous.get("/metrics").text
     assert 'pathways_api_requests_total{method="POST",route="/v1/programs",status="201"}' in text
     assert "pathways_api_request_seconds_bucket" in text
+
+
+def test_a_client_gone_mid_body_is_counted_apart_from_server_errors(server: Server) -> None:
+    """A client that closed its connection mid-body was counted a 500 in /metrics (though no
+    answer was sent), which alerts on the server's errors took for one."""
+
+    def count(status: str) -> float:
+        with server.client() as anonymous:
+            text = anonymous.get("/metrics").text
+        key = f'pathways_api_requests_total{{method="POST",route="unmatched",status="{status}"}} '
+        return next(
+            (float(line.split()[-1]) for line in text.splitlines() if line.startswith(key)), 0
+        )
+
+    before_500, before_499 = count("500"), count("499")
+    address = urllib.parse.urlparse(server.url)
+    for _ in range(3):
+        with socket.create_connection((address.hostname, address.port)) as connection:
+            connection.sendall(
+                b"POST /v1/virtualslices HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer token-a\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+            )
+            time.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while count("499") < before_499 + 3:
+        assert time.monotonic() < deadline, "the closed requests were never counted"
+        time.sleep(0.05)
+    assert count("500") == before_500
 
 
 def test_a_tenant_asks_for_no_priority_above_its_cap(server: Server, b: httpx.Client) -> None:
