@@ -491,3 +491,31 @@ def test_a_yaml_key_given_twice_is_refused(
     merged = "base: &b {devices: 1}\nmetadata: {name: merged}\nspec: {<<: *b, devices: 2}\n"
     answer = a.post("/v1/virtualslices", content=merged, headers=headers)
     assert (answer.status_code, error_of(answer)["field"]) == (422, "base")
+
+
+@pytest.mark.parametrize(
+    ("metadata", "spec", "field", "words"),
+    [
+        ({"annotations": {"a b/c d": "x"}}, {}, "metadata.annotations.a b/c d (the key)", ""),
+        ({"annotations": {"big": "x" * 300_000}}, {}, "metadata.annotations", "300003 bytes"),
+        (
+            {},
+            {"islandSelector": {"matchLabels": {"a b": "x"}}},
+            "spec.islandSelector.matchLabels",
+            "no label key",
+        ),
+    ],
+    ids=["annotation-key", "annotations-size", "selector-key"],
+)
+def test_metadata_and_selectors_kubernetes_would_refuse_are_refused(
+    default_sized: Server, metadata: dict[str, Any], spec: dict[str, Any], field: str, words: str
+) -> None:
+    """Annotations of any key and size were stored, and a selector of a key no label can
+    have was taken (its slice waited for good: no island matches)."""
+    manifest = {"metadata": {"name": "s", **metadata}, "spec": {"devices": 1, **spec}}
+    with default_sized.client("token-a") as a:
+        answer = a.post("/v1/virtualslices", json=manifest)
+    assert answer.status_code == 422, answer.text[:300]
+    assert error_of(answer)["field"] == field
+    assert words in error_of(answer)["message"]
+    assert stored(default_sized) == 0

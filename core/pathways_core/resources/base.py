@@ -8,7 +8,14 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 
 API_GROUP = "pathways.dev"
@@ -82,6 +89,23 @@ LABEL_VALUE_PATTERN = rf"^{LABEL_NAME_PATTERN}?$"
 """A Kubernetes label value: empty, or a name as in a key."""
 LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN, max_length=317)]
 LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
+ANNOTATIONS_LIMIT_BYTES = 256 * 1024
+"""The most bytes an object's annotations may hold, keys and values together (Kubernetes')."""
+
+
+def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    """``labels`` if every key and value is one Kubernetes takes, else ValueError naming the
+    first that is not (a selector of another key could match nothing, and waited for good)."""
+    for key, value in labels.items():
+        if len(key) > 317 or not re.match(LABEL_KEY_PATTERN, key):
+            raise ValueError(
+                f"{key!r} is no label key (an optional DNS prefix and '/', then a name)"
+            )
+        if len(value) > 63 or not re.match(LABEL_VALUE_PATTERN, value):
+            raise ValueError(
+                f"{value!r} (of {key!r}) is no label value (at most 63 of a-z, 0-9, '-', '_', '.')"
+            )
+    return labels
 
 
 class ObjectMeta(BaseModel):
@@ -93,10 +117,20 @@ class ObjectMeta(BaseModel):
     generate_name: str | None = None
     namespace: Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)] | None = None
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[LabelKey, str] = Field(default_factory=dict)
     uid: str | None = None
     resource_version: str | None = None
     generation: int | None = None
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations_fit(cls, annotations: dict[str, str]) -> dict[str, str]:
+        size = sum(len(key.encode()) + len(value.encode()) for key, value in annotations.items())
+        if size > ANNOTATIONS_LIMIT_BYTES:
+            raise ValueError(
+                f"annotations hold {size} bytes; at most {ANNOTATIONS_LIMIT_BYTES} (Kubernetes')"
+            )
+        return annotations
 
 
 class ConditionStatus(StrEnum):
@@ -159,6 +193,8 @@ class LabelSelector(Model):
     match_expressions: list[LabelSelectorRequirement] = Field(
         default_factory=list, max_length=32, description="Set-based requirements on labels."
     )
+
+    _labels_taken = field_validator("match_labels")(check_labels)
 
     def matches(self, labels: dict[str, str]) -> bool:
         """Whether an object carrying ``labels`` is selected."""
