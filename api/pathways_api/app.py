@@ -568,6 +568,9 @@ async def _authenticated(scope: Scope) -> bool:
     return True
 
 
+# How long a request's body may go without a byte before it is answered 408: connections that
+# sent headers and part of a body, even without a token, stayed open for good.
+BODY_IDLE_SECONDS = 30.0
 # The status counted of a request whose client went before it was answered (nginx's): it was
 # counted a 500, which alerts on the server's errors took for one.
 CLIENT_CLOSED = 499
@@ -622,7 +625,16 @@ class BodyLimit:
             return None
         chunks, size, more = [], 0, True
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), BODY_IDLE_SECONDS)
+            except TimeoutError:
+                await self._reject(
+                    send,
+                    408,
+                    "RequestTimeout",
+                    f"no byte of the body came for {BODY_IDLE_SECONDS:g} s: send it again",
+                )
+                return None
             if message["type"] == "http.disconnect":
                 return None
             chunk = message.get("body", b"")

@@ -533,6 +533,25 @@ def test_a_client_gone_mid_body_is_counted_apart_from_server_errors(server: Serv
     assert count("500") == before_500
 
 
+def test_a_body_that_stops_coming_is_answered_408(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that sent headers and part of a body stayed open for good, holding a file
+    and a task of the API's (a few thousand such, and no one else could connect)."""
+    import pathways_api.app as app_module
+
+    monkeypatch.setattr(app_module, "BODY_IDLE_SECONDS", 0.5)
+    address = urllib.parse.urlparse(server.url)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as connection:
+        connection.sendall(
+            b"POST /v1/virtualslices HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        answer = connection.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"no byte of the body came for 0.5 s" in answer
+
+
 def test_a_tenant_asks_for_no_priority_above_its_cap(server: Server, b: httpx.Client) -> None:
     """Any tenant could ask for any priority, and so preempt every other."""
     before = stored(server)
