@@ -128,10 +128,15 @@ def _launch_path(devices: Sequence[jax.Device]) -> str | None:
     return ONE_HERE if here == 1 else SEVERAL_HERE
 
 
-def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+def place(
+    value: Any, sharding: jax.sharding.Sharding, alone: Fn[[], None] | None = None
+) -> jax.Array:
     """An input laid out as the function expects. On a slice spanning hosts the result is a
     global array of which this process supplies its own shards; every executor of the slice
-    runs the same command, so collective resharding happens in the same order everywhere."""
+    runs the same command, so collective resharding happens in the same order everywhere.
+    Such resharding is launched whichever way its devices say (see ``_launch_path``): with
+    ``alone``, called first (to wait for the collectives in flight), it is done before this
+    returns, so it neither overtakes nor is overtaken by another collective."""
     array = isinstance(value, jax.Array)
     if array and value.sharding == sharding:
         return value  # the common case in a chain; device_put would cost ~15 µs to do nothing
@@ -149,9 +154,14 @@ def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
                 return placed
         return jax.device_put(value, sharding)
     if array and not value.is_fully_addressable:
+        if alone is not None:
+            alone()
         if value.sharding._device_assignment != sharding._device_assignment:
             value = _onto_devices(value, sharding)
-        return jax.jit(lambda x: x, out_shardings=sharding)(value)
+        placed = jax.jit(lambda x: x, out_shardings=sharding)(value)
+        if alone is not None:
+            placed.block_until_ready()
+        return placed
     host = np.asarray(value)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
@@ -938,19 +948,8 @@ class Runner:
         for position, (value, sharding) in enumerate(
             zip(values, function.in_shardings, strict=True)
         ):
-            # Laid out again by collectives of its hosts (see ``place``), launched whichever
-            # way its devices and the function's say: alone, not beside others in flight.
-            alone = (
-                isinstance(value, jax.Array)
-                and value.sharding != sharding
-                and not value.is_fully_addressable
-            )
-            if alone:
-                self._await_in_flight(len(self._in_flight))
             try:
-                placed.append(place(value, sharding))
-                if alone:
-                    placed[-1].block_until_ready()
+                placed.append(place(value, sharding, self._await_all_in_flight))
             except Exception as error:
                 if _failed(value):
                     raise InputFailed(position, error) from error
@@ -1356,6 +1355,9 @@ class Runner:
             self._await_in_flight(len(self._in_flight))
         elif len(self._in_flight) >= MAX_OUTSTANDING:
             self._await_in_flight(len(self._in_flight) - RESUME_AT)
+
+    def _await_all_in_flight(self) -> None:
+        self._await_in_flight(len(self._in_flight))
 
     def _await_in_flight(self, count: int) -> None:
         """Wait for the oldest ``count`` multi-device computations in flight."""
