@@ -461,7 +461,9 @@ class _Refused(Exception):
 
 class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """YAML's safe loader (libyaml's: four times faster) refusing a mapping that gives one key
-    twice (a later one silently won: ``spec`` twice kept the second)."""
+    twice (a later one silently won: ``spec`` twice kept the second). The CLI's manifests
+    loader keeps the same rule apart: pathways_core may not import yaml, and components never
+    import each other."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[tuple[str, str]] = set()
