@@ -1352,11 +1352,12 @@ class Runner:
         the next could overtake them here and not on another host (a 4-device collective and
         a 2-device one across two hosts hung so, each host in the other's first)."""
         if self._in_flight and path != self._in_flight_path:
-            self._await_in_flight(len(self._in_flight))
+            self._await_all_in_flight()
         elif len(self._in_flight) >= MAX_OUTSTANDING:
             self._await_in_flight(len(self._in_flight) - RESUME_AT)
 
     def _await_all_in_flight(self) -> None:
+        """Wait for every multi-device computation in flight."""
         self._await_in_flight(len(self._in_flight))
 
     def _await_in_flight(self, count: int) -> None:
