@@ -93,6 +93,9 @@ def test_two_islands_equal_one_island_and_plain_jax(
 SIZE = 128
 
 
+# Alone: its tenants' device time, measured beside the other worker's tests, once put the
+# lightest's share 52% over its weight (the bound is 50%).
+@pytest.mark.slow
 def test_multi_tenant_shares_follow_the_weights(compilation_cache: Path) -> None:
     tenants = load_example("multi_tenant")
     with LocalIsland(
