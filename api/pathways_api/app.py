@@ -477,14 +477,11 @@ class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignor
         return super().construct_mapping(node, deep=deep)
 
 
-_YAML_LOADER = _YamlLoader
-
-
 def yaml_as_json(body: bytes, limit: int) -> bytes:
     """A YAML body as the JSON the routes read, or :class:`_Refused`: 400 if it is not valid
     YAML or has no JSON form, 413 if, its aliases expanded, it is larger than ``limit``."""
     try:
-        parsed = yaml.load(body, Loader=_YAML_LOADER) if body else None
+        parsed = yaml.load(body, Loader=_YamlLoader) if body else None
         # Aliases may repeat a node any number of times: bound the document as JSON (what the
         # API reads) before writing it out, not only the YAML text.
         weight = expanded_size(parsed, limit)

@@ -87,8 +87,9 @@ LABEL_KEY_PATTERN = rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{LABEL_NAME_PA
 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit."""
 LABEL_VALUE_PATTERN = rf"^{LABEL_NAME_PATTERN}?$"
 """A Kubernetes label value: empty, or a name as in a key."""
-LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN, max_length=317)]
-LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
+LABEL_KEY_MAX, LABEL_VALUE_MAX = 317, 63
+LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN, max_length=LABEL_KEY_MAX)]
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=LABEL_VALUE_MAX)]
 ANNOTATIONS_LIMIT_BYTES = 256 * 1024
 """The most bytes an object's annotations may hold, keys and values together (Kubernetes')."""
 
@@ -97,11 +98,11 @@ def check_labels(labels: dict[str, str]) -> dict[str, str]:
     """``labels`` if every key and value is one Kubernetes takes, else ValueError naming the
     first that is not (a selector of another key could match nothing, and waited for good)."""
     for key, value in labels.items():
-        if len(key) > 317 or not re.match(LABEL_KEY_PATTERN, key):
+        if len(key) > LABEL_KEY_MAX or not re.match(LABEL_KEY_PATTERN, key):
             raise ValueError(
                 f"{key!r} is no label key (an optional DNS prefix and '/', then a name)"
             )
-        if len(value) > 63 or not re.match(LABEL_VALUE_PATTERN, value):
+        if len(value) > LABEL_VALUE_MAX or not re.match(LABEL_VALUE_PATTERN, value):
             raise ValueError(
                 f"{value!r} (of {key!r}) is no label value (at most 63 of a-z, 0-9, '-', '_', '.')"
             )

@@ -295,10 +295,11 @@ class Driver(Model):
     def _check(self) -> Self:
         if (self.command is None) == (self.source is None):
             raise FieldError("command", "set exactly one of command or source")
-        if self.source is not None and len(self.source.encode()) > MAX_ARGUMENT_BYTES:
+        source_bytes = len(self.source.encode()) if self.source is not None else 0
+        if source_bytes > MAX_ARGUMENT_BYTES:
             raise FieldError(
                 "source",
-                f"is {len(self.source.encode())} bytes in UTF-8; at most {MAX_ARGUMENT_BYTES} "
+                f"is {source_bytes} bytes in UTF-8; at most {MAX_ARGUMENT_BYTES} "
                 "fit in one argument of a process (Linux's limit): ship a longer driver in an "
                 "image and run it with command",
             )
