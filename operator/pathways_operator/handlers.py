@@ -27,6 +27,7 @@ from pathways_core.control import (
     IslandObservation,
     ProgramDecision,
     ProgramView,
+    child_name_taken,
     executor_name,
     external_endpoint,
     graph_config_map_name,
@@ -37,6 +38,7 @@ from pathways_core.control import (
     parse,
     reconcile_program,
     refused_child,
+    same_child,
     scheduler_name,
     slice_names,
 )
@@ -44,8 +46,10 @@ from pathways_core.control.common import (
     ANNOTATION_SPEC_HASH,
     LABEL_COMPONENT,
     Event,
+    entry_name,
     now_utc,
     prune,
+    slice_entries,
 )
 from pathways_core.control.islands import (
     control_secret_name,
@@ -165,12 +169,12 @@ async def _guard(resource: str, work: Any) -> None:
 
 
 @kopf.index(GROUP, VERSION, "pathwaysprograms")
-def program_refs(namespace: str, name: str, spec: Any, **_: Any) -> dict[Any, str]:
+def program_refs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, str]:
     """(namespace, VirtualSlice name) -> programs naming that existing slice."""
     return {
-        (namespace, item["virtualSliceName"]): name
-        for item in spec.get("slices") or []
-        if isinstance(item, dict) and item.get("virtualSliceName")
+        (namespace, slice_name): name
+        for item in slice_entries(body)
+        if (slice_name := entry_name(item, "virtualSliceName"))
     }
 
 
@@ -535,9 +539,9 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
                 tls_secret=memo.config.tls_secret,
                 failure_grace=memo.config.failure_grace_seconds,
             )
-            refusal = await _make_children(kube, decision)
-            if refusal is not None:
-                decision = refused_child(document, *refusal)
+            trouble = await _make_children(kube, document, decision)
+            if trouble is not None:
+                decision = trouble
             if decision.deadline is not None:  # merge patch: None removes it
                 ref = decision.deadline.job
                 deadline = {"spec": {"activeDeadlineSeconds": decision.deadline.seconds}}
@@ -573,7 +577,12 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
             # before a conflicting status write, the next decision would no longer see the run
             # it stopped, and its reason (SlicesLost, SlicesMoved, ...) would be lost.
             for ref in decision.delete:
-                await kube.delete(ref.api_version, ref.kind, ref.namespace, ref.name)
+                if ref.owner is None:
+                    await kube.delete(ref.api_version, ref.kind, ref.namespace, ref.name)
+                else:
+                    await kube.delete_owned(
+                        ref.api_version, ref.kind, ref.namespace, ref.name, ref.owner
+                    )
             await _post(memo, decision.events)
             if decision.recheck_after is not None:
                 _recheck(memo, namespace, name, decision.recheck_after)
@@ -586,17 +595,30 @@ an admission webhook, invalid): the program's to say, not the operator's to retr
 
 
 async def _make_children(
-    kube: Kube, decision: ProgramDecision
-) -> tuple[dict[str, Any], str] | None:
-    """Create and apply the decision's children; the first one the cluster refused, and why."""
-    for make, children in ((kube.create, decision.create), (kube.apply, decision.apply)):
+    kube: Kube, document: dict[str, Any], decision: ProgramDecision
+) -> ProgramDecision | None:
+    """Apply, then create, the decision's children (a run's Job mounts its graph's ConfigMap,
+    applied first); the decision instead if one could not be made: the cluster refused it,
+    or its name is another object's (``child_name_taken``: never taken over or rewritten)."""
+    for replace, children in ((True, decision.apply), (False, decision.create)):
         for child in children:
             try:
-                await make(child)
+                if await kube.create(child) is not None:
+                    continue
+                meta = child["metadata"]
+                existing = await kube.get(
+                    child["apiVersion"], child["kind"], meta.get("namespace"), meta["name"]
+                )
+                if existing is None:  # deleted meanwhile: made again at the next decision
+                    continue
+                if not same_child(child, existing):
+                    return child_name_taken(document, child, existing)
+                if replace:
+                    await kube.replace_content(child)
             except ApiError as error:
                 if error.status not in REFUSALS:
                     raise
-                return child, str(error)
+                return refused_child(document, child, str(error))
     return None
 
 
@@ -650,7 +672,7 @@ async def program_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -
 
 @kopf.on.delete(GROUP, VERSION, "pathwaysprograms")
 async def program_deleted(
-    namespace: str, name: str, uid: str, spec: Any, status: Any, memo: kopf.Memo, **_: Any
+    namespace: str, name: str, uid: str, body: kopf.Body, status: Any, memo: kopf.Memo, **_: Any
 ) -> None:
     """Clean up: the program's Jobs, its graph ConfigMap and its inline slices (all owned by
     it too, for clusters that garbage-collect), each only if it owns it: a same-named
@@ -666,7 +688,7 @@ async def program_deleted(
     for job in sorted(runs | labelled):
         await kube.delete_owned("batch/v1", "Job", namespace, job, uid)
     await kube.delete_owned("v1", "ConfigMap", namespace, graph_config_map_name(name), uid)
-    for item in spec.get("slices") or []:
-        if isinstance(item, dict) and item.get("name") and not item.get("virtualSliceName"):
-            child = program_slice_name(name, item["name"])
+    for item in slice_entries(body):
+        if (inline := entry_name(item, "name")) and not item.get("virtualSliceName"):
+            child = program_slice_name(name, inline)
             await kube.delete_owned(GV, "VirtualSlice", namespace, child, uid)

@@ -197,11 +197,9 @@ class Kube:
                 return None
             raise
 
-    async def apply(self, document: dict[str, Any]) -> None:
-        """Create an object, or replace the ``spec`` (a ConfigMap's ``data``) of the one of
-        that name."""
-        if await self.create(document) is not None:
-            return
+    async def replace_content(self, document: dict[str, Any]) -> None:
+        """Replace the ``spec`` (a ConfigMap's ``data``) of the object of ``document``'s name
+        by ``document``'s."""
         meta = document["metadata"]
         content = "data" if "data" in document else "spec"
         await self.patch(

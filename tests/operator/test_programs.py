@@ -8,6 +8,7 @@ import json
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import kmock
 import pytest
@@ -186,6 +187,25 @@ def test_semantically_wrong_program_fails_once_with_a_reason(cluster: Cluster, o
     assert "graph.nodes[0].function" in failed["message"]
     assert len(wait_for(lambda: cluster.events("broken", "InvalidSpec"))) == 1
     assert cluster.list("Job", "team") == [] and cluster.list("VirtualSlice", "team") == []
+
+
+def test_programs_of_the_wrong_shape_fail_and_go_without_a_traceback(cluster: Cluster) -> None:
+    """The index of the slices programs name raised at every event of a program whose
+    ``spec.slices`` is no list of mappings (a traceback each time), and its deletion handler
+    raised too: kopf retried it for good and the program stayed Terminating."""
+    shapes = {"g-int": 5, "g-item": [{"name": "m", "virtualSliceName": ["x"]}]}
+    with running_operator() as runner:
+        for name, slices in shapes.items():
+            cluster.create(program(name, slices=slices, driver={"source": "pass"}))
+        for name in shapes:
+            failed = wait_for(lambda n=name: (s := pstatus(cluster, n)).get("phase") and s)
+            assert (failed["phase"], failed["reason"]) == ("Failed", "InvalidSpec")
+            assert "slices" in failed["message"]
+        for name in shapes:
+            cluster.delete("PathwaysProgram", name, "team")
+        for name in shapes:
+            wait_for(lambda n=name: cluster.get("PathwaysProgram", n, "team") is None)
+    assert "Traceback" not in runner.output
 
 
 def test_suspend_resume_and_cleanup(cluster: Cluster, operator, tmp_path: Path) -> None:
@@ -446,6 +466,92 @@ def test_a_renamed_inline_slice_is_released_and_a_taken_name_never_taken_over(
     assert cluster.get("VirtualSlice", "a-work", "team")["status"]["phase"] == "Bound"
     # Its name free, the other program makes its own slice.
     wait_for(lambda: cluster.get("Job", "a-b-run-1", "team"))
+
+
+def _users(kind: str, name: str, **content: Any) -> dict:
+    """An object of the user's (no owner, no program label) in the programs' namespace."""
+    api_version = "batch/v1" if kind == "Job" else "v1"
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": name, "namespace": "team"},
+        **content,
+    }
+
+
+def test_a_users_configmap_of_the_graphs_name_is_never_rewritten_or_deleted(
+    cluster: Cluster, operator, tmp_path: Path
+) -> None:
+    """A user's ConfigMap named <program>-graph was rewritten with the graph (its keys gone)
+    by a graph program, and deleted by a driver program at its second run."""
+    cluster.create(external_island("far", "127.0.0.1:1"))
+    cluster.create(_users("ConfigMap", "train-graph", data={"step": "the user's bytes"}))
+    with JobRunner(cluster, tmp_path):
+        cluster.create(
+            program(
+                "train",
+                slices=[{"name": "main", "devices": 1}],
+                driver={"source": "import sys; sys.exit(1)"},
+                restartPolicy="OnFailure",
+                maxRestarts=1,
+            )
+        )
+        wait_for(lambda: pstatus(cluster, "train").get("runs") == 2, timeout=60)
+        wait_for(lambda: pstatus(cluster, "train").get("phase") == "Failed", timeout=60)
+    assert cluster.get("ConfigMap", "train-graph", "team")["data"] == {"step": "the user's bytes"}
+
+    graph = {
+        "functions": [{"name": "f", "configMapKeyRef": {"name": "graph-graph", "key": "step"}}],
+        "nodes": [{"name": "n", "function": "f", "slice": "main"}],
+    }
+    cluster.create(_users("ConfigMap", "graph-graph", data={"step": "the user's bytes"}))
+    cluster.create(program("graph", slices=[{"name": "main", "devices": 1}], graph=graph))
+    taken = wait_for(lambda: (s := pstatus(cluster, "graph")).get("reason") == "ChildNameTaken"
+                     and s)  # fmt: skip
+    assert taken["phase"] == "Pending" and not taken.get("runs")
+    assert taken["message"] == (
+        "ConfigMap graph-graph exists and is not this program's (it belongs to no program): "
+        "the program needs that name; delete or rename that ConfigMap, or rename the program"
+    )
+    assert wait_for(lambda: cluster.events("graph", "ChildNameTaken"))[0]["type"] == "Warning"
+    time.sleep(3)  # resyncs (every 2 s here) leave it as it is, and start no run
+    assert cluster.get("ConfigMap", "graph-graph", "team")["data"] == {"step": "the user's bytes"}
+    assert cluster.get("Job", "graph-run-1", "team") is None
+    assert len(cluster.events("graph", "ChildNameTaken")) == 1
+
+    cluster.delete("ConfigMap", "graph-graph", "team")  # the name is free: the run starts
+    wait_for(lambda: cluster.get("Job", "graph-run-1", "team"))
+    made = cluster.get("ConfigMap", "graph-graph", "team")
+    assert list(made["data"]) == ["program.json"]
+    assert made["metadata"]["ownerReferences"][0]["name"] == "graph"
+
+
+def test_a_users_job_of_a_runs_name_is_never_taken_for_the_run(
+    cluster: Cluster, operator, tmp_path: Path
+) -> None:
+    """A user's Job named <program>-run-1 was taken for run 1 (its creation answered 409),
+    then the program failed: 'its Job train-run-1 was deleted', its driver never run."""
+    cluster.create(external_island("far", "127.0.0.1:1"))
+    template = {"spec": {"containers": [{"name": "c", "image": "busybox"}],
+                         "restartPolicy": "Never"}}  # fmt: skip
+    cluster.create(_users("Job", "train-run-1", spec={"template": template}))
+    cluster.create(
+        program("train", slices=[{"name": "main", "devices": 1}], driver={"source": "pass"})
+    )
+    taken = wait_for(lambda: (s := pstatus(cluster, "train")).get("reason") == "ChildNameTaken"
+                     and s)  # fmt: skip
+    assert taken["phase"] == "Pending" and not taken.get("runs")
+    assert taken["message"].startswith("Job train-run-1 exists and is not this program's")
+    time.sleep(3)
+    users = cluster.get("Job", "train-run-1", "team")
+    assert not users["metadata"].get("ownerReferences")
+    assert pstatus(cluster, "train")["phase"] == "Pending"
+
+    cluster.delete("Job", "train-run-1", "team")
+    with JobRunner(cluster, tmp_path) as jobs:
+        wait_for(lambda: pstatus(cluster, "train").get("phase") == "Succeeded", timeout=60)
+        assert jobs.started == ["team/train-run-1"]
+    assert pstatus(cluster, "train")["runs"] == 1
 
 
 def test_a_deadline_edited_under_a_running_run_moves_its_jobs(cluster: Cluster, operator) -> None:

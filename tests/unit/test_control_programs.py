@@ -7,7 +7,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pathways_client.run_graph as run_graph
-from pathways_core.control import ChildRef, ProgramView, reconcile_program
+from pathways_core.control import (
+    ChildRef,
+    ProgramView,
+    child_name_taken,
+    reconcile_program,
+    same_child,
+)
 from pathways_core.control.common import timestamp
 from pathways_core.control.programs import island_client_name, restart_backoff
 
@@ -662,11 +668,35 @@ def test_a_deadline_edited_under_a_running_run_moves_its_jobs_and_suspension_res
 
 
 def test_a_program_edited_from_a_graph_to_a_driver_drops_its_graph() -> None:
-    """The ConfigMap of its graph stayed until the program was deleted."""
+    """The ConfigMap of its graph stayed until the program was deleted. It goes only if the
+    program owns it: a user's ConfigMap of that name was deleted at a driver's second run."""
     edited = program(status={"phase": "Pending", "reason": "SpecChanged", "runs": 1})
     decision = decide(edited, {"p-main": bound_slice()}, None, READY_ISLAND)
-    assert ChildRef("v1", "ConfigMap", "t", "p-graph") in decision.delete
+    assert ChildRef("v1", "ConfigMap", "t", "p-graph", owner="u-p") in decision.delete
     assert [c["metadata"]["name"] for c in decision.create] == ["p-run-2"]
+
+
+def test_a_child_whose_name_another_object_holds_is_said_not_taken_over() -> None:
+    """Which existing object is a child as made before (its controller is the program), and
+    what the program says of one that is not: once, with an Event, looked at again."""
+    document = program(status={"phase": "Pending", "runs": 1, "restarts": 1})
+    decision = decide(document, {"p-main": bound_slice()}, None, READY_ISLAND)
+    (made,) = decision.create
+    assert same_child(made, {"metadata": {"ownerReferences": OWNED["ownerReferences"]}})
+    other = {"kind": "PathwaysProgram", "name": "q", "uid": "u-q", "controller": True}
+    for existing in ({"metadata": {}}, {"metadata": {"ownerReferences": [other]}}):
+        assert not same_child(made, existing)
+    taken = child_name_taken(document, made, {"metadata": {"ownerReferences": [other]}})
+    assert taken.status is not None and taken.status["runs"] == 1  # run 2 did not start
+    assert (taken.status["phase"], taken.status["reason"]) == ("Pending", "ChildNameTaken")
+    assert taken.status["message"].startswith(
+        "Job p-run-2 exists and is not this program's (it belongs to PathwaysProgram q)"
+    )
+    assert [(e.type, e.reason) for e in taken.events] == [("Warning", "ChildNameTaken")]
+    assert taken.recheck_after is not None  # its deletion is no event of the program's
+    document["status"] = taken.status  # said already: nothing to write, no second Event
+    again = child_name_taken(document, made, {"metadata": {"ownerReferences": [other]}})
+    assert again.status is None and not again.events
 
 
 def failed_at(moment: datetime, **condition: Any) -> dict[str, Any]:

@@ -116,6 +116,19 @@ def spec_of(document: Document) -> dict[str, Any]:
     return spec if isinstance(spec, dict) else {}
 
 
+def slice_entries(program: Document) -> list[dict[str, Any]]:
+    """The entries of a program's ``spec.slices`` that are mappings: none when it is no list
+    (a spec the API server took without its schema, which parsing reports as invalid)."""
+    slices = spec_of(program).get("slices")
+    return [item for item in slices if isinstance(item, dict)] if isinstance(slices, list) else []
+
+
+def entry_name(entry: dict[str, Any], key: str) -> str | None:
+    """A slice entry's ``name`` or ``virtualSliceName``: ``None`` unless a non-empty string."""
+    value = entry.get(key)
+    return value if isinstance(value, str) and value else None
+
+
 def is_deleting(document: Document) -> bool:
     """Whether the document is being deleted (waiting for finalizers)."""
     return bool((document.get("metadata") or {}).get("deletionTimestamp"))

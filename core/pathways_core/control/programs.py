@@ -77,6 +77,9 @@ REBOUND = "was bound again elsewhere"
 # How soon a run whose Job's name a stray Job holds is tried again (its deletion is an
 # event too; this is in case it is missed).
 STRAY_RECHECK_SECONDS = 2.0
+# How soon a program whose child's name another object holds looks again (that object's
+# deletion is no event of the program's).
+NAME_TAKEN_RECHECK_SECONDS = 15.0
 MAX_RESTART_BACKOFF_SECONDS = 360.0
 """The longest a restart waits after its run failed (a Job's pod backoff is capped at 6 min)."""
 RUN_SPEC_ANNOTATION = "pathways.dev/run-spec"
@@ -121,12 +124,14 @@ def slice_names(program: PathwaysProgram) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class ChildRef:
-    """A child to delete."""
+    """A child to delete; with ``owner``, only while the object of that uid owns it (a
+    same-named object of the user's or of another owner stays)."""
 
     api_version: str
     kind: str
     namespace: str
     name: str
+    owner: str | None = None
 
 
 @dataclass(frozen=True)
@@ -183,15 +188,57 @@ def refused_child(document: Document, child: Document, message: str) -> ProgramD
     own validation): nothing else is done and nothing counted (no run started), the program
     says why (reason ``ChildRefused``, and a Warning Event when the refusal is new), and its
     next reconcile tries again. Before, it waited for good, saying only what it was doing."""
-    old = dict(document.get("status") or {})
     meta = child.get("metadata") or {}
     text = f"the cluster refused {child.get('kind')} {meta.get('name')}: {message}"
-    decision = ProgramDecision(status=None)
-    if old.get("reason") != "ChildRefused" or old.get("message") != text:
-        phase = old.get("phase") or "Pending"
-        decision.status = {**old, "phase": phase, "reason": "ChildRefused", "message": text}
-        decision.events.append(Event(ObjectRef.of(document), "Warning", "ChildRefused", text))
+    return _not_made(document, "ChildRefused", text)
+
+
+def child_name_taken(document: Document, child: Document, existing: Document) -> ProgramDecision:
+    """The decision once a child the program makes under a name of its own (a run's Job, its
+    graph's ConfigMap) exists already and is not the program's (the user's, another
+    program's): it is never taken over, rewritten or deleted, nothing is counted (no run
+    started), and the program says so (reason ``ChildNameTaken``) until the name is free.
+    Before, a user's Job of a run's name was taken for the run (which then failed as deleted)
+    and a user's ConfigMap of the graph's name was rewritten, then deleted."""
+    meta = child.get("metadata") or {}
+    text = (
+        f"{child.get('kind')} {meta.get('name')} exists and is not this program's (it belongs "
+        f"to {_controller(existing)}): the program needs that name; delete or rename that "
+        f"{child.get('kind')}, or rename the program"
+    )
+    decision = _not_made(document, "ChildNameTaken", text)
+    decision.recheck_after = NAME_TAKEN_RECHECK_SECONDS  # its deletion wakes no program
     return decision
+
+
+def _not_made(document: Document, reason: str, text: str) -> ProgramDecision:
+    """Nothing done: the program says why (a Warning Event when it is new)."""
+    old = dict(document.get("status") or {})
+    decision = ProgramDecision(status=None)
+    if old.get("reason") != reason or old.get("message") != text:
+        phase = old.get("phase") or "Pending"
+        decision.status = {**old, "phase": phase, "reason": reason, "message": text}
+        decision.events.append(Event(ObjectRef.of(document), "Warning", reason, text))
+    return decision
+
+
+def same_child(child: Document, existing: Document) -> bool:
+    """Whether ``existing`` is ``child`` as made before (by an earlier decision of the same
+    program): their controllers are one object."""
+    wanted = _controller_ref(child)
+    found = _controller_ref(existing)
+    return wanted is not None and found is not None and wanted.get("uid") == found.get("uid")
+
+
+def _controller_ref(document: Document) -> dict[str, Any] | None:
+    references = (document.get("metadata") or {}).get("ownerReferences") or []
+    return next((ref for ref in references if ref.get("controller")), None)
+
+
+def _controller(document: Document) -> str:
+    """Who controls ``document``, in words."""
+    ref = _controller_ref(document)
+    return f"{ref.get('kind')} {ref.get('name')}" if ref else "no program"
 
 
 def _job_outcome(job: Document) -> tuple[str | None, str]:
@@ -342,8 +389,7 @@ def _foreign(program: Document, child: Document) -> bool:
     """Whether ``child``'s controller is another object than ``program`` (an earlier program
     of its name, deleted, whose children the garbage collector has not removed yet)."""
     uid = (program.get("metadata") or {}).get("uid")
-    references = (child.get("metadata") or {}).get("ownerReferences") or []
-    controller = next((ref for ref in references if ref.get("controller")), None)
+    controller = _controller_ref(child)
     return uid is not None and controller is not None and controller.get("uid") != uid
 
 
@@ -905,17 +951,10 @@ def reconcile_program(
         if vs in inline and not _owned(document, slice_document):
             # Another program's inline slice of the same name (program a's b-main is program
             # a-b's main), or a user's: never taken over, rewritten or deleted.
-            owner = next(
-                (
-                    f"{ref.get('kind')} {ref.get('name')}"
-                    for ref in (slice_document.get("metadata") or {}).get("ownerReferences") or []
-                    if ref.get("controller")
-                ),
-                "no program",
-            )
             taken.append(
                 f"{item}: VirtualSlice {vs} exists and is not this program's (it belongs to "
-                f"{owner}): rename the slice, or use it with virtualSliceName"
+                f"{_controller(slice_document)}): rename the slice, or use it with "
+                "virtualSliceName"
             )
             continue
         if vs in inline and not is_deleting(slice_document):
@@ -1029,8 +1068,10 @@ def reconcile_program(
         return decision
     if program.spec.graph is not None:
         decision.apply.append(_graph_config_map(document, program))
-    elif runs:  # edited from a graph to a driver: its graph goes
-        decision.delete.append(ChildRef("v1", "ConfigMap", namespace, graph_config_map_name(name)))
+    elif runs:  # edited from a graph to a driver: its graph goes (if it made it)
+        config_map = graph_config_map_name(name)
+        uid = (document.get("metadata") or {}).get("uid")
+        decision.delete.append(ChildRef("v1", "ConfigMap", namespace, config_map, owner=uid))
     decision.create.append(
         program_job(
             document,

@@ -55,6 +55,7 @@ from pathways_core.control.common import (
     Document,
     Event,
     ObjectRef,
+    entry_name,
     generation,
     is_deleting,
     key_of,
@@ -62,6 +63,7 @@ from pathways_core.control.common import (
     parse_time,
     seen_from,
     set_condition,
+    slice_entries,
     spec_of,
     timestamp,
 )
@@ -361,9 +363,7 @@ def held_slices(program: Document) -> frozenset[str]:
     if is_deleting(program) or status.get("phase") in ("Succeeded", "Failed"):
         return frozenset()
     return frozenset(
-        item["virtualSliceName"]
-        for item in spec_of(program).get("slices") or []
-        if isinstance(item, dict) and item.get("virtualSliceName")
+        name for item in slice_entries(program) if (name := entry_name(item, "virtualSliceName"))
     )
 
 
