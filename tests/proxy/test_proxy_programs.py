@@ -79,3 +79,53 @@ print(json.dumps(float(w[0, 0])))
     )
     assert 0 < done < 1
     assert proxy.alive()
+
+
+def test_a_program_in_x64_keeps_its_64_bit_values(proxy: ProxyProcess) -> None:
+    # The proxy's JAX narrowed what clients put to 32 bits: a float64 read back failed on its
+    # size ("32 vs 16"), every program on its argument types.
+    got = run_program(
+        proxy.address,
+        """
+import json
+import numpy as np
+jax.config.update("jax_enable_x64", True)
+x = jax.device_put(np.arange(4, dtype=np.float64) + 2.0**-40)
+y = jax.jit(lambda v: v * 3)(x)
+n = jax.device_put(np.array([2**40], np.int64))
+print(json.dumps([str(y.dtype), np.asarray(y).tolist(), np.asarray(n + 1).tolist()]))
+""",
+    )
+    assert got == ["float64", [3 * (i + 2.0**-40) for i in range(4)], [2**40 + 1]]
+
+
+def test_a_copy_onto_the_same_device_outlives_its_source(proxy: ProxyProcess) -> None:
+    # The copy shared the source's buffer: deleting the source deleted the copy.
+    copied = run_program(
+        proxy.address,
+        """
+import json
+import numpy as np
+z = jax.device_put(np.arange(6, dtype=np.float32), jax.devices()[0])
+w = jax.device_put(z, jax.devices()[0], may_alias=False)
+z.delete()
+print(json.dumps(np.asarray(w).tolist()))
+""",
+    )
+    assert copied == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_devices_out_of_memory_say_so(proxy: ProxyProcess) -> None:
+    # Said as INVALID_ARGUMENT, as if the request were wrong.
+    said = run_program(
+        proxy.address,
+        """
+import json
+import jax.numpy as jnp
+try:
+    jax.block_until_ready(jax.jit(lambda: jnp.ones((2**40,), jnp.float32))())
+except Exception as error:
+    print(json.dumps(str(error)))
+""",
+    )
+    assert said.startswith("RESOURCE_EXHAUSTED"), said

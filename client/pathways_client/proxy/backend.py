@@ -422,7 +422,9 @@ class ArraySession(SessionState):
             self.put_error(handles, exc)
             raise
         except Exception as exc:
-            error = ProxyError("INVALID_ARGUMENT", f"{type(exc).__name__}: {exc}")
+            # Devices out of memory say so, as plain JAX raises it; the rest is the request's.
+            code = "RESOURCE_EXHAUSTED" if "RESOURCE_EXHAUSTED" in str(exc) else "INVALID_ARGUMENT"
+            error = ProxyError(code, f"{type(exc).__name__}: {exc}")
             self.put_error(handles, error)
             raise error from exc
 

@@ -207,6 +207,9 @@ def proxy_command(
 
     if backend == "local":
         jax.config.update("jax_num_cpu_devices", devices or 8)
+        # Arrays keep the dtypes clients send: without it a client's float64 was stored as
+        # float32 (its reads failed on the size, its programs on the argument types).
+        jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_platforms", "cpu")  # the island backend only parses programs here
     from pathways_client.proxy.protocol import ProtocolUnavailable
     from pathways_client.proxy.server import PROTOCOL_MAX, PROTOCOL_MIN, ProxyConfig, serve

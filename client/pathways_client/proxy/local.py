@@ -238,7 +238,8 @@ class LocalSession(ArraySession):
             sharding = _with_devices(sharding, devices)
         if memory_kind:
             sharding = sharding.with_memory_kind(memory_kind)
-        return _Array(jax.device_put(array.value, sharding))
+        # A copy even onto the same devices: the source may be deleted (or donated) next.
+        return _Array(jax.device_put(array.value, sharding, may_alias=False))
 
     def _reader(self, array: _Array) -> Callable[[], np.ndarray]:
         value = array.value

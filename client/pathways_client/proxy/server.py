@@ -231,17 +231,23 @@ class ProxyServer:
             replies.put_nowait(_END)
 
         reader = asyncio.create_task(read())
+        answered = False
         try:
             while (item := await replies.get()) is not _END:
                 yield item
+            answered = True
         except asyncio.CancelledError:  # the client cancelled its stream: how stock clients end
             if self.stopping:
                 log.info("session %d: ended by the proxy stopping", number)
             else:
                 log.info("session %d: its client ended the stream", number)
-            session.abandon()
             raise
         finally:
+            if not answered:
+                # Cancelled, or closed at a ``yield`` (GeneratorExit: the client died while a
+                # reply was written), which skipped the branch above: the session's worker
+                # ran every request left queued against its freed state (43,000 failures).
+                session.abandon()
             reader.cancel()
             with self._lock:
                 self._sessions.pop(session_id, None)
