@@ -87,7 +87,14 @@ from pathways_core.control import (
     reconcile_program,
     slice_names,
 )
-from pathways_core.control.common import LABEL_PROGRAM, Document, now_utc, parse_time, prune
+from pathways_core.control.common import (
+    LABEL_PROGRAM,
+    Document,
+    now_utc,
+    parse_time,
+    printable,
+    prune,
+)
 from pathways_core.control.programs import CHECKPOINT_MOUNT, island_client_name
 from pathways_core.control.sharing import plan_bindings_shared
 from pathways_core.resources import GROUP_VERSION, Island, PathwaysProgram
@@ -917,7 +924,7 @@ class Manager:
         if len(line) > LAST_WORDS_CHARS:  # its end says what went wrong: keep both ends
             half = LAST_WORDS_CHARS // 2
             line = f"{line[:half]} ... {line[-half:]}"
-        return f": {line}"
+        return f": {printable(line)}"  # the program's bytes, shown: never a terminal's codes
 
     def _write_job(
         self, job: Document, *, failed: bool, message: str, reason: str = "BackoffLimitExceeded"

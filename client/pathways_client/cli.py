@@ -40,6 +40,7 @@ from pathways_client.outputs import OutputPath
 from pathways_client.proxy.command import proxy_command
 from pathways_client.proxy.tunnel import tunnel_command
 from pathways_core.allocator import Allocator, Bound, IslandInventory, Request, slice_requests
+from pathways_core.control.common import printable
 from pathways_core.manifests import without_system_fields
 from pathways_core.resources import Island, PathwaysProgram, VirtualSlice
 from pathways_core.resources.base import DNS_SUBDOMAIN_PATTERN
@@ -414,7 +415,7 @@ def api_options(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _fail(error: Exception | str) -> NoReturn:
-    errors.print(f"[red]✗[/] {escape(str(error))}")
+    errors.print(f"[red]✗[/] {escape(printable(str(error)))}")
     sys.exit(1)
 
 
@@ -826,7 +827,7 @@ def _cells(document: dict[str, Any]) -> tuple[str, ...]:
     text."""
     status = document.get("status") or {}
     phase = _shown_phase(document)
-    message = status.get("message") or ""
+    message = printable(status.get("message") or "")  # (one stored before it was shown so)
     if len(message) > MESSAGE_WIDTH:  # cut, and says so
         message = message[: MESSAGE_WIDTH - 1] + "…"
     if document.get("kind") == "PathwaysProgram":
@@ -1155,7 +1156,8 @@ def get(
             _print_documents(documents, output, one_object=bool(name and not events), lines=watch)
         if output == "table":
             for event in happened:
-                click.echo(f"{event['time']} {event['type']} {event['reason']}: {event['message']}")
+                line = f"{event['time']} {event['type']} {event['reason']}: {event['message']}"
+                click.echo(printable(line))
         if watch:
             _watch(client, kind, name, filters, shown, output)
 
@@ -1464,9 +1466,15 @@ def logs(
                     _fail(f"{name} has no previous run: {started} started so far")
                 run = started - 1
             window = client.log_window(name, tail_lines=tail, limit_bytes=limit_bytes, run=run)
-            # With --tail, what comes before the lines is not asked for, unless the byte limit
-            # cut the lines themselves.
-            _print_output(window, 0 if tail is None or window.get("linesCut") else window["start"])
+            if window.get("linesCut"):  # where the lines begin was not looked for
+                errors.print(
+                    f"… the last {tail} lines begin before the last --limit-bytes: their "
+                    "beginning is not shown",
+                    markup=False,
+                )
+                click.echo(window["logs"], nl=False)
+            else:  # with --tail, what comes before the lines is not asked for
+                _print_output(window, 0 if tail is None else window["start"])
             if not window["size"]:  # say why, before following what comes
                 program = client.get("programs", name)
                 errors.print(f"{name} has no output yet: {standing(program)}", markup=False)
@@ -1526,17 +1534,19 @@ def trace(
     with _api(state, api, token, tenant) as client:
         try:
             records, incomplete = client.trace_whole(name)
-            phase = (
-                ""
-                if records
-                else (client.get("programs", name).get("status") or {}).get("phase", "")
-            )
+            program = {} if records else client.get("programs", name)
         except ApiCallError as error:
             _fail(error)
     if not records:
+        from pathways_client.watch import finished, phase_of
+
         lost = f"; {'; '.join(incomplete)}" if incomplete else ""
-        if phase in ("Succeeded", "Failed"):  # it has ended: nothing more will come
-            _fail(f"program {name!r} ({phase}) ran no computation on an island{lost}")
+        phase = phase_of(program)
+        if finished(program):  # succeeded, failed or cancelled: nothing more will come
+            ended = "Cancelled" if phase == "Suspended" else phase
+            _fail(f"program {name!r} ({ended}) ran no computation on an island{lost}")
+        if phase == "Suspended":  # its runs were stopped: their traces are kept
+            _fail(f"program {name!r} (Suspended): its runs so far ran no computation{lost}")
         _fail(
             f"program {name!r} has no trace yet (a run's trace is kept when it ends or is "
             f"stopped){lost}"

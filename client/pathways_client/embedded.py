@@ -997,17 +997,28 @@ def _up(
 ) -> ClusterInfo:
     running = read_info(state)
     if running is not None and running.ready:
-        if running.error:  # said here: a bare table, and work then waited without a word
-            raise EmbeddedError(
-                f"the cluster of {state} runs without a part: {running.error}. Run 'pathways "
-                "down', then 'pathways up', to start it whole again"
-            )
-        ensure_tenants(state, tenants)
-        return running
+        return _joined(state, running, tenants)
+    if running is not None and not running.error:
+        # Started by an 'up' that went before it was ready (killed, its terminal closed):
+        # waited for, as that 'up' would have (told to run 'down', one threw it away).
+        info, failure = _await_ready(
+            state,
+            running.supervisor,
+            len(islands),
+            progress,
+            time.monotonic() + timeout,
+            lambda: read_info(state) is None,
+        )
+        if info is not None:
+            return _joined(state, info, tenants)
+        raise EmbeddedError(
+            f"the embedded cluster did not start: {failure or 'its supervisor ended'} (see "
+            f"{state / 'supervisor.log'})"
+        )
     if running is not None:
         raise EmbeddedError(
-            f"a cluster of {state} is starting or failing (supervisor pid {running.supervisor}); "
-            "run 'pathways down' first"
+            f"a cluster of {state} failed to start (supervisor pid {running.supervisor}): "
+            f"{running.error}. Run 'pathways down' first"
         )
     holder = _lock_holder(state)
     if holder is not None:  # its supervisor runs, though its cluster.json does not say so
@@ -1038,36 +1049,69 @@ def _up(
             start_new_session=True,  # outlives the CLI and its terminal
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    deadline = time.monotonic() + timeout
-    said, failure = "", None
     try:
-        while time.monotonic() < deadline:
-            info = read_info(state)
-            if info is not None and info.supervisor == supervisor.pid:
-                if info.ready:
-                    return info
-                if info.error:
-                    failure = info.error
-                    break
-                stage = f"islands {len(info.islands)}/{len(islands)}"
-                if len(info.islands) == len(islands):
-                    stage = "resource manager and API"
-                if progress is not None and stage != said:
-                    progress(stage)
-                    said = stage
-            if supervisor.poll() is not None:
-                break
-            time.sleep(0.2)
+        info, failure = _await_ready(
+            state,
+            supervisor.pid,
+            len(islands),
+            progress,
+            time.monotonic() + timeout,
+            lambda: supervisor.poll() is not None,
+        )
     except BaseException:
         # Interrupted while it starts (Ctrl-C): the half-started cluster goes too (its
         # supervisor, a session of its own, ran on with its islands).
         _stop_starting(supervisor)
         raise
+    if info is not None:
+        return info
     exit_code = supervisor.poll()  # None: it still ran, and is stopped now
     _stop_starting(supervisor)
     raise EmbeddedError(
         _start_failure(state, supervisor.pid, exit_code, failure, log_start, timeout)
     )
+
+
+def _joined(state: Path, running: ClusterInfo, tenants: Sequence[str]) -> ClusterInfo:
+    """A ready cluster ``up`` found, its tenants' tokens made."""
+    if running.error:  # said here: a bare table, and work then waited without a word
+        raise EmbeddedError(
+            f"the cluster of {state} runs without a part: {running.error}. Run 'pathways "
+            "down', then 'pathways up', to start it whole again"
+        )
+    ensure_tenants(state, tenants)
+    return running
+
+
+def _await_ready(
+    state: Path,
+    supervisor: int,
+    islands: int,
+    progress: Callable[[str], None] | None,
+    deadline: float,
+    ended: Callable[[], bool],
+) -> tuple[ClusterInfo | None, str | None]:
+    """Wait until the cluster supervisor ``supervisor`` starts with ``islands`` islands is
+    ready (its record), saying each stage; ``(None, its error or None)`` if it records an
+    error, ``ended`` says it ended, or ``deadline`` passes first."""
+    said = ""
+    while time.monotonic() < deadline:
+        info = read_info(state)
+        if info is not None and info.supervisor == supervisor:
+            if info.ready:
+                return info, None
+            if info.error:
+                return None, info.error
+            stage = f"islands {len(info.islands)}/{islands}"
+            if len(info.islands) == islands:
+                stage = "resource manager and API"
+            if progress is not None and stage != said:
+                progress(stage)
+                said = stage
+        if ended():
+            break
+        time.sleep(0.2)
+    return None, None
 
 
 def _start_failure(

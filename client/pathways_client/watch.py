@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from pathways_client.api_client import ApiClient
+from pathways_core.control.common import printable
 
 TERMINAL = ("Succeeded", "Failed")
 """Phases a program never leaves (a cancelled one is ``Suspended`` for good too: see
@@ -46,7 +47,7 @@ def finished(document: dict[str, Any]) -> bool:
 def standing(document: dict[str, Any]) -> str:
     """Where a program stands: its phase, and why (its status message), if it says."""
     message = (document.get("status") or {}).get("message")
-    return phase_of(document) + (f" ({message})" if message else "")
+    return phase_of(document) + (f" ({printable(message)})" if message else "")
 
 
 def wait_programs(

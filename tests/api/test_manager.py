@@ -151,8 +151,9 @@ def test_a_program_runs_with_the_contract_environment_and_gives_its_devices_back
 def test_failed_runs_restart_then_fail_and_time_shared_programs_share(running: Running) -> None:
     store = running.store
     submit(store, "flaky", "import sys; sys.exit(3)", restartPolicy="OnFailure", maxRestarts=1)
-    # A long last line keeps its end, where the cause is (cut at 300, it was lost).
-    submit(store, "wordy", "raise SystemExit('upstream ' * 200 + 'ROOT CAUSE')")
+    # A long last line keeps its end, where the cause is (cut at 300, it was lost); the codes
+    # a terminal obeys are shown as text (they cleared and recoloured the screens of `get`).
+    submit(store, "wordy", "raise SystemExit('upstream ' * 200 + 'ROOT CAUSE\\x1b[2J')")
     for name in ("one", "two"):
         submit(
             store,
@@ -166,7 +167,8 @@ def test_failed_runs_restart_then_fail_and_time_shared_programs_share(running: R
     assert "the driver exited with code 3" in status["message"]
     wait_for(lambda: phase(store, "PathwaysProgram", "wordy") == "Failed", what="wordy Failed")
     wordy = store.read("PathwaysProgram", "team", "wordy")["status"]["message"]
-    assert wordy.endswith("ROOT CAUSE") and " ... " in wordy, wordy
+    assert wordy.endswith("ROOT CAUSE\\x1b[2J") and " ... " in wordy, wordy
+    assert "\x1b" not in wordy
     # Both time-shared programs hold all 4 devices of the island at once.
     wait_for(
         lambda: (

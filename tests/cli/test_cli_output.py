@@ -212,6 +212,29 @@ def test_events_as_text_are_lines_never_wrapped(
     ), shown.output
 
 
+def test_what_programs_printed_is_shown_never_obeyed(
+    slices: tuple[str, ...], server: Server, pathways
+) -> None:
+    """A driver's last line, in a status message or an Event, retitled the terminal, cleared
+    it and left it red (a table row cut it before its reset): control codes are shown."""
+    from pathways_client.cli import _cells
+    from pathways_client.watch import standing
+
+    codes = "\x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL"
+    shown = "\\x1b]0;pwned\\x07\\x1b[2J\\x1b[31mEVIL"
+    _record_event(server, "first", "BackOff", codes)
+    listed = pathways("get", "first", *slices, "--events")
+    assert listed.exit_code == 0, listed.output
+    assert "\x1b" not in listed.output and f"BackOff: {shown}" in listed.output
+    program = {
+        "kind": "PathwaysProgram",
+        "metadata": {"name": "loud"},
+        "status": {"phase": "Failed", "runs": 1, "message": f"the driver failed: {codes}"},
+    }
+    assert _cells(program)[-1] == f"the driver failed: {shown}"
+    assert standing(program) == f"Failed (the driver failed: {shown})"
+
+
 def test_events_without_a_name_or_of_islands_are_refused(
     slices: tuple[str, ...], server: Server, pathways
 ) -> None:

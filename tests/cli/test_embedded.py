@@ -471,6 +471,33 @@ def test_two_ups_at_once_start_one_cluster_and_a_second_supervisor_refuses(
     assert read_info(state).supervisor == first.supervisor  # type: ignore[union-attr]
 
 
+def test_an_up_killed_while_its_cluster_starts_is_followed_by_one_that_waits_for_it(
+    state: Path,
+) -> None:
+    """An `up` killed while its cluster started (its terminal closed, say) left a supervisor
+    that went on to start it; the next `up` refused it as 'starting or failing' and told the
+    user to run `down`, throwing away a cluster a few seconds from ready."""
+    from pathways_client.embedded import IslandSpec, up
+
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; "
+            "from pathways_client.embedded import IslandSpec, up; "
+            "up(Path(sys.argv[1]), [IslandSpec('island-0', 1, 2)])",
+            str(state),
+        ]
+    )
+    wait_until(lambda: read_info(state) is not None, "the first up's supervisor")
+    first.kill()
+    first.wait()
+    started = read_info(state)
+    assert started is not None and not started.ready  # (its cluster was still starting)
+    info = up(state, [IslandSpec("island-0", 1, 2)])
+    assert info.ready and info.supervisor == started.supervisor
+
+
 def test_a_component_that_cannot_start_is_named_with_its_error(state: Path, pathways) -> None:
     """A hand-edited tokens file the API refuses: `up` said the cluster did not start and
     showed an empty log tail; now it says which component, and the error it died of."""
@@ -577,10 +604,11 @@ def test_logs_follow_a_running_program_each_byte_once_and_get_watches_it(
     cut = pathways("logs", "ticker", *at, "--limit-bytes", "6")
     assert cut.output.endswith("café\n")
     assert f"… {len(whole.encode()) - 6} bytes of output not shown" in cut.output
-    # Lines longer than the limit: cut to it, and said so (with --tail it was silent).
+    # Lines longer than the limit: cut to it, and said so (with --tail it was silent, then
+    # counted every byte before the limit as cut, not the lines' alone).
     cut_tail = pathways("logs", "ticker", *at, "--tail", "2", "--limit-bytes", "6")
-    assert cut_tail.output.endswith("café\n")
-    assert f"… {len(whole.encode()) - 6} bytes of output not shown" in cut_tail.output
+    assert cut_tail.output.endswith("café\n") and "bytes of output not shown" not in cut_tail.output
+    assert "… the last 2 lines begin before the last --limit-bytes" in cut_tail.output
     alone = pathways("logs", "ticker", *at, "--previous")  # one run: none before it
     assert alone.exit_code == 1 and "ticker has no previous run: 1 started so far" in alone.output
 
@@ -702,6 +730,10 @@ def test_waits_and_follows_end_when_a_program_is_cancelled_or_their_run_is_stopp
     output, _ = waiting.communicate(timeout=60)
     assert waiting.returncode == 1, output
     assert "waited: Suspended" in output and "after 300 s" not in output
+    # Cancelled, it will compute nothing more: its trace is not 'yet' to come.
+    untraced = pathways("trace", "napper", *at, "--out", str(tmp_path / "napper.json"))
+    assert untraced.exit_code == 1
+    assert "program 'napper' (Cancelled) ran no computation on an island" in untraced.output
 
 
 COMPUTING = """

@@ -261,6 +261,16 @@ def test_failure_without_restarts_fails_the_program() -> None:
     )
     assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "JobFailed")
     assert "exit 3" in decision.status["message"]
+    # What the driver printed last, quoted by the Job, is shown, never obeyed by a terminal.
+    loud = job("Failed")
+    loud["status"]["conditions"][0]["message"] = "\x1b[2J\x1b[31mexit 3"
+    decision = decide(
+        program(status={"phase": "Running", "runs": 1}),
+        {"p-main": bound_slice()},
+        loud,
+        READY_ISLAND,
+    )
+    assert decision.status["message"].endswith("the Job failed: \\x1b[2J\\x1b[31mexit 3")
 
 
 def test_failure_with_restarts_left_starts_the_next_run() -> None:

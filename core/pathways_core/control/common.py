@@ -116,6 +116,20 @@ def spec_of(document: Document) -> dict[str, Any]:
     return spec if isinstance(spec, dict) else {}
 
 
+_CONTROL = {
+    code: f"\\x{code:02x}"
+    for code in (*range(0x00, 0x20), *range(0x7F, 0xA0))
+    if chr(code) not in "\t\n"
+}
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters but tab and newline shown as ``\\xNN``: what a
+    program printed, shown in a status message or a terminal, can no longer move the cursor,
+    clear the screen, retitle the window or colour what follows (as kubectl shows them)."""
+    return text.translate(_CONTROL)
+
+
 def slice_entries(program: Document) -> list[dict[str, Any]]:
     """The entries of a program's ``spec.slices`` that are mappings: none when it is no list
     (a spec the API server took without its schema, which parsing reports as invalid)."""

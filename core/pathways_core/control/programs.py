@@ -48,6 +48,7 @@ from pathways_core.control.common import (
     owner_reference,
     parse,
     parse_time,
+    printable,
     set_condition,
     spec_of,
     timestamp,
@@ -247,10 +248,11 @@ def _job_outcome(job: Document) -> tuple[str | None, str]:
     for item in status.get("conditions") or []:
         if item.get("status") != "True":
             continue
+        # A condition's message may quote what the program printed last.
         if item.get("type") in ("Complete", "SuccessCriteriaMet"):
-            return "Succeeded", item.get("message") or "the Job completed"
+            return "Succeeded", printable(item.get("message") or "the Job completed")
         if item.get("type") in ("Failed", "FailureTarget"):
-            detail = item.get("message") or item.get("reason") or ""
+            detail = printable(item.get("message") or item.get("reason") or "")
             return "Failed", f"the Job failed{': ' + detail if detail else ''}"
     if (status.get("succeeded") or 0) >= 1:
         return "Succeeded", "the Job completed"
