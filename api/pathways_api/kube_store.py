@@ -11,10 +11,12 @@
   admission Lease (``coordination.k8s.io``, ``pathways-admission`` in its namespace, taken
   with the API server's optimistic concurrency): concurrent submissions are never
   over-admitted, to one replica or to several (the chart runs two). One replica's own callers
-  queue on a lock first, so a replica asks for the Lease once at a time per tenant.
+  queue on a lock first, so a replica asks for the Lease once at a time per tenant. A hold
+  outlasts any create sent under it (sent within ``CREATE_BY_SECONDS`` of taking it, stored
+  within the API server's request timeout, or never).
 - **Idempotency keys** are kept on the object (annotations ``pathways.dev/idempotency-key``
-  and ``-fingerprint``): scoped by kind, and free again once their object is gone, as in the
-  embedded store.
+  and ``-fingerprint``, never shown to callers): scoped by kind, and free again once their
+  object is gone, as in the embedded store.
 - **Logs** are the logs of the pods of the program's Jobs; **traces** are kept only by the
   embedded mode (an empty list here).
 
@@ -30,6 +32,7 @@ import contextlib
 import datetime
 import functools
 import json
+import logging
 import math
 import os
 import random
@@ -41,6 +44,7 @@ import urllib.parse
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +58,7 @@ from pathways_api.errors import (
     Forbidden,
     InvalidField,
     NotFound,
+    QuotaExceeded,
     RateLimited,
     Unauthorized,
     Unavailable,
@@ -80,6 +85,8 @@ from pathways_core.control.common import Document
 from pathways_core.control.rate_limit import Limit, TokenBuckets
 from pathways_core.topology import device_count, parse_shape
 
+log = logging.getLogger(__name__)
+
 GV = "pathways.dev/v1alpha1"
 OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")  # a DNS subdomain
 PLURALS = {PROGRAM: "pathwaysprograms", SLICE: "virtualslices", ISLAND: "islands"}
@@ -88,11 +95,21 @@ ANNOTATION_FINGERPRINT = "pathways.dev/idempotency-fingerprint"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 REVIEW_TTL_SECONDS = 60.0
 ADMISSION_LEASE = "pathways-admission"
-LEASE_SECONDS = 10
-"""How long a replica's hold on a tenant's admission Lease lasts unless let go (one list and
-one create take milliseconds): a replica that died holding it delays that tenant this long."""
+APISERVER_REQUEST_SECONDS = 60
+"""The longest an API server works on one request (its ``--request-timeout``, 1 min by
+default): a create sent is stored within this, or never."""
+CREATE_BY_SECONDS = 10
+"""How soon after taking a tenant's admission Lease its create must be sent (the two lists
+before it take milliseconds); later, nothing is sent and the caller is answered 503."""
+LEASE_SECONDS = CREATE_BY_SECONDS + APISERVER_REQUEST_SECONDS + 5
+"""How long a replica's hold on a tenant's admission Lease lasts unless let go: past the end
+of any create sent under it, so no other replica admits beside one still being stored (with
+a 10 s hold, a create the API server took 11 s over let a second replica admit past the
+quota). A replica that died holding it delays that tenant this long."""
 ACQUIRE_SECONDS = 30.0
 """How long an admission waits for the Lease other replicas hold before answering 503."""
+LEASE_POLL_SECONDS = (0.01, 0.5)
+"""The first and longest pause between two looks at a Lease another replica holds."""
 
 
 class KubernetesStore:
@@ -192,6 +209,12 @@ class KubernetesStore:
             raise refusal
         if answer.status_code == 422:  # the API server's own validation: the caller's to fix
             raise InvalidField(f"the cluster refused it: {message}")
+        if answer.status_code == 403 and method == "POST":
+            # The tenant's namespace refuses the object (an outage, 503, to the caller before).
+            if "exceeded quota" in message:
+                raise QuotaExceeded(f"the namespace's ResourceQuota refused it: {message}")
+            if "being terminated" in message:
+                raise Forbidden(f"the tenant's namespace is being deleted: {message}")
         if answer.status_code == 429:  # the API server throttles: wait as it says
             wait = answer.headers.get("Retry-After") or "1"
             raise RateLimited(
@@ -298,7 +321,7 @@ class KubernetesStore:
     ) -> tuple[Document, bool]:
         """See :meth:`~pathways_api.store.Store.admit`."""
         namespace = tenant.name
-        async with self._admission(namespace):
+        async with self._admission(namespace) as hold:
             programs = await self._all(PROGRAM, namespace)
             slices = await self._all(SLICE, namespace)
             if idempotency is not None:
@@ -307,23 +330,29 @@ class KubernetesStore:
                     annotations = existing["metadata"].get("annotations") or {}
                     if annotations.get(ANNOTATION_KEY) == key:
                         check_replay(annotations.get(ANNOTATION_FINGERPRINT), fingerprint)
-                        return existing, False
+                        return _shown(existing), False
                 annotations = document["metadata"].setdefault("annotations", {})
                 annotations.update({ANNOTATION_KEY: key, ANNOTATION_FINGERPRINT: fingerprint})
             check_quota(tenant, _usage(programs, slices), cost)
+            if time.monotonic() > hold.create_by:
+                raise Unavailable(
+                    f"tenant {namespace!r}'s admission took over {CREATE_BY_SECONDS} s (the "
+                    "Kubernetes API server answers slowly): nothing was created; try again"
+                )
             created = await self._call(
                 "POST", self._path(document["kind"], namespace), json=document
             )
-            return created, True
+            return _shown(created), True
 
     @contextlib.asynccontextmanager
-    async def _admission(self, namespace: str) -> AsyncIterator[None]:
+    async def _admission(self, namespace: str) -> AsyncIterator[_Hold]:
         """Admit one object of ``namespace`` at a time, over every replica: this replica's
         callers queue on a lock, then the replica holds the tenant's admission Lease."""
         async with self._locks.setdefault(namespace, asyncio.Lock()):
             version = await self._take_lease(namespace)
+            hold = _Hold(time.monotonic() + CREATE_BY_SECONDS)
             try:
-                yield
+                yield hold
             finally:
                 await self._let_go(namespace, version)
 
@@ -333,6 +362,7 @@ class KubernetesStore:
         leases = _leases(namespace)
         path = f"{leases}/{ADMISSION_LEASE}"
         deadline = time.monotonic() + ACQUIRE_SECONDS
+        pause, longest = LEASE_POLL_SECONDS
         while True:
             now = datetime.datetime.now(datetime.UTC)
             stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -356,7 +386,9 @@ class KubernetesStore:
                         },
                     )
                     return str(made["metadata"]["resourceVersion"])
-                if _lease_free(lease, now):
+                # A hold of this replica's own is stale (its callers take turns on a lock): its
+                # release failed. It held up this tenant's next admission for the whole hold.
+                if _lease_free(lease, now) or _holder(lease) == self.identity:
                     version = lease["metadata"]["resourceVersion"]
                     taken = await self._merge_patch(
                         path, {"metadata": {"resourceVersion": version}, "spec": spec}
@@ -366,26 +398,33 @@ class KubernetesStore:
             except Conflict:
                 pass  # another replica made or took it first
             if time.monotonic() > deadline:
-                holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
                 raise Unavailable(
                     f"tenant {namespace!r}'s admission Lease ({ADMISSION_LEASE}) stayed held "
-                    f"by {holder!r} for {ACQUIRE_SECONDS:.0f} s; try again"
+                    f"by {_holder(lease or {})!r} for {ACQUIRE_SECONDS:.0f} s; try again"
                 )
-            await asyncio.sleep(random.uniform(0.005, 0.03))
+            # Backing off: each tenant waiting on a dead replica's hold looked ~40 times a second.
+            await asyncio.sleep(random.uniform(pause / 2, pause))
+            pause = min(pause * 2, longest)
 
     async def _let_go(self, namespace: str, version: str) -> None:
         """Free the Lease held at ``version`` (if it expired and another replica took it,
-        that one's hold stands)."""
+        that one's hold stands). A release that fails is logged, never the caller's answer:
+        the admission is done (a 429 here answered a stored create 'nothing done', and the
+        caller's retry made a second program); the hold ends with its duration."""
         path = f"{_leases(namespace)}/{ADMISSION_LEASE}"
-        with contextlib.suppress(Conflict, Unavailable):
+        try:
             await self._merge_patch(
                 path, {"metadata": {"resourceVersion": version}, "spec": {"holderIdentity": ""}}
             )
+        except Conflict:
+            pass  # it expired and another replica holds it now
+        except ApiError as error:
+            log.warning("tenant %r's admission Lease was not let go: %s", namespace, error)
 
     async def get(self, kind: str, namespace: str | None, name: str) -> Document | None:
         """See :meth:`~pathways_api.store.Store.get`."""
         document = await self._call("GET", self._path(kind, namespace, name))
-        return document
+        return None if document is None else _shown(document)
 
     async def list(
         self,
@@ -415,7 +454,9 @@ class KubernetesStore:
         ]
         page = items[:limit]
         more = len(items) > limit
-        return Page(page, _encode_place(_place(page[-1])) if more else None)
+        return Page(
+            [_shown(item) for item in page], _encode_place(_place(page[-1])) if more else None
+        )
 
     async def cancel(self, namespace: str, name: str) -> Document:
         """See :meth:`~pathways_api.store.Store.cancel`."""
@@ -480,7 +521,7 @@ class KubernetesStore:
                 continue
             if patched is None:
                 check(None)  # gone since: its NotFound
-            return patched
+            return _shown(patched)
         noun = {PROGRAM: "program", SLICE: "virtual slice"}[kind]
         raise Conflict(f"{noun} {name!r} keeps changing; try again", field="name")
 
@@ -494,8 +535,9 @@ class KubernetesStore:
             raise NotFound(f"no {kind} named {name!r}", field="name")
         check_uid(document, kind, name, uid)
         options = {"json": {"preconditions": {"uid": uid}}} if uid else {}
-        await self._call("DELETE", self._path(kind, namespace, name), **options)
-        return document
+        answer = await self._call("DELETE", self._path(kind, namespace, name), **options)
+        # The object as deleted (marked, while finalizers run), as the embedded store answers.
+        return _shown(answer) if (answer or {}).get("kind") == document.get("kind") else document
 
     async def usage(self, namespace: str) -> Usage:
         """See :meth:`~pathways_api.store.Store.usage`."""
@@ -737,6 +779,31 @@ def _decode_place(token: str) -> tuple[str, str]:
 def _leases(namespace: str) -> str:
     namespace = urllib.parse.quote(namespace, safe="")
     return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+
+def _shown(document: Document) -> Document:
+    """An object as callers see it: without the idempotency key it was created with (the
+    client's own value, which the embedded store never shows) and its fingerprint."""
+    annotations = (document.get("metadata") or {}).get("annotations") or {}
+    if ANNOTATION_KEY not in annotations and ANNOTATION_FINGERPRINT not in annotations:
+        return document
+    kept = {
+        k: v for k, v in annotations.items() if k not in (ANNOTATION_KEY, ANNOTATION_FINGERPRINT)
+    }
+    metadata = {k: v for k, v in document["metadata"].items() if k != "annotations"}
+    return {**document, "metadata": {**metadata, **({"annotations": kept} if kept else {})}}
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """A hold on a tenant's admission Lease: its create must be sent by ``create_by``
+    (``time.monotonic``)."""
+
+    create_by: float
+
+
+def _holder(lease: Document) -> str:
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
 
 def _lease_free(lease: Document, now: datetime.datetime) -> bool:

@@ -176,6 +176,92 @@ def test_quota_and_idempotency(cluster: Cluster, api: Api) -> None:
     refused = call(api, "token-a", "POST", "/v1/programs", json=program("p3"))
     assert refused.status_code == 429, refused.text
     assert len(cluster.list("PathwaysProgram", "team-a")) == 3
+    # The key is the client's own value, kept on the object for replays: never shown (the
+    # embedded store never shows it).
+    for shown in (
+        first.json(),
+        again.json(),
+        call(api, "token-a", "GET", "/v1/programs/p0").json(),
+        *call(api, "token-a", "GET", "/v1/programs").json()["items"],
+        call(api, "token-a", "POST", "/v1/programs/p0/suspend").json(),
+    ):
+        assert not (shown["metadata"].get("annotations") or {}).keys() & {
+            kube_store.ANNOTATION_KEY,
+            kube_store.ANNOTATION_FINGERPRINT,
+        }, shown["metadata"]
+    stored = cluster.get("PathwaysProgram", "p0", "team-a")["metadata"]["annotations"]
+    assert stored[kube_store.ANNOTATION_KEY] == "once"
+
+
+def _on(plural: str, method: str, answer: Any) -> Any:
+    """An emulator hook running ``answer(request)`` on requests of ``method`` to ``plural``."""
+
+    async def hook(request: kmock.Request) -> None:
+        if getattr(request.resource, "plural", None) == plural and request.method == method:
+            await answer(request)
+
+    return hook
+
+
+def test_an_admission_says_what_happened_to_its_create(
+    cluster: Cluster, api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed release of the Lease answered a stored create 429 (the caller's retry made a
+    second program); a namespace's ResourceQuota refusal was a 503 outage; a release that
+    failed held up the replica's next admission for the whole hold."""
+
+    async def throttled(request: kmock.Request) -> None:
+        if ((request.data or {}).get("spec") or {}).get("holderIdentity") == "":
+            raise kmock.KubernetesError(429, "TooManyRequests", "slow down")
+
+    release = _on("leases", "PATCH", throttled)
+    cluster.call_soon(lambda: cluster.emulator.hooks.append(release))
+    began = time.monotonic()
+    for name in ("kept", "next"):  # the second takes the replica's own stale hold at once
+        made = call(api, "token-a", "POST", "/v1/programs", json=program(name))
+        assert made.status_code == 201, made.text
+    assert time.monotonic() - began < 5
+    assert cluster.get("Lease", "pathways-admission", "team-a")["spec"]["holderIdentity"]
+    cluster.call_soon(lambda: cluster.emulator.hooks.remove(release))
+
+    words = (
+        'pathwaysprograms.pathways.dev "over" is forbidden: exceeded quota: tenant-quota, '
+        "requested: count/pathwaysprograms.pathways.dev=1, used: 2, limited: 2"
+    )
+
+    async def quota(request: kmock.Request) -> None:
+        raise kmock.KubernetesError(403, "Forbidden", words)
+
+    refusing = _on("pathwaysprograms", "POST", quota)
+    cluster.call_soon(lambda: cluster.emulator.hooks.append(refusing))
+    over = call(api, "token-a", "POST", "/v1/programs", json=program("over"))
+    cluster.call_soon(lambda: cluster.emulator.hooks.remove(refusing))
+    assert over.status_code == 429, over.text
+    assert over.json()["error"]["code"] == "QuotaExceeded"
+    assert words in over.json()["error"]["message"]
+
+
+def test_a_create_is_never_sent_once_the_hold_may_end_before_it_is_stored(
+    cluster: Cluster, api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hold lasted 10 s and a create the API server took 11 s over let another replica
+    admit beside it: two programs over a quota of one. A hold now outlasts any create sent
+    under it, and one not sent in time is not sent."""
+    assert kube_store.LEASE_SECONDS > (
+        kube_store.CREATE_BY_SECONDS + kube_store.APISERVER_REQUEST_SECONDS
+    )
+    monkeypatch.setattr(kube_store, "CREATE_BY_SECONDS", 0.5)
+
+    async def slow(request: kmock.Request) -> None:
+        await asyncio.sleep(1)
+
+    listing = _on("pathwaysprograms", "GET", slow)
+    cluster.call_soon(lambda: cluster.emulator.hooks.append(listing))
+    late = call(api, "token-a", "POST", "/v1/programs", json=program("late"))
+    cluster.call_soon(lambda: cluster.emulator.hooks.remove(listing))
+    assert late.status_code == 503, late.text
+    assert "nothing was created; try again" in late.json()["error"]["message"]
+    assert cluster.list("PathwaysProgram", "team-a") == []
 
 
 def test_replicas_admit_one_at_a_time_through_the_tenants_lease(
