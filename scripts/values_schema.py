@@ -138,7 +138,10 @@ def service_account() -> dict[str, Any]:
     return obj(
         {
             "create": {"type": "boolean", "description": "Create the ServiceAccount."},
-            "name": string("Its name; defaults to <fullname>-<component>."),
+            "name": string(
+                "Its name (a DNS subdomain); defaults to <fullname>-<component>.",
+                pattern=f"^$|{DNS_SUBDOMAIN}",
+            ),
             "annotations": STRING_MAP,
         }
     )
@@ -277,8 +280,17 @@ def values_schema() -> dict[str, Any]:
                 ),
                 "imagePullSecrets": {
                     "type": "array",
-                    "items": obj({"name": string("A Secret of registry credentials.")}),
-                    "description": "As a pod's: [{name: regcred}], not [regcred].",
+                    "items": obj(
+                        {
+                            "name": string(
+                                "A Secret of registry credentials.", pattern=DNS_SUBDOMAIN
+                            )
+                        },
+                        required=["name"],
+                    ),
+                    "description": "As a pod's: [{name: regcred}], not [regcred]. Every pod "
+                    "the chart and the operator make pulls with them (island pods in the "
+                    "release's namespace, program pods in their tenant's: each needs a copy).",
                 },
                 "podSecurityContext": OPEN_OBJECT,
                 "containerSecurityContext": OPEN_OBJECT,

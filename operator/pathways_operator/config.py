@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from pathways_core.control.programs import FAILURE_GRACE_SECONDS
-from pathways_core.control.security import CONTROL_TOKENS_ENV, TLS_SECRET_ENV
+from pathways_core.control.security import CONTROL_TOKENS_ENV, PULL_SECRETS_ENV, TLS_SECRET_ENV
 from pathways_core.control.tenants import Tenants
 from pathways_core.resources.island import DEFAULT_IMAGE
 
@@ -27,9 +27,11 @@ class Config:
     {"namespaces": ["team-a"], "maxPriority": 100, "devices": {"tpu-v5e": 64}}, "*": {...}}``
     (see :mod:`pathways_core.control.tenants`);
     ``PATHWAYS_TLS_SECRET``: name of the ``kubernetes.io/tls`` Secret mounted in island and
-    program pods (unset: TLS off); ``PATHWAYS_CONTROL_TOKENS``: ``true`` gives each island a
-    random control token in a Secret of its own, read by its scheduler and executors (unset or
-    ``false``: no token, for dev clusters); ``PATHWAYS_PEERING_LIFETIME_SECONDS``: how long a
+    program pods (unset: TLS off); ``PATHWAYS_IMAGE_PULL_SECRETS``: comma-separated names of
+    the Secrets island and program pods pull their images with (each in the pod's
+    namespace); ``PATHWAYS_CONTROL_TOKENS``: ``true`` gives each island a random control token
+    in a Secret of its own, read by its scheduler and executors (unset or ``false``: no token,
+    for dev clusters); ``PATHWAYS_PEERING_LIFETIME_SECONDS``: how long a
     replica that stopped answering (killed, frozen, cut off) is held active by its peers
     before a standby takes over (kopf's 60 s kept the cluster unserved for a minute)."""
 
@@ -40,6 +42,7 @@ class Config:
     failure_grace_seconds: float = FAILURE_GRACE_SECONDS
     tenants: Tenants = field(default_factory=Tenants)
     tls_secret: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
     control_tokens: bool = False
     peering_lifetime_seconds: int = 20
 
@@ -65,6 +68,7 @@ class Config:
             ),
             tenants=tenants,
             tls_secret=_secret_name(TLS_SECRET_ENV),
+            image_pull_secrets=_secret_names(PULL_SECRETS_ENV),
             control_tokens=_flag(CONTROL_TOKENS_ENV),
             peering_lifetime_seconds=_peering_lifetime(),
         )
@@ -107,6 +111,18 @@ def _secret_name(variable: str) -> str | None:
             f"{variable}: expected the name of a Secret (a DNS subdomain), got {raw!r}"
         )
     return raw
+
+
+def _secret_names(variable: str) -> tuple[str, ...]:
+    """Secrets' names, comma-separated, from the environment (none when unset or empty)."""
+    names = [name.strip() for name in os.environ.get(variable, "").split(",") if name.strip()]
+    for name in names:
+        if not DNS_SUBDOMAIN.fullmatch(name) or len(name) > 253:
+            raise ValueError(
+                f"{variable}: expected names of Secrets (DNS subdomains) separated by commas, "
+                f"got {name!r}"
+            )
+    return tuple(names)
 
 
 def _number(variable: str, default: float) -> float:

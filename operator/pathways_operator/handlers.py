@@ -227,6 +227,7 @@ async def reconcile_island(memo: kopf.Memo, name: str) -> None:
                 namespace,
                 tls_secret=memo.config.tls_secret,
                 control_secret=control_secret,
+                pull_secrets=memo.config.image_pull_secrets,
             )
             try:
                 for child in children:
@@ -537,6 +538,7 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
                 now_utc(),
                 memo.config.image,
                 tls_secret=memo.config.tls_secret,
+                pull_secrets=memo.config.image_pull_secrets,
                 failure_grace=memo.config.failure_grace_seconds,
             )
             trouble = await _make_children(kube, document, decision)

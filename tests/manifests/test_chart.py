@@ -14,6 +14,7 @@ import yaml
 from chart_helpers import CHART, ROOT, VALUES_FILES, values_args
 from chart_helpers import render as chart_render
 
+from pathways_api.kube_store import ADMISSION_LEASE
 from pathways_core.accelerators import AcceleratorKind, accelerator_info
 from pathways_core.control import island_children, parse
 from pathways_core.control.tenants import Tenants
@@ -468,6 +469,14 @@ def test_rbac_is_least_privilege_and_written_out(rendered) -> None:
     run = rendered("values-gke-tpu.yaml")
     assert rules_of(run, "-operator") == OPERATOR_RULES
     assert rules_of(run, "-api") == API_RULES
+    # Leases are read and taken by the admission Lease's name only (the API faces tenants).
+    (lease_rule,) = [
+        rule
+        for rule in run.one("ClusterRole", "-api")["rules"]
+        if "leases" in rule["resources"] and "patch" in rule["verbs"]
+    ]
+    assert lease_rule["resourceNames"] == [ADMISSION_LEASE]
+    assert lease_rule["verbs"] == ["get", "patch"]
     for role in run.of_kind("ClusterRole") + run.of_kind("Role"):
         for rule in role["rules"]:
             for key in ("apiGroups", "resources", "verbs"):
@@ -753,7 +762,8 @@ def test_notes_render(helm) -> None:
     assert run.returncode == 0, run.stderr
     notes = run.stdout.split("NOTES:", 1)[1]
     assert "v5p-2x2x2: tpu-v5p 2x2x2, 2 host(s)" in notes
-    assert "kubectl delete islands -l app.kubernetes.io/instance=pw" in notes
+    assert "deletes the release's islands first (a pre-delete hook)" in notes
+    assert "kubectl delete islands" not in notes
     # Islands taking their kind, topology and hosts from islandDefaults, and TLS: the API
     # answers HTTPS only.
     run = helm(
@@ -770,7 +780,16 @@ def test_notes_render(helm) -> None:
     assert run.returncode == 0, run.stderr
     notes = run.stdout.split("NOTES:", 1)[1]
     assert "- a: cpu-fake 2x4, 2 host(s)" in notes
-    assert "curl --cacert ca.crt https://127.0.0.1:8080/healthz" in notes
+    # The certificate names the Service, not 127.0.0.1: curl resolves its name to the tunnel.
+    api = "pw-pathways-api.default.svc"
+    curl = f"curl --cacert ca.crt --resolve {api}:8080:127.0.0.1 https://{api}:8080/healthz"
+    assert curl in notes
+    assert "get secret pathways-tls -o jsonpath='{.data.ca\\.crt}'" in notes
+    hookless = helm(
+        "install", "pw", str(CHART), "--dry-run=client", "--set", "uninstallHook.enabled=false"
+    )
+    assert hookless.returncode == 0, hookless.stderr
+    assert "kubectl delete islands -l app.kubernetes.io/instance=pw" in hookless.stdout
 
 
 # --- bad values ------------------------------------------------------------------------------

@@ -383,6 +383,16 @@ def test_tls_with_cert_manager_covers_every_server_and_is_mounted(rendered) -> N
             kubernetes_validate.validate(document, "1.30", strict=True)
 
 
+def test_image_pull_secrets_reach_the_operator_for_its_pods(rendered) -> None:
+    run = rendered("values.yaml", "imagePullSecrets[0].name=regcred", "imagePullSecrets[1].name=b")
+    operator = run.one("Deployment", "-operator")["spec"]["template"]["spec"]
+    assert operator["imagePullSecrets"] == [{"name": "regcred"}, {"name": "b"}]
+    env = {e["name"]: e.get("value") for e in operator["containers"][0]["env"]}
+    assert env["PATHWAYS_IMAGE_PULL_SECRETS"] == "regcred,b"
+    off = rendered("values.yaml").one("Deployment", "-operator")["spec"]["template"]["spec"]
+    assert "PATHWAYS_IMAGE_PULL_SECRETS" not in {e["name"] for e in off["containers"][0]["env"]}
+
+
 def test_tls_from_an_existing_secret_renders_no_certificate(rendered, helm) -> None:
     run = rendered("values.yaml", "tls.enabled=true", "tls.secretName=my-tls")
     assert not run.of_kind("Certificate")

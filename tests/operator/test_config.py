@@ -17,6 +17,7 @@ def test_defaults_follow_the_contracts(monkeypatch: pytest.MonkeyPatch) -> None:
         "PATHWAYS_METRICS_PORT",
         "PATHWAYS_TENANTS",
         "PATHWAYS_TLS_SECRET",
+        "PATHWAYS_IMAGE_PULL_SECRETS",
         "PATHWAYS_CONTROL_TOKENS",
         "PATHWAYS_PEERING_LIFETIME_SECONDS",
     ):
@@ -30,6 +31,7 @@ def test_defaults_follow_the_contracts(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert config.tenants == Tenants()
     assert config.tls_secret is None
+    assert config.image_pull_secrets == ()
     assert config.control_tokens is False  # dev clusters: no token unless asked for
     assert config.peering_lifetime_seconds == 20
 
@@ -39,6 +41,11 @@ def test_tls_secret_names_the_secret_to_mount(monkeypatch: pytest.MonkeyPatch) -
     assert Config.from_environment().tls_secret == "pw-pathways-tls"
     monkeypatch.setenv("PATHWAYS_TLS_SECRET", "  ")
     assert Config.from_environment().tls_secret is None
+
+
+def test_image_pull_secrets_are_names_separated_by_commas(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATHWAYS_IMAGE_PULL_SECRETS", "regcred, other.registry ,")
+    assert Config.from_environment().image_pull_secrets == ("regcred", "other.registry")
 
 
 @pytest.mark.parametrize(
@@ -84,6 +91,7 @@ def test_tenant_policy(monkeypatch: pytest.MonkeyPatch) -> None:
         ("PATHWAYS_METRICS_PORT", "ninety"),
         ("PATHWAYS_RESYNC_SECONDS", "soon"),
         ("PATHWAYS_TLS_SECRET", "Not_A/Secret"),
+        ("PATHWAYS_IMAGE_PULL_SECRETS", "regcred,Not_A/Secret"),
         ("PATHWAYS_CONTROL_TOKENS", "per-island"),
         ("PATHWAYS_PEERING_LIFETIME_SECONDS", "5"),
         ("PATHWAYS_PEERING_LIFETIME_SECONDS", "20.5"),

@@ -70,6 +70,28 @@ PROGRAMS = {
 }
 
 
+def test_pull_secrets_reach_every_pod_the_operator_makes() -> None:
+    """The chart's imagePullSecrets reached its own pods only: island and program pods of a
+    private registry's image never pulled it."""
+    document = island_document("cpu-fake", "2x2", 1)
+    island, problem = parse(document)
+    assert isinstance(island, Island), problem
+    pods = [
+        child["spec"]["template"]["spec"]
+        for child in island_children(document, island, "ns", pull_secrets=("regcred", "other"))
+        if child["kind"] in ("Deployment", "StatefulSet")
+    ]
+    program = program_document(**PROGRAMS["inline-source"])
+    parsed, problem = parse(program)
+    assert isinstance(parsed, PathwaysProgram), problem
+    job = program_job(program, parsed, ProgramView(program), 1, IMAGE, pull_secrets=("regcred",))
+    pods.append(job["spec"]["template"]["spec"])
+    assert [pod["imagePullSecrets"][0] for pod in pods] == [{"name": "regcred"}] * 3
+    assert pods[0]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other"}]
+    for _, workload in workloads():
+        assert "imagePullSecrets" not in workload["spec"]["template"]["spec"]
+
+
 def program_job_of(name: str, tls: str | None = None) -> dict[str, Any]:
     document = program_document(**PROGRAMS[name])
     program, problem = parse(document)

@@ -120,7 +120,7 @@ PATHWAYS_TLS_* variables name its files (see docs/security.md).
 {{- define "pathways.tlsVolume" -}}
 - name: pathways-tls
   secret:
-    secretName: {{ include "pathways.tlsSecretName" . }}
+    secretName: {{ include "pathways.tlsSecretName" . | quote }}
     defaultMode: 0440
 {{- end }}
 

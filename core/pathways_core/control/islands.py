@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -215,12 +216,14 @@ def island_children(
     *,
     tls_secret: str | None = None,
     control_secret: str | None = None,
+    pull_secrets: Sequence[str] = (),
 ) -> list[Document]:
     """The Deployment, Service, StatefulSet and headless Service of an island, owned by it,
     each with a hash of its content in an annotation. Pods are hardened; ``tls_secret`` (the
     name of a ``kubernetes.io/tls`` Secret in ``namespace``) is mounted in them when set;
     ``control_secret`` (the island's :func:`control_token_secret`) gives the scheduler and the
-    executors their ``PATHWAYS_CONTROL_TOKEN`` when set (unset: no token)."""
+    executors their ``PATHWAYS_CONTROL_TOKEN`` when set (unset: no token); ``pull_secrets``
+    (Secrets in ``namespace``) pull their image."""
     name = island.metadata.name or ""
     spec = island.spec
     image = spec.image
@@ -295,6 +298,7 @@ def island_children(
                         ],
                     },
                     tls_secret,
+                    pull_secrets,
                 ),
             },
         },
@@ -353,7 +357,7 @@ def island_children(
         pod_spec["tolerations"] = placed["tolerations"]
     # TPU and GPU devices come from their device plugins, which need no privilege in the pod
     # (GKE >= 1.28 for TPUs): executors run locked down like every other pod.
-    harden(pod_spec, tls_secret)
+    harden(pod_spec, tls_secret, pull_secrets)
     statefulset = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -524,6 +525,7 @@ def program_job(
     image: str,
     *,
     tls_secret: str | None = None,
+    pull_secrets: Sequence[str] = (),
     deadline_seconds: int | None = None,
 ) -> Document:
     """The Job of one run (at most ``deadline_seconds`` long, if given): the driver's container
@@ -533,7 +535,8 @@ def program_job(
 
     The pod is hardened like island pods (non-root user 65532, read-only root with writable
     ``/tmp`` and cache, no service account token) and mounts ``tls_secret`` when set: the
-    Secret of that name in the program's own namespace. Commands in the Pathways image are
+    Secret of that name in the program's own namespace (as are ``pull_secrets``, which pull
+    its image). Commands in the Pathways image are
     ``args`` (its tini entrypoint runs them); a driver's own ``command`` replaces the
     entrypoint of its own image, as it says."""
     meta = document["metadata"]
@@ -614,7 +617,7 @@ def program_job(
     pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
     if volumes:
         pod_spec["volumes"] = volumes
-    harden(pod_spec, tls_secret)
+    harden(pod_spec, tls_secret, pull_secrets)
     spec: dict[str, Any] = {
         "backoffLimit": 0,
         # A pod evicted by a disruption (a node drained, preempted or lost) is not the
@@ -667,11 +670,12 @@ def reconcile_program(
     image: str,
     *,
     tls_secret: str | None = None,
+    pull_secrets: Sequence[str] = (),
     failure_grace: float = FAILURE_GRACE_SECONDS,
 ) -> ProgramDecision:
-    """The next step of a program's lifecycle; see the module docstring. ``tls_secret``: see
-    :func:`program_job`; ``failure_grace``: seconds after its Job failed that a run is judged
-    failed (if its Job says when it failed)."""
+    """The next step of a program's lifecycle; see the module docstring. ``tls_secret`` and
+    ``pull_secrets``: see :func:`program_job`; ``failure_grace``: seconds after its Job failed
+    that a run is judged failed (if its Job says when it failed)."""
     document = view.program
     meta = document.get("metadata") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace") or "default"
@@ -1082,6 +1086,7 @@ def reconcile_program(
             run,
             image,
             tls_secret=tls_secret,
+            pull_secrets=pull_secrets,
             deadline_seconds=None if deadline_left is None else max(1, int(deadline_left)),
         )
     )

@@ -21,6 +21,7 @@ executor containers read it with :func:`control_token_env`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pathways_core.wire.streams import CONTROL_TOKEN_ENV
@@ -42,6 +43,8 @@ TLS_KEY_ENV = KEY_ENV
 TLS_CA_ENV = CA_ENV
 TLS_SECRET_ENV = "PATHWAYS_TLS_SECRET"
 """The operator's own setting: the Secret to mount (unset: TLS off)."""
+PULL_SECRETS_ENV = "PATHWAYS_IMAGE_PULL_SECRETS"
+"""The operator's own setting: the Secrets its pods pull images with, comma-separated."""
 # The keys of a kubernetes.io/tls Secret, and the CA key cert-manager adds.
 TLS_FILES = {TLS_CERT_ENV: "tls.crt", TLS_KEY_ENV: "tls.key", TLS_CA_ENV: "ca.crt"}
 CONTROL_TOKENS_ENV = "PATHWAYS_CONTROL_TOKENS"
@@ -104,11 +107,16 @@ def control_token_env(secret_name: str) -> dict[str, Any]:
     }
 
 
-def harden(pod_spec: dict[str, Any], tls_secret: str | None = None) -> dict[str, Any]:
+def harden(
+    pod_spec: dict[str, Any], tls_secret: str | None = None, pull_secrets: Sequence[str] = ()
+) -> dict[str, Any]:
     """``pod_spec`` locked down in place (and returned): security contexts on the pod and every
     container, scratch volumes, no service account token (these pods never call the Kubernetes
-    API), and the TLS Secret mounted read-only with its variables when ``tls_secret`` is set."""
+    API), the TLS Secret mounted read-only with its variables when ``tls_secret`` is set, and
+    ``pull_secrets`` (Secrets of the pod's namespace) to pull its images with."""
     pod_spec["automountServiceAccountToken"] = False
+    if pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in pull_secrets]
     pod_spec["securityContext"] = pod_security_context()
     volumes = list(pod_spec.get("volumes") or []) + scratch_volumes()
     mounts = scratch_mounts()
