@@ -189,6 +189,36 @@ def test_semantically_wrong_program_fails_once_with_a_reason(cluster: Cluster, o
     assert cluster.list("Job", "team") == [] and cluster.list("VirtualSlice", "team") == []
 
 
+def test_a_runs_job_is_made_once_though_the_status_recording_it_conflicts(
+    cluster: Cluster, operator
+) -> None:
+    """Its status write refused (409: the program changed since it was read), the decision
+    was made again from what it read next: the run's Job made a moment before was deleted as
+    a run never recorded, then made again (each conflict killed a driver at its start)."""
+    cluster.create(external_island("far", "127.0.0.1:1"))
+    until = [time.monotonic() + 3]
+
+    async def conflict(request: kmock.Request) -> None:
+        status = request.name == "steady" and request.subresource == "status"
+        if status and time.monotonic() < until[0]:
+            raise kmock.KubernetesError(409, "Conflict", "the object has been modified")
+
+    cluster.call_soon(lambda: cluster.emulator.hooks.append(conflict))
+    seen = len(list(cluster.emulator))
+    sleep = {"source": "import time; time.sleep(120)"}
+    cluster.create(program("steady", slices=[{"name": "main", "devices": 1}], driver=sleep))
+    wait_for(lambda: pstatus(cluster, "steady").get("runs") == 1, timeout=30)
+    cluster.call_soon(lambda: cluster.emulator.hooks.remove(conflict))
+    jobs = [
+        request
+        for request in list(cluster.emulator)[seen:]
+        if getattr(request.resource, "plural", None) == "jobs" and request.name == "steady-run-1"
+    ]
+    assert not [r for r in jobs if r.action == kmock.action.DELETE], "run 1's Job was deleted"
+    assert not cluster.events("steady", "StaleJob")
+    assert pstatus(cluster, "steady")["phase"] == "Running"
+
+
 def test_programs_of_the_wrong_shape_fail_and_go_without_a_traceback(cluster: Cluster) -> None:
     """The index of the slices programs name raised at every event of a program whose
     ``spec.slices`` is no list of mappings (a traceback each time), and its deletion handler

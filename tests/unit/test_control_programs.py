@@ -841,6 +841,29 @@ def test_a_run_failed_past_the_deadline_is_not_said_to_restart() -> None:
     assert "Restarting" not in [e.reason for e in decision.events]
 
 
+def test_a_job_a_failed_status_write_left_is_taken_by_the_run_it_is() -> None:
+    """Run 1's Job was made, then the status write recording the run failed (a conflict):
+    the next decision deleted the Job as a run never recorded and made it again (a driver
+    killed at its start, for each conflict)."""
+    document = program(status={"phase": "Pending", "runs": 0})
+    (made,) = decide(document, {"p-main": bound_slice()}, None, READY_ISLAND).create
+    made["status"] = {}  # running
+    jobs = {"p-run-1": made}
+
+    def decide_with(document: dict[str, Any]) -> Any:
+        view = ProgramView(document, {"p-main": bound_slice()}, None, READY_ISLAND, {}, jobs)
+        return reconcile_program(view, NOW, IMAGE)
+
+    again = decide_with(document)
+    assert [child["metadata"]["name"] for child in again.create] == ["p-run-1"]  # taken as made
+    assert again.delete == [] and again.status["runs"] == 1
+    # A run it will not start (suspended meanwhile), or one of another spec: its Job goes.
+    for changed in (program(status={"runs": 0}, suspend=True), program({"runs": 0}, weight=7)):
+        decision = decide_with(changed)
+        assert ChildRef("batch/v1", "Job", "t", "p-run-1") in decision.delete
+        assert "p-run-1" not in [child["metadata"]["name"] for child in decision.create]
+
+
 def test_a_job_of_no_recorded_run_is_deleted_before_its_name_is_used() -> None:
     """A decision made run 2's Job, then its status write failed (the user suspended the
     program meanwhile): the next decision never saw that Job, which ran on released slices,

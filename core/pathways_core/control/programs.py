@@ -396,12 +396,17 @@ def _foreign(program: Document, child: Document) -> bool:
     return uid is not None and controller is not None and controller.get("uid") != uid
 
 
-def _strays(program: Document, name: str, runs: int, jobs: dict[str, Document]) -> list[str]:
+def _strays(
+    program: Document, name: str, runs: int, jobs: dict[str, Document], adopt: str | None
+) -> list[str]:
     """The Jobs of ``jobs`` that are no run of this program's now: an earlier program's of
     its name, one of a run the status never recorded (made by a decision whose status write
-    failed, and left running on released slices), or an earlier run's still running."""
+    failed, and left running on released slices), or an earlier run's still running; but
+    ``adopt`` (see :func:`_unrecorded_run`)."""
     strays = []
     for job_name_, job in sorted(jobs.items()):
+        if job_name_ == adopt:
+            continue
         run = job_name_.removeprefix(f"{name}-run-")
         if not run.isdigit() or job_name_ == job_name(name, runs):
             if _foreign(program, job):
@@ -411,6 +416,31 @@ def _strays(program: Document, name: str, runs: int, jobs: dict[str, Document]) 
         if _foreign(program, job) or int(run) > runs or (active and not is_deleting(job)):
             strays.append(job_name_)
     return strays
+
+
+def _unrecorded_run(view: ProgramView) -> str | None:
+    """The Job of the run after the recorded ones, if this program made it from its spec as
+    it is and it runs: its decision's status write failed (a conflict), so the run the Job is
+    was never recorded. The next decision to start that run takes it as made; any other
+    deletes it. Before, it was deleted and made again at once: a driver killed at its start."""
+    document = view.program
+    program, _ = parse(document)
+    if not isinstance(program, PathwaysProgram):
+        return None
+    name = (document.get("metadata") or {}).get("name", "")
+    runs = int((document.get("status") or {}).get("runs") or 0)
+    job = view.jobs.get(job_name(name, runs + 1))
+    if (
+        job is None
+        or not _owned(document, job)
+        or _foreign(document, job)
+        or is_deleting(job)
+        or _job_outcome(job)[0] is not None
+        or _stale(job, program)
+        or not ((job.get("metadata") or {}).get("annotations") or {}).get(RUN_SPEC_ANNOTATION)
+    ):
+        return None
+    return job_name(name, runs + 1)
 
 
 def _stale(job: Document, program: PathwaysProgram) -> bool:
@@ -676,6 +706,27 @@ def reconcile_program(
     """The next step of a program's lifecycle; see the module docstring. ``tls_secret`` and
     ``pull_secrets``: see :func:`program_job`; ``failure_grace``: seconds after its Job failed
     that a run is judged failed (if its Job says when it failed)."""
+    adopt = _unrecorded_run(view)
+    decision = _next_step(view, now, image, tls_secret, pull_secrets, failure_grace, adopt)
+    if adopt is not None and not any(
+        child.get("kind") == "Job" and child["metadata"]["name"] == adopt
+        for child in decision.create
+    ):
+        namespace = (view.program.get("metadata") or {}).get("namespace") or "default"
+        decision.delete.append(ChildRef("batch/v1", "Job", namespace, adopt))
+    return decision
+
+
+def _next_step(
+    view: ProgramView,
+    now: datetime,
+    image: str,
+    tls_secret: str | None,
+    pull_secrets: Sequence[str],
+    failure_grace: float,
+    adopt: str | None,
+) -> ProgramDecision:
+    """:func:`reconcile_program`'s decision, the Job ``adopt`` left alone."""
     document = view.program
     meta = document.get("metadata") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace") or "default"
@@ -756,7 +807,7 @@ def reconcile_program(
             conditions, "SlicesReady", False, "Released", "the program holds no slices", now, gen
         )
 
-    strays = _strays(document, name, runs, view.jobs)
+    strays = _strays(document, name, runs, view.jobs, adopt)
     for stray in strays:
         if not is_deleting(view.jobs[stray]):
             decision.delete.append(ChildRef("batch/v1", "Job", namespace, stray))
