@@ -50,7 +50,7 @@ def test_bound_pending_preempted_released(cluster: Cluster, operator) -> None:
     cluster.create(vslice("waiter", devices=4))
     pending = wait_for(lambda: (s := status(cluster, "waiter")).get("phase") == "Pending" and s)
     assert pending["reason"] == "InsufficientDevices"
-    assert "most free devices on a matching island is 0" in pending["message"]
+    assert pending["message"].endswith("needs 4 free devices; no matching island has that many now")
     assert wait_for(lambda: cluster.events("waiter", "InsufficientDevices"))[0]["type"] == "Warning"
 
     # Higher priority: one low slice is preempted, with a reason and an Event.

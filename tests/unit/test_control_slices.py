@@ -150,6 +150,22 @@ def test_a_pass_over_its_own_result_changes_nothing() -> None:
     assert again.changes == [] and again.events == []
 
 
+def test_slices_waiting_for_devices_are_not_rewritten_as_others_come_and_go() -> None:
+    """Their message said how many devices the freest island had: every slice bound or
+    released rewrote every waiting slice's status (100 waiting, 5 small ones bound: 400
+    writes), each waking its programs."""
+    islands = [island("a", topology="4x4", hosts=2)]
+    slices = [vslice("holder", 8), *(vslice(f"big-{n}", 16, created=1) for n in range(20))]
+    slices = apply(slices, plan_bindings(islands, slices, NOW).ordered())
+    for n in range(5):
+        slices = [*slices, vslice(f"small-{n}", 1, created=2 + n)]
+        plan = plan_bindings(islands, slices, NOW)
+        assert [c.key for c in plan.changes] == [f"t/small-{n}"]
+        slices = apply(slices, plan.ordered())
+    message = next(s for s in slices if s["metadata"]["name"] == "big-0")["status"]["message"]
+    assert message.endswith("needs 16 free devices; no matching island has that many now")
+
+
 def test_two_stored_bindings_on_one_device_the_older_keeps_it() -> None:
     slices = [
         vslice("first", 2, status=bound("a", [0, 1], "2026-01-01T00:00:01Z")),

@@ -895,19 +895,20 @@ class Allocator:
         return f"a {wanted} slice does not fit in any matching island (meshes: {', '.join(meshes)})"
 
     def _busy_message(self, request: Request, candidates: list[_IslandState]) -> str:
-        most = max(candidates, key=lambda s: s.free)
+        """Why a request waits for devices in use. No count that moves as other slices come
+        and go: each move rewrote every waiting slice's status (100 waiting slices took 400
+        writes while 5 small ones were bound), and a count from the middle of a pass was
+        wrong once it ended. The islands' statuses say what each has free."""
         what = (
-            f"a free {format_shape(request.shape)} block"
+            f"a free {format_shape(request.shape)} block; no matching island has one"
             if request.shape
-            else f"{request.size} free devices"
+            else f"{request.size} free devices; no matching island has that many"
         )
-        # Devices of lost hosts are not free either: said, or "0 free" reads as all in use.
-        lost = most.unhealthy.bit_count()
-        unhealthy = f"; {lost} of its devices are on a lost host" if lost else ""
-        return (
-            f"needs {what}; the most free devices on a matching island is {most.free} "
-            f"(island {most.inventory.name!r}{unhealthy})"
-        )
+        # Devices of lost hosts are not free either: said, or "none free" reads as all in use.
+        lost = sorted(s.inventory.name for s in candidates if s.unhealthy)
+        islands = f"island {lost[0]!r} has" if len(lost) == 1 else f"islands {lost} have"
+        unhealthy = f"; devices of lost hosts are not free ({islands} some)" if lost else ""
+        return f"needs {what} now{unhealthy}"
 
 
 def _victims_cost(victims: set[str], evictable: dict[str, Binding]) -> tuple[int, int, int]:
