@@ -44,6 +44,7 @@ from pathways_core.control import (
 )
 from pathways_core.control.common import (
     ANNOTATION_SPEC_HASH,
+    FINALIZER,
     LABEL_COMPONENT,
     Event,
     entry_name,
@@ -69,7 +70,6 @@ from pathways_operator.kube import ApiError, Kube, credentials
 
 GROUP, VERSION = "pathways.dev", "v1alpha1"
 GV = f"{GROUP}/{VERSION}"
-FINALIZER = "pathways.dev/finalizer"
 # At least a second: a zero interval would spin.
 MIN_RESYNC_SECONDS = 1.0
 # How long a cancelled resync daemon may take to end (its reconcile's requests aborted).

@@ -1,14 +1,18 @@
-"""``python -m pathways_operator.uninstall``: the chart's pre-delete hook.
+"""``python -m pathways_operator.uninstall``: the chart's uninstall hooks.
 
-``helm uninstall`` deleted a release's Islands and its operator at once: the operator went
-before its finalizers had removed the islands' schedulers and executors, so the Islands stayed
-``Terminating`` for ever (and a later install of the release failed on their names). Run
-before anything of the release is deleted, this deletes the release's Islands (those its
-label selector matches), while the operator still runs, and waits until they are gone.
+Before (pre-delete): ``helm uninstall`` deleted a release's Islands and its operator at once:
+the operator went before its finalizers had removed the islands' schedulers and executors, so
+the Islands stayed ``Terminating`` for ever (and a later install of the release failed on their
+names). Run before anything of the release is deleted, this deletes the release's Islands
+(those its label selector matches), while the operator still runs, and waits until they are
+gone.
 
-Programs and VirtualSlices are the tenants' and stay: a slice bound to a deleted island is
-preempted (reason ``IslandDeleted``) and waits for devices; an operator installed again takes
-them up.
+After (post-delete, ``--finalizers``): programs and VirtualSlices are the tenants' and stay (a
+slice bound to a deleted island is preempted, reason ``IslandDeleted``, and waits for devices;
+an operator installed again takes them up), but each kept the operator's finalizer: deleted
+later, one waited for an operator that was gone, and so did its namespace's deletion, for
+ever. Once the release's operator pods are gone, this takes the finalizer off them (nothing
+is lost: their children are owned by them, and an operator installed again puts it back).
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import kopf
 
+from pathways_core.control.common import FINALIZER
 from pathways_operator.kube import ApiError, Kube, credentials
 
 ISLAND = ("pathways.dev/v1alpha1", "Island")
+HELD = (("pathways.dev/v1alpha1", "PathwaysProgram"), ("pathways.dev/v1alpha1", "VirtualSlice"))
+"""The kinds whose objects keep the operator's finalizer after it is uninstalled."""
 
 POLL_SECONDS = 1.0
 
@@ -72,11 +80,75 @@ async def delete_islands(
     return remaining
 
 
-async def _run(selector: str, timeout: float) -> int:
-    kube = Kube(
+async def release_finalizers(
+    kube: Kube,
+    operator_selector: str,
+    namespace: str,
+    timeout: float,
+    say: Callable[[str], None] = print,
+    poll: float = POLL_SECONDS,
+) -> bool:
+    """Wait up to ``timeout`` seconds for the operator's pods (``operator_selector`` in
+    ``namespace``) to be gone, then take the operator's finalizer off every PathwaysProgram
+    and VirtualSlice; ``False`` (nothing taken off) if its pods are still there."""
+    deadline = time.monotonic() + timeout
+    while pods := await kube.list("v1", "Pod", namespace, label_selector=operator_selector):
+        if time.monotonic() >= deadline:
+            names = ", ".join(sorted(pod["metadata"]["name"] for pod in pods))
+            say(
+                f"the operator's pods are still there after {timeout:g} s ({names}): its "
+                "finalizers stay on programs and virtual slices (it would put them back)"
+            )
+            return False
+        await asyncio.sleep(poll)
+    for api_version, kind in HELD:
+        released = 0
+        for document in await kube.list(api_version, kind):
+            if await _release(kube, document):
+                released += 1
+        say(f"took the operator's finalizer off {released} {kind}s")
+    return True
+
+
+async def _release(kube: Kube, document: dict[str, Any]) -> bool:
+    """Take the operator's finalizer off ``document`` (on the version read: one changed since
+    is read again); whether it had it."""
+    for _ in range(5):
+        meta = document["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        if FINALIZER not in finalizers:
+            return False
+        operations = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+            {"op": "remove", "path": f"/metadata/finalizers/{finalizers.index(FINALIZER)}"},
+        ]
+        api_version, kind = document["apiVersion"], document["kind"]
+        try:
+            await kube.patch(
+                api_version, kind, meta.get("namespace"), meta["name"], operations, json_patch=True
+            )
+            return True
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            if error.status not in (409, 422):
+                raise
+        found = await kube.get(api_version, kind, meta.get("namespace"), meta["name"])
+        if found is None:
+            return False
+        document = {"apiVersion": api_version, "kind": kind, **found}
+    return False
+
+
+def _kube() -> Kube:
+    return Kube(
         lambda: credentials(kopf.OperatorSettings(), logging.getLogger(__name__)),
         user_agent=USER_AGENT,
     )
+
+
+async def _run(selector: str, timeout: float) -> int:
+    kube = _kube()
     try:
         remaining = await delete_islands(kube, selector, timeout)
     except (ApiError, kopf.LoginError) as error:
@@ -87,23 +159,50 @@ async def _run(selector: str, timeout: float) -> int:
     return 1 if remaining else 0
 
 
+async def _run_after(operator_selector: str, namespace: str, timeout: float) -> int:
+    kube = _kube()
+    try:
+        released = await release_finalizers(kube, operator_selector, namespace, timeout)
+    except (ApiError, kopf.LoginError) as error:
+        print(f"could not take the operator's finalizers off: {error}", file=sys.stderr)
+        return 1
+    finally:
+        await kube.close()
+    return 0 if released else 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Delete the release's islands; exit 1 if some are still there after ``--timeout``."""
+    """Delete the release's islands; exit 1 if some are still there after ``--timeout``. With
+    ``--finalizers``: take the operator's finalizer off programs and slices once the release's
+    operator pods (``--selector`` in ``--namespace``) are gone; exit 1 if they stay."""
     parser = argparse.ArgumentParser(
         prog="python -m pathways_operator.uninstall",
-        description="Delete a release's Islands while its operator runs, and wait for them.",
+        description="Delete a release's Islands while its operator runs, and wait for them; "
+        "with --finalizers, once its operator is gone, take its finalizer off programs and "
+        "virtual slices.",
     )
     parser.add_argument(
         "--selector",
         required=True,
-        help="label selector of the release's Islands (app.kubernetes.io/instance=RELEASE)",
+        help="label selector of the release's Islands (app.kubernetes.io/instance=RELEASE); "
+        "with --finalizers, of its operator's pods",
     )
     parser.add_argument(
         "--timeout", type=float, default=240.0, help="seconds to wait for them (default 240)"
     )
+    parser.add_argument(
+        "--finalizers",
+        action="store_true",
+        help="after the release is deleted: release the finalizers its operator left",
+    )
+    parser.add_argument("--namespace", help="with --finalizers: the release's namespace")
     arguments = parser.parse_args(argv)
     if arguments.timeout <= 0:
         parser.error(f"--timeout: expected seconds above 0, got {arguments.timeout:g}")
+    if arguments.finalizers:
+        if not arguments.namespace:
+            parser.error("--finalizers: give --namespace, where the operator's pods ran")
+        return asyncio.run(_run_after(arguments.selector, arguments.namespace, arguments.timeout))
     return asyncio.run(_run(arguments.selector, arguments.timeout))
 
 

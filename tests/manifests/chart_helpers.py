@@ -56,6 +56,15 @@ class Run:
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [doc for doc in self.documents if doc.get("kind") == kind]
 
+    def installed(self, kind: str) -> list[dict[str, Any]]:
+        """The objects of ``kind`` that stay installed: not helm's hooks (made for one
+        install, upgrade or uninstall step, and deleted after it)."""
+        return [
+            doc
+            for doc in self.of_kind(kind)
+            if "helm.sh/hook" not in ((doc.get("metadata") or {}).get("annotations") or {})
+        ]
+
     def one(self, kind: str, name_suffix: str = "") -> dict[str, Any]:
         found = [d for d in self.of_kind(kind) if d["metadata"]["name"].endswith(name_suffix)]
         assert len(found) == 1, (kind, name_suffix, [d["metadata"]["name"] for d in found])

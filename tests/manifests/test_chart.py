@@ -485,10 +485,10 @@ def test_rbac_is_least_privilege_and_written_out(rendered) -> None:
             if role["metadata"]["name"] != "pw-pathways-operator-control-tokens":
                 assert "secrets" not in rule["resources"]
     # The islands' control tokens: the operator creates Secrets in its own namespace, only.
-    (tokens,) = run.of_kind("Role")
+    (tokens,) = run.installed("Role")
     assert tokens["metadata"]["namespace"] == "pathways-system"
     assert tokens["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
-    (binding,) = run.of_kind("RoleBinding")
+    (binding,) = run.installed("RoleBinding")
     assert binding["roleRef"]["name"] == tokens["metadata"]["name"]
     assert binding["subjects"][0]["name"] == "pw-pathways-operator"
     subjects = {
@@ -527,13 +527,8 @@ def test_optional_parts_are_off_by_default(rendered) -> None:
     assert [d["metadata"]["name"] for d in without_api.of_kind("Deployment")] == [
         "pw-pathways-operator"
     ]
-    roles = [d["metadata"]["name"] for d in without_api.of_kind("ClusterRole")]
-    assert sorted(roles) == [
-        "pw-pathways-edit",
-        "pw-pathways-operator",
-        "pw-pathways-uninstall",
-        "pw-pathways-view",
-    ]
+    roles = [d["metadata"]["name"] for d in without_api.installed("ClusterRole")]
+    assert sorted(roles) == ["pw-pathways-edit", "pw-pathways-operator", "pw-pathways-view"]
 
 
 def test_uninstall_deletes_the_releases_islands_first_with_a_role_for_only_that(rendered) -> None:
@@ -575,8 +570,42 @@ def test_uninstall_deletes_the_releases_islands_first_with_a_role_for_only_that(
     # The selector is the one every island of the release carries.
     for island in run.of_kind("Island"):
         assert island["metadata"]["labels"]["app.kubernetes.io/instance"] == "pw"
+    # After: the finalizers the operator left on tenants' programs and slices come off, once
+    # its pods are gone (deleted later, each waited for good for the operator).
+    after = [d for d in run.documents if d["metadata"]["name"] == "pw-pathways-uninstall-after"]
+    by_kind = {d["kind"]: d for d in after}
+    assert sorted(by_kind) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Job",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    ]
+    assert {d["metadata"]["annotations"]["helm.sh/hook"] for d in after} == {"post-delete"}
+    assert by_kind["ClusterRole"]["rules"] == [
+        {
+            "apiGroups": ["pathways.dev"],
+            "resources": ["pathwaysprograms", "virtualslices"],
+            "verbs": ["list", "get", "patch"],
+        }
+    ]
+    assert by_kind["Role"]["metadata"]["namespace"] == "pathways-system"
+    assert by_kind["Role"]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+    ]
+    (container,) = by_kind["Job"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"][3:] == [
+        "--finalizers",
+        "--selector=app.kubernetes.io/instance=pw,app.kubernetes.io/component=operator",
+        "--namespace=pathways-system",
+        "--timeout=100",
+    ]
+    operator_pod = run.one("Deployment", "-operator")["spec"]["template"]["metadata"]["labels"]
+    assert operator_pod["app.kubernetes.io/instance"] == "pw"
+    assert operator_pod["app.kubernetes.io/component"] == "operator"
     off = rendered("values-kind.yaml", "uninstallHook.enabled=false")
-    assert not [d for d in off.documents if d["metadata"]["name"] == "pw-pathways-uninstall"]
+    assert not [d for d in off.documents if "uninstall" in d["metadata"]["name"]]
 
 
 # --- the IFRT proxy ----------------------------------------------------------------------------

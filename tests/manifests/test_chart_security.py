@@ -512,10 +512,10 @@ def test_control_tokens_are_on_by_default_with_create_only_rbac(
     env = operator_env(run)
     monkeypatch.setenv("PATHWAYS_CONTROL_TOKENS", env["PATHWAYS_CONTROL_TOKENS"] or "")
     assert Config.from_environment().control_tokens is True
-    (role,) = run.of_kind("Role")
+    (role,) = run.installed("Role")
     assert role["metadata"]["namespace"] == NAMESPACE
     assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
-    (binding,) = run.of_kind("RoleBinding")
+    (binding,) = run.installed("RoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
@@ -551,7 +551,7 @@ def test_control_tokens_off_grants_nothing_on_secrets(rendered) -> None:
     """operator.controlTokens=false (dev clusters): no flag, so no token, and no Role."""
     run = rendered("values.yaml", "operator.controlTokens=false")
     assert "PATHWAYS_CONTROL_TOKENS" not in operator_env(run)
-    assert not run.of_kind("Role") and not run.of_kind("RoleBinding")
+    assert not run.installed("Role") and not run.installed("RoleBinding")
     for role in run.of_kind("ClusterRole"):
         assert all("secrets" not in rule["resources"] for rule in role["rules"])
 

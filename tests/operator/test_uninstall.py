@@ -8,7 +8,9 @@ import sys
 from typing import Any
 
 from kube_cluster import NAMESPACE, Cluster, running_operator, wait_for
-from kube_manifests import island
+from kube_manifests import island, program, vslice
+
+from pathways_core.control.common import FINALIZER
 
 RELEASE = "app.kubernetes.io/instance"
 
@@ -73,3 +75,67 @@ def test_without_the_operator_it_fails_saying_what_to_check(cluster: Cluster) ->
 def test_a_bad_timeout_is_refused_naming_the_option() -> None:
     done = uninstall("rel", timeout=0)
     assert done.returncode == 2 and "--timeout: expected seconds above 0, got 0" in done.stderr
+
+
+def release_finalizers(timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pathways_operator.uninstall",
+            "--finalizers",
+            f"--selector={RELEASE}=rel,app.kubernetes.io/component=operator",
+            f"--namespace={NAMESPACE}",
+            f"--timeout={timeout:g}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_after_the_operator_is_gone_its_finalizers_are_taken_off(cluster: Cluster) -> None:
+    """Programs and slices kept the operator's finalizer once it was uninstalled: deleted
+    later, each (and its namespace's deletion) waited for good for an operator that was
+    gone."""
+    with running_operator():
+        cluster.create(labelled("far", "rel"))
+        cluster.create(vslice("kept", devices=1))
+        sleep = {"source": "import time; time.sleep(60)"}
+        cluster.create(program("held", slices=[{"name": "main", "devices": 1}], driver=sleep))
+        for kind, name in (("VirtualSlice", "kept"), ("PathwaysProgram", "held")):
+            wait_for(
+                lambda kind=kind, name=name: (
+                    FINALIZER
+                    in (cluster.get(kind, name, "team") or {})
+                    .get("metadata", {})
+                    .get("finalizers", [])
+                ),
+                what=f"{name}'s finalizer",
+            )
+    # Its pod is still there (terminating): nothing is taken off, it would put it back.
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "pw-operator-0",
+            "namespace": NAMESPACE,
+            "labels": {RELEASE: "rel", "app.kubernetes.io/component": "operator"},
+        },
+        "spec": {"containers": [{"name": "operator", "image": "pathways"}]},
+    }
+    cluster.create(pod)
+    early = release_finalizers(timeout=1)
+    assert early.returncode == 1 and "pods are still there after 1 s (pw-operator-0)" in (
+        early.stdout
+    )
+    assert FINALIZER in cluster.get("VirtualSlice", "kept", "team")["metadata"]["finalizers"]
+    cluster.delete("Pod", "pw-operator-0", NAMESPACE)
+    done = release_finalizers(timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "took the operator's finalizer off 1 PathwaysPrograms" in done.stdout
+    assert "took the operator's finalizer off 2 VirtualSlices" in done.stdout  # (its inline one)
+    for kind, name in (("VirtualSlice", "kept"), ("PathwaysProgram", "held")):
+        cluster.delete(kind, name, "team")
+        wait_for(lambda kind=kind, name=name: cluster.get(kind, name, "team") is None)
