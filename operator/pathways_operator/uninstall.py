@@ -22,7 +22,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
@@ -140,35 +140,21 @@ async def _release(kube: Kube, document: dict[str, Any]) -> bool:
     return False
 
 
-def _kube() -> Kube:
-    return Kube(
+async def _run(work: Callable[[Kube], Awaitable[bool]], failed: str) -> int:
+    """Exit status of ``work`` (done: 0) with a client of the cluster; an API error is said
+    after ``failed``."""
+    kube = Kube(
         lambda: credentials(kopf.OperatorSettings(), logging.getLogger(__name__)),
         user_agent=USER_AGENT,
     )
-
-
-async def _run(selector: str, timeout: float) -> int:
-    kube = _kube()
     try:
-        remaining = await delete_islands(kube, selector, timeout)
+        done = await work(kube)
     except (ApiError, kopf.LoginError) as error:
-        print(f"could not delete the islands: {error}", file=sys.stderr)
+        print(f"{failed}: {error}", file=sys.stderr)
         return 1
     finally:
         await kube.close()
-    return 1 if remaining else 0
-
-
-async def _run_after(operator_selector: str, namespace: str, timeout: float) -> int:
-    kube = _kube()
-    try:
-        released = await release_finalizers(kube, operator_selector, namespace, timeout)
-    except (ApiError, kopf.LoginError) as error:
-        print(f"could not take the operator's finalizers off: {error}", file=sys.stderr)
-        return 1
-    finally:
-        await kube.close()
-    return 0 if released else 1
+    return 0 if done else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,11 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     if arguments.timeout <= 0:
         parser.error(f"--timeout: expected seconds above 0, got {arguments.timeout:g}")
+    selector, timeout = arguments.selector, arguments.timeout
     if arguments.finalizers:
         if not arguments.namespace:
             parser.error("--finalizers: give --namespace, where the operator's pods ran")
-        return asyncio.run(_run_after(arguments.selector, arguments.namespace, arguments.timeout))
-    return asyncio.run(_run(arguments.selector, arguments.timeout))
+
+        async def release(kube: Kube) -> bool:
+            return await release_finalizers(kube, selector, arguments.namespace, timeout)
+
+        return asyncio.run(_run(release, "could not take the operator's finalizers off"))
+
+    async def delete(kube: Kube) -> bool:
+        return not await delete_islands(kube, selector, timeout)
+
+    return asyncio.run(_run(delete, "could not delete the islands"))
 
 
 if __name__ == "__main__":
