@@ -1404,7 +1404,7 @@ def _get_or_none(client: ApiClient, kind: str, name: str) -> dict[str, Any] | No
     "-f",
     "--follow",
     is_flag=True,
-    help="Keep printing the output as it comes, until the program succeeds or fails.",
+    help="Keep printing the output as it comes, until the program succeeds, fails or is cancelled.",
 )
 @click.option(
     "--tail",

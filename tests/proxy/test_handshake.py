@@ -36,22 +36,34 @@ def test_stock_jax_sees_the_proxy_devices(proxy: ProxyProcess) -> None:
 
 
 def test_a_client_outside_our_versions_gets_a_clear_error_and_the_server_goes_on() -> None:
-    # This proxy accepts only versions 30-40; the installed jaxlib speaks 16-25.
-    picky = start_proxy("--backend", "local", "--devices", "2", "--protocol-range", "30-40")
+    # This proxy accepts only versions 16-20 of the 16-25 it implements.
+    picky = start_proxy("--backend", "local", "--devices", "2", "--protocol-range", "16-20")
     try:
-        script = connect_snippet(picky.address, timeout=3) + (
-            "try:\n    jax.devices()\nexcept RuntimeError as e:\n    print('REFUSED', e)\n"
-        )
-        result = run_client(["-c", script])
-        # The client process was not aborted: it got a Python exception saying why.
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert "REFUSED" in result.stdout
-        assert "[16, 25]" in result.stdout and "[30, 40]" in result.stdout
-        assert picky.alive()
         with grpc.insecure_channel(picky.address) as channel:
-            assert get_version(channel, 28, 33).version.protocol_version == 33
+            with pytest.raises(grpc.RpcError) as refused:
+                get_version(channel, 21, 25)
+            assert "[21, 25]" in str(refused.value.details())
+            assert "[16, 20]" in str(refused.value.details())
+            assert get_version(channel, 18, 23).version.protocol_version == 20
+        # The installed jaxlib (16-25) is served at 20, the newest both speak.
+        script = connect_snippet(picky.address, timeout=30) + "print(len(jax.devices()))\n"
+        result = run_client(["-c", script])
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.split() == ["2"]
+        assert picky.alive()
     finally:
         stop_proxy(picky)
+
+
+def test_a_protocol_range_beyond_what_is_implemented_is_refused() -> None:
+    """It was taken as given: a proxy told 30-40 served versions it does not speak."""
+    result = run_client(
+        ["-m", "pathways_client", "proxy", "--backend", "local", "--protocol-range", "30-40"]
+    )
+    assert result.returncode == 2
+    assert "30-40 is not within the versions the Pathways proxy implements, 16-25" in (
+        result.stderr
+    )
 
 
 def test_one_session_too_many_is_refused_at_once_and_the_others_go_on() -> None:

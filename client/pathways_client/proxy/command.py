@@ -215,6 +215,12 @@ def proxy_command(
     from pathways_client.proxy.server import PROTOCOL_MAX, PROTOCOL_MIN, ProxyConfig, serve
 
     low, high = versions or (PROTOCOL_MIN, PROTOCOL_MAX)
+    if not PROTOCOL_MIN <= low <= high <= PROTOCOL_MAX:  # (it was taken as given, and served)
+        raise click.BadParameter(
+            f"{low}-{high} is not within the versions the Pathways proxy implements, "
+            f"{PROTOCOL_MIN}-{PROTOCOL_MAX}",
+            param_hint="'--protocol-range'",
+        )
     with contextlib.ExitStack() as stack:
         if backend == "local":
             from pathways_client.proxy.local import LocalBackend
