@@ -130,6 +130,19 @@ ENV = {
     },
 }
 STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+CHART_LABELS = [
+    "helm.sh/chart",
+    *(
+        f"app.kubernetes.io/{key}"
+        for key in ("name", "instance", "component", "version", "managed-by", "part-of")
+    ),
+]
+OWN_LABELS = {
+    **STRING_MAP,
+    "propertyNames": {"not": {"enum": CHART_LABELS}},
+    "description": "Labels of one's own: the chart's own keys (its selectors, the uninstall "
+    "hook's release label) are the chart's to set.",
+}
 LIST = {"type": "array"}
 PORT = integer("A TCP port.", minimum=1, maximum=65535)
 
@@ -175,7 +188,7 @@ def pod_settings() -> dict[str, Any]:
         "tolerations": LIST,
         "affinity": OPEN_OBJECT,
         "podAnnotations": STRING_MAP,
-        "podLabels": STRING_MAP,
+        "podLabels": OWN_LABELS,
         "priorityClassName": string(),
         "serviceAccount": service_account(),
         "podDisruptionBudget": disruption_budget(),
@@ -237,7 +250,7 @@ def values_schema() -> dict[str, Any]:
                 minLength=1,
                 maxLength=ISLAND_NAME.max_length,
             ),
-            "labels": STRING_MAP,
+            "labels": OWN_LABELS,
             "annotations": STRING_MAP,
             "spec": {"$ref": "#/definitions/islandSpec"},
         },

@@ -1077,6 +1077,18 @@ BAD_VALUES = [
         ['islands[1] (bad).name: another island is already named "bad"'],
         id="duplicate-name",
     ),
+    # The chart's own label keys: a pod's own broke its Deployment's selector; an island's
+    # release label hid it from the uninstall hook's selector (it stayed Terminating).
+    pytest.param(
+        ("operator.podLabels.app\\.kubernetes\\.io/component=x",),
+        ["invalid propertyName 'app.kubernetes.io/component'"],
+        id="pod-label-of-the-charts",
+    ),
+    pytest.param(
+        (*ISLAND, "islands[0].labels.app\\.kubernetes\\.io/instance=other"),
+        ["invalid propertyName 'app.kubernetes.io/instance'"],
+        id="island-label-of-the-charts",
+    ),
 ]
 
 

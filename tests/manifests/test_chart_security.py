@@ -559,17 +559,21 @@ def test_control_tokens_off_grants_nothing_on_secrets(rendered) -> None:
 def test_tenant_namespaces_get_client_only_certificates(rendered) -> None:
     """The docs said to copy the servers' Secret into each tenant namespace: anyone reading
     Secrets there then held the key the API and the islands serve with."""
+    longest = "t" * 63  # a common name of pathways-client.<it> was over 64 bytes: never issued
     run = rendered(
         "values-kind.yaml",
         *TLS_ON,
-        f"tls.certManager.clientNamespaces={{team-a,{NAMESPACE},team-b}}",
+        f"tls.certManager.clientNamespaces={{team-a,{NAMESPACE},{longest}}}",
     )
     clients = [c for c in run.of_kind("Certificate") if c["metadata"]["name"].endswith("-client")]
     # The release's own namespace mounts the servers' Secret: no second Certificate writes it.
-    assert [c["metadata"]["namespace"] for c in clients] == ["team-a", "team-b"]
+    assert [c["metadata"]["namespace"] for c in clients] == ["team-a", longest]
     for certificate in clients:
         spec = certificate["spec"]
         assert spec["usages"] == ["client auth"] and "dnsNames" not in spec
+        assert "commonName" not in spec
+        namespace = certificate["metadata"]["namespace"]
+        assert spec["uris"] == [f"spiffe://pathways.dev/ns/{namespace}/client"]
         assert spec["secretName"] == "pw-pathways-tls"  # what program Jobs mount
         assert spec["issuerRef"]["kind"] == "ClusterIssuer"
     namespaced = render(
