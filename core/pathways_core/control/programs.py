@@ -566,9 +566,8 @@ def program_job(
     The pod is hardened like island pods (non-root user 65532, read-only root with writable
     ``/tmp`` and cache, no service account token) and mounts ``tls_secret`` when set: the
     Secret of that name in the program's own namespace (as are ``pull_secrets``, which pull
-    its image). Commands in the Pathways image are
-    ``args`` (its tini entrypoint runs them); a driver's own ``command`` replaces the
-    entrypoint of its own image, as it says."""
+    its image). Commands in the Pathways image are ``args`` (its tini entrypoint runs them);
+    a driver's own ``command`` replaces the entrypoint of its own image, as it says."""
     meta = document["metadata"]
     name, namespace = meta["name"], meta.get("namespace") or "default"
     # PATHWAYS_RUN: which attempt this is (1-based): a driver resumes from its checkpoint
