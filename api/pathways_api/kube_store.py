@@ -44,7 +44,6 @@ import urllib.parse
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -321,7 +320,7 @@ class KubernetesStore:
     ) -> tuple[Document, bool]:
         """See :meth:`~pathways_api.store.Store.admit`."""
         namespace = tenant.name
-        async with self._admission(namespace) as hold:
+        async with self._admission(namespace) as create_by:
             programs = await self._all(PROGRAM, namespace)
             slices = await self._all(SLICE, namespace)
             if idempotency is not None:
@@ -334,7 +333,7 @@ class KubernetesStore:
                 annotations = document["metadata"].setdefault("annotations", {})
                 annotations.update({ANNOTATION_KEY: key, ANNOTATION_FINGERPRINT: fingerprint})
             check_quota(tenant, _usage(programs, slices), cost)
-            if time.monotonic() > hold.create_by:
+            if time.monotonic() > create_by:
                 raise Unavailable(
                     f"tenant {namespace!r}'s admission took over {CREATE_BY_SECONDS} s (the "
                     "Kubernetes API server answers slowly): nothing was created; try again"
@@ -345,14 +344,14 @@ class KubernetesStore:
             return _shown(created), True
 
     @contextlib.asynccontextmanager
-    async def _admission(self, namespace: str) -> AsyncIterator[_Hold]:
+    async def _admission(self, namespace: str) -> AsyncIterator[float]:
         """Admit one object of ``namespace`` at a time, over every replica: this replica's
-        callers queue on a lock, then the replica holds the tenant's admission Lease."""
+        callers queue on a lock, then the replica holds the tenant's admission Lease; yields
+        when (``time.monotonic``) its create must be sent by."""
         async with self._locks.setdefault(namespace, asyncio.Lock()):
             version = await self._take_lease(namespace)
-            hold = _Hold(time.monotonic() + CREATE_BY_SECONDS)
             try:
-                yield hold
+                yield time.monotonic() + CREATE_BY_SECONDS
             finally:
                 await self._let_go(namespace, version)
 
@@ -792,14 +791,6 @@ def _shown(document: Document) -> Document:
     }
     metadata = {k: v for k, v in document["metadata"].items() if k != "annotations"}
     return {**document, "metadata": {**metadata, **({"annotations": kept} if kept else {})}}
-
-
-@dataclass(frozen=True)
-class _Hold:
-    """A hold on a tenant's admission Lease: its create must be sent by ``create_by``
-    (``time.monotonic``)."""
-
-    create_by: float
 
 
 def _holder(lease: Document) -> str:
