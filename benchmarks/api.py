@@ -172,6 +172,8 @@ def main() -> None:
     results = {}
     for kind in ("bare", "embedded", "bare", "embedded"):  # interleaved: noise hits both
         result = measure(kind, arguments.requests, arguments.connections)
+        if result["statuses"] != {201: arguments.requests}:  # refusals are no submissions
+            sys.exit(f"{kind}: expected {arguments.requests} answers 201, got {result['statuses']}")
         best = results.get(kind)
         if best is None or result["per_second"] > best["per_second"]:
             results[kind] = result

@@ -22,6 +22,7 @@ import http.client
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -185,6 +186,8 @@ def main() -> None:
         operator.terminate()
         operator.wait(timeout=30)
         cluster.close()
+        log.close()
+    shutil.rmtree(workdir)  # (kept when it failed: the operator's log is there)
 
     latencies = sorted(watcher.bound_at[name] - created[name] for name in names)
     p50 = statistics.median(latencies)

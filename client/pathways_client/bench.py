@@ -9,10 +9,13 @@ rewrites the generated part of ``benchmarks/RESULTS.md``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +33,8 @@ from rich.text import Text
 from pathways_client.outputs import OutputPath
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+STOP_SECONDS = 20.0
+"""How long a stopped suite's script has to stop what it started before it is killed."""
 BEGIN = "<!-- pathways bench: generated, do not edit by hand -->"
 END = "<!-- pathways bench: end -->"
 
@@ -171,8 +176,13 @@ def normalize(raw: Any, suite: Suite) -> list[dict[str, Any]]:
         parameters.pop("machine", None)
         item = {key: record.get(key) for key in keys}
         item["name"] = item["name"] or suite.script.removesuffix(".py")
-        if item["ratio"] is None and item["value"] and item["baseline"]:
-            item["ratio"] = item["value"] / item["baseline"]
+        for key in ("value", "baseline", "ratio"):  # JSON has no NaN or infinity
+            if isinstance(item[key], float) and not math.isfinite(item[key]):
+                parameters[f"{key}_not_finite"] = str(item[key])
+                item[key] = None
+        value, baseline = item["value"], item["baseline"]
+        if item["ratio"] is None and value is not None and baseline:  # (a value of 0 too)
+            item["ratio"] = value / baseline
         normalized.append({"suite": suite.name, **item, "parameters": parameters})
     return normalized
 
@@ -187,17 +197,37 @@ def run_suite(
     with tempfile.TemporaryDirectory() as scratch:
         output = Path(scratch) / "records.json"
         command = command_line(suite, quick, output, plots)
-        done = subprocess.run(
+        # A session of its own: stopped, its script is told as a terminal's Ctrl-C tells it,
+        # and stops what it started (killed alone, it left an operator or an island running).
+        script = subprocess.Popen(
             command,
             stdout=log or subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             cwd=BENCHMARKS.parent,
+            start_new_session=True,
         )
-        if done.returncode != 0 or not output.exists():
-            tail = (done.stdout or "").strip().splitlines()[-3:]
-            return [_failure(suite, f"{suite.script} exited {done.returncode}: {' '.join(tail)}")]
+        try:
+            said, _ = script.communicate()
+        except BaseException:
+            _stop(script)
+            raise
+        if script.returncode != 0 or not output.exists():
+            tail = (said or "").strip().splitlines()[-3:]
+            return [_failure(suite, f"{suite.script} exited {script.returncode}: {' '.join(tail)}")]
         return normalize(json.loads(output.read_text()), suite)
+
+
+def _stop(script: subprocess.Popen[str]) -> None:
+    """Stop a suite's script and what it started (its process group): SIGINT, so that its
+    cleanup runs, then SIGKILL after ``STOP_SECONDS``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(script.pid, signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        script.wait(STOP_SECONDS)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(script.pid, signal.SIGKILL)
+    script.wait()
 
 
 def command_line(suite: Suite, quick: bool, output: Path, plots: Path | None) -> list[str]:
@@ -236,6 +266,8 @@ def verdict(record: dict[str, Any]) -> str:
     target, ratio, value = record.get("target"), record.get("ratio"), record.get("value")
     if record.get("error"):
         return "FAILED"
+    if any(key.endswith("_not_finite") for key in record.get("parameters") or {}):
+        return "MISSED"  # a ratio of no number meets no target
     if isinstance(target, int | float) and ratio is not None:
         measured = value if _in_own_unit(target) else ratio
         return "met" if measured >= target else "MISSED"
@@ -480,8 +512,8 @@ def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
 @click.option("--plots", type=OutputPath(folder=True), help="Folder for the PNG plots.")
 @click.option(
     "--results",
-    type=OutputPath(),
-    help="Rewrite the generated section of this RESULTS.md.",
+    type=OutputPath(suffixes=(".md",)),
+    help="Rewrite the generated section of this RESULTS.md (a run of every suite).",
 )
 def bench_command(
     quick: bool,
@@ -492,33 +524,30 @@ def bench_command(
 ) -> None:
     """Run the paper's evaluation on fake devices: each figure a ratio against a baseline
     measured in the same run."""
+    if results and only and set(only) != set(NAMES):
+        raise click.BadParameter(
+            "the generated section holds a run of every suite: --only would replace it with "
+            "the suites named (write --json instead)",
+            param_hint="'--results'",
+        )
+    if results and json_path and results.resolve() == json_path.resolve():
+        raise click.BadParameter("is the --json file", param_hint="'--results'")
     # A log or a file gets lines as wide as the figures' names need, not 80 columns.
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    terminal = sys.stdout.isatty()
+    console = Console() if terminal else Console(width=160)
     chosen = [suite for suite in SUITES if not only or suite.name in only]
     info = machine()
     command = "pathways bench " + " ".join(sys.argv[2:])
     records: list[dict[str, Any]] = []
-    interrupted = ""  # the suite a Ctrl-C stopped
     seconds: dict[str, float] = {}  # by suite (the control suite runs three scripts)
     drawn_before = _pictures(plots)
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        task = progress.add_task("benchmarks", total=len(chosen))
-        for suite in chosen:
-            progress.update(task, description=f"{suite.name}: {suite.description}")
-            started = time.monotonic()
-            try:
-                records += run_suite(suite, quick, plots=plots)
-            except KeyboardInterrupt:  # what finished is still reported and written
-                interrupted = f"{suite.name} ({suite.script})"
-                break
-            seconds[suite.name] = seconds.get(suite.name, 0.0) + time.monotonic() - started
-            progress.advance(task)
+    # SIGTERM (a CI job cancelled, `timeout`) stops the run as Ctrl-C does: it killed the
+    # harness alone, and its suite's script ran on with its islands.
+    stop_on_term = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        interrupted = _run_suites(chosen, quick, plots, console, terminal, records, seconds)
+    finally:
+        signal.signal(signal.SIGTERM, stop_on_term)
     for table in summary_tables(records):
         console.print(table)
     missed = missed_figures(records)
@@ -531,7 +560,7 @@ def bench_command(
         r["machine"] = info
         r["command"] = command
     if json_path:
-        json_path.write_text(json.dumps(records, indent=2, default=str))
+        json_path.write_text(json.dumps(records, indent=2, default=str, allow_nan=False))
         console.print(f"records: {json_path}", markup=False)
     written = plot(records, plots) if plots else []
     # The suites' own pictures (Figure 9), those this run drew, not older ones in the folder.
@@ -550,8 +579,48 @@ def bench_command(
             markup=False,
         )
         raise SystemExit(130)
-    if results:
+    failed = [r["suite"] for r in records if r.get("error")]
+    if results and failed:  # a part of a run would replace the whole run's figures
+        console.print(f"{', '.join(failed)} failed: {results} was left as it was.", markup=False)
+    elif results:
         write_results(results, markdown(records, command, info, written, seconds, results.parent))
         console.print(f"results: {results}", markup=False)
-    if any(r.get("error") for r in records):
+    if failed:
         raise SystemExit(1)
+
+
+def _run_suites(
+    chosen: list[Suite],
+    quick: bool,
+    plots: Path | None,
+    console: Console,
+    terminal: bool,
+    records: list[dict[str, Any]],
+    seconds: dict[str, float],
+) -> str:
+    """Run ``chosen`` in order, adding their records and times; the suite a Ctrl-C (or
+    SIGTERM) stopped, if one did (what finished is still reported and written)."""
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task("benchmarks", total=len(chosen))
+        for suite in chosen:
+            progress.update(task, description=f"{suite.name}: {suite.description}")
+            if not terminal:  # a log gets a line a suite (the bar is drawn only at the end)
+                console.print(f"{suite.name}: {suite.description} ({suite.script})", markup=False)
+            started = time.monotonic()
+            try:
+                records += run_suite(suite, quick, plots=plots)
+            except KeyboardInterrupt:
+                return f"{suite.name} ({suite.script})"
+            seconds[suite.name] = seconds.get(suite.name, 0.0) + time.monotonic() - started
+            progress.advance(task)
+    return ""
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

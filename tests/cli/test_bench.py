@@ -4,9 +4,12 @@ the generated section of RESULTS.md."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +86,8 @@ def test_outputs_that_cannot_be_written_fail_before_any_suite_runs(
     a_file.write_text("kept")
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n")
+    folder = tmp_path / "a-folder.md"
+    folder.mkdir()
     for arguments, expected in (
         (
             ["--json", f"{a_file}/deeper/records.json"],
@@ -90,7 +95,7 @@ def test_outputs_that_cannot_be_written_fail_before_any_suite_runs(
         ),
         (["--json", str(tmp_path)], f"'--json': {tmp_path} is not a file"),
         (["--plots", str(a_file)], f"'--plots': {a_file} is not a folder"),
-        (["--results", str(tmp_path)], f"'--results': {tmp_path} is not a file"),
+        (["--results", str(folder)], f"'--results': {folder} is not a file"),
         (["--json", "/proc/records.json"], "'--json': cannot write /proc/records.json: "),
         (["--plots", "/proc/plots"], "'--plots': cannot write /proc/plots: "),
         # One bad output among good ones: the good ones' folders may be made, nothing runs.
@@ -143,8 +148,8 @@ def test_output_folders_are_made_before_the_suites_run(
     plot([normalize([_doubled("x")], ALLOCATOR)[0]], plots)
     (plots / "bench-control.png").rename(plots / "figure9-old.png")  # of an earlier run
     monkeypatch.setattr(bench, "run_suite", one_record)
-    arguments = ["--only", "control", "--json", str(json_path), "--plots", str(plots)]
-    result = CliRunner().invoke(bench_command, [*arguments, "--results", str(results)])
+    arguments = ["--json", str(json_path), "--plots", str(plots), "--results", str(results)]
+    result = CliRunner().invoke(bench_command, arguments)
     assert result.exit_code == 0, result.output
     assert seen and all(seen)
     assert len(json.loads(json_path.read_text())) == len(seen)
@@ -442,3 +447,103 @@ def test_the_suites_whose_models_use_the_sdk_run_to_their_records(name: str) -> 
     records = run_suite(suite, quick=True)
     assert records and not any(record.get("error") for record in records), records
     assert all(record["ratio"] > 0 for record in records)
+
+
+def test_a_stopped_suite_stops_what_its_script_started(tmp_path: Path) -> None:
+    """Stopped (Ctrl-C to the harness alone, SIGTERM), a suite's script was killed alone: its
+    own cleanup never ran and what it started (an operator, an island) ran on."""
+    started = tmp_path / "started"
+    script = (
+        "import signal, subprocess, sys, time\n"
+        "child = subprocess.Popen(['sleep', '300'])\n"
+        "open(sys.argv[1], 'w').write(str(child.pid))\n"
+        "try:\n"
+        "    time.sleep(300)\n"
+        "except KeyboardInterrupt:\n"
+        "    open(sys.argv[1] + '.clean', 'w').write('cleaned up')\n"
+        "    child.terminate()\n"
+    )
+    suite = subprocess.Popen(
+        [sys.executable, "-c", script, str(started)], start_new_session=True, text=True
+    )
+    deadline = time.monotonic() + 30
+    while not started.exists() or not started.read_text():
+        assert time.monotonic() < deadline, "the script did not start its child"
+        time.sleep(0.05)
+    child = int(started.read_text())
+    bench._stop(suite)
+    assert (tmp_path / "started.clean").read_text() == "cleaned up"
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and "Z" not in _state(child):
+        assert time.monotonic() < deadline, "the script's child runs on"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def terminated(suite: Suite, quick: bool, plots: Path | None = None) -> list[dict]:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(bench, "run_suite", terminated)
+    json_path = tmp_path / "r.json"
+    result = CliRunner().invoke(bench_command, ["--only", "control", "--json", str(json_path)])
+    assert result.exit_code == 130, result.output
+    assert "Interrupted in control" in " ".join(result.output.split())
+    assert json.loads(json_path.read_text()) == []
+    assert signal.getsignal(signal.SIGTERM) is not bench._interrupt  # put back
+
+
+def test_results_are_written_by_whole_runs_of_every_suite_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of one suite replaced the whole run's 131 figures with its 3; a run with a
+    failed suite replaced them too; --results took any file (the --json file, /etc/passwd)."""
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark results\n")
+    for arguments, expected in (
+        (["--only", "control", "--results", str(results)], "--only would replace it"),
+        (["--json", str(results), "--results", str(results)], "is the --json file"),
+        (["--results", str(tmp_path / "passwd")], "must end in .md"),
+    ):
+        result = CliRunner().invoke(bench_command, arguments)
+        assert result.exit_code == 2, (arguments, result.output)
+        assert expected in " ".join(result.output.split()), (arguments, result.output)
+
+    def one_fails(suite: Suite, quick: bool, plots: Path | None = None) -> list[dict]:
+        if suite.name == "transfer":
+            return [bench._failure(suite, "transfer.py exited 1: a port was taken")]
+        return normalize([_doubled(suite.script)], suite)
+
+    monkeypatch.setattr(bench, "run_suite", one_fails)
+    result = CliRunner().invoke(bench_command, ["--results", str(results)])
+    assert result.exit_code == 1, result.output
+    assert f"transfer failed: {results} was left as it was" in " ".join(result.output.split())
+    assert results.read_text() == "# Benchmark results\n"
+    # A log is told of each suite as it starts (rich draws its bar only at the end there).
+    assert "control: " in result.output and "(allocator.py)" in result.output
+
+
+def test_figures_of_no_number_or_of_zero_are_judged() -> None:
+    """A NaN or infinite ratio was written as JSON no strict parser reads (and an infinite one
+    met its target); a value of 0 got no ratio, and no verdict."""
+    nan, inf = float("nan"), float("inf")
+    raw = [
+        {"name": "a", "value": 1.0, "baseline": 0.0, "ratio": inf, "target": 0.7},
+        {"name": "b", "value": nan, "baseline": 1.0, "target": 0.7},
+        {"name": "c", "value": 0.0, "baseline": 5.0, "target": 0.7},
+    ]
+    records = normalize(raw, ALLOCATOR)
+    json.dumps(records, allow_nan=False)  # strict JSON
+    assert [r["ratio"] for r in records] == [None, None, 0.0]
+    assert [verdict(r) for r in records] == ["MISSED", "MISSED", "MISSED"]
+    assert records[0]["parameters"] == {"ratio_not_finite": "inf"}
