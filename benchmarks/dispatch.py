@@ -568,33 +568,39 @@ def main() -> None:
         help="dispatch layouts: executors",
     )
     args = parser.parse_args()
-    repeats = 3 if args.quick else 5
     full = [16, 1024, 16_384, 131_072, 262_144, 524_288, 1_048_576, 2_097_152]
     # Two hosts step at 3 ms or more from the smallest size (gloo), and their largest size
     # took ~50 s of a 5-minute quick run on a slow host: one host alone goes on past 1 ms.
     quick = {2: [16, 4096, 262_144], 1: [16, 4096, 262_144, 1_048_576]}
     sizes = {hosts: args.sizes or (quick[hosts] if args.quick else full) for hosts in args.hosts}
     records: list[dict] = []
-    suites = args.only or ["dispatch", "chain", "transfer"]
+    try:
+        run_suites(args.only or ["dispatch", "chain", "transfer"], args.quick, sizes, records)
+    finally:  # the figures measured are kept when a later one fails
+        if args.json:
+            machine = {"python": platform.python_version(), "processor": platform.machine()}
+            with open(args.json, "w") as handle:
+                json.dump([{**r, "machine": machine} for r in records], handle, indent=2)
+
+
+def run_suites(
+    suites: list[str], quick: bool, sizes: dict[int, list[int]], records: list[dict]
+) -> None:
+    """Measure ``suites`` in order, adding each figure to ``records`` as it is measured."""
+    repeats = 3 if quick else 5
     if "dispatch" in suites:
         # Every run is taken twice in a row: two rounds make --quick's four runs per mode.
-        dispatch_suite(sizes, 2 if args.quick else repeats, records)
+        dispatch_suite(sizes, 2 if quick else repeats, records)
     if "chain" in suites:
         # Chains take milliseconds: best of many.
-        chain_suite(10 * repeats if not args.quick else 5 * repeats, records, (2, 4, 8, 16))
+        chain_suite(10 * repeats if not quick else 5 * repeats, records, (2, 4, 8, 16))
     if "transfer" in suites:
         kib, mib = 1 << 10, 1 << 20
         transfer_suite(
             repeats,
             records,
-            (kib, mib, 64 * mib)
-            if args.quick
-            else (kib, 64 * kib, mib, 16 * mib, 64 * mib, 256 * mib),
+            (kib, mib, 64 * mib) if quick else (kib, 64 * kib, mib, 16 * mib, 64 * mib, 256 * mib),
         )
-    if args.json:
-        machine = {"python": platform.python_version(), "processor": platform.machine()}
-        with open(args.json, "w") as handle:
-            json.dump([{**r, "machine": machine} for r in records], handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -212,10 +212,14 @@ def run_suite(
         except BaseException:
             _stop(script)
             raise
+        measured = []
+        with contextlib.suppress(OSError, ValueError):  # none, or cut short by its failure
+            measured = normalize(json.loads(output.read_text()), suite)
         if script.returncode != 0 or not output.exists():
             tail = (said or "").strip().splitlines()[-3:]
-            return [_failure(suite, f"{suite.script} exited {script.returncode}: {' '.join(tail)}")]
-        return normalize(json.loads(output.read_text()), suite)
+            failure = f"{suite.script} exited {script.returncode}: {' '.join(tail)}"
+            return [*measured, _failure(suite, failure)]  # the figures it measured are kept
+        return measured
 
 
 def _stop(script: subprocess.Popen[str]) -> None:

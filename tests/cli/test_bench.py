@@ -547,3 +547,23 @@ def test_figures_of_no_number_or_of_zero_are_judged() -> None:
     assert [r["ratio"] for r in records] == [None, None, 0.0]
     assert [verdict(r) for r in records] == ["MISSED", "MISSED", "MISSED"]
     assert records[0]["parameters"] == {"ratio_not_finite": "inf"}
+
+
+def test_a_suite_that_fails_keeps_the_figures_it_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An executor killed in the transfer suite's fourth size threw away the three sizes it
+    had measured: one FAILED record was kept."""
+    (tmp_path / "benchmarks").mkdir()
+    script = tmp_path / "benchmarks" / "half.py"
+    script.write_text(
+        "import json, sys\n"
+        "path = sys.argv[sys.argv.index('--json') + 1]\n"
+        "record = {'name': 'first', 'value': 2.0, 'baseline': 1.0, 'unit': 'x', 'target': 0.7}\n"
+        "open(path, 'w').write(json.dumps([record]))\n"
+        "sys.exit('the second figure failed: an executor was lost')\n"
+    )
+    monkeypatch.setattr(bench, "BENCHMARKS", tmp_path / "benchmarks")
+    first, failed = run_suite(Suite("transfer", "half.py", (), (), ""), quick=True)
+    assert (first["name"], first["ratio"], verdict(first)) == ("first", 2.0, "met")
+    assert verdict(failed) == "FAILED" and "an executor was lost" in failed["error"]
