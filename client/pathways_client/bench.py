@@ -443,6 +443,19 @@ def write_results(path: Path, section: str) -> None:
     path.write_text(text)
 
 
+def _marker_problem(path: Path) -> str | None:
+    """What is wrong with the markers of ``path``'s generated section, if anything: one
+    without the other (a hand edit) had a second section put in, the first left as it was."""
+    text = path.read_text() if path.exists() else ""
+    begins, ends = text.count(BEGIN), text.count(END)
+    if (begins, ends) in ((0, 0), (1, 1)) and (not begins or text.index(BEGIN) < text.index(END)):
+        return None
+    return (
+        f"{path} has {begins} start and {ends} end markers of the generated section, not one "
+        f"of each in order: put back {BEGIN!r} before it and {END!r} after it"
+    )
+
+
 def plot(records: list[dict[str, Any]], directory: Path) -> list[Path]:
     """One PNG per suite: each figure's ratio against its target."""
     import matplotlib
@@ -536,6 +549,8 @@ def bench_command(
         )
     if results and json_path and results.resolve() == json_path.resolve():
         raise click.BadParameter("is the --json file", param_hint="'--results'")
+    if results and (broken := _marker_problem(results)):  # said now, not after the run
+        raise click.BadParameter(broken, param_hint="'--results'")
     # A log or a file gets lines as wide as the figures' names need, not 80 columns.
     terminal = sys.stdout.isatty()
     console = Console() if terminal else Console(width=160)

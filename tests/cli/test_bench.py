@@ -510,7 +510,10 @@ def test_results_are_written_by_whole_runs_of_every_suite_only(
     failed suite replaced them too; --results took any file (the --json file, /etc/passwd)."""
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n")
+    cut = tmp_path / "CUT.md"
+    cut.write_text(f"# Benchmark results\n\n{BEGIN}\n| a table |\n\n## Hand-written\n")
     for arguments, expected in (
+        (["--results", str(cut)], "has 1 start and 0 end markers"),
         (["--only", "control", "--results", str(results)], "--only would replace it"),
         (["--json", str(results), "--results", str(results)], "is the --json file"),
         (["--results", str(tmp_path / "passwd")], "must end in .md"),
