@@ -418,14 +418,13 @@ def _strays(
     return strays
 
 
-def _unrecorded_run(view: ProgramView) -> str | None:
+def _unrecorded_run(view: ProgramView, program: PathwaysProgram | None) -> str | None:
     """The Job of the run after the recorded ones, if this program made it from its spec as
     it is and it runs: its decision's status write failed (a conflict), so the run the Job is
     was never recorded. The next decision to start that run takes it as made; any other
     deletes it. Before, it was deleted and made again at once: a driver killed at its start."""
     document = view.program
-    program, _ = parse(document)
-    if not isinstance(program, PathwaysProgram):
+    if program is None:
         return None
     name = (document.get("metadata") or {}).get("name", "")
     runs = int((document.get("status") or {}).get("runs") or 0)
@@ -705,8 +704,10 @@ def reconcile_program(
     """The next step of a program's lifecycle; see the module docstring. ``tls_secret`` and
     ``pull_secrets``: see :func:`program_job`; ``failure_grace``: seconds after its Job failed
     that a run is judged failed (if its Job says when it failed)."""
-    adopt = _unrecorded_run(view)
-    decision = _next_step(view, now, image, tls_secret, pull_secrets, failure_grace, adopt)
+    parsed = parse(view.program)  # once (the spec validated), for both
+    program = parsed[0] if isinstance(parsed[0], PathwaysProgram) else None
+    adopt = _unrecorded_run(view, program)
+    decision = _next_step(view, parsed, now, image, tls_secret, pull_secrets, failure_grace, adopt)
     if adopt is not None and not any(
         child.get("kind") == "Job" and child["metadata"]["name"] == adopt
         for child in decision.create
@@ -718,6 +719,7 @@ def reconcile_program(
 
 def _next_step(
     view: ProgramView,
+    parsed: tuple[Any, str | None],
     now: datetime,
     image: str,
     tls_secret: str | None,
@@ -725,7 +727,8 @@ def _next_step(
     failure_grace: float,
     adopt: str | None,
 ) -> ProgramDecision:
-    """:func:`reconcile_program`'s decision, the Job ``adopt`` left alone."""
+    """:func:`reconcile_program`'s decision (``parsed``: the program as :func:`parse` read
+    it), the Job ``adopt`` left alone."""
     document = view.program
     meta = document.get("metadata") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace") or "default"
@@ -746,7 +749,7 @@ def _next_step(
         ) != old.get("conditions"):
             decision.status = status
 
-    program, problem = parse(document)
+    program, problem = parsed
     if not isinstance(program, PathwaysProgram):
         # An edit the API server let through (only the model refuses it) makes a running
         # program invalid too: what it runs and holds goes (its Job went on, on devices
