@@ -17,6 +17,7 @@ from pathlib import Path
 import uvicorn
 
 from pathways_api.app import MAX_BODY_BYTES, create_app
+from pathways_api.credentials import SESSION_KEYS_FILE, SessionKeys
 from pathways_api.lifeline import stop_when_stdin_closes
 from pathways_api.ratelimit import RATE_LIMIT_ENV, READ_RATE_LIMIT_ENV, budgets_from
 from pathways_api.tls import TlsConfigError, https_options
@@ -50,7 +51,7 @@ def build(
         state.mkdir(parents=True, exist_ok=True)
         store = SqliteStore(state / "pathways.db", busy_timeout=API_BUSY_TIMEOUT_SECONDS)
         return create_app(
-            Service(store, "embedded"),
+            Service(store, "embedded", SessionKeys(state / SESSION_KEYS_FILE)),
             TokenFile(tokens or state / "tokens.yaml"),
             max_body=max_body,
             rate_limits=rate_limits,

@@ -29,7 +29,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pathways_api import metrics
@@ -170,6 +170,35 @@ class Me(BaseModel):
     mode: str = Field(description="embedded or kubernetes.")
     quotas: Limits
     usage: Amounts
+
+
+class SessionRequest(BaseModel):
+    """Whose session a credential is for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    client: str = Field(
+        max_length=256,
+        description="The session's client name: '<tenant>.<name>' (printable, no '/').",
+    )
+
+
+class SessionCredential(BaseModel):
+    """A credential for a session with an island's scheduler (see docs/security.md)."""
+
+    island: str
+    client: str
+    credential: str | None = Field(
+        description="What the session's hello carries; null when the island needs none."
+    )
+    devices: list[int] = Field(
+        default_factory=list,
+        description="The island's devices the session may run on: the tenant's slices bound there.",
+    )
+    priority: int | None = Field(default=None, description="The highest priority it may ask for.")
+    expires: int | None = Field(
+        default=None, description="Unix seconds: a hello after it is refused."
+    )
 
 
 class Health(BaseModel):
@@ -854,5 +883,16 @@ def _routes() -> Any:
     @r.get("/v1/islands/{name}", response_model=Island)
     async def get_island(name: str, caller: Caller, api: Api) -> JSONResponse:
         return JSONResponse(await api.get(caller, ISLAND, name))
+
+    @r.post(
+        "/v1/islands/{name}/credentials",
+        response_model=SessionCredential,
+        tags=["tenant"],
+        dependencies=[_json_body()],
+    )
+    async def session_credential(
+        name: str, body: SessionRequest, caller: Caller, api: Api
+    ) -> JSONResponse:
+        return JSONResponse(await api.session_credential(caller, name, body.client))
 
     return r

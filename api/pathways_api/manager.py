@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pathways_api.credentials import SESSION_KEYS_FILE, SessionKeys
 from pathways_api.lifeline import stop_when_stdin_closes
 from pathways_api.run_job import (
     ALREADY_RUNNING,
@@ -95,9 +96,10 @@ from pathways_core.control.common import (
     printable,
     prune,
 )
-from pathways_core.control.programs import CHECKPOINT_MOUNT, island_client_name
+from pathways_core.control.programs import CHECKPOINT_MOUNT, island_client_name, run_grants
 from pathways_core.control.sharing import plan_bindings_shared
 from pathways_core.resources import GROUP_VERSION, Island, PathwaysProgram
+from pathways_core.wire.credentials import SESSION_CREDENTIALS_ENV, credentials_text
 
 JOB, CONFIG_MAP = "Job", "ConfigMap"
 KILL_MARGIN_SECONDS = 5.0
@@ -225,6 +227,7 @@ class Manager:
         self.max_output = max_output
         self.grace = grace
         self.cwd = cwd or Path.cwd()
+        self.session_keys = SessionKeys(state / SESSION_KEYS_FILE)
         self.running: dict[str, Running] = {}
         self.terminating: list[Running] = []  # stopped runs, until they are gone
         self._stop = threading.Event()
@@ -765,6 +768,9 @@ class Manager:
         if checkpoints is not None and (given is None or given.startswith(f"{CHECKPOINT_MOUNT}/")):
             checkpoints.mkdir(parents=True, exist_ok=True)
             environment["PATHWAYS_CHECKPOINT_DIR"] = str(checkpoints)
+        credentials = self._credentials(environment)
+        if credentials:  # in the process's environment only, as a Secret's value in a pod
+            environment[SESSION_CREDENTIALS_ENV] = credentials
         log = self.store.log_path(meta["namespace"], meta["name"])
         log.parent.mkdir(parents=True, exist_ok=True)
         record = self._record(job)
@@ -808,6 +814,15 @@ class Manager:
         return Running(
             job, popen, now, now + deadline if deadline else None, record=record, pid=popen.pid
         )
+
+    def _credentials(self, environment: Mapping[str, str]) -> str:
+        """The run's session credentials for the islands of its slices that have a key."""
+        signed = {}
+        for grant in run_grants(environment, time.time()):
+            credential = self.session_keys.sign(grant)
+            if credential is not None:
+                signed[grant.island] = credential
+        return credentials_text(signed) if signed else ""
 
     def _checkpoint_dir(self, job: Document) -> Path | None:
         """The program's checkpoint directory: the same for all its runs, another for a

@@ -13,10 +13,12 @@ import hashlib
 import json
 import re
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from pathways_api.auth import Tenant
+from pathways_api.credentials import SessionKeys
 from pathways_api.errors import Conflict, Forbidden, InvalidField, NotFound
 from pathways_api.logs import LogText, LogWindow, read_window, run_parts
 from pathways_api.store import (
@@ -41,10 +43,16 @@ from pathways_core.resources import (
     VirtualSlice,
 )
 from pathways_core.resources.base import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, Model
+from pathways_core.resources.program import MAX_WEIGHT
+from pathways_core.wire.credentials import SessionGrant, sign
 
 IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 PHASES = {PROGRAM: ProgramPhase, SLICE: SlicePhase, ISLAND: IslandPhase}
+SESSION_CREDENTIAL_SECONDS = 3600
+"""How long a session credential the API signs opens sessions (it is checked at the hello: a
+session open lives on; the SDK asks for a new one when it binds another slice)."""
+MAX_SESSION_NAME = 256  # a scheduler's limit on client names
 """The phases each kind's objects can be in (what a list's ``phase`` filter may ask for)."""
 
 
@@ -143,9 +151,14 @@ def _generated_name(prefix: str) -> str:
 class Service:
     """The API's behaviour over a :class:`Store`."""
 
-    def __init__(self, store: Store, mode: str = "embedded") -> None:
+    def __init__(
+        self, store: Store, mode: str = "embedded", session_keys: SessionKeys | None = None
+    ) -> None:
+        """``session_keys``: the islands' keys the API signs tenants' session credentials
+        with (None: it signs none, and islands with a key take no session it opened)."""
         self.store = store
         self.mode = mode
+        self.session_keys = session_keys
         self._trace_reads: dict[str, asyncio.Semaphore] = {}  # per tenant
 
     # -- shared --------------------------------------------------------------------------------
@@ -352,6 +365,53 @@ class Service:
     ) -> tuple[Document, bool]:
         """Store a new virtual slice if the tenant's device quota allows it."""
         return await self._admit(tenant, item, Admission(item.spec.device_total, 0), key)
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    async def session_credential(self, tenant: Tenant, island: str, client: str) -> dict[str, Any]:
+        """A credential for the tenant's session named ``client`` with ``island``'s scheduler:
+        the devices of the tenant's slices bound there, its priority cap, for an hour. None
+        when the island needs none."""
+        await self._get(ISLAND, None, island)
+        if not client.startswith(f"{tenant.name}.") or not client.isprintable() or "/" in client:
+            raise InvalidField(
+                f"a session of tenant {tenant.name!r} is named '{tenant.name}.<name>' (printable, "
+                f"no '/'), not {client[:64]!r}",
+                field="client",
+            )
+        if len(client) > MAX_SESSION_NAME:
+            raise InvalidField(f"at most {MAX_SESSION_NAME} characters", field="client")
+        key = None if self.session_keys is None else self.session_keys.key(island)
+        answer: dict[str, Any] = {"island": island, "client": client, "credential": None}
+        if key is None:
+            return answer
+        devices: set[int] = set()
+        token = None
+        while True:  # every page: a tenant may hold many slices
+            page = await self.store.list(SLICE, tenant.name, limit=500, token=token, phase="Bound")
+            for item in page.items:
+                status = item.get("status") or {}
+                if status.get("island") == island:
+                    devices.update(int(d) for d in status.get("devices") or [])
+            token = page.next
+            if not token:
+                break
+        grant = SessionGrant(
+            island=island,
+            client=client,
+            tenant=tenant.name,
+            weight=MAX_WEIGHT,
+            priority=tenant.quotas.priority,
+            devices=frozenset(devices),
+            expires=int(time.time()) + SESSION_CREDENTIAL_SECONDS,
+        )
+        answer.update(
+            credential=sign(grant, key),
+            devices=sorted(devices),
+            priority=grant.priority,
+            expires=grant.expires,
+        )
+        return answer
 
     # -- tenant --------------------------------------------------------------------------------
 

@@ -264,6 +264,18 @@ class ApiClient:
         params = {"uid": uid} if uid else {}
         return self.call("DELETE", _path(collection, name), params=params)
 
+    def session_credential(self, island: str, client: str) -> str:
+        """A credential for this tenant's session ``client`` with ``island``'s scheduler (the
+        devices of its slices bound there); "" when the island needs none."""
+        answer = self.call(
+            "POST",
+            _path("islands", island, "credentials"),
+            idempotent=True,  # signs anew: twice is as once
+            content=json.dumps({"client": client}),
+            headers={"Content-Type": "application/json"},
+        )
+        return answer.get("credential") or ""
+
     def renew(self, name: str, uid: str | None = None) -> dict[str, Any]:
         """Renew a virtual slice's lease (``spec.leaseSeconds``): its holder still uses it;
         with ``uid``, only that slice (not one made since under its name: 404)."""

@@ -48,6 +48,7 @@ from pathways_core.resources.virtual_slice import (
     MIN_LEASE_SECONDS,
 )
 from pathways_core.topology import format_shape, parse_shape
+from pathways_core.wire.credentials import SESSION_CREDENTIALS_ENV, credentials_problem
 
 ENV_SLICES = "PATHWAYS_SLICES"
 ENV_ISLANDS = "PATHWAYS_ISLANDS"
@@ -193,7 +194,10 @@ class Cluster:
         steps: int = 1,
         devices: DirectDevices | None = None,
         lease_seconds: int | None = DEFAULT_LEASE_SECONDS,
+        credentials: Mapping[str, str] | None = None,
     ) -> None:
+        """``credentials``: per island, what its session may claim, signed by the cluster's
+        resource manager (``PATHWAYS_SESSION_CREDENTIALS`` in a program it runs)."""
         if not islands and api is None:
             raise ConnectError("no islands to connect to")
         self.api = api
@@ -204,6 +208,7 @@ class Cluster:
         self.tenant = tenant
         self.weight = weight
         self.priority = priority
+        self._credentials = dict(credentials or {})
         self._sessions: dict[str, IslandClient] = {}
         self._lock = threading.Lock()
         self._direct = devices or DirectDevices()
@@ -238,7 +243,11 @@ class Cluster:
                     )
                 try:
                     session = IslandClient(
-                        endpoint, self.client, weight=self.weight, priority=self.priority
+                        endpoint,
+                        self.client,
+                        weight=self.weight,
+                        priority=self.priority,
+                        credential=self._credential(island),
                     )
                 except Exception as error:
                     raise ConnectError(
@@ -246,6 +255,18 @@ class Cluster:
                     ) from None
                 self._sessions[island] = session
             return session
+
+    def _credential(self, island: str) -> str:
+        """The credential of this session with ``island``: the one given, else through the
+        API one granting the devices of the tenant's slices bound there now."""
+        if self.api is None or island in self._credentials:
+            return self._credentials.get(island, "")
+        try:
+            return self.api.session_credential(island, self.client)
+        except ApiCallError as error:
+            raise ConnectError(
+                f"the API gave no credential for island {island!r}: {error}"
+            ) from None
 
     @property
     def closed(self) -> bool:
@@ -309,7 +330,7 @@ class Cluster:
         with self._lock:
             self._names += 1
             # Through the API, names are the tenant's VirtualSlices: keep this session's apart.
-            prefix = f"{self.client}-slice" if self.api is not None else "slice"
+            prefix = f"{self.client.replace('.', '-')}-slice" if self.api is not None else "slice"
             name = name or f"{prefix}-{self._names}"
             if name in self._bound:
                 raise SliceError(f"this session already holds a slice named {name!r}")
@@ -328,6 +349,9 @@ class Cluster:
         if self.api is not None:
             bound = self._bind_through_api(name, shape, spec.to_wire(), time_shared, timeout)
             self._bound[name] = bound
+            session = self._sessions.get(bound.island)
+            if session is not None:  # opened before: a credential granting these devices too
+                session.renew(self._credential(bound.island))
             return bound
         # Fake CPU devices have no physical topology: any devices make a mesh of any shape.
         request = Request(
@@ -635,6 +659,7 @@ def connect(
         bound=bound,
         steps=steps,
         devices=devices,
+        credentials=_credentials_from_env(env),
     )
 
 
@@ -680,6 +705,9 @@ def _connect_api(
         for item in listed
     }
     tenant = me.get("tenant", tenant or "default")
+    # The API signs credentials for the tenant's own names only.
+    if client is None or not client.startswith(f"{tenant}."):
+        client = f"{tenant}.{client or uuid.uuid4().hex[:8]}"
     return Cluster(
         {name: endpoint for name, endpoint in endpoints.items() if endpoint},
         client=client,
@@ -689,6 +717,17 @@ def _connect_api(
         api=api,
         lease_seconds=lease_seconds,
     )
+
+
+def _credentials_from_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The islands' session credentials the resource manager gave this program, if any."""
+    value = env.get(SESSION_CREDENTIALS_ENV)
+    if not value:
+        return {}
+    problem = credentials_problem(value)
+    if problem is not None:
+        raise ConnectError(problem)
+    return json.loads(value)
 
 
 def _islands_from_env(value: str) -> dict[str, str]:

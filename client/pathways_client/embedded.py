@@ -78,6 +78,7 @@ from pathways_client.tls import load as load_tls
 from pathways_core.manifests import Problem, problems_of
 from pathways_core.resources import IslandSpec as IslandModel
 from pathways_core.resources.base import DNS_LABEL_PATTERN
+from pathways_core.wire.credentials import SESSION_KEY_ENV, SESSION_KEYS_FILE
 
 DEFAULT_TENANTS = ("default",)
 READY_TIMEOUT = 300.0
@@ -626,6 +627,7 @@ class Supervisor:
             name=spec.name,
             workdir=self.state / "islands" / spec.name,
             compilation_cache=self.state / "xla-cache",
+            environment={SESSION_KEY_ENV: session_key(self.state, spec.name)},
         )
         island.workdir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
         with self._lock:
@@ -921,6 +923,28 @@ class Supervisor:
         self.info.ready = False
         self.info.api_pid = self.info.manager_pid = 0
         self._write()
+
+
+def session_key(state: Path, island: str) -> str:
+    """``island``'s session key, made at its first start and kept in ``session-keys.json``
+    (its user's alone): runs and sessions signed for it before a restart still open."""
+    path = state / SESSION_KEYS_FILE
+    try:
+        keys = json.loads(path.read_text())
+    except FileNotFoundError:
+        keys = {}
+    except (OSError, ValueError) as error:
+        raise EmbeddedError(
+            f"{path} cannot be read ({error}): move it away, and the next start makes new keys "
+            "(runs started with the old ones cannot reconnect)"
+        ) from None
+    if not isinstance(keys.get(island), str):
+        keys[island] = secrets.token_urlsafe(32)
+        partial = path.with_name(f".{path.name}.tmp")
+        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+            json.dump(keys, out, indent=2)
+        partial.replace(path)
+    return keys[island]
 
 
 def _write_json(path: Path, value: Any) -> None:

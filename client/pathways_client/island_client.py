@@ -162,9 +162,13 @@ class IslandClient:
         *,
         tls: Tls | Literal["environment"] | None = "environment",
         connect_timeout: float = 60.0,
+        credential: str = "",
     ) -> None:
+        """``credential``: what the session may claim, signed by the island's resource manager
+        (islands with a session key open sessions with one only)."""
         check_share(weight, priority, "IslandClient")
         self.client = island_client_name(client)
+        self._share = (weight, priority)
         self.endpoint = endpoint
         self._tls = load() if tls == "environment" else tls
         self._channel = channel(endpoint, MESSAGE_OPTIONS, self._tls)
@@ -233,12 +237,23 @@ class IslandClient:
                 ) from None
         self._session.settimeout(None)
         self._session.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._send(
-            pb.ClientMessage(hello=pb.Hello(client=self.client, weight=weight, priority=priority))
-        )
+        self._send(self._hello(credential))
         self._reader = threading.Thread(target=self._read, name=f"session-{client}", daemon=True)
         self._reader.start()
         threading.Thread(target=self._flush_loop, name=f"deletions-{client}", daemon=True).start()
+
+    def _hello(self, credential: str) -> pb.ClientMessage:
+        weight, priority = self._share
+        hello = pb.Hello(
+            client=self.client, weight=weight, priority=priority, credential=credential
+        )
+        return pb.ClientMessage(hello=hello)
+
+    def renew(self, credential: str) -> None:
+        """Present a new credential within the session (one granting the devices of slices
+        bound since it opened); work sent after it is held to it. The island refuses one
+        claiming more than it may (logged), and the session goes on under the one before."""
+        self._send(self._hello(credential))
 
     @property
     def lost_executors(self) -> dict[int, str]:
@@ -851,6 +866,11 @@ class IslandClient:
             return
         if event.kind == Event.REJECTED and event.ends_session:
             self._rejected = event.message  # why the scheduler ends the session
+        elif event.kind == Event.REJECTED and not (
+            event.computation_id or event.function_id or event.program_id
+        ):  # no caller waits for it (a hello within the session, a placement, a deletion)
+            logger.warning("island %r refused: %s", self.info.island, event.message)
+            return
         failed: dict[str, str] = {}  # exported outputs that will never be
         made: dict[int, tuple[IslandClient, list[str]]] = {}  # exported outputs now made
         reads: Sequence[grpc.Future] = ()  # gets of outputs that will never be

@@ -48,6 +48,13 @@ from pathways_core.scheduling import (
 )
 from pathways_core.scheduling.limits import MAX_REQUEST_BYTES
 from pathways_core.wire import EXECUTOR, SCHEDULER, pb
+from pathways_core.wire.credentials import (
+    SESSION_KEY_ENV,
+    CredentialError,
+    SessionGrant,
+    check_key,
+    verify,
+)
 from pathways_core.wire.streams import (
     CONTROL_TOKEN_ENV,
     HANDSHAKE_TIMEOUT_SECONDS,
@@ -257,9 +264,14 @@ class SchedulerService:
         run_length: int = DEFAULT_RUN_LENGTH,
         executor_timeout: float = DEFAULT_EXECUTOR_TIMEOUT_SECONDS,
         trace_limit: int = DEFAULT_TRACE_LIMIT,
+        session_key: bytes | None = None,
     ) -> None:
+        """``session_key``: every session's hello must carry a credential it signed, and the
+        session is held to its grant (see :mod:`pathways_core.wire.credentials`)."""
         self.island = island
         self._tls = tls
+        self._session_key = session_key
+        self._grants: dict[str, SessionGrant] = {}  # per session, with a session key
         self._lock = threading.Lock()
         self._clients: dict[str, Peer] = {}
         self._executors: dict[int, Peer] = {}
@@ -552,7 +564,7 @@ class SchedulerService:
             while end < len(batch) and batch[end].WhichOneof("kind") not in WORK:
                 end += 1
             chunk = batch[start:end]
-            self._handle(lambda d, c=chunk: _apply(d, client, c))
+            self._handle(lambda d, c=chunk: _apply(d, client, c, self._hello_again))
             start, size = end, size * 2
 
     def _accept(self) -> None:
@@ -599,6 +611,7 @@ class SchedulerService:
                 problem = name_problem
             else:
                 hello = batch.pop(0).hello
+                grant, problem = self._admit(hello)
 
                 def begin(dispatcher: IslandDispatcher) -> list[Instruction]:
                     # The name is taken and the session opened in one step under the lock,
@@ -609,9 +622,12 @@ class SchedulerService:
                         return []
                     client = hello.client
                     self._clients[client] = peer
-                    return dispatcher.connect(client, hello.weight, hello.priority)
+                    if grant is not None:
+                        self._grants[client] = grant
+                    return _connect(dispatcher, client, hello, grant)
 
-                self._handle(begin)
+                if problem is None:
+                    self._handle(begin)
             if problem is not None:
                 peer.queue(
                     pb.ClientEvent(kind=pb.ClientEvent.REJECTED, message=problem, ends_session=True)
@@ -647,9 +663,51 @@ class SchedulerService:
             peer.close()
             connection.close()
 
+    def _admit(self, hello: pb.Hello) -> tuple[SessionGrant | None, str | None]:
+        """The grant of a hello's credential, or why the hello claims more than it may; no
+        grant and no problem when this island takes sessions without credentials."""
+        if self._session_key is None:
+            return None, None
+        if not hello.credential:
+            return None, (
+                f"island {self.island!r} opens sessions with a credential only (hello.credential "
+                "is empty): connect through the cluster's API, or run as its program, which "
+                "carry one"
+            )
+        try:
+            grant = verify(hello.credential, self._session_key, self.island, time.time())
+        except CredentialError as error:
+            return None, str(error)
+        return grant, grant.problem(hello.client, max(1, hello.weight), hello.priority)
+
+    def _hello_again(
+        self, dispatcher: IslandDispatcher, client: str, hello: pb.Hello
+    ) -> list[Instruction]:
+        """A hello within a session: its new weight and priority, and with a credential, its
+        new grant (the name and tenant stay; without one, the grant it had still holds). One
+        that claims more than it may is refused, and the session goes on as it was."""
+        if self._session_key is None:
+            return dispatcher.connect(client, hello.weight, hello.priority)
+        held = self._grants[client]
+        grant, problem = self._admit(hello) if hello.credential else (held, None)
+        if grant is not None and problem is None:
+            if grant.tenant != held.tenant:
+                problem = (
+                    f"the session credential is for tenant {grant.tenant!r}, not the "
+                    f"session's {held.tenant!r}"
+                )
+            else:
+                problem = grant.problem(client, max(1, hello.weight), hello.priority)
+        if problem is not None:
+            return [ToClient(client, pb.ClientEvent(kind=pb.ClientEvent.REJECTED, message=problem))]
+        assert grant is not None
+        self._grants[client] = grant
+        return _connect(dispatcher, client, hello, grant)
+
     def _end_session(self, dispatcher: IslandDispatcher, client: str) -> list[Instruction]:
         """A client's session ends: its name is free again, its work and buffers go."""
         self._clients.pop(client, None)
+        self._grants.pop(client, None)
         return dispatcher.disconnect(client)
 
     def Info(self, request, context):
@@ -814,8 +872,25 @@ def _sendable(
     return []
 
 
-def _apply(dispatcher: IslandDispatcher, client: str, batch: Any) -> list[Instruction]:
-    """A client's batch of messages, in order."""
+def _connect(
+    dispatcher: IslandDispatcher, client: str, hello: pb.Hello, grant: SessionGrant | None
+) -> list[Instruction]:
+    """A session opens, or says hello again, as its grant lets it (None: as it says)."""
+    if grant is None:
+        return dispatcher.connect(client, hello.weight, hello.priority)
+    return dispatcher.connect(
+        client, hello.weight, hello.priority, tenant=grant.tenant, devices=grant.devices
+    )
+
+
+def _apply(
+    dispatcher: IslandDispatcher,
+    client: str,
+    batch: Any,
+    hello_again: Callable[[IslandDispatcher, str, pb.Hello], list[Instruction]],
+) -> list[Instruction]:
+    """A client's batch of messages, in order (a hello within the session goes to
+    ``hello_again``)."""
     instructions: list[Instruction] = []
     for message in batch:
         kind = message.WhichOneof("kind")
@@ -839,7 +914,7 @@ def _apply(dispatcher: IslandDispatcher, client: str, batch: Any) -> list[Instru
         elif kind == "remote_ready":
             instructions += dispatcher.remote_ready(client, message.remote_ready)
         elif kind == "hello":  # again: the session's new weight and priority (its name stays)
-            instructions += dispatcher.connect(client, message.hello.weight, message.hello.priority)
+            instructions += hello_again(dispatcher, client, message.hello)
     return instructions
 
 
@@ -956,6 +1031,12 @@ def main() -> None:
         tls = load()
     except TlsConfigError as error:
         parser.exit(2, f"pathways_scheduler: {error}\n")
+    session_key = None
+    if os.environ.get(SESSION_KEY_ENV):
+        try:
+            session_key = check_key(os.environ[SESSION_KEY_ENV])
+        except ValueError as error:
+            parser.exit(2, f"pathways_scheduler: {error}\n")
     health = None if args.health_port is None else serve_health(args.host, args.health_port)
     service = SchedulerService(
         args.island,
@@ -971,6 +1052,7 @@ def main() -> None:
         run_length=args.run_length,
         executor_timeout=args.executor_timeout,
         trace_limit=args.trace_limit,
+        session_key=session_key,
     )
     publish_metrics(renderer(service))
     server = grpc.server(

@@ -965,8 +965,9 @@ def test_a_run_recorded_in_a_copied_state_folder_is_left_to_its_own_cluster(
     theirs = subprocess.Popen([sys.executable, "-c", sleeper, "--record", str(original)])
     ours = subprocess.Popen([sys.executable, "-c", sleeper, "--record", str(record)])
     try:
-        wait_for(lambda: process_start(theirs.pid) and process_start(ours.pid))
-        assert is_wrapper_of(ours.pid, record) and not is_wrapper_of(theirs.pid, record)
+        # Until an exec is through, a process's command line may still read empty.
+        wait_for(lambda: is_wrapper_of(ours.pid, record) and is_wrapper_of(theirs.pid, original))
+        assert not is_wrapper_of(theirs.pid, record)
         store = SqliteStore(state / "pathways.db")
         manager = Manager(store, state, interval=0.05)
         job = {"metadata": {"name": "p-run-1", "namespace": "team", "uid": "u1"}, "spec": {}}

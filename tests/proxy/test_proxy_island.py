@@ -35,7 +35,7 @@ from pathways_core.wire import EXECUTOR, pb
 
 F32 = 11  # xla.ifrt.DTypeProto.KIND_F32
 INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, UNIMPLEMENTED, UNAVAILABLE = 3, 5, 9, 12, 14
-PREFIX = "default-proxy-"
+PREFIX = "default.proxy-"
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """A proxy backend whose work goes through the island schedulers, like every other client's.
 
 Each IFRT session is one client of the island: it connects like the SDK does
-(:func:`pathways_client.cluster.connect`, with the client name ``<tenant>-proxy-<id>-<session>``
+(:func:`pathways_client.cluster.connect`, with the client name ``<tenant>.proxy-<id>-<session>``
 so island traces show it), binds a virtual slice (through the REST API: a VirtualSlice charged
 to the tenant's quota) and shows the client the slice's devices as devices ``0..n-1``. Then:
 
@@ -142,7 +142,7 @@ class IslandBackend(Backend):
         if platform is not None:
             self.platform = platform
         # Names this proxy's clients apart from another proxy's of the same tenant.
-        self.prefix = f"{tenant}-proxy-{uuid.uuid4().hex[:6]}"
+        self.prefix = f"{tenant}.proxy-{uuid.uuid4().hex[:6]}"
         self.compile_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="proxy-compile")
 
     def devices(self) -> list[DeviceInfo]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -58,6 +58,7 @@ from pathways_core.control.security import harden
 from pathways_core.resources import GROUP_VERSION, PathwaysProgram, VirtualSliceSpec
 from pathways_core.resources.program import CHECKPOINT_VARIABLE
 from pathways_core.topology import parse_shape
+from pathways_core.wire.credentials import SessionGrant
 
 COMPONENT = "program"
 """``pathways.dev/component`` of program pods: NetworkPolicies let them reach islands."""
@@ -535,6 +536,42 @@ def connection_settings(
         "PATHWAYS_STEPS": str(program.spec.steps),
         "PATHWAYS_SLICES": json.dumps(slices, sort_keys=True),
     }
+
+
+RUN_CREDENTIAL_SECONDS = 30 * 24 * 3600
+"""How long a run's session credentials open sessions: checked at each hello only (a session
+open lives on), so a run reconnecting to a restarted island within it is let in."""
+
+
+def run_grants(environment: Mapping[str, str], now: float) -> list[SessionGrant]:
+    """The session grants of a run started with ``environment`` (its Job's connection
+    settings, :func:`connection_settings`): per island of its slices, its client name, tenant,
+    weight and priority, and the devices its slices hold there; valid for
+    :data:`RUN_CREDENTIAL_SECONDS` from ``now``. None without the settings (a Job not ours)."""
+    try:
+        slices = json.loads(environment.get("PATHWAYS_SLICES") or "{}")
+        devices: dict[str, set[int]] = {}
+        for entry in slices.values():
+            devices.setdefault(entry["island"], set()).update(int(d) for d in entry["devices"])
+        weight = int(environment.get("PATHWAYS_WEIGHT") or 1)
+        priority = int(environment.get("PATHWAYS_PRIORITY") or 0)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
+    program = environment.get("PATHWAYS_PROGRAM") or ""
+    tenant = environment.get("PATHWAYS_TENANT") or program.partition("/")[0]
+    return [
+        SessionGrant(
+            island=island,
+            client=island_client_name(program),
+            tenant=tenant,
+            weight=weight,
+            priority=priority,
+            devices=frozenset(held),
+            expires=int(now) + RUN_CREDENTIAL_SECONDS,
+        )
+        for island, held in sorted(devices.items())
+        if island and program
+    ]
 
 
 def island_client_name(program: str) -> str:

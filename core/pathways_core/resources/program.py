@@ -63,6 +63,10 @@ def _unique_names(field: str, names: list[str]) -> None:
         seen.add(name)
 
 
+MAX_WEIGHT = 10_000
+"""The highest share of device time a program (or a tenant's own session) may ask for."""
+
+
 class ProgramSlice(SliceRequest):
     """A virtual slice the program runs on: an existing VirtualSlice, or one described inline
     (the operator creates it, owned by the program)."""
@@ -373,7 +377,7 @@ class PathwaysProgramSpec(Model):
     weight: int = Field(
         default=1,
         ge=1,
-        le=10_000,
+        le=MAX_WEIGHT,
         description="Share of device time relative to other programs on the same island "
         "(proportional-share scheduling).",
     )

@@ -242,6 +242,8 @@ class IslandDispatcher:
         # intermediates, ``<call id>/...``, also live on the executors meanwhile).
         self._unfinished: set[str] = set()
         self._connected: set[str] = set()  # clients with an open session
+        # The devices a session's credential lets its work name (sessions without one: any).
+        self._granted: dict[str, frozenset[int]] = {}
         # Each open session's number: work of an ended session may still be running when a
         # new one of the same name opens, and its outcome is not the new session's.
         self._session: dict[str, int] = {}
@@ -252,10 +254,24 @@ class IslandDispatcher:
 
     # -- clients -----------------------------------------------------------------------------
 
-    def connect(self, client: str, weight: int = 1, priority: int = 0) -> list[Instruction]:
+    def connect(
+        self,
+        client: str,
+        weight: int = 1,
+        priority: int = 0,
+        *,
+        tenant: str | None = None,
+        devices: frozenset[int] | None = None,
+    ) -> list[Instruction]:
         """A client's session opens (or says hello again with a new weight or priority); it
-        is told of executors already lost."""
-        self.queue.add_client(client, max(1, weight), priority)
+        is told of executors already lost. ``tenant``: its sessions share the per-client
+        bound on the queue (set when the session opens); ``devices``: the only ones its work
+        may name (its credential's grant; None: any), replaced by each hello."""
+        self.queue.add_client(client, max(1, weight), priority, tenant)
+        if devices is None:
+            self._granted.pop(client, None)
+        else:
+            self._granted[client] = devices
         if client not in self._connected:  # not a hello again within the session
             self._sessions_opened += 1
             self._session[client] = self._sessions_opened
@@ -286,6 +302,7 @@ class IslandDispatcher:
         """A client's session ends: its queued work is dropped and its buffers deleted."""
         self.queue.remove_client(client)
         self._connected.discard(client)
+        self._granted.pop(client, None)
         self._session.pop(client, None)
         self._touch(client)
         self._held.pop(client, None)
@@ -478,7 +495,9 @@ class IslandDispatcher:
         try:
             self.queue.submit(client, item)  # work: priced when taken (``_price``)
         except QueueFull as full:
-            return busy_message(self.island, client, full.queued, full.limit, full.per_client)
+            return busy_message(
+                self.island, client, full.queued, full.limit, full.per_client, full.tenant
+            )
         return None
 
     def register_program(
@@ -486,13 +505,19 @@ class IslandDispatcher:
     ) -> list[Instruction]:
         """Check a program and keep it: its calls are then one message each."""
         program_id = registration.program_id
-        program = self._programs.get(program_id)
-        if program is None:
-            checked = check_program(registration, self._functions, self.device_owner)
-            if isinstance(checked, str):
-                event = Event(kind=Event.REJECTED, program_id=program_id[:64], message=checked)
-                return [ToClient(client, event)]
-            program = self._programs[program_id] = checked
+        known = self._programs.get(program_id)
+        program = known or check_program(registration, self._functions, self.device_owner)
+        problem = (
+            program
+            if isinstance(program, str)
+            else self._ungranted(client, program.device_set, f"program {program.name!r}")
+        )
+        if problem is not None:
+            event = Event(kind=Event.REJECTED, program_id=program_id[:64], message=problem)
+            return [ToClient(client, event)]
+        assert not isinstance(program, str)
+        if known is None:
+            self._programs[program_id] = program
             self._node_devices[program_id] = {
                 executor: tuple(
                     sum(self.device_owner[d] == executor for d in node.devices)
@@ -697,6 +722,20 @@ class IslandDispatcher:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _ungranted(self, client: str, devices: Iterable[int], label: str) -> str | None:
+        """Why ``label`` may not name ``devices`` in ``client``'s session (its credential
+        grants it others only), or None."""
+        granted = self._granted.get(client)
+        if granted is None:
+            return None
+        outside = sorted(set(devices) - granted)
+        if not outside:
+            return None
+        return (
+            f"{label} names devices {outside[:16]} this session's credential does not grant "
+            f"(it grants {sorted(granted)[:64]}): bind a slice holding them, and connect again"
+        )
+
     def _owned(self, client: str, identifier: str, what: str) -> str | None:
         if not identifier.startswith(f"{client}/"):
             return f"{what} id {identifier!r} must start with the client name {client + '/'!r}"
@@ -718,6 +757,10 @@ class IslandDispatcher:
         problem = slice_problem(f"computation {label!r}", devices, self.device_owner)
         if problem:
             return problem
+        if self._granted:
+            problem = self._ungranted(client, devices, f"computation {label!r}")
+            if problem:
+                return problem
         down = [self._down[i] for i in {self.device_owner[d] for d in devices} if i in self._down]
         if down:
             return f"computation {label!r} cannot run: {down[0]}"
@@ -798,6 +841,10 @@ class IslandDispatcher:
         down = [self._down[i] for i in program.executors if i in self._down]
         if down:
             return f"{label} cannot run: {down[0]}"
+        if self._granted:
+            problem = self._ungranted(client, program.device_set, label)
+            if problem:
+                return problem
         prefix = f"{client}/"
         for buffer_id in call.arguments:
             problem = self._input_problem(prefix, buffer_id, "program call")

@@ -52,8 +52,17 @@ def is_busy(message: str) -> bool:
     return message.startswith(BUSY_PREFIX)
 
 
-def busy_message(island: str, client: str, queued: int, limit: int, per_client: bool) -> str:
-    """Why a computation was refused for lack of room in the queue."""
+def busy_message(
+    island: str, client: str, queued: int, limit: int, per_client: bool, tenant: str | None = None
+) -> str:
+    """Why a computation was refused for lack of room in the queue (``tenant``: the bound is
+    shared by that tenant's clients)."""
+    if per_client and tenant is not None:
+        return (
+            f"{BUSY_PREFIX} the sessions of tenant {tenant!r} already have {queued} computations "
+            f"queued on island {island!r}, its limit per tenant (max-queued-per-client {limit}); "
+            "retry later"
+        )
     if per_client:
         return (
             f"{BUSY_PREFIX} client {client!r} already has {queued} computations queued on "

@@ -82,6 +82,11 @@ class Program:
         return [self.owners[self.producer[name]] for name in self.registration.results]
 
     @cached_property
+    def device_set(self) -> frozenset[int]:
+        """Every island device its nodes name."""
+        return frozenset(d for node in self.registration.nodes for d in node.devices)
+
+    @cached_property
     def function_ids(self) -> tuple[str, ...]:
         """Every function its nodes run, each once."""
         return tuple(dict.fromkeys(node.function_id for node in self.registration.nodes))

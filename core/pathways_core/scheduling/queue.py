@@ -39,8 +39,10 @@ other; held work waits in the queue instead, holding no executor.
 
 The queue is bounded twice: at most ``max_queued`` items in all, and at most
 ``max_queued_per_client`` of one client (so one client flooding the island cannot fill the whole
-queue); beyond either, ``submit`` raises :class:`QueueFull` and takes nothing. Items submitted
-with ``bounded=False`` (buffer deletions: tiny, and refusing them would leak memory) are never
+queue), or of one tenant's clients together when clients are added with their tenant (their
+sessions' credentials name it: many sessions of one tenant fill no more than one); beyond
+either, ``submit`` raises :class:`QueueFull` and takes nothing. Items submitted with
+``bounded=False`` (buffer deletions: tiny, and refusing them would leak memory) are never
 refused and do not count against the bounds.
 """
 
@@ -64,14 +66,29 @@ class Policy(StrEnum):
 
 
 class QueueFull(Exception):
-    """The island (``per_client`` false) or this client (``per_client`` true) holds as many
-    queued items as it may (``limit``); the client should retry later."""
+    """The island (``per_client`` false) or this client (``per_client`` true; with its tenant's
+    other clients when ``tenant`` is set) holds as many queued items as it may (``limit``); the
+    client should retry later."""
 
-    def __init__(self, client: str, queued: int, limit: int, per_client: bool) -> None:
+    def __init__(
+        self, client: str, queued: int, limit: int, per_client: bool, tenant: str | None = None
+    ) -> None:
         whose = f"client {client!r} already queues" if per_client else "the island already queues"
+        if per_client and tenant is not None:
+            whose = f"the clients of tenant {tenant!r} already queue"
         which = "the per-client limit" if per_client else "the limit"
         super().__init__(f"{whose} {queued} items, {which}")
         self.client, self.queued, self.limit, self.per_client = client, queued, limit, per_client
+        self.tenant = tenant
+
+
+@dataclass
+class TenantCount:
+    """Items of one tenant's clients that count against the per-client bound."""
+
+    name: str | None  # None: a client of no tenant, counted alone
+    bounded: int = 0
+    clients: int = 0
 
 
 class UnknownClient(KeyError):
@@ -87,6 +104,8 @@ class ClientState(Generic[Item]):
     pending: deque[tuple[int, Item, float, bool]] = field(default_factory=deque)
     pass_value: float = 0.0
     bounded: int = 0  # pending items that count against the bounds
+    # Whom it shares the per-client bound with: its tenant's clients, or no one.
+    group: TenantCount = field(default_factory=lambda: TenantCount(None, clients=1))
 
 
 class IslandQueue(Generic[Item]):
@@ -112,6 +131,7 @@ class IslandQueue(Generic[Item]):
         self.max_queued = max_queued
         self.max_queued_per_client = min(max_queued, max_queued_per_client or max_queued)
         self._clients: dict[str, ClientState[Item]] = {}
+        self._tenants: dict[str, TenantCount] = {}
         self._arrivals = 0
         self._queued = 0
         self._bounded = 0
@@ -149,15 +169,24 @@ class IslandQueue(Generic[Item]):
             for _, item, _, _ in state.pending:
                 yield state.name, item
 
-    def add_client(self, name: str, weight: int = 1, priority: int = 0) -> None:
+    def add_client(
+        self, name: str, weight: int = 1, priority: int = 0, tenant: str | None = None
+    ) -> None:
         """Register a client (or update its weight and priority: it keeps how far it ran
-        ahead of its priority's virtual time, as device time, at the new one's)."""
+        ahead of its priority's virtual time, as device time, at the new one's). Clients of
+        one ``tenant`` share the per-client bound (the tenant is set when a client is added)."""
         if weight < 1:
             raise ValueError(f"weight must be >= 1 (got {weight})")
         state = self._clients.get(name)
         if state is None:
             now = self._virtual_time.get(priority, 0.0)
-            self._clients[name] = ClientState(name, weight, priority, pass_value=now)
+            state = self._clients[name] = ClientState(name, weight, priority, pass_value=now)
+            if tenant is not None:
+                group = self._tenants.get(tenant)
+                if group is None:
+                    group = self._tenants[tenant] = TenantCount(tenant)
+                group.clients += 1
+                state.group = group
             self._at_priority[priority] = self._at_priority.get(priority, 0) + 1
         elif (weight, priority) != (state.weight, state.priority):
             # Each priority has its own virtual time, and a pass means something against its
@@ -194,6 +223,11 @@ class IslandQueue(Generic[Item]):
             self._last = None
         self._queued -= len(state.pending)
         self._bounded -= state.bounded
+        group = state.group
+        group.bounded -= state.bounded
+        group.clients -= 1
+        if group.name is not None and not group.clients:
+            del self._tenants[group.name]
         return [item for _, item, _, _ in state.pending]
 
     def submit(self, client: str, item: Item, cost: float = 1.0, bounded: bool = True) -> None:
@@ -206,8 +240,10 @@ class IslandQueue(Generic[Item]):
         if bounded:
             if self._bounded >= self.max_queued:
                 raise QueueFull(client, self._bounded, self.max_queued, False)
-            if state.bounded >= self.max_queued_per_client:
-                raise QueueFull(client, state.bounded, self.max_queued_per_client, True)
+            group = state.group
+            if group.bounded >= self.max_queued_per_client:
+                limit = self.max_queued_per_client
+                raise QueueFull(client, group.bounded, limit, True, group.name)
         if not state.pending:
             # An idle client rejoins at the current virtual time of its priority.
             now = self._virtual_time.get(state.priority, 0.0)
@@ -217,6 +253,7 @@ class IslandQueue(Generic[Item]):
         self._queued += 1
         if bounded:
             state.bounded += 1
+            state.group.bounded += 1
             self._bounded += 1
 
     def next(self, held: Callable[[Item], bool] | None = None) -> tuple[str, Item] | None:
@@ -274,5 +311,6 @@ class IslandQueue(Generic[Item]):
         self._queued -= 1
         if bounded:
             chosen.bounded -= 1
+            chosen.group.bounded -= 1
             self._bounded -= 1
         return chosen.name, item

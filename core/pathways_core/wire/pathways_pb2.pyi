@@ -187,14 +187,16 @@ class PlacedBuffer(_message.Message):
     def __init__(self, buffer_id: _Optional[str] = ..., executor: _Optional[int] = ..., remote: _Optional[_Union[InputSource, _Mapping]] = ..., executors: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("client", "weight", "priority")
+    __slots__ = ("client", "weight", "priority", "credential")
     CLIENT_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     client: str
     weight: int
     priority: int
-    def __init__(self, client: _Optional[str] = ..., weight: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+    credential: str
+    def __init__(self, client: _Optional[str] = ..., weight: _Optional[int] = ..., priority: _Optional[int] = ..., credential: _Optional[str] = ...) -> None: ...
 
 class ClientEvent(_message.Message):
     __slots__ = ("kind", "computation_id", "seq", "message", "function_id", "program_id", "executor", "rejoined", "unmade", "ends_session")
