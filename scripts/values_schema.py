@@ -331,6 +331,10 @@ def values_schema() -> dict[str, Any]:
                             "type": "boolean",
                             "description": "A control token per island, in a Secret of its own.",
                         },
+                        "sessionCredentials": {
+                            "type": "boolean",
+                            "description": "Islands take sessions with signed credentials only.",
+                        },
                         "tenants": tenants_schema(),
                         "admissionPolicy": {
                             "enum": ["auto", True, False],

@@ -17,12 +17,13 @@ from pathlib import Path
 import uvicorn
 
 from pathways_api.app import MAX_BODY_BYTES, create_app
-from pathways_api.credentials import SESSION_KEYS_FILE, SessionKeys
+from pathways_api.credentials import SESSION_KEYS_FILE, DerivedSessionKeys, SessionKeys
 from pathways_api.lifeline import stop_when_stdin_closes
 from pathways_api.ratelimit import RATE_LIMIT_ENV, READ_RATE_LIMIT_ENV, budgets_from
 from pathways_api.tls import TlsConfigError, https_options
 from pathways_core import flags
 from pathways_core.control.rate_limit import Budgets
+from pathways_core.wire.credentials import MASTER_KEY_ENV, check_key
 
 
 def build(
@@ -63,8 +64,13 @@ def build(
             store = KubernetesStore.from_environment()
         except ValueError as error:  # a setting that is not usable, named
             raise SystemExit(str(error)) from None
+        master = os.environ.get(MASTER_KEY_ENV)
+        try:
+            keys = DerivedSessionKeys(check_key(master, MASTER_KEY_ENV)) if master else None
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
         return create_app(
-            Service(store, "kubernetes"),
+            Service(store, "kubernetes", keys),
             TokenReviewer(store),
             max_body=max_body,
             rate_limits=rate_limits,

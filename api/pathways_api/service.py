@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pathways_api.auth import Tenant
-from pathways_api.credentials import SessionKeys
+from pathways_api.credentials import IslandKeys
 from pathways_api.errors import Conflict, Forbidden, InvalidField, NotFound
 from pathways_api.logs import LogText, LogWindow, read_window, run_parts
 from pathways_api.store import (
@@ -152,7 +152,7 @@ class Service:
     """The API's behaviour over a :class:`Store`."""
 
     def __init__(
-        self, store: Store, mode: str = "embedded", session_keys: SessionKeys | None = None
+        self, store: Store, mode: str = "embedded", session_keys: IslandKeys | None = None
     ) -> None:
         """``session_keys``: the islands' keys the API signs tenants' session credentials
         with (None: it signs none, and islands with a key take no session it opened)."""
@@ -372,7 +372,7 @@ class Service:
         """A credential for the tenant's session named ``client`` with ``island``'s scheduler:
         the devices of the tenant's slices bound there, its priority cap, for an hour. None
         when the island needs none."""
-        await self._get(ISLAND, None, island)
+        document = await self._get(ISLAND, None, island)
         if not client.startswith(f"{tenant.name}.") or not client.isprintable() or "/" in client:
             raise InvalidField(
                 f"a session of tenant {tenant.name!r} is named '{tenant.name}.<name>' (printable, "
@@ -381,7 +381,7 @@ class Service:
             )
         if len(client) > MAX_SESSION_NAME:
             raise InvalidField(f"at most {MAX_SESSION_NAME} characters", field="client")
-        key = None if self.session_keys is None else self.session_keys.key(island)
+        key = None if self.session_keys is None else self.session_keys.key(document)
         answer: dict[str, Any] = {"island": island, "client": client, "credential": None}
         if key is None:
             return answer

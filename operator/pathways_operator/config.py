@@ -11,6 +11,7 @@ from pathways_core.control.programs import FAILURE_GRACE_SECONDS
 from pathways_core.control.security import CONTROL_TOKENS_ENV, PULL_SECRETS_ENV, TLS_SECRET_ENV
 from pathways_core.control.tenants import Tenants
 from pathways_core.resources.island import DEFAULT_IMAGE
+from pathways_core.wire.credentials import MASTER_KEY_ENV, check_key
 
 TENANTS_ENV = "PATHWAYS_TENANTS"
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -33,7 +34,9 @@ class Config:
     in a Secret of its own, read by its scheduler and executors (unset or ``false``: no token,
     for dev clusters); ``PATHWAYS_PEERING_LIFETIME_SECONDS``: how long a
     replica that stopped answering (killed, frozen, cut off) is held active by its peers
-    before a standby takes over (kopf's 60 s kept the cluster unserved for a minute)."""
+    before a standby takes over (kopf's 60 s kept the cluster unserved for a minute);
+    ``PATHWAYS_SESSION_MASTER_KEY``: each island's scheduler takes sessions with a signed
+    credential only, and each run gets its own (see docs/security.md)."""
 
     namespace: str = "pathways-system"
     image: str = DEFAULT_IMAGE
@@ -45,6 +48,8 @@ class Config:
     image_pull_secrets: tuple[str, ...] = ()
     control_tokens: bool = False
     peering_lifetime_seconds: int = 20
+    # The release's key islands' session keys are derived from (None: no session credentials).
+    session_master_key: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def from_environment(cls) -> Config:
@@ -71,7 +76,23 @@ class Config:
             image_pull_secrets=_secret_names(PULL_SECRETS_ENV),
             control_tokens=_flag(CONTROL_TOKENS_ENV),
             peering_lifetime_seconds=_peering_lifetime(),
+            session_master_key=_master_key(),
         )
+
+
+def _master_key() -> bytes | None:
+    """``PATHWAYS_SESSION_MASTER_KEY``: on, each island's scheduler holds sessions to signed
+    credentials; its key travels in the island's control Secret, so control tokens must be on."""
+    raw = os.environ.get(MASTER_KEY_ENV, "")
+    if not raw:
+        return None
+    key = check_key(raw, MASTER_KEY_ENV)
+    if not _flag(CONTROL_TOKENS_ENV):
+        raise ValueError(
+            f"{MASTER_KEY_ENV} needs {CONTROL_TOKENS_ENV}=true: an island's session key travels "
+            "in its control Secret"
+        )
+    return key
 
 
 MIN_PEERING_LIFETIME_SECONDS = 15

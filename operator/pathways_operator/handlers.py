@@ -11,6 +11,7 @@ binding pass when a slice's lease runs out.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import secrets
 import time
@@ -61,8 +62,15 @@ from pathways_core.control.islands import (
     scheduler_replicas_ready,
     stale_executor_pods,
 )
+from pathways_core.control.programs import run_grants
 from pathways_core.control.slices import held_slices
 from pathways_core.resources import Island, PathwaysProgram
+from pathways_core.wire.credentials import (
+    SESSION_CREDENTIALS_ENV,
+    credentials_text,
+    island_key,
+    sign,
+)
 from pathways_operator import metrics
 from pathways_operator.binder import Binder
 from pathways_operator.config import Config
@@ -215,7 +223,12 @@ async def reconcile_island(memo: kopf.Memo, name: str) -> None:
             if memo.config.control_tokens:
                 # Created before the pods that read it; an existing one is kept (409), since
                 # running executors hold its token. The token drawn here is never logged.
-                secret = control_token_secret(document, namespace, secrets.token_urlsafe(32))
+                master = memo.config.session_master_key
+                uid = str((document.get("metadata") or {}).get("uid") or "")
+                session_key = island_key(master, uid) if master is not None and uid else None
+                secret = control_token_secret(
+                    document, namespace, secrets.token_urlsafe(32), session_key
+                )
                 control_secret = secret["metadata"]["name"]
                 made = memo.control_secrets.get(control_secret)
                 if made is None or time.monotonic() - made > CONTROL_SECRET_RECHECK_SECONDS:
@@ -228,6 +241,7 @@ async def reconcile_island(memo: kopf.Memo, name: str) -> None:
                 tls_secret=memo.config.tls_secret,
                 control_secret=control_secret,
                 pull_secrets=memo.config.image_pull_secrets,
+                session_keys=memo.config.session_master_key is not None,
             )
             try:
                 for child in children:
@@ -541,7 +555,7 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
                 pull_secrets=memo.config.image_pull_secrets,
                 failure_grace=memo.config.failure_grace_seconds,
             )
-            trouble = await _make_children(kube, document, decision)
+            trouble = await _make_children(kube, document, decision, memo.config.session_master_key)
             if trouble is not None:
                 decision = trouble
             if decision.deadline is not None:  # merge patch: None removes it
@@ -597,13 +611,16 @@ an admission webhook, invalid): the program's to say, not the operator's to retr
 
 
 async def _make_children(
-    kube: Kube, document: dict[str, Any], decision: ProgramDecision
+    kube: Kube, document: dict[str, Any], decision: ProgramDecision, master: bytes | None
 ) -> ProgramDecision | None:
     """Apply, then create, the decision's children (a run's Job mounts its graph's ConfigMap,
-    applied first); the decision instead if one could not be made: the cluster refused it,
-    or its name is another object's (``child_name_taken``: never taken over or rewritten)."""
+    applied first; with a ``master`` key, it carries its run's session credentials); the
+    decision instead if one could not be made: the cluster refused it, or its name is another
+    object's (``child_name_taken``: never taken over or rewritten)."""
     for replace, children in ((True, decision.apply), (False, decision.create)):
         for child in children:
+            if master is not None and child.get("kind") == "Job":
+                child = await _with_credentials(kube, child, master)
             try:
                 if await kube.create(child) is not None:
                     continue
@@ -622,6 +639,28 @@ async def _make_children(
                     raise
                 return refused_child(document, child, str(error))
     return None
+
+
+async def _with_credentials(kube: Kube, job: dict[str, Any], master: bytes) -> dict[str, Any]:
+    """A run's Job with its session credentials (``PATHWAYS_SESSION_CREDENTIALS``): per island
+    of its slices, its program's name, tenant, weight, priority and devices, signed with the
+    island's key (derived from ``master`` and the Island's uid). In the pod spec, as its other
+    connection settings: they grant no more than the run itself holds."""
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    environment = {item["name"]: item.get("value", "") for item in container.get("env") or []}
+    signed = {}
+    for grant in run_grants(environment, time.time()):
+        island = await kube.get(GV, "Island", None, grant.island)
+        uid = str(((island or {}).get("metadata") or {}).get("uid") or "")
+        if uid:  # gone meanwhile: the run finds its slice moved, and the next one is signed
+            signed[grant.island] = sign(grant, island_key(master, uid).encode())
+    if not signed:
+        return job
+    job = copy.deepcopy(job)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    credentials = {"name": SESSION_CREDENTIALS_ENV, "value": credentials_text(signed)}
+    container["env"] = [*(container.get("env") or []), credentials]
+    return job
 
 
 def _recheck(memo: kopf.Memo, namespace: str, name: str, delay: float) -> None:

@@ -135,13 +135,16 @@ def executor_infos(island: LocalIsland) -> list[pb.ExecutorInfo]:
 
 
 def settled_executor_infos(
-    island: LocalIsland, buffers: list[int], within: float
+    island: LocalIsland, buffers: list[int], within: float, at_most: bool = False
 ) -> list[pb.ExecutorInfo]:
     """Executors' ``Info`` once their buffer counts are back to ``buffers`` (deletions travel
-    behind the work queued before them), or as they are after ``within`` seconds."""
+    behind the work queued before them; ``at_most``: or below, as other sessions' buffers
+    may go meanwhile), or as they are after ``within`` seconds."""
     give_up = time.monotonic() + within
     while True:
         infos = executor_infos(island)
-        if [i.buffers for i in infos] == buffers or time.monotonic() > give_up:
+        counts = [i.buffers for i in infos]
+        back = all(map(int.__le__, counts, buffers)) if at_most else counts == buffers
+        if back or time.monotonic() > give_up:
             return infos
         time.sleep(0.1)

@@ -5,6 +5,7 @@ while what the lost process held stays gone, saying so."""
 from __future__ import annotations
 
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -187,9 +188,16 @@ def test_a_restarted_executor_that_refuses_the_hello_is_not_taken_back(
         token = island._control_token
         island._control_token = "not-the-islands"  # as a misconfigured pod would start
         island.restart_executors(1)
-        assert not client.wait_for_executors(timeout=5)  # never announced as back
         assert island.scheduler is not None
-        log = island.scheduler.log.read_text()
+        scheduler_log = island.scheduler.log
+        # Never announced as back: not while its hello is tried and refused, nor in the
+        # scheduler's next attempts (one a second) after that.
+        deadline = time.monotonic() + 60
+        while "is not taken back: it refused the" not in scheduler_log.read_text():
+            assert time.monotonic() < deadline, "the scheduler never tried its hello"
+            assert not client.wait_for_executors(timeout=0.1)
+        assert not client.wait_for_executors(timeout=2.5)
+        log = scheduler_log.read_text()
         assert "executor 1 (127.0.0.1:" in log and "is not taken back: it refused the" in log
         assert "PATHWAYS_CONTROL_TOKEN the island's?" in log and "taken back\n" not in log
         island._control_token = token

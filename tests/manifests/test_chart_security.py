@@ -4,6 +4,7 @@ names, and secrets that never reach values, ConfigMaps or env."""
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import re
 from typing import Any
@@ -25,6 +26,7 @@ from pathways_core.control.islands import (
 )
 from pathways_core.control.programs import ProgramView
 from pathways_core.resources import Island, PathwaysProgram
+from pathways_core.wire.credentials import MASTER_KEY_ENV, SESSION_KEY_ENV, island_key
 from pathways_operator.config import Config
 
 NAMESPACE = "pathways-system"
@@ -554,6 +556,54 @@ def test_control_tokens_off_grants_nothing_on_secrets(rendered) -> None:
     assert not run.installed("Role") and not run.installed("RoleBinding")
     for role in run.of_kind("ClusterRole"):
         assert all("secrets" not in rule["resources"] for rule in role["rules"])
+
+
+def container_env(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    return workload["spec"]["template"]["spec"]["containers"][0].get("env", [])
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_session_credentials_are_on_with_a_release_key_the_operator_and_api_read(
+    rendered, values_file: str
+) -> None:
+    """Every values file keys its islands: a random release key in a Secret of its own, read
+    by the operator (which derives each island's key and signs runs' credentials) and the API
+    (which signs tenants' sessions); the island's scheduler reads its key from its Secret."""
+    run = rendered(values_file)
+    secret = run.one("Secret", "-session-key")
+    kubernetes_validate.validate(secret, "1.30", strict=True)
+    key = base64.b64decode(secret["data"]["key"]).decode()
+    assert len(key) == 48 and key.isalnum()
+    reference = {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "key"}}
+    master = {"name": MASTER_KEY_ENV, "valueFrom": reference}
+    assert master in container_env(run.one("Deployment", "-operator"))
+    for api in run.of_kind("Deployment"):
+        if api["metadata"]["name"].endswith("-api"):
+            assert master in container_env(api)
+    for island in run.of_kind("Island"):
+        island = {**island, "metadata": {**island["metadata"], "uid": "0123abcd-ffff"}}
+        parsed, _ = parse(island)
+        assert isinstance(parsed, Island)
+        made = control_token_secret(island, NAMESPACE, "t" * 43, island_key(b"k" * 48, "u"))
+        kubernetes_validate.validate(made, "1.30", strict=True)
+        name = made["metadata"]["name"]
+        scheduler, *_ = island_children(
+            island, parsed, NAMESPACE, control_secret=name, session_keys=True
+        )
+        wanted = {"name": name, "key": "session-key", "optional": True}
+        assert {"name": SESSION_KEY_ENV, "valueFrom": {"secretKeyRef": wanted}} in (
+            container_env(scheduler)
+        )
+
+
+@pytest.mark.parametrize(
+    "off", ["operator.sessionCredentials=false", "operator.controlTokens=false"]
+)
+def test_session_credentials_off_make_no_key(rendered, off: str) -> None:
+    run = rendered("values.yaml", off)
+    assert not [s for s in run.of_kind("Secret") if s["metadata"]["name"].endswith("-session-key")]
+    for workload in run.of_kind("Deployment"):
+        assert all(e["name"] != MASTER_KEY_ENV for e in container_env(workload))
 
 
 def test_tenant_namespaces_get_client_only_certificates(rendered) -> None:

@@ -17,9 +17,11 @@ from kube_cluster import Cluster, wait_for
 
 from pathways_api import kube_store
 from pathways_api.app import create_app
+from pathways_api.credentials import DerivedSessionKeys
 from pathways_api.errors import RateLimited, Unauthorized, Unavailable
 from pathways_api.kube_store import KubernetesStore, TokenReviewer
 from pathways_api.service import Service
+from pathways_core.wire.credentials import island_key, verify
 
 # Token -> the identity the emulated TokenReview answers, and whether SubjectAccessReview allows.
 IDENTITIES = {
@@ -615,3 +617,46 @@ def test_a_renewal_patches_the_annotation_on_the_version_it_checked(
     deleted = call(api, "token-a", "DELETE", f"/v1/virtualslices/leased?uid={uid}")
     assert deleted.status_code == 200, deleted.text
     assert cluster.get("VirtualSlice", "leased", "team-a") is None
+
+
+def test_session_credentials_are_signed_with_the_islands_derived_keys(
+    cluster: Cluster, api: Api
+) -> None:
+    master = b"m" * 48
+    keyed = Api(
+        create_app(
+            Service(api.store, "kubernetes", DerivedSessionKeys(master)), TokenReviewer(api.store)
+        ),
+        api.store,
+    )
+    keyed.loop.close()
+    keyed.loop = api.loop  # the store's connections belong to one loop
+    made = cluster.create(
+        {
+            "apiVersion": "pathways.dev/v1alpha1",
+            "kind": "Island",
+            "metadata": {"name": "isl"},
+            "spec": {"acceleratorKind": "cpu-fake", "topology": "4", "hosts": 1},
+        }
+    )
+    vs = {"metadata": {"name": "held"}, "spec": {"devices": 2}}
+    assert call(keyed, "token-b", "POST", "/v1/virtualslices", json=vs).status_code == 201
+    bound = {"phase": "Bound", "island": "isl", "devices": [1, 2]}
+    cluster.patch("VirtualSlice", "held", {"status": bound}, "team-b", sub="status")
+    request = {"json": {"client": "team-b.mine"}}
+    answer = call(keyed, "token-b", "POST", "/v1/islands/isl/credentials", **request).json()
+    key = island_key(master, made["metadata"]["uid"]).encode()
+    grant = verify(answer["credential"], key, "isl", time.time())
+    assert (grant.client, grant.tenant, grant.priority) == ("team-b.mine", "team-b", 100)
+    assert grant.devices == frozenset({1, 2}) and answer["devices"] == [1, 2]
+    # Another tenant's slices grant it nothing; names are the tenant's own.
+    other = call(
+        keyed, "token-a", "POST", "/v1/islands/isl/credentials", json={"client": "team-a.x"}
+    )
+    assert verify(other.json()["credential"], key, "isl", time.time()).devices == frozenset()
+    taken = call(keyed, "token-a", "POST", "/v1/islands/isl/credentials", **request)
+    assert taken.status_code == 422 and taken.json()["error"]["field"] == "client"
+    # Without the master key the API signs none: the island needs none.
+    plain = call(api, "token-b", "POST", "/v1/islands/isl/credentials", **request)
+    assert plain.json()["credential"] is None
+    api.loop.run_until_complete(keyed.client.aclose())

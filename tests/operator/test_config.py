@@ -59,6 +59,24 @@ def test_control_tokens_is_a_flag(
     assert Config.from_environment().control_tokens is expected
 
 
+def test_a_session_master_key_needs_control_tokens_and_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PATHWAYS_SESSION_MASTER_KEY", raising=False)
+    assert Config.from_environment().session_master_key is None
+    monkeypatch.setenv("PATHWAYS_SESSION_MASTER_KEY", "k" * 48)
+    monkeypatch.setenv("PATHWAYS_CONTROL_TOKENS", "false")
+    with pytest.raises(ValueError, match="needs PATHWAYS_CONTROL_TOKENS=true"):
+        Config.from_environment()
+    monkeypatch.setenv("PATHWAYS_CONTROL_TOKENS", "true")
+    config = Config.from_environment()
+    assert config.session_master_key == b"k" * 48
+    assert "kkkk" not in repr(config)  # never in a log line
+    monkeypatch.setenv("PATHWAYS_SESSION_MASTER_KEY", "short")
+    with pytest.raises(ValueError, match="PATHWAYS_SESSION_MASTER_KEY must be at least 32"):
+        Config.from_environment()
+
+
 def test_tenant_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(
         "PATHWAYS_TENANTS",

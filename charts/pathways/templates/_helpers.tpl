@@ -169,3 +169,14 @@ pathways.dev/island: {{ . }}
     matchLabels:
       {{- include "pathways.selectorLabels" (dict "root" . "component" "proxy") | nindent 6 }}
 {{- end }}
+
+{{/* "true" when islands take sessions with signed credentials only (needs control tokens). */}}
+{{- define "pathways.sessionCredentials" -}}
+{{- if and (dig "controlTokens" true .Values.operator) (dig "sessionCredentials" true .Values.operator) -}}
+true
+{{- end }}
+{{- end }}
+
+{{- define "pathways.sessionKeySecretName" -}}
+{{- printf "%s-session-key" (include "pathways.fullname" .) }}
+{{- end }}

@@ -53,8 +53,10 @@ from pathways_core.control.common import (
 from pathways_core.control.security import (
     COMPILATION_CACHE_DIR,
     CONTROL_TOKEN_KEY,
+    SESSION_KEY_KEY,
     control_token_env,
     harden,
+    session_key_env,
 )
 from pathways_core.resources import Island
 
@@ -108,20 +110,26 @@ def control_secret_name(document: Document) -> str:
     return f"{meta.get('name')}-control" + (f"-{uid}" if uid else "")
 
 
-def control_token_secret(document: Document, namespace: str, token: str) -> Document:
-    """The Secret holding an island's control token (key ``token``), owned by the Island
+def control_token_secret(
+    document: Document, namespace: str, token: str, session_key: str | None = None
+) -> Document:
+    """The Secret holding an island's control token (key ``token``) and, with session
+    credentials on, its scheduler's session key (``session-key``), owned by the Island
     (garbage-collected with it) and immutable: the operator creates it once with a random
     ``token`` it draws, and never replaces it, since running executors keep the token they
     started with. No spec hash: the content differs at every draw."""
     if not token:
         raise ValueError("token: an island's control token must not be empty")
+    data = {CONTROL_TOKEN_KEY: token}
+    if session_key:
+        data[SESSION_KEY_KEY] = session_key
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": _metadata(document, control_secret_name(document), namespace, "control"),
         "type": "Opaque",
         "immutable": True,
-        "data": {CONTROL_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+        "data": {key: base64.b64encode(value.encode()).decode() for key, value in data.items()},
     }
 
 
@@ -217,13 +225,15 @@ def island_children(
     tls_secret: str | None = None,
     control_secret: str | None = None,
     pull_secrets: Sequence[str] = (),
+    session_keys: bool = False,
 ) -> list[Document]:
     """The Deployment, Service, StatefulSet and headless Service of an island, owned by it,
     each with a hash of its content in an annotation. Pods are hardened; ``tls_secret`` (the
     name of a ``kubernetes.io/tls`` Secret in ``namespace``) is mounted in them when set;
     ``control_secret`` (the island's :func:`control_token_secret`) gives the scheduler and the
-    executors their ``PATHWAYS_CONTROL_TOKEN`` when set (unset: no token); ``pull_secrets``
-    (Secrets in ``namespace``) pull their image."""
+    executors their ``PATHWAYS_CONTROL_TOKEN`` when set (unset: no token), and with
+    ``session_keys`` the scheduler its ``PATHWAYS_SESSION_KEY``; ``pull_secrets`` (Secrets in
+    ``namespace``) pull their image."""
     name = island.metadata.name or ""
     spec = island.spec
     image = spec.image
@@ -264,6 +274,9 @@ def island_children(
     scheduler_labels = _labels(name, "scheduler")
     # The same token in the scheduler (it sends it) and the executors (they check it).
     token_env = [control_token_env(control_secret)] if control_secret else []
+    scheduler_env = [*token_env]
+    if control_secret and session_keys:
+        scheduler_env.append(session_key_env(control_secret))
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -283,7 +296,7 @@ def island_children(
                                 "name": "scheduler",
                                 "image": image,
                                 "args": scheduler_args,
-                                **({"env": token_env} if token_env else {}),
+                                **({"env": scheduler_env} if scheduler_env else {}),
                                 "ports": [
                                     {"name": "grpc", "containerPort": SCHEDULER_PORT},
                                     {"name": "session", "containerPort": SESSION_PORT},

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pathways_core.wire.credentials import SESSION_KEY_ENV
 from pathways_core.wire.streams import CONTROL_TOKEN_ENV
 from pathways_core.wire.tls import CA_ENV, CERT_ENV, KEY_ENV
 
@@ -52,6 +53,8 @@ CONTROL_TOKENS_ENV = "PATHWAYS_CONTROL_TOKENS"
 own (unset or ``false``: no token, any caller's hello is taken; for dev clusters)."""
 CONTROL_TOKEN_KEY = "token"
 """The key of the token in an island's control Secret."""
+SESSION_KEY_KEY = "session-key"
+"""The key of the island's session key in its control Secret (with session credentials on)."""
 
 
 def pod_security_context() -> dict[str, Any]:
@@ -104,6 +107,18 @@ def control_token_env(secret_name: str) -> dict[str, Any]:
     return {
         "name": CONTROL_TOKEN_ENV,
         "valueFrom": {"secretKeyRef": {"name": secret_name, "key": CONTROL_TOKEN_KEY}},
+    }
+
+
+def session_key_env(secret_name: str) -> dict[str, Any]:
+    """The scheduler's ``PATHWAYS_SESSION_KEY``, from the island's control Secret; optional,
+    since a Secret made before session credentials were turned on holds none (that island's
+    scheduler then takes sessions without credentials until the Island is made again)."""
+    return {
+        "name": SESSION_KEY_ENV,
+        "valueFrom": {
+            "secretKeyRef": {"name": secret_name, "key": SESSION_KEY_KEY, "optional": True}
+        },
     }
 
 

@@ -29,6 +29,9 @@ SESSION_KEY_ENV = "PATHWAYS_SESSION_KEY"
 need none, and say what they like)."""
 SESSION_CREDENTIALS_ENV = "PATHWAYS_SESSION_CREDENTIALS"
 """A program's setting: JSON mapping each island it may reach to its credential there."""
+MASTER_KEY_ENV = "PATHWAYS_SESSION_MASTER_KEY"
+"""The operator's and the API's setting in a cluster: the release's key each island's session
+key is derived from (:func:`island_key`; unset: islands take sessions without credentials)."""
 SESSION_KEYS_FILE = "session-keys.json"
 """Where an embedded cluster keeps its islands' keys (island -> key), in its state folder."""
 MIN_KEY_CHARACTERS = 32
@@ -135,6 +138,14 @@ def verify(credential: str, key: bytes, island: str, now: float) -> SessionGrant
             f"the session credential expired {now - grant.expires:.0f} s ago: ask for a new one"
         )
     return grant
+
+
+def island_key(master: bytes, island_uid: str) -> str:
+    """An island's session key in a cluster, derived from the release's master key and the
+    Island's uid: the operator (which puts it in the island's Secret) and the API derive it
+    alike, and neither reads a Secret for it; an Island made again under its name gets
+    another."""
+    return hmac.new(master, f"pathways-island-session/{island_uid}".encode(), "sha256").hexdigest()
 
 
 def credentials_problem(value: str) -> str | None:
