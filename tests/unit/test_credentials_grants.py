@@ -78,6 +78,8 @@ def test_a_hello_is_held_to_its_grant() -> None:
     assert made.problem("team-a.train", 4, 10) is None
     assert made.problem("team-a.train", 1, -5) is None
     assert "is not the client 'team-a.train'" in str(made.problem("team-b.x", 1, 0))
+    assert made.problem("team-a.train+proxy-ab12cd-1", 1, 0) is None  # the program's own
+    assert "is not the client" in str(made.problem("team-a.trainer", 1, 0))
     assert "hello.weight 5 is above the 4" in str(made.problem("team-a.train", 5, 0))
     assert "hello.priority 11 is above the 10" in str(made.problem("team-a.train", 1, 11))
 

@@ -28,6 +28,7 @@ from typing import Any
 import click
 
 from pathways_client.signals import interrupt
+from pathways_core.control.programs import island_client_name
 from pathways_core.flags import PORT_MAX
 from pathways_core.resources.virtual_slice import (
     DEFAULT_LEASE_SECONDS,
@@ -382,12 +383,16 @@ def _island_backend(
             lease_seconds=slice_lease,
         )
 
+    program = os.environ.get("PATHWAYS_PROGRAM")
+    # Beside a program, on its slices: its sessions are the program's own.
+    owner = island_client_name(program) if slice_name and program else None
     backend = IslandBackend(
         connector,
         devices,
         island=island,
         slice_name=slice_name,
         tenant=tenant or os.environ.get("PATHWAYS_TENANT") or "default",
+        owner=owner,
     )
     click.echo(
         f"pathways proxy: binding a slice of {devices} device(s) to check the island backend "

@@ -130,7 +130,11 @@ class IslandBackend(Backend):
         tenant: str = "default",
         platform: Platform | None = None,
         device_kind: str = "cpu",
+        owner: str | None = None,
     ) -> None:
+        """``owner``: the island client name of the program this proxy serves, whose sessions
+        are then ``<owner>+proxy-...`` (its session credentials open those; see
+        :mod:`pathways_core.wire.credentials`)."""
         if devices < 1:
             raise ValueError(f"devices must be at least 1, not {devices}")
         self.connector = connector
@@ -142,7 +146,8 @@ class IslandBackend(Backend):
         if platform is not None:
             self.platform = platform
         # Names this proxy's clients apart from another proxy's of the same tenant.
-        self.prefix = f"{tenant}.proxy-{uuid.uuid4().hex[:6]}"
+        tag = f"proxy-{uuid.uuid4().hex[:6]}"
+        self.prefix = f"{owner}+{tag}" if owner else f"{tenant}.{tag}"
         self.compile_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="proxy-compile")
 
     def devices(self) -> list[DeviceInfo]:

@@ -2,7 +2,8 @@
 
 A scheduler started with a session key (``PATHWAYS_SESSION_KEY``) opens a session only for a
 hello carrying a credential that key signed, and holds the session to it: the client name it
-names (so no one takes another's), a weight and a priority no higher than it grants, the
+names (so no one takes another's; ``<name>+<anything>`` too, for a program's several
+sessions, such as a proxy's beside it), a weight and a priority no higher than it grants, the
 devices of the island it may run on (every computation, program and call is checked), and its
 tenant, whose sessions share one bound on the queue (so many sessions of made-up names fill
 no more of it than one). The resource manager that binds a run's slices signs them (it holds
@@ -59,7 +60,7 @@ class SessionGrant:
     def problem(self, client: str, weight: int, priority: int) -> str | None:
         """Why a hello naming ``client`` at ``weight`` and ``priority`` goes beyond this grant,
         or None."""
-        if client != self.client:
+        if client != self.client and not client.startswith(f"{self.client}+"):
             return (
                 f"hello.client {client[:64]!r} is not the client {self.client!r} this session's "
                 "credential names"
