@@ -350,6 +350,9 @@ async def validation_error(request: Request, error: Exception) -> JSONResponse:
     location = tuple(first.get("loc") or ())
     if first.get("type") == "json_invalid":
         return _error(400, "MalformedBody", f"the body is not valid JSON: {first.get('msg')}")
+    if location[:1] == ("body",) and request.url.path.endswith("/credentials"):
+        # Not a manifest: the request model's own first problem.
+        return _error(422, "InvalidField", str(first.get("msg")), format_path(location[1:]) or None)
     if location[:1] == ("body",):
         model = PathwaysProgram if request.url.path.startswith("/v1/programs") else VirtualSlice
         body = getattr(error, "body", None)

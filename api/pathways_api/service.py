@@ -49,7 +49,7 @@ from pathways_core.wire.credentials import SessionGrant, sign
 IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 PHASES = {PROGRAM: ProgramPhase, SLICE: SlicePhase, ISLAND: IslandPhase}
-SESSION_CREDENTIAL_SECONDS = 3600
+SESSION_CREDENTIAL_SECONDS = 300
 """How long a session credential the API signs opens sessions (it is checked at the hello: a
 session open lives on; the SDK asks for a new one when it binds another slice)."""
 MAX_SESSION_NAME = 256  # a scheduler's limit on client names
@@ -370,10 +370,11 @@ class Service:
 
     async def session_credential(self, tenant: Tenant, island: str, client: str) -> dict[str, Any]:
         """A credential for the tenant's session named ``client`` with ``island``'s scheduler:
-        the devices of the tenant's slices bound there, its priority cap, for an hour. None
+        the devices of the tenant's slices bound there, its priority cap, for 5 minutes. None
         when the island needs none."""
         document = await self._get(ISLAND, None, island)
-        if not client.startswith(f"{tenant.name}.") or not client.isprintable() or "/" in client:
+        own = client.startswith(f"{tenant.name}.") and len(client) > len(tenant.name) + 1
+        if not own or not client.isprintable() or "/" in client:
             raise InvalidField(
                 f"a session of tenant {tenant.name!r} is named '{tenant.name}.<name>' (printable, "
                 f"no '/'), not {client[:64]!r}",
@@ -391,7 +392,8 @@ class Service:
             page = await self.store.list(SLICE, tenant.name, limit=500, token=token, phase="Bound")
             for item in page.items:
                 status = item.get("status") or {}
-                if status.get("island") == island:
+                going = (item.get("metadata") or {}).get("deletionTimestamp")
+                if status.get("island") == island and not going:
                     devices.update(int(d) for d in status.get("devices") or [])
             token = page.next
             if not token:

@@ -268,6 +268,21 @@ class Cluster:
                 f"the API gave no credential for island {island!r}: {error}"
             ) from None
 
+    def _renew(self, island: str) -> None:
+        """Present the open session with ``island`` (if any) a credential granting the
+        tenant's slices there now; one the API does not give is logged, and the session goes
+        on under the one before (work on devices it lacks is refused, saying so)."""
+        session = self._sessions.get(island)
+        if session is None or self.api is None:
+            return
+        try:
+            credential = self._credential(island)
+        except ConnectError as error:
+            logger.warning("%s", error)
+            return
+        if credential:
+            session.renew(credential)
+
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called (a ``with pw.connect(...)`` block ended)."""
@@ -349,9 +364,7 @@ class Cluster:
         if self.api is not None:
             bound = self._bind_through_api(name, shape, spec.to_wire(), time_shared, timeout)
             self._bound[name] = bound
-            session = self._sessions.get(bound.island)
-            if session is not None:  # opened before: a credential granting these devices too
-                session.renew(self._credential(bound.island))
+            self._renew(bound.island)  # a session opened before: these devices too
             return bound
         # Fake CPU devices have no physical topology: any devices make a mesh of any shape.
         request = Request(
@@ -392,6 +405,8 @@ class Cluster:
                     self._direct.allocator.release(self._direct_key(item.name))
             if self.api is not None and (failed := self._delete_slice(item.name, item.uid)):
                 raise SliceError(failed)
+            if self.api is not None:
+                self._renew(item.island)  # its devices no longer
 
     def _lease_lost(self, name: str, why: str) -> None:
         """A slice's lease ran out (or it went) while this session held it: it is unusable."""

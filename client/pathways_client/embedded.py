@@ -934,10 +934,13 @@ def session_key(state: Path, island: str) -> str:
     except FileNotFoundError:
         keys = {}
     except (OSError, ValueError) as error:
+        keys = f"not JSON ({error})"
+    if not isinstance(keys, dict):
         raise EmbeddedError(
-            f"{path} cannot be read ({error}): move it away, and the next start makes new keys "
-            "(runs started with the old ones cannot reconnect)"
-        ) from None
+            f"{path} cannot be read (expected JSON mapping islands to keys; {str(keys)[:80]}): "
+            "move it away, and the next start makes new keys (runs started with the old ones "
+            "cannot reconnect)"
+        )
     if not isinstance(keys.get(island), str):
         keys[island] = secrets.token_urlsafe(32)
         partial = path.with_name(f".{path.name}.tmp")

@@ -403,7 +403,7 @@ class IslandClient:
                 with self._cancellable(executor, call):
                     call.result()
                 if self._ended:  # ended as the upload finished: the buffer is of no use
-                    raise IslandUnavailable(f"put: {self._ended}")
+                    raise self._end_error(f"put: {self._ended}")
         except IslandError:
             if announced:  # the scheduler forgets it, and frees what was stored of it
                 self.delete([buffer_id])
@@ -662,7 +662,13 @@ class IslandClient:
         """Why a request can no longer be made: the session was closed, or ended."""
         if self._closing:
             return IslandError(f"{what}: the session with island {self.info.island!r} is closed")
-        return IslandUnavailable(f"{what}: {self._ended}")
+        return self._end_error(f"{what}: {self._ended}")
+
+    def _end_error(self, message: str) -> IslandError:
+        """The error of a request the session's end failed: the island refused the session
+        itself (its hello: the name, the credential) is the request's fault, not to retry as
+        is; any other end is the island's (``IslandUnavailable``)."""
+        return IslandError(message) if self._rejected else IslandUnavailable(message)
 
     def _loss(self, executor: int, error: Exception) -> str | None:
         """Why ``executor`` is lost, if the scheduler says it is. A call the executor's death
@@ -736,7 +742,7 @@ class IslandClient:
             if future is None:
                 future = self._functions[registration_id] = Future()
                 if self._ended:
-                    future.set_exception(IslandUnavailable(self._ended))
+                    future.set_exception(self._end_error(self._ended))
                 self._send(message)
         return future
 
@@ -750,7 +756,7 @@ class IslandClient:
         self._wait_for_room()
         with self._lock:
             if self._ended:
-                done.set_exception(IslandUnavailable(self._ended))
+                done.set_exception(self._end_error(self._ended))
             else:
                 self._pending[request_id] = done
                 self._produces[request_id] = outputs
@@ -828,7 +834,7 @@ class IslandClient:
             calls = [call for held in self._calls.values() for call in held]
         for future in waiting:
             if not future.done():
-                future.set_exception(IslandUnavailable(reason))
+                future.set_exception(self._end_error(reason))
         # Gets waiting for buffers the session's end deleted (or never made) would wait out
         # the executor's 30 s for them to appear, then say they were never announced; an
         # upload in progress would be kept for good. Cancelled, each fails with the reason.

@@ -111,6 +111,7 @@ class LocalIsland:
     # The scheduler's limits (see pathways_core.scheduling.limits); None: its defaults.
     max_queued: int | None = None
     max_queued_per_client: int | None = None
+    max_queued_per_tenant: int | None = None
     max_artifact_bytes: int | None = None
     run_length: int | None = None
     trace_limit: int | None = None
@@ -222,6 +223,7 @@ class LocalIsland:
         for flag, limit in (
             ("--max-queued", self.max_queued),
             ("--max-queued-per-client", self.max_queued_per_client),
+            ("--max-queued-per-tenant", self.max_queued_per_tenant),
             ("--max-artifact-bytes", self.max_artifact_bytes),
             ("--run-length", self.run_length),
             ("--trace-limit", self.trace_limit),

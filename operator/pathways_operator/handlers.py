@@ -555,7 +555,7 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
                 pull_secrets=memo.config.image_pull_secrets,
                 failure_grace=memo.config.failure_grace_seconds,
             )
-            trouble = await _make_children(kube, document, decision, memo.config.session_master_key)
+            trouble = await _make_children(kube, document, decision, memo.config)
             if trouble is not None:
                 decision = trouble
             if decision.deadline is not None:  # merge patch: None removes it
@@ -611,16 +611,16 @@ an admission webhook, invalid): the program's to say, not the operator's to retr
 
 
 async def _make_children(
-    kube: Kube, document: dict[str, Any], decision: ProgramDecision, master: bytes | None
+    kube: Kube, document: dict[str, Any], decision: ProgramDecision, config: Config
 ) -> ProgramDecision | None:
     """Apply, then create, the decision's children (a run's Job mounts its graph's ConfigMap,
-    applied first; with a ``master`` key, it carries its run's session credentials); the
-    decision instead if one could not be made: the cluster refused it, or its name is another
-    object's (``child_name_taken``: never taken over or rewritten)."""
+    applied first; with session credentials on, it carries its run's); the decision instead
+    if one could not be made: the cluster refused it, or its name is another object's
+    (``child_name_taken``: never taken over or rewritten)."""
     for replace, children in ((True, decision.apply), (False, decision.create)):
         for child in children:
-            if master is not None and child.get("kind") == "Job":
-                child = await _with_credentials(kube, child, master)
+            if config.session_master_key is not None and child.get("kind") == "Job":
+                child = await _with_credentials(kube, child, config)
             try:
                 if await kube.create(child) is not None:
                     continue
@@ -641,15 +641,20 @@ async def _make_children(
     return None
 
 
-async def _with_credentials(kube: Kube, job: dict[str, Any], master: bytes) -> dict[str, Any]:
+async def _with_credentials(kube: Kube, job: dict[str, Any], config: Config) -> dict[str, Any]:
     """A run's Job with its session credentials (``PATHWAYS_SESSION_CREDENTIALS``): per island
-    of its slices, its program's name, tenant, weight, priority and devices, signed with the
-    island's key (derived from ``master`` and the Island's uid). In the pod spec, as its other
-    connection settings: they grant no more than the run itself holds."""
+    of its slices, its program's name, tenant and priority (as the tenant policy allows its
+    namespace), weight and devices, signed with the island's key (derived from the master key
+    and the Island's uid). In the pod spec, as its other connection settings: they grant no
+    more than the run itself holds."""
+    master = config.session_master_key
+    assert master is not None
     container = job["spec"]["template"]["spec"]["containers"][0]
     environment = {item["name"]: item.get("value", "") for item in container.get("env") or []}
+    namespace = job["metadata"]["namespace"]
     signed = {}
-    for grant in run_grants(environment, time.time()):
+    for asked in run_grants(environment, time.time()):
+        grant = config.tenants.held_to(asked, namespace)
         island = await kube.get(GV, "Island", None, grant.island)
         uid = str(((island or {}).get("metadata") or {}).get("uid") or "")
         if uid:  # gone meanwhile: the run finds its slice moved, and the next one is signed

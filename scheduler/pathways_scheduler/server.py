@@ -265,6 +265,7 @@ class SchedulerService:
         executor_timeout: float = DEFAULT_EXECUTOR_TIMEOUT_SECONDS,
         trace_limit: int = DEFAULT_TRACE_LIMIT,
         session_key: bytes | None = None,
+        max_queued_per_tenant: int | None = None,
     ) -> None:
         """``session_key``: every session's hello must carry a credential it signed, and the
         session is held to its grant (see :mod:`pathways_core.wire.credentials`)."""
@@ -309,6 +310,7 @@ class SchedulerService:
             max_artifact_bytes=max_artifact_bytes,
             run_length=run_length,
             trace_limit=trace_limit,
+            max_queued_per_tenant=max_queued_per_tenant,
             # Past every sequence number a scheduler started before this one gave: events of
             # its commands, still reported by executors, are never taken for this one's.
             first_seq=time.time_ns() // 1000,
@@ -927,6 +929,8 @@ def _limit_problem(args: argparse.Namespace) -> str | None:
         return f"--max-queued must be >= 1, not {args.max_queued}"
     if args.max_queued_per_client is not None and args.max_queued_per_client < 1:
         return f"--max-queued-per-client must be >= 1, not {args.max_queued_per_client}"
+    if args.max_queued_per_tenant is not None and args.max_queued_per_tenant < 1:
+        return f"--max-queued-per-tenant must be >= 1, not {args.max_queued_per_tenant}"
     if args.run_length < 1:
         return f"--run-length must be >= 1, not {args.run_length}"
     if args.trace_limit < 1:
@@ -974,6 +978,13 @@ def main() -> None:
         type=int,
         default=None,
         help="computations one client may queue (default: a quarter of --max-queued)",
+    )
+    parser.add_argument(
+        "--max-queued-per-tenant",
+        type=int,
+        default=None,
+        help="computations the sessions of one tenant (their credentials name it) may queue "
+        "together (default: half of --max-queued)",
     )
     parser.add_argument(
         "--max-artifact-bytes",
@@ -1053,6 +1064,7 @@ def main() -> None:
         executor_timeout=args.executor_timeout,
         trace_limit=args.trace_limit,
         session_key=session_key,
+        max_queued_per_tenant=args.max_queued_per_tenant,
     )
     publish_metrics(renderer(service))
     server = grpc.server(

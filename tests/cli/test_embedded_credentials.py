@@ -14,7 +14,7 @@ import pytest
 
 import pathways_client as pw
 from pathways_client.api_client import ApiCallError
-from pathways_client.embedded import read_info
+from pathways_client.embedded import EmbeddedError, read_info, session_key
 from pathways_client.island_client import IslandClient, IslandError
 from pathways_core.wire.credentials import SESSION_KEYS_FILE
 
@@ -59,10 +59,15 @@ def test_a_tenants_session_runs_on_its_slices_devices_only(embedded_state: Path)
             refused = session.submit(function, [outside], [x], 1)
             with pytest.raises(IslandError, match=rf"names devices \[{outside}\]"):
                 refused.wait(30)
-            # A slice bound later, on a session already open: its devices are granted too.
+            # A slice bound later, on a session already open: its devices are granted too,
+            # until it is released.
             with cluster.slice(devices=1) as more:
                 again = pw.function(lambda x: x + 1, slice=more, name="increment")
                 np.testing.assert_array_equal(again(np.arange(4.0)).result(), [1, 2, 3, 4])
+            (released,) = more.devices
+            late = session.submit(function, [released], [x], 1)
+            with pytest.raises(IslandError, match=rf"names devices \[{released}\]"):
+                late.wait(30)
 
 
 def test_the_api_signs_the_tenants_own_names_only(embedded_state: Path) -> None:
@@ -74,3 +79,26 @@ def test_the_api_signs_the_tenants_own_names_only(embedded_state: Path) -> None:
         with pytest.raises(ApiCallError) as missing:
             cluster.api.session_credential("no-such-island", "team-a.x")
         assert missing.value.status == 404
+        with pytest.raises(ApiCallError, match=r"named 'team-a\.<name>'"):
+            cluster.api.session_credential(name, "team-a.")  # no name of its own
+        route = f"/v1/islands/{name}/credentials"
+        for body, field in (
+            ({"client": 5}, "client"),
+            ({"client": "team-a.x", "devices": []}, "devices"),
+        ):
+            with pytest.raises(ApiCallError) as wrong:
+                cluster.api.call("POST", route, json=body)
+            assert (wrong.value.status, wrong.value.field) == (422, field), wrong.value
+
+
+@pytest.mark.parametrize("content", ["[1]", "{not json"])
+def test_a_keys_file_not_a_mapping_is_named(tmp_path: Path, content: str) -> None:
+    (tmp_path / SESSION_KEYS_FILE).write_text(content)
+    with pytest.raises(EmbeddedError, match="expected JSON mapping islands to keys"):
+        session_key(tmp_path, "isl")
+
+
+def test_an_islands_key_is_made_once_and_kept(tmp_path: Path) -> None:
+    first = session_key(tmp_path, "isl")
+    assert session_key(tmp_path, "isl") == first and session_key(tmp_path, "other") != first
+    assert stat.S_IMODE((tmp_path / SESSION_KEYS_FILE).stat().st_mode) == 0o600

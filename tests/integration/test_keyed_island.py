@@ -16,7 +16,7 @@ import pytest
 from conftest import increment
 
 from pathways_client.cluster import connect
-from pathways_client.island_client import IslandClient, IslandError
+from pathways_client.island_client import IslandClient, IslandError, IslandUnavailable
 from pathways_client.launcher import LocalIsland
 from pathways_core.wire.credentials import (
     SESSION_CREDENTIALS_ENV,
@@ -66,6 +66,8 @@ def run_on(client: IslandClient, device: int) -> np.ndarray:
 def refusal(client: IslandClient) -> str:
     with pytest.raises(IslandError) as raised:
         client.register(increment(), "increment", timeout=30)
+    # The request's fault, not the island's: not to be retried as it is.
+    assert not isinstance(raised.value, IslandUnavailable)
     return str(raised.value)
 
 

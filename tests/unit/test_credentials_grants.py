@@ -10,6 +10,7 @@ from test_dispatcher import ARTIFACT, FUNCTION, client_events, computation, isla
 from test_program_dispatch import call, chain
 
 from pathways_core.control.programs import RUN_CREDENTIAL_SECONDS, run_grants
+from pathways_core.control.tenants import Tenants
 from pathways_core.scheduling.queue import IslandQueue, QueueFull
 from pathways_core.wire import pb
 from pathways_core.wire.credentials import (
@@ -120,39 +121,70 @@ def test_programs_and_calls_outside_the_grant_are_refused() -> None:
 
 
 def test_a_tenants_sessions_share_one_bound_on_the_queue() -> None:
-    queue: IslandQueue[str] = IslandQueue(max_queued=100, max_queued_per_client=3)
+    queue: IslandQueue[str] = IslandQueue(
+        max_queued=100, max_queued_per_client=2, max_queued_per_tenant=3
+    )
     for name in ("a1", "a2", "a3"):
         queue.add_client(name, tenant="team-a")
     queue.add_client("b")
     queue.submit("a1", "x")
+    queue.submit("a1", "x")
+    with pytest.raises(QueueFull, match="client 'a1' already queues 2 items, the per-client"):
+        queue.submit("a1", "x")
     queue.submit("a2", "x")
-    queue.submit("a3", "x")
-    with pytest.raises(QueueFull, match="the clients of tenant 'team-a' already queue 3"):
+    with pytest.raises(QueueFull, match="tenant 'team-a' already queue 3 items, the per-tenant"):
         queue.submit("a3", "x")
-    for _ in range(3):
+    for _ in range(2):
         queue.submit("b", "x")  # another's bound is its own
     queue.next()  # one of team-a's goes: room for one more
-    queue.submit("a1", "y")
+    queue.submit("a3", "y")
     queue.remove_client("a1")  # its items leave the tenant's count with it
-    queue.submit("a2", "z")
+    queue.submit("a3", "z")
     queue.remove_client("a2")
     queue.remove_client("a3")
     queue.add_client("a4", tenant="team-a")
-    for _ in range(3):
-        queue.submit("a4", "x")
+    queue.submit("a4", "x")
+    queue.submit("a4", "x")
+
+
+def test_the_tenant_bound_is_half_the_queue_unless_set() -> None:
+    assert IslandQueue(max_queued=4096, max_queued_per_client=1024).max_queued_per_tenant == 2048
+    assert IslandQueue(max_queued=10, max_queued_per_client=8).max_queued_per_tenant == 8
+    with pytest.raises(ValueError, match="max_queued_per_tenant must be >= 1"):
+        IslandQueue(max_queued_per_tenant=0)
 
 
 def test_the_busy_message_names_the_tenant() -> None:
-    dispatcher = island(max_in_flight=1, max_queued=100, max_queued_per_client=1)
+    dispatcher = island(max_in_flight=1, max_queued=100, max_queued_per_tenant=1)
     dispatcher.submit("a", computation("a", 1))  # in flight: the rest wait in the queue
     for client in ("x", "y"):
         dispatcher.connect(client, tenant="team-x")
-        dispatcher.register(
-            client, pb.FunctionRegistration(function_id=FUNCTION, artifact=ARTIFACT)
-        )
+        registration = pb.FunctionRegistration(function_id=FUNCTION, artifact=ARTIFACT)
+        dispatcher.register(client, registration)
     assert not client_events(dispatcher.submit("x", computation("x", 1)))
     (busy,) = client_events(dispatcher.submit("y", computation("y", 1)))
     assert "the sessions of tenant 'team-x' already have 1 computations queued" in busy.message
+    assert "max-queued-per-tenant 1" in busy.message
+
+
+def test_a_runs_grant_is_held_to_the_tenant_policy() -> None:
+    tenants = Tenants.from_wire({"team-b": {"maxPriority": 10}, "*": {"maxPriority": 0}})
+    asked = grant(tenant="team-b", priority=1_000_000)
+    assert (tenants.held_to(asked, "team-a").tenant, tenants.held_to(asked, "team-a").priority) == (
+        "team-a",
+        0,
+    )
+    assert tenants.held_to(asked, "team-b") == grant(tenant="team-b", priority=10)
+    assert Tenants().held_to(asked, "team-b") == asked  # no policy: as asked
+
+
+def test_a_signature_has_one_spelling() -> None:
+    credential = sign(grant(), KEY)
+    assert verify(credential, KEY, "isl", NOW) == grant()
+    for respelled in (credential + "=", credential + "==", credential.replace("-", "+")):
+        if respelled != credential:
+            with pytest.raises(CredentialError, match="not signed"):
+                verify(respelled, KEY, "isl", NOW)
 
 
 def test_a_runs_grants_are_its_programs_on_its_slices_devices_per_island() -> None:

@@ -20,13 +20,14 @@ stricter evicts nothing) but defends them only at its tenant's highest priority.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.resources.base import MAX_PRIORITY, DnsLabel
+from pathways_core.wire.credentials import SessionGrant
 
 DEFAULT = "*"
 """The entry tenants not listed follow."""
@@ -142,6 +143,14 @@ class Tenants:
         """``priority``, at most ``tenant``'s highest."""
         highest = self.policy(tenant).max_priority
         return priority if highest is None else min(priority, highest)
+
+    def held_to(self, grant: SessionGrant, namespace: str) -> SessionGrant:
+        """A run's session ``grant`` as the policy lets a program of ``namespace`` have it: its
+        tenant only if the namespace may name it (else the namespace's own), at most that
+        tenant's highest priority. (A program's spec.tenant and spec.priority are checked
+        where its slices are bound, not when it names a slice bound already.)"""
+        tenant = grant.tenant if namespace in self.namespaces(grant.tenant) else namespace
+        return replace(grant, tenant=tenant, priority=self.capped(tenant, grant.priority))
 
     def quotas(self, tenants: Iterable[str]) -> dict[tuple[str, AcceleratorKind], int]:
         """The allocator's device quotas of ``tenants``, by accelerator kind."""

@@ -181,6 +181,7 @@ class IslandDispatcher:
         max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
         run_length: int = DEFAULT_RUN_LENGTH,
         first_seq: int = 0,
+        max_queued_per_tenant: int | None = None,
     ) -> None:
         """``first_seq``: the island order's numbers start after it (a restarted scheduler
         starts past its predecessor's, whose events executors may still send)."""
@@ -193,7 +194,12 @@ class IslandDispatcher:
             max_queued_per_client = default_max_queued_per_client(max_queued)
         self.costs = DeviceTimeCosts()  # what work is charged under proportional share
         self.queue: IslandQueue[pb.Computation | _Call | _Delete] = IslandQueue(
-            policy, max_queued, max_queued_per_client, run_length, price=self._price
+            policy,
+            max_queued,
+            max_queued_per_client,
+            run_length,
+            price=self._price,
+            max_queued_per_tenant=max_queued_per_tenant,
         )
         self.max_in_flight = max_in_flight
         self.max_artifact_bytes = max_artifact_bytes
@@ -264,7 +270,7 @@ class IslandDispatcher:
         devices: frozenset[int] | None = None,
     ) -> list[Instruction]:
         """A client's session opens (or says hello again with a new weight or priority); it
-        is told of executors already lost. ``tenant``: its sessions share the per-client
+        is told of executors already lost. ``tenant``: its sessions share the per-tenant
         bound on the queue (set when the session opens); ``devices``: the only ones its work
         may name (its credential's grant; None: any), replaced by each hello."""
         self.queue.add_client(client, max(1, weight), priority, tenant)

@@ -60,7 +60,7 @@ def busy_message(
     if per_client and tenant is not None:
         return (
             f"{BUSY_PREFIX} the sessions of tenant {tenant!r} already have {queued} computations "
-            f"queued on island {island!r}, its limit per tenant (max-queued-per-client {limit}); "
+            f"queued on island {island!r}, its limit per tenant (max-queued-per-tenant {limit}); "
             "retry later"
         )
     if per_client:

@@ -39,9 +39,10 @@ other; held work waits in the queue instead, holding no executor.
 
 The queue is bounded twice: at most ``max_queued`` items in all, and at most
 ``max_queued_per_client`` of one client (so one client flooding the island cannot fill the whole
-queue), or of one tenant's clients together when clients are added with their tenant (their
-sessions' credentials name it: many sessions of one tenant fill no more than one); beyond
-either, ``submit`` raises :class:`QueueFull` and takes nothing. Items submitted with
+queue); and clients added with their tenant (their sessions' credentials name it) at most
+``max_queued_per_tenant`` together (by default half the queue: many sessions of made-up names
+fill no more than that, and other tenants' work always finds room); beyond any,
+``submit`` raises :class:`QueueFull` and takes nothing. Items submitted with
 ``bounded=False`` (buffer deletions: tiny, and refusing them would leak memory) are never
 refused and do not count against the bounds.
 """
@@ -74,9 +75,10 @@ class QueueFull(Exception):
         self, client: str, queued: int, limit: int, per_client: bool, tenant: str | None = None
     ) -> None:
         whose = f"client {client!r} already queues" if per_client else "the island already queues"
+        which = "the per-client limit" if per_client else "the limit"
         if per_client and tenant is not None:
             whose = f"the clients of tenant {tenant!r} already queue"
-        which = "the per-client limit" if per_client else "the limit"
+            which = "the per-tenant limit"
         super().__init__(f"{whose} {queued} items, {which}")
         self.client, self.queued, self.limit, self.per_client = client, queued, limit, per_client
         self.tenant = tenant
@@ -86,7 +88,7 @@ class QueueFull(Exception):
 class TenantCount:
     """Items of one tenant's clients that count against the per-client bound."""
 
-    name: str | None  # None: a client of no tenant, counted alone
+    name: str
     bounded: int = 0
     clients: int = 0
 
@@ -104,8 +106,7 @@ class ClientState(Generic[Item]):
     pending: deque[tuple[int, Item, float, bool]] = field(default_factory=deque)
     pass_value: float = 0.0
     bounded: int = 0  # pending items that count against the bounds
-    # Whom it shares the per-client bound with: its tenant's clients, or no one.
-    group: TenantCount = field(default_factory=lambda: TenantCount(None, clients=1))
+    group: TenantCount | None = None  # its tenant's count, with a tenant
 
 
 class IslandQueue(Generic[Item]):
@@ -118,6 +119,7 @@ class IslandQueue(Generic[Item]):
         max_queued_per_client: int | None = None,
         run_length: int = DEFAULT_RUN_LENGTH,
         price: Callable[[Item], float] | None = None,
+        max_queued_per_tenant: int | None = None,
     ) -> None:
         """``price``, if given, is an item's cost when it is taken (instead of the cost it
         was submitted with); free items (submitted at no cost) stay free."""
@@ -130,6 +132,12 @@ class IslandQueue(Generic[Item]):
         self.policy = Policy(policy)
         self.max_queued = max_queued
         self.max_queued_per_client = min(max_queued, max_queued_per_client or max_queued)
+        if max_queued_per_tenant is not None and max_queued_per_tenant < 1:
+            raise ValueError(f"max_queued_per_tenant must be >= 1 (got {max_queued_per_tenant})")
+        self.max_queued_per_tenant = min(
+            max_queued,
+            max_queued_per_tenant or max(self.max_queued_per_client, max_queued // 2),
+        )
         self._clients: dict[str, ClientState[Item]] = {}
         self._tenants: dict[str, TenantCount] = {}
         self._arrivals = 0
@@ -224,25 +232,29 @@ class IslandQueue(Generic[Item]):
         self._queued -= len(state.pending)
         self._bounded -= state.bounded
         group = state.group
-        group.bounded -= state.bounded
-        group.clients -= 1
-        if group.name is not None and not group.clients:
-            del self._tenants[group.name]
+        if group is not None:
+            group.bounded -= state.bounded
+            group.clients -= 1
+            if not group.clients:
+                del self._tenants[group.name]
         return [item for _, item, _, _ in state.pending]
 
     def submit(self, client: str, item: Item, cost: float = 1.0, bounded: bool = True) -> None:
         """Queue an item behind the client's earlier ones. Raises ``QueueFull`` when the client
-        holds ``max_queued_per_client`` items or the island ``max_queued`` (unless ``bounded``
-        is false), ``UnknownClient`` before ``add_client``."""
+        holds ``max_queued_per_client`` items, its tenant's clients ``max_queued_per_tenant``
+        or the island ``max_queued`` (unless ``bounded`` is false), ``UnknownClient`` before
+        ``add_client``."""
         state = self._clients.get(client)
         if state is None:
             raise UnknownClient(client)
         if bounded:
             if self._bounded >= self.max_queued:
                 raise QueueFull(client, self._bounded, self.max_queued, False)
+            if state.bounded >= self.max_queued_per_client:
+                raise QueueFull(client, state.bounded, self.max_queued_per_client, True)
             group = state.group
-            if group.bounded >= self.max_queued_per_client:
-                limit = self.max_queued_per_client
+            if group is not None and group.bounded >= self.max_queued_per_tenant:
+                limit = self.max_queued_per_tenant
                 raise QueueFull(client, group.bounded, limit, True, group.name)
         if not state.pending:
             # An idle client rejoins at the current virtual time of its priority.
@@ -253,7 +265,8 @@ class IslandQueue(Generic[Item]):
         self._queued += 1
         if bounded:
             state.bounded += 1
-            state.group.bounded += 1
+            if state.group is not None:
+                state.group.bounded += 1
             self._bounded += 1
 
     def next(self, held: Callable[[Item], bool] | None = None) -> tuple[str, Item] | None:
@@ -311,6 +324,7 @@ class IslandQueue(Generic[Item]):
         self._queued -= 1
         if bounded:
             chosen.bounded -= 1
-            chosen.group.bounded -= 1
+            if chosen.group is not None:
+                chosen.group.bounded -= 1
             self._bounded -= 1
         return chosen.name, item
