@@ -350,14 +350,16 @@ def test_up_with_a_topology_binds_shaped_slices_and_a_wait_says_why_a_program_wa
     manifest = tmp_path / "shaped.yaml"
     manifest.write_text(SHAPED)
     began = time.monotonic()
-    waited = pathways("submit", str(manifest), "--state", str(state), "--wait", "--timeout", "20")
+    # Long enough for square and noisy to finish (seconds, even on a loaded machine):
+    # too-large never does, so the wait always lasts all of it.
+    waited = pathways("submit", str(manifest), "--state", str(state), "--wait", "--timeout", "10")
     assert waited.exit_code == 1, waited.output
     assert time.monotonic() - began < 60
     # The finished program's logs, then where the other stands and why.
     assert "square: Succeeded" in waited.output and "on 4 devices" in waited.output
     assert "too-large: Pending (main: ShapeDoesNotFit" in waited.output
     assert "(meshes: 2x2)" in waited.output
-    assert "too-large: Pending after 20 s" in waited.output
+    assert "too-large: Pending after 10 s" in waited.output
     assert "the programs stay submitted" in waited.output
     shown = yaml.safe_load(pathways("get", "square", "--state", str(state), "-o", "yaml").output)
     # Finished, it holds no slice: its inline slice shows Released.

@@ -815,15 +815,23 @@ def test_silent_connections_are_dropped_and_block_no_one(
     are served meanwhile, and each raw TCP endpoint hangs up on them after its handshake
     timeout (the scheduler says why)."""
     opened: list[tuple[str, socket.socket]] = []
+
+    def open_silent(n: int, name: str, address: tuple[str, int]) -> None:
+        connection = socket.create_connection(address, timeout=10)
+        opened.append((name, connection))
+        if n % 3 == 1:
+            connection.sendall(b"\x00\x00")  # half a length prefix
+        elif n % 3 == 2:
+            connection.sendall(struct.pack("!I", 1000) + b"\x0a")  # half a frame
+
     try:
-        for name, address in endpoints.raw():
-            for n in range(48):
-                connection = socket.create_connection(address, timeout=10)
-                if n % 3 == 1:
-                    connection.sendall(b"\x00\x00")  # half a length prefix
-                elif n % 3 == 2:
-                    connection.sendall(struct.pack("!I", 1000) + b"\x0a")  # half a frame
-                opened.append((name, connection))
+        # 48 to each endpoint, opened a few at a time across them: a connection a listener's
+        # full backlog dropped is retried by the kernel only 1 s later (opened one by one,
+        # each such wait held up all the rest), and the others go on meanwhile.
+        silent = [(n, *endpoint) for n in range(48) for endpoint in endpoints.raw()]
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda item: open_silent(*item), silent))
+        assert len(opened) == 48 * len(endpoints.raw())
         grpc_silent = [
             socket.create_connection(_address(target), timeout=10)
             for target in [endpoints.grpc_scheduler, *endpoints.grpc_executors]
