@@ -739,7 +739,7 @@ class IslandDispatcher:
             return None
         return (
             f"{label} names devices {outside[:16]} this session's credential does not grant "
-            f"(it grants {sorted(granted)[:64]}): bind a slice holding them, and connect again"
+            f"(it grants {sorted(granted)[:64]}): bind a slice holding them first"
         )
 
     def _owned(self, client: str, identifier: str, what: str) -> str | None:

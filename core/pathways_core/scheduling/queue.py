@@ -67,8 +67,8 @@ class Policy(StrEnum):
 
 
 class QueueFull(Exception):
-    """The island (``per_client`` false) or this client (``per_client`` true; with its tenant's
-    other clients when ``tenant`` is set) holds as many queued items as it may (``limit``); the
+    """The island (``per_client`` false), this client (``per_client`` true) or its tenant's
+    clients together (``tenant`` set) hold as many queued items as they may (``limit``); the
     client should retry later."""
 
     def __init__(
@@ -86,7 +86,7 @@ class QueueFull(Exception):
 
 @dataclass
 class TenantCount:
-    """Items of one tenant's clients that count against the per-client bound."""
+    """Items of one tenant's clients that count against the per-tenant bound."""
 
     name: str
     bounded: int = 0
@@ -182,7 +182,7 @@ class IslandQueue(Generic[Item]):
     ) -> None:
         """Register a client (or update its weight and priority: it keeps how far it ran
         ahead of its priority's virtual time, as device time, at the new one's). Clients of
-        one ``tenant`` share the per-client bound (the tenant is set when a client is added)."""
+        one ``tenant`` share the per-tenant bound (the tenant is set when a client is added)."""
         if weight < 1:
             raise ValueError(f"weight must be >= 1 (got {weight})")
         state = self._clients.get(name)
