@@ -38,6 +38,7 @@ from pathways_client.embedded import IslandSpec, down, tokens, up
 from pathways_client.signals import handled, ignore, interrupt
 from pathways_client.trace_export import plot_timeline, shares
 from pathways_client.watch import wait_programs
+from pathways_core.control.programs import island_client_name
 
 WEIGHTS = (1, 2, 4, 8)
 PIPELINE_STEPS = 6
@@ -248,6 +249,12 @@ def _pipeline(client: ApiClient, console: Console, run: str) -> None:
     )
 
 
+def tenant_of_client(programs: dict[str, str]) -> dict[str, str]:
+    """The tenant of each program's island client (as its trace records name it), from tenant
+    -> its program's name (tenants' namespaces are their names)."""
+    return {island_client_name(f"{tenant}/{name}"): tenant for tenant, name in programs.items()}
+
+
 def _tenants(clients: dict[str, ApiClient], out: Path, console: Console, run: str) -> None:
     console.print(
         f"\n[bold]2. Four tenants[/], weights {':'.join(map(str, WEIGHTS))}, on a time-shared "
@@ -278,7 +285,7 @@ def _tenants(clients: dict[str, ApiClient], out: Path, console: Console, run: st
     columns = ("tenant", "weight", "target", "computations", "device time", "computations/s")
     for column in (*columns, "equal to JAX"):
         table.add_column(column, justify="right")
-    by_client = {f"{t}-{names[t]}": t for t in clients}
+    by_client = tenant_of_client(names)
     total = sum(WEIGHTS)
     for client_name, share in sorted(measured.items(), key=lambda item: by_client[item[0]]):
         tenant = by_client[client_name]

@@ -113,6 +113,41 @@ def test_the_demo_replaces_a_previous_demos_program_of_its_name(embedded_state: 
         client.delete("programs", "demo-replaced")
 
 
+def test_the_demos_table_finds_each_programs_trace_records(embedded_state: Path) -> None:
+    """The demo's table of tenants' shares looked their trace records up by a client name
+    programs no longer have ('<tenant>-<program>'): `make demo` failed at its second part."""
+    from pathways_client.api_client import ApiClient
+    from pathways_client.demo import submit_fresh, tenant_of_client
+    from pathways_client.embedded import tokens
+
+    info = read_info(embedded_state)
+    assert info is not None
+    source = (
+        "import numpy as np\nimport pathways_client as pw\nwith pw.connect() as cluster:\n"
+        "    main = cluster.slice('main')\n"
+        "    pw.function(lambda x: x + 1, slice=main, name='inc')(np.zeros(4)).result()\n"
+    )
+    document = {
+        "apiVersion": "pathways.dev/v1alpha1",
+        "kind": "PathwaysProgram",
+        "metadata": {"name": "demo-traced"},
+        "spec": {"slices": [{"name": "main", "devices": 1}], "driver": {"source": source}},
+    }
+    with ApiClient(info.api, tokens(embedded_state)["team-a"]) as client:
+        name = submit_fresh(client, document, "traced")
+
+        def ended() -> bool:
+            phase = (client.get("programs", name).get("status") or {}).get("phase")
+            return phase in ("Succeeded", "Failed")
+
+        wait_until(ended, "the program to end", timeout=120)
+        assert client.get("programs", name)["status"]["phase"] == "Succeeded", client.logs(name)
+        records = client.trace(name)
+        assert records, "no trace records kept"
+        assert {record["client"] for record in records} == set(tenant_of_client({"team-a": name}))
+        client.delete("programs", name)
+
+
 def slice_status(cluster: pw.Cluster, name: str) -> dict[str, Any]:
     return cluster.api.get("virtualslices", name).get("status") or {}
 
