@@ -27,15 +27,13 @@ from pathways_core.wire.credentials import (
 )
 
 __all__ = ["SESSION_KEYS_FILE", "DerivedSessionKeys", "IslandKeys", "SessionKeys"]
+logger = logging.getLogger("pathways.api")
 
 
 class IslandKeys(Protocol):
     """Where the API finds an island's session key."""
 
     def key(self, island: Document) -> bytes | None: ...
-
-
-logger = logging.getLogger("pathways.api")
 
 
 class SessionKeys:

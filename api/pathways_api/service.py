@@ -49,11 +49,11 @@ from pathways_core.wire.credentials import SessionGrant, sign
 IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 PHASES = {PROGRAM: ProgramPhase, SLICE: SlicePhase, ISLAND: IslandPhase}
+"""The phases each kind's objects can be in (what a list's ``phase`` filter may ask for)."""
 SESSION_CREDENTIAL_SECONDS = 300
 """How long a session credential the API signs opens sessions (it is checked at the hello: a
-session open lives on; the SDK asks for a new one when it binds another slice)."""
+session open lives on; the SDK asks for a new one when it binds or releases a slice)."""
 MAX_SESSION_NAME = 256  # a scheduler's limit on client names
-"""The phases each kind's objects can be in (what a list's ``phase`` filter may ask for)."""
 
 
 TRACE_READS = 2

@@ -250,8 +250,8 @@ class IslandClient:
         return pb.ClientMessage(hello=hello)
 
     def renew(self, credential: str) -> None:
-        """Present a new credential within the session (one granting the devices of slices
-        bound since it opened); work sent after it is held to it. The island refuses one
+        """Present a new credential within the session (one granting the devices of the
+        slices held now); work sent after it is held to it. The island refuses one
         claiming more than it may (logged), and the session goes on under the one before."""
         self._send(self._hello(credential))
 

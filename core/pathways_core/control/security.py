@@ -16,7 +16,9 @@ Control tokens: an executor takes the command stream only from a scheduler whose
 carries the token in ``PATHWAYS_CONTROL_TOKEN``. With ``PATHWAYS_CONTROL_TOKENS`` on, the operator
 gives each island a Secret of its own holding a random token (see
 :func:`pathways_core.control.islands.control_token_secret`), and the island's scheduler and
-executor containers read it with :func:`control_token_env`.
+executor containers read it with :func:`control_token_env`. With session credentials on, the
+same Secret holds the scheduler's session key (:func:`session_key_env`; see
+:mod:`pathways_core.wire.credentials`).
 """
 
 from __future__ import annotations
