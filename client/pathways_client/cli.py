@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -307,6 +308,11 @@ def _state(state: Path | None) -> Path:
     return (state or default_state()).expanduser().resolve()
 
 
+def _for(command: str, state: Path | None) -> str:
+    """``command`` for the state folder the user named (none named: the default's)."""
+    return f"{command} --state {shlex.quote(str(state))}" if state is not None else command
+
+
 def _api(
     state: Path | None,
     api: str | None,
@@ -522,8 +528,8 @@ def up(
         if differences:
             _fail(
                 f"the embedded cluster of {_state(state)} is already running, and "
-                f"{'; '.join(differences)}: run 'pathways down' first (its state is kept), "
-                "then 'pathways up' with these options"
+                f"{'; '.join(differences)}: run '{_for('pathways down', state)}' first (its "
+                "state is kept), then 'pathways up' with these options"
             )
     elif problem := memory_problem(specs):
         option = "--islands" if len(specs) > specs[0].hosts else "--hosts"
@@ -550,8 +556,9 @@ def up(
     if differences := _differences(info.islands, specs, given):
         _fail(
             f"the embedded cluster of {_state(state)} was started meanwhile by another "
-            f"'pathways up', and {'; '.join(differences)}: run 'pathways down' first (its "
-            "state is kept), then 'pathways up' with these options"
+            f"'pathways up', and {'; '.join(differences)}: run "
+            f"'{_for('pathways down', state)}' first (its state is kept), then 'pathways up' "
+            "with these options"
         )
     if previous_api and previous_api != info.api:
         console.print(
@@ -764,7 +771,9 @@ def status(state: Path | None, api: str | None, token: str | None, tenant: str) 
     if api is None and os.environ.get("PATHWAYS_API") is None:
         info = read_info(_state(state))
         if info is None:
-            console.print("no embedded cluster is running ([bold]pathways up[/] starts one)")
+            console.print(
+                f"no embedded cluster is running ([bold]{_for('pathways up', state)}[/] starts one)"
+            )
             sys.exit(1)
     with _api(state, api, token, tenant, warn_if_broken=False) as client:  # said below
         try:

@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from pathways_client.api_client import ApiCallError, ApiClient
 from pathways_client.errors import ConnectError, SliceError
-from pathways_client.island_client import IslandClient, Trace, check_share
+from pathways_client.island_client import IslandClient, SessionRefused, Trace, check_share
 from pathways_client.slices import Slice
 from pathways_core.accelerators import AcceleratorKind
 from pathways_core.allocator import Allocator, Bound, IslandInventory, Request
@@ -249,6 +249,10 @@ class Cluster:
                         priority=self.priority,
                         credential=self._credential(island),
                     )
+                except SessionRefused as error:
+                    raise ConnectError(
+                        f"island {island!r} at {endpoint} refused the session: {error}"
+                    ) from None
                 except Exception as error:
                     raise ConnectError(
                         f"island {island!r} at {endpoint} did not answer: {error}"

@@ -45,6 +45,7 @@ from pathways_core.wire.arrays import (
     region_chunks,
     to_chunks,
 )
+from pathways_core.wire.credentials import credential_needed
 from pathways_core.wire.streams import (
     FRAME_LENGTH,
     MAX_FRAME_BYTES,
@@ -97,6 +98,11 @@ class IslandUnavailable(IslandError):
     """The island could not do it, through no fault of the request: the session ended (its
     scheduler stopped, restarted or is unreachable) or an executor the work needed is lost.
     Connect again, or retry once the island is back."""
+
+
+class SessionRefused(IslandError):
+    """The island opens no session for this client as it asked (it needs a credential this
+    client does not have): the message says why, and what to do instead."""
 
 
 class IslandBusy(IslandError):
@@ -173,6 +179,9 @@ class IslandClient:
         self._tls = load() if tls == "environment" else tls
         self._channel = channel(endpoint, MESSAGE_OPTIONS, self._tls)
         self.info = self._first_answer(connect_timeout)
+        if self.info.credentials_required and not credential:
+            self._channel.close()
+            raise SessionRefused(credential_needed(self.info.island))  # before any session
         self.device_owner = {d: e.index for e in self.info.executors for d in e.devices}
         self._executors = {
             e.index: channel(e.endpoint, MESSAGE_OPTIONS, self._tls) for e in self.info.executors

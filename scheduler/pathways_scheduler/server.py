@@ -53,6 +53,7 @@ from pathways_core.wire.credentials import (
     CredentialError,
     SessionGrant,
     check_key,
+    credential_needed,
     verify,
 )
 from pathways_core.wire.streams import (
@@ -671,11 +672,7 @@ class SchedulerService:
         if self._session_key is None:
             return None, None
         if not hello.credential:
-            return None, (
-                f"island {self.island!r} opens sessions with a credential only (hello.credential "
-                "is empty): connect through the cluster's API, or run as its program, which "
-                "carry one"
-            )
+            return None, credential_needed(self.island)
         try:
             grant = verify(hello.credential, self._session_key, self.island, time.time())
         except CredentialError as error:
@@ -722,6 +719,7 @@ class SchedulerService:
             max_queued_per_client=dispatcher.queue.max_queued_per_client,
             functions=dispatcher.functions_held,
             programs=dispatcher.programs_held,
+            credentials_required=self._session_key is not None,
             executors=[
                 pb.ExecutorInfo(
                     index=s.index,

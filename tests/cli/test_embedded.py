@@ -858,7 +858,7 @@ def test_an_up_that_finds_a_cluster_started_meanwhile_with_other_options_says_so
     assert result.exit_code == 1
     output = " ".join(result.output.split())
     assert "was started meanwhile by another 'pathways up', and" in output
-    assert "--devices 8" in output and "run 'pathways down' first" in output
+    assert "--devices 8" in output and "run 'pathways down --state" in output
 
 
 def test_an_api_that_moved_to_another_port_is_noted(

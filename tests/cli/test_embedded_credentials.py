@@ -31,11 +31,14 @@ def test_the_keys_are_the_users_alone_and_strangers_are_refused(embedded_state: 
     assert stat.S_IMODE(keys.stat().st_mode) == 0o600
     name, endpoint = island_of(embedded_state)
     assert len(json.loads(keys.read_text())[name]) >= 32
+    with pytest.raises(IslandError, match=r"signed credential only.*pw\.connect\(state=DIR\)"):
+        IslandClient(endpoint, "stranger")
+    # The SDK connecting straight to the island's endpoint is told at its first slice.
     with (
-        IslandClient(endpoint, "stranger") as stranger,
-        pytest.raises(IslandError, match="opens sessions with a credential only"),
+        pw.connect(islands={name: endpoint}) as direct,
+        pytest.raises(pw.ConnectError, match="signed credential only"),
     ):
-        stranger.register(b"artifact", "f", timeout=30)
+        direct.slice(devices=1)
 
 
 def test_a_tenants_session_runs_on_its_slices_devices_only(embedded_state: Path) -> None:

@@ -5,12 +5,14 @@ while the sessions that keep to theirs compute on."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 from conftest import increment
@@ -18,6 +20,8 @@ from conftest import increment
 from pathways_client.cluster import connect
 from pathways_client.island_client import IslandClient, IslandError, IslandUnavailable
 from pathways_client.launcher import LocalIsland
+from pathways_client.rpc import stub
+from pathways_core.wire import SCHEDULER, pb
 from pathways_core.wire.credentials import (
     SESSION_CREDENTIALS_ENV,
     SESSION_KEY_ENV,
@@ -25,6 +29,7 @@ from pathways_core.wire.credentials import (
     credentials_text,
     sign,
 )
+from pathways_core.wire.streams import frame, messages
 
 KEY = "a-session-key-of-at-least-32-characters"
 
@@ -63,6 +68,20 @@ def run_on(client: IslandClient, device: int) -> np.ndarray:
     return client.get(done.outputs[0], timeout=60)
 
 
+def raw_hello(island: LocalIsland, name: str) -> str:
+    """What the scheduler answers a bare hello (no credential) on its session port."""
+    with grpc.insecure_channel(island.scheduler_endpoint) as channel:
+        info = stub(channel, SCHEDULER, "Info")(pb.Empty(), timeout=30)
+    host, port = info.session_endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        hello = pb.ClientMessage(hello=pb.Hello(client=name))
+        connection.sendall(frame(pb.ClientBatch(messages=[hello])))
+        batch = next(messages(connection.recv, pb.ClientEventBatch.FromString))
+    (event,) = batch.events
+    assert event.kind == pb.ClientEvent.REJECTED and event.ends_session
+    return event.message
+
+
 def refusal(client: IslandClient) -> str:
     with pytest.raises(IslandError) as raised:
         client.register(increment(), "increment", timeout=30)
@@ -85,8 +104,12 @@ def test_a_session_on_its_granted_devices_computes_and_others_are_refused(keyed)
 
 
 def test_hellos_claiming_more_than_their_credentials_are_refused(keyed) -> None:
+    # The SDK says so before it opens a session (the island's Info tells it), and the scheduler
+    # refuses a hello without one from a client that does not look.
+    with pytest.raises(IslandError, match=r"signed credential only.*pw\.connect\(state=DIR\)"):
+        IslandClient(keyed.scheduler_endpoint, "c0")
+    assert "signed credential only" in raw_hello(keyed, "c1")
     cases = [  # (client, weight, priority, credential, what the refusal says)
-        ("c1", 1, 0, "", "opens sessions with a credential only"),
         ("c2", 1, 0, credential("c2", key="k" * 40), "not signed by island 'keyed'"),
         ("c3", 1, 0, credential("c3", island="other"), "for island 'other', not 'keyed'"),
         ("c4", 1, 0, credential("c4", expires=int(time.time()) - 5), "expired"),

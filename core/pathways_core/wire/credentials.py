@@ -77,6 +77,16 @@ class SessionGrant:
         return None
 
 
+def credential_needed(island: str) -> str:
+    """Why a session without a credential is refused, and what to do instead."""
+    return (
+        f"island {island!r} opens sessions with a signed credential only, and this one has "
+        "none: connect through the cluster's API (pw.connect(state=DIR) for an embedded "
+        "cluster, pw.connect(URL, token=...) or pathways proxy --state/--api), or run as one "
+        "of its programs: each gives the session its credential"
+    )
+
+
 def check_key(key: str, setting: str = SESSION_KEY_ENV) -> bytes:
     """``key`` as bytes to sign with; ``ValueError`` naming ``setting`` when it is too short to
     be secret."""

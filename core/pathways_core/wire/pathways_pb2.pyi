@@ -423,7 +423,7 @@ class ExecutorInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., endpoint: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., platform: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., buffers: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., inputs_taken_over: _Optional[int] = ..., functions: _Optional[int] = ..., executables: _Optional[int] = ..., programs: _Optional[int] = ..., lost: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class IslandInfo(_message.Message):
-    __slots__ = ("island", "shape", "executors", "policy", "session_endpoint", "max_queued", "max_queued_per_client", "functions", "programs")
+    __slots__ = ("island", "shape", "executors", "policy", "session_endpoint", "max_queued", "max_queued_per_client", "functions", "programs", "credentials_required")
     ISLAND_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     EXECUTORS_FIELD_NUMBER: _ClassVar[int]
@@ -433,6 +433,7 @@ class IslandInfo(_message.Message):
     MAX_QUEUED_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     PROGRAMS_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIALS_REQUIRED_FIELD_NUMBER: _ClassVar[int]
     island: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     executors: _containers.RepeatedCompositeFieldContainer[ExecutorInfo]
@@ -442,7 +443,8 @@ class IslandInfo(_message.Message):
     max_queued_per_client: int
     functions: int
     programs: int
-    def __init__(self, island: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., executors: _Optional[_Iterable[_Union[ExecutorInfo, _Mapping]]] = ..., policy: _Optional[str] = ..., session_endpoint: _Optional[str] = ..., max_queued: _Optional[int] = ..., max_queued_per_client: _Optional[int] = ..., functions: _Optional[int] = ..., programs: _Optional[int] = ...) -> None: ...
+    credentials_required: bool
+    def __init__(self, island: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., executors: _Optional[_Iterable[_Union[ExecutorInfo, _Mapping]]] = ..., policy: _Optional[str] = ..., session_endpoint: _Optional[str] = ..., max_queued: _Optional[int] = ..., max_queued_per_client: _Optional[int] = ..., functions: _Optional[int] = ..., programs: _Optional[int] = ..., credentials_required: _Optional[bool] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()
