@@ -225,7 +225,23 @@ class Service:
     async def submit_program(
         self, tenant: Tenant, program: PathwaysProgram, key: str | None
     ) -> tuple[Document, bool]:
-        """Store a new program if the tenant's quotas allow it."""
+        """Store a new program if the tenant's quotas allow it (and, embedded, if its graph's
+        artifacts are where the embedded mode reads them)."""
+        if self.mode == "embedded" and program.spec.graph is not None:
+            for index, function in enumerate(program.spec.graph.functions):
+                where = f"spec.graph.functions[{index}]"
+                if function.config_map_key_ref is not None:
+                    raise InvalidField(
+                        "the embedded mode keeps no ConfigMaps: give the artifact inline "
+                        "(base64) or as a file:// uri",
+                        field=f"{where}.configMapKeyRef",
+                    )
+                if function.uri is not None and not function.uri.startswith("file://"):
+                    raise InvalidField(
+                        "the embedded mode reads file:// artifacts only: give the artifact "
+                        "inline (base64) or as a file:// uri",
+                        field=f"{where}.uri",
+                    )
         devices = sum(
             item.device_total for item in program.spec.slices if item.virtual_slice_name is None
         )

@@ -266,3 +266,32 @@ def test_a_write_waiting_for_the_lock_leaves_the_api_answering(
         assert running.store.read(PROGRAM, "team-a", "p") is not None
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize(
+    ("artifact", "field"),
+    [
+        ({"configMapKeyRef": {"name": "fns", "key": "f.jaxexport"}}, "configMapKeyRef"),
+        ({"uri": "gs://bucket/f.jaxexport"}, "uri"),
+    ],
+)
+def test_an_embedded_graph_whose_artifact_it_cannot_read_is_refused_at_submission(
+    a: httpx.Client, server: Server, artifact: dict, field: str
+) -> None:
+    """It was accepted, then every run failed (and was retried) on the missing artifact."""
+    graph = {
+        "functions": [{"name": "f", **artifact}],
+        "nodes": [{"name": "n", "function": "f", "slice": "main"}],
+    }
+    document = program("g")
+    document["spec"].pop("driver", None)
+    document["spec"]["graph"] = graph
+    before = stored(server)
+    refused = a.post("/v1/programs", json=document)
+    assert refused.status_code == 422, refused.text
+    assert error_of(refused)["field"] == f"spec.graph.functions[0].{field}"
+    assert "the embedded mode" in error_of(refused)["message"]
+    assert stored(server) == before
+    inline = {"name": "f", "inline": base64.b64encode(b"artifact").decode()}
+    document["spec"]["graph"]["functions"] = [inline]
+    assert a.post("/v1/programs", json=document).status_code == 201
