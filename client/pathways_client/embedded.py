@@ -387,11 +387,7 @@ def ensure_tenants(
             entries[name]["quotas"] = dict(quotas)
     if missing or not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Whole or not at all: a reader (the API, a concurrent 'up') never sees half a file.
-        partial = path.with_name(f".{path.name}.{os.getpid()}")
-        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
-            out.write(yaml.safe_dump(document, sort_keys=True))
-        os.replace(partial, path)
+        _write_private(path, yaml.safe_dump(document, sort_keys=True))
     path.chmod(0o600)  # tenants' credentials: its user's alone, however it was made
     return tokens(state)
 
@@ -929,25 +925,33 @@ def session_key(state: Path, island: str) -> str:
     """``island``'s session key, made at its first start and kept in ``session-keys.json``
     (its user's alone): runs and sessions signed for it before a restart still open."""
     path = state / SESSION_KEYS_FILE
+    keys: Any = {}
+    why = ""
     try:
         keys = json.loads(path.read_text())
     except FileNotFoundError:
-        keys = {}
+        pass
     except (OSError, ValueError) as error:
-        keys = f"not JSON ({error})"
+        keys, why = None, f"not JSON: {error}"
     if not isinstance(keys, dict):
         raise EmbeddedError(
-            f"{path} cannot be read (expected JSON mapping islands to keys; {str(keys)[:80]}): "
-            "move it away, and the next start makes new keys (runs started with the old ones "
-            "cannot reconnect)"
+            f"{path} cannot be read (expected JSON mapping islands to keys; "
+            f"{why or type(keys).__name__}): move it away, and the next start makes new keys "
+            "(runs started with the old ones cannot reconnect)"
         )
     if not isinstance(keys.get(island), str):
         keys[island] = secrets.token_urlsafe(32)
-        partial = path.with_name(f".{path.name}.tmp")
-        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
-            json.dump(keys, out, indent=2)
-        partial.replace(path)
+        _write_private(path, json.dumps(keys, indent=2))
     return keys[island]
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, readable by this user alone, whole or not at all (a reader,
+    the API or a concurrent 'up', never sees half a file)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(text)
+    os.replace(partial, path)
 
 
 def _write_json(path: Path, value: Any) -> None:
